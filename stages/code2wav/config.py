@@ -1,0 +1,126 @@
+"""Code2wav dimensions, streaming contract and rates (MiniCPM-o 4.5 token2wav, spec §1, §4).
+
+Defaults are the real checkpoint values. Rates are related, not independent: the codec runs at
+25 Hz, the flow upsamples x2 to 50 Hz mel, and HiFT makes 480 samples per mel frame at 24 kHz;
+those derived numbers are properties so no module writes `24000 / 480` by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FlowEncoderConfig:
+    """UpsampleConformerEncoderV2 (spec §4.3)."""
+
+    vocab_size: int = 6561
+    input_size: int = 512
+    output_size: int = 80
+    attention_heads: int = 8
+    linear_units: int = 2048
+    num_blocks: int = 6
+    num_up_blocks: int = 4
+    pre_lookahead_len: int = 3
+    up_rate: int = 2
+    max_relpos_len: int = 5000
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    """CFM estimator: DiT with adaLN-zero (spec §4.4)."""
+
+    in_channels: int = 320
+    out_channels: int = 80
+    hidden_size: int = 512
+    depth: int = 16
+    num_heads: int = 8
+    mlp_ratio: float = 4.0
+
+
+@dataclass(frozen=True)
+class HiFTConfig:
+    """HiFT (NSF + iSTFTNet) vocoder (spec §1, §4.5)."""
+
+    in_channels: int = 80
+    base_channels: int = 512
+    nb_harmonics: int = 8
+    sampling_rate: int = 24000
+    nsf_alpha: float = 0.1
+    nsf_sigma: float = 0.003
+    nsf_voiced_threshold: float = 10.0
+    upsample_rates: tuple[int, ...] = (8, 5, 3)
+    upsample_kernel_sizes: tuple[int, ...] = (16, 11, 7)
+    istft_n_fft: int = 16
+    istft_hop_len: int = 4
+    resblock_kernel_sizes: tuple[int, ...] = (3, 7, 11)
+    resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    source_resblock_kernel_sizes: tuple[int, ...] = (7, 7, 11)
+    source_resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    lrelu_slope: float = 0.1
+    audio_limit: float = 0.99
+    f0_predictor_channels: int = 512
+    mel_cache_frames: int = 8
+
+    @property
+    def samples_per_frame(self) -> int:
+        # 8 * 5 * 3 * hop 4 = 480 samples per mel frame.
+        n = self.istft_hop_len
+        for r in self.upsample_rates:
+            n *= r
+        return n
+
+    @property
+    def source_cache_samples(self) -> int:
+        return self.mel_cache_frames * self.samples_per_frame
+
+
+@dataclass(frozen=True)
+class SpeakerConfig:
+    """CAM++ speaker embedding (192-d) and the flow's projection of it."""
+
+    embedding_dim: int = 192
+    fbank_bins: int = 80
+
+
+@dataclass(frozen=True)
+class Code2WavConfig:
+    """Everything stage 2 needs; `extra` holds the strictly parsed stage flags."""
+
+    token_rate_hz: int = 25
+    mel_bins: int = 80
+    codec_chunk_frames: int = 25
+    codec_left_context_frames: int = 3
+    silence_code: int = 4218
+    n_timesteps: int = 10
+    cfg_rate: float = 0.7
+    prompt_keep_frames: int = 100  # estimator caches are trimmed to prompt + this many frames
+    ref_audio_max_seconds: float = 6.0
+    noise_frames: int = 30000
+    flow: FlowEncoderConfig = field(default_factory=FlowEncoderConfig)
+    dit: DiTConfig = field(default_factory=DiTConfig)
+    hift: HiFTConfig = field(default_factory=HiFTConfig)
+    speaker: SpeakerConfig = field(default_factory=SpeakerConfig)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mel_rate_hz(self) -> int:
+        return self.token_rate_hz * self.flow.up_rate
+
+    @property
+    def sample_rate(self) -> int:
+        return self.hift.sampling_rate
+
+    def __post_init__(self) -> None:
+        if self.mel_rate_hz * self.hift.samples_per_frame != self.hift.sampling_rate:
+            raise ValueError(
+                "code2wav rates disagree: token_rate_hz * flow.up_rate * hift samples per frame "
+                f"= {self.mel_rate_hz * self.hift.samples_per_frame}, "
+                f"hift.sampling_rate = {self.hift.sampling_rate}"
+            )
+        if self.codec_left_context_frames != self.flow.pre_lookahead_len:
+            raise ValueError(
+                "code2wav.codec_left_context_frames must equal flow.pre_lookahead_len "
+                "(the lookahead tokens are re-sent as the next payload's left context)"
+            )

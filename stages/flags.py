@@ -1,0 +1,64 @@
+"""Strict parsing of boolean stage flags (the `extra` mapping of a stage config).
+
+Why strict: `bool("false")` is True, so a quoted YAML/JSON override used for accuracy triage
+would silently keep a feature on. Every boolean a stage reads from its `extra` goes through
+`read_bool_flag`, at construction, on every platform, so a typo fails at startup everywhere.
+
+    >>> read_bool_flag({"token2wav_device_spk": " FALSE "}, "token2wav_device_spk", True)
+    False
+    >>> read_bool_flag({"token2wav_device_spk": None}, "token2wav_device_spk", True)  # null = unset
+    True
+
+Dependency-free on purpose: both stages and the harness import it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+_TRUE = frozenset({"true", "1"})
+_FALSE = frozenset({"false", "0"})
+
+
+class FlagError(ValueError):
+    """A stage flag holds a value that is not a boolean."""
+
+
+def parse_bool_flag(value: Any, *, key: str) -> bool:
+    """True/False/1/0 and their string forms (case- and space-insensitive); anything else raises."""
+    # bool is a subclass of int: test it first so True is not read as the integer 1 by accident.
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        token = value.strip().lower()
+        if token in _TRUE:
+            return True
+        if token in _FALSE:
+            return False
+    raise FlagError(
+        f"error: stage flag {key!r} must be true/false/1/0, got {value!r} "
+        f"(stage config extra); write true or false"
+    )
+
+
+def read_bool_flag(extra: Mapping[str, Any] | None, key: str, default: bool) -> bool:
+    """Read `key` from a stage's `extra`; missing or explicit null means `default`."""
+    if extra is None or extra.get(key) is None:
+        return default
+    return parse_bool_flag(extra[key], key=key)
+
+
+def read_env_opt_out(name: str) -> bool:
+    """True when environment variable `name` opts a feature out (`0`/`false`).
+
+    Read once by the caller (at import or construction), never per call. Unset or empty means no
+    opt-out; a value that is not a boolean raises so a typo in CI's environment is not ignored.
+    """
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return False
+    return not parse_bool_flag(raw, key=name)

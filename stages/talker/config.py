@@ -1,0 +1,73 @@
+"""Talker dimensions and sampling defaults (MiniCPM-o 4.5 `tts_config`).
+
+Defaults are the real checkpoint values; `configs/stages/minicpmo45-tiny.yaml` shrinks widths and
+depths (never the vocabularies, ids or sampling) so CPU runs finish in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Deploy defaults of the talker's codec sampler (spec §2.4)."""
+
+    temperature: float = 0.8
+    top_p: float = 0.85
+    top_k: int = 25
+    repetition_penalty: float = 1.05
+    history_window: int = 16
+    min_tokens: int = 50
+    min_tokens_to_keep: int = 3
+    max_tokens: int = 2048
+    seed: int = 42
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"talker.sampling.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"talker.sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 1 or self.history_window < 1 or self.max_tokens < 1:
+            raise ValueError("talker.sampling: top_k, history_window and max_tokens must be >= 1")
+
+
+@dataclass(frozen=True)
+class TalkerConfig:
+    """Llama backbone + codec embeddings/head + condition projector (spec §1, §2.1)."""
+
+    hidden_size: int = 768
+    num_layers: int = 20
+    num_heads: int = 12
+    num_kv_heads: int = 12
+    intermediate_size: int = 3072
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    num_text_tokens: int = 152064
+    num_audio_tokens: int = 6562
+    audio_bos_token_id: int = 151687
+    text_eos_token_id: int = 151692
+    llm_dim: int = 4096
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    # Stage `extra` (strictly parsed booleans, e.g. talker_codec_fused_prelude).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def eos_token_id(self) -> int:
+        # The codec EOS is the last audio id (6561 for the real vocab).
+        return self.num_audio_tokens - 1
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"talker.hidden_size ({self.hidden_size}) must be divisible by "
+                f"talker.num_heads ({self.num_heads})"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("talker.num_heads must be a multiple of talker.num_kv_heads")

@@ -1,0 +1,53 @@
+"""Shared test setup: hardware markers skip cleanly without the hardware.
+
+No device is constructed here at import time; `gpu`/`npu` tests are skipped at collection
+with a reason when the platform lacks the device.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+os.environ.setdefault("NO_COLOR", "1")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _has_npu() -> bool:
+    if importlib.util.find_spec("torch_npu") is None:
+        return False
+    try:
+        import torch
+        import torch_npu  # noqa: F401
+
+        return torch.npu.is_available()
+    except Exception:  # torch_npu without CANN raises at import
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    has_cuda = _has_cuda()
+    has_npu = None
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(pytest.mark.skip(reason="requires a CUDA device"))
+        if "npu" in item.keywords:
+            if has_npu is None:
+                has_npu = _has_npu()
+            if not has_npu:
+                item.add_marker(pytest.mark.skip(reason="requires an Ascend NPU with torch_npu"))

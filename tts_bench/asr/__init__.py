@@ -1,0 +1,1 @@
+"""Offline CPU speech recognition for the WER gate (faster-whisper default, openai-whisper reference)."""

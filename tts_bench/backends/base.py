@@ -1,0 +1,83 @@
+"""The backend protocol: how the harness drives any TTS system.
+
+A backend is started once per (arm, tier, repeat) with R stage-2 replicas, takes requests
+concurrently, and streams audio back chunk by chunk. The load generator stamps times where a
+chunk *arrives* (like a real client), so a backend must yield each chunk as soon as it exists.
+
+    backend = make_backend(arm_config)          # tts_bench.backends.make_backend
+    await backend.start(replicas=4)
+    async for chunk in backend.synthesize(request):
+        ...                                     # chunk.samples: float32 mono in [-1, 1]
+    await backend.stop()
+
+Per-request failures are raised from `synthesize` as `RequestFailed(kind, detail)`; the load
+generator records them with their kind and carries on. `start` raising is a broken run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+# Failure kinds recorded per request (metric `failed` counts them; tables break them down).
+FAILURE_KINDS = ("timeout", "backend_error", "empty_audio")
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    """One utterance to synthesize. `seed` makes sampling reproducible per request."""
+
+    request_id: str
+    text: str
+    prompt_text: str = ""
+    prompt_wav: Path | None = None
+    seed: int = 42
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """Audio as it arrives. `codes` carries the codec tokens behind it when the backend has them
+    (the embedded runner does), so arms can be checked for identical outputs."""
+
+    samples: np.ndarray  # [n] float32 mono, [-1, 1]
+    sample_rate: int
+    codes: tuple[int, ...] = ()
+
+    @property
+    def seconds(self) -> float:
+        return len(self.samples) / self.sample_rate
+
+
+class RequestFailed(Exception):
+    """A request failed inside the backend; `kind` is one of FAILURE_KINDS."""
+
+    def __init__(self, kind: str, detail: str = "") -> None:
+        if kind not in FAILURE_KINDS:
+            raise ValueError(f"unknown failure kind {kind!r}; valid: {', '.join(FAILURE_KINDS)}")
+        super().__init__(f"{kind}: {detail}" if detail else kind)
+        self.kind = kind
+        self.detail = detail
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What every backend implements. `describe()` goes into the run record (provenance)."""
+
+    async def start(self, replicas: int) -> None: ...
+
+    def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioChunk]: ...
+
+    async def stop(self) -> None: ...
+
+    def describe(self) -> dict: ...
+
+
+@runtime_checkable
+class ReportsMemory(Protocol):
+    """Optional: backends whose processes can report their allocator (the `torch` mem sampler)."""
+
+    def memory_snapshot(self) -> list[dict]: ...

