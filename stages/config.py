@@ -2,6 +2,9 @@
 
     configs/stages/minicpmo45.yaml       real dims (GPU)
     configs/stages/minicpmo45-tiny.yaml  shrunk widths/depths, same vocab/chunking/steps (CPU)
+
+A bench config includes one with `stages: ../stages/minicpmo45-tiny.yaml`; `--set
+runner.max_num_seqs=4` (or `talker.…`, `code2wav.…`) overrides a field.
 """
 
 from __future__ import annotations
@@ -15,7 +18,13 @@ from stages.talker.config import TalkerConfig
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    """How the stages are run: device, dtype, batching, replicas, weights."""
+    """How the stages are run: device, dtype, batching, replicas, weights.
+
+    The number of code2wav replicas is not here: it is the R of the tier being run (`CxR`).
+    `torch_threads` 0 splits the machine's cores evenly over the talker and the R replicas, at
+    least one thread each (a 2-core CPU runs 1 thread per process); oversubscribing OpenMP pools
+    across processes costs far more than it gains.
+    """
 
     device: Literal["auto", "cuda", "npu", "cpu"] = "auto"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -24,15 +33,24 @@ class RunnerConfig:
     max_seq_len: int = 4096  # static KV cache length per talker slot
     seed: int = 0  # seeds random weight init (identical in every process and run)
     weights: str | None = None  # official MiniCPM-o 4.5 directory; None -> seeded random init
-    torch_threads: int = 0  # 0 = leave torch's default
+    torch_threads: int = 0  # intra-op threads per stage process; 0 = cores / (1 + replicas)
+    start_timeout_s: float = 600.0  # building every stage's model must finish within this
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.talker_max_batch < 1:
             raise ValueError("runner.max_num_seqs and runner.talker_max_batch must be >= 1")
+        if self.max_seq_len < 1:
+            raise ValueError(f"runner.max_seq_len must be >= 1, got {self.max_seq_len}")
+        if self.torch_threads < 0:
+            raise ValueError(f"runner.torch_threads must be >= 0, got {self.torch_threads}")
+        if not self.start_timeout_s > 0:
+            raise ValueError(f"runner.start_timeout_s must be > 0, got {self.start_timeout_s}")
 
 
 @dataclass(frozen=True)
 class StageConfig:
+    """talker (stage 1) + code2wav (stage 2) + how the runner runs them."""
+
     talker: TalkerConfig = field(default_factory=TalkerConfig)
     code2wav: Code2WavConfig = field(default_factory=Code2WavConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)

@@ -20,6 +20,15 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("NO_COLOR", "1")
 
 
+def pytest_configure(config):
+    # One intra-op thread per test process: the suite runs on 2-core machines where model tests,
+    # spawned stage processes and the harness share the cores; oversubscribed OpenMP pools made
+    # tiny-model steps 10-50x slower than single-threaded ones.
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def _has_cuda() -> bool:
     try:
         import torch

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import os
 import re
 import types
 import typing
@@ -40,6 +41,8 @@ class _StrictLoader(yaml.SafeLoader):
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, typing.Hashable):
+                continue  # the base constructor reports unhashable keys itself
             if key != "<<" and key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r}", key_node.start_mark
@@ -175,13 +178,17 @@ def _convert_mapping(tp: Any, value: Any, key: str, source: str, base_dir: Path 
 def _include(cls: type, rel: str, key: str, source: str, base_dir: Path | None) -> Any:
     path = Path(rel)
     if not path.is_absolute():
-        path = (base_dir or Path.cwd()) / path
+        # normpath, not resolve: keep relative paths relative in error messages.
+        path = Path(os.path.normpath((base_dir or Path.cwd()) / path))
     if not path.is_file():
         raise ConfigError(
             f"error: {key} includes {rel!r}, which is not a file ({source}); "
             f"include paths are relative to the including file"
         )
-    return load_dataclass(cls, load_yaml_file(path), source=str(path), base_dir=path.parent)
+    # Keys inside the included file keep their full dotted name (stages.talker.x). No cycle
+    # guard needed: an include always loads a strictly smaller section type.
+    data = load_yaml_file(path)
+    return load_dataclass(cls, data, source=str(path), base_dir=path.parent, prefix=key)
 
 
 def convert_value(
@@ -238,9 +245,14 @@ def _construct(cls: type, kwargs: dict[str, Any], *, source: str, prefix: str) -
     try:
         return cls(**kwargs)
     except ValueError as exc:
-        msg = str(exc)
-        where = f"{prefix}: " if prefix and prefix.split(".")[-1] not in msg else ""
-        raise ConfigError(f"error: {where}{msg} ({source}); fix the value") from None
+        raise _invalid(exc, prefix, source) from None
+
+
+def _invalid(exc: ValueError, prefix: str, source: str) -> ConfigError:
+    """A dataclass __post_init__ rejected a value: keep its words, add where it came from."""
+    msg = str(exc).removeprefix("error: ")  # stages.flags errors are already user-facing
+    where = f"{prefix}: " if prefix and prefix.split(".")[-1] not in msg else ""
+    return ConfigError(f"error: {where}{msg} ({source}); fix the value")
 
 
 def load_dataclass(
@@ -263,7 +275,9 @@ def load_dataclass(
         if name not in hints:
             raise _unknown_key(name, list(hints), prefix, source)
         dotted = f"{prefix}.{name}" if prefix else name
-        kwargs[name] = convert_value(hints[name], value, key=dotted, source=source, base_dir=base_dir)
+        kwargs[name] = convert_value(
+            hints[name], value, key=dotted, source=source, base_dir=base_dir
+        )
     return _construct(cls, kwargs, source=source, prefix=prefix)
 
 
@@ -303,4 +317,4 @@ def set_path(
     try:
         return dataclasses.replace(obj, **{name: new})
     except ValueError as exc:
-        raise ConfigError(f"error: {exc} ({source}); fix the value") from None
+        raise _invalid(exc, done, source) from None

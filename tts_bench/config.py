@@ -57,6 +57,7 @@ __all__ = [
     "convert_value",
     "load_config",
     "load_dataclass",
+    "load_yaml_file",
     "parse_tier",
     "parse_tiers",
 ]
@@ -119,7 +120,9 @@ class SyntheticConfig:
         if not self.chunk_seconds > 0 or not self.seconds_per_word > 0:
             raise ValueError("synthetic.chunk_seconds and synthetic.seconds_per_word must be > 0")
         if self.first_chunk_delay_s < 0 or self.chunk_delay_s < 0:
-            raise ValueError("synthetic.first_chunk_delay_s and synthetic.chunk_delay_s must be >= 0")
+            raise ValueError(
+                "synthetic.first_chunk_delay_s and synthetic.chunk_delay_s must be >= 0"
+            )
         if self.sample_rate < 1 or self.fail_every < 0:
             raise ValueError("synthetic.sample_rate must be >= 1 and synthetic.fail_every >= 0")
         if not self.delay_scale > 0:
@@ -161,7 +164,9 @@ class HttpConfig:
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"http.base_url must start with http:// or https://, got {self.base_url!r}")
+            raise ValueError(
+                f"http.base_url must start with http:// or https://, got {self.base_url!r}"
+            )
         if self.sample_rate < 1:
             raise ValueError(f"http.sample_rate must be >= 1, got {self.sample_rate}")
 
@@ -185,6 +190,8 @@ class BenchParams:
     timeout_s: float = 120.0
     min_effect_pct: float = 2.0  # |delta| below this is `within noise` even when significant
     bootstrap_resamples: int = 2000
+    # hierarchical: resample repeats, then requests (tts_bench.stats explains why it is default)
+    bootstrap: Literal["hierarchical", "stratified"] = "hierarchical"
     seed: int = 0
     disable_shuffle: bool = False
     max_failure_fraction: float = 0.0  # more failed requests than this -> invalid run (exit 5)
@@ -197,7 +204,9 @@ class BenchParams:
         if bad:
             raise ValueError(f"bench.tiers: {bad[0]!r} is not CxR with C, R >= 1 (e.g. 64x4)")
         if self.num_prompts < 1 or self.repeats < 1 or self.bootstrap_resamples < 1:
-            raise ValueError("bench.num_prompts, bench.repeats, bench.bootstrap_resamples must be >= 1")
+            raise ValueError(
+                "bench.num_prompts, bench.repeats and bench.bootstrap_resamples must be >= 1"
+            )
         if self.warmup is not None and self.warmup < 0:
             raise ValueError(f"bench.warmup must be >= 0 or null, got {self.warmup}")
         if not self.timeout_s > 0:
@@ -239,7 +248,8 @@ def load_config(path: Path | str | None, sets: Sequence[str] = ()) -> BenchConfi
         cfg = BenchConfig()
     else:
         path = Path(path)
-        cfg = load_dataclass(BenchConfig, load_yaml_file(path), source=str(path), base_dir=path.parent)
+        data = load_yaml_file(path)
+        cfg = load_dataclass(BenchConfig, data, source=str(path), base_dir=path.parent)
     return apply_overrides(cfg, sets)
 
 
@@ -264,7 +274,8 @@ def apply_overrides(cfg: Any, sets: Sequence[str], *, source: str = "--set") -> 
     stage_fields = {f.name for f in dataclasses.fields(StageConfig)}
     for text in sets:
         parts, value = _split_override(text, source)
-        if isinstance(cfg, BenchConfig) and parts[0] not in bench_fields and parts[0] in stage_fields:
+        routed = parts[0] not in bench_fields and parts[0] in stage_fields
+        if isinstance(cfg, BenchConfig) and routed:
             parts = ["stages", *parts]
         cfg = set_path(cfg, parts, value, source=source, base_dir=Path.cwd())
     return cfg

@@ -140,6 +140,15 @@ async def _consume(backend: Backend, request: SynthesisRequest, col: _Collector)
             col.add(chunk, time.perf_counter())
 
 
+async def _within(coro, timeout_s: float) -> None:
+    # asyncio.timeout runs the request in the worker's own task, so the next request is sent in
+    # the same loop step the previous one ends; wait_for (Python 3.10) adds a task and a step.
+    if hasattr(asyncio, "timeout"):
+        async with asyncio.timeout(timeout_s):
+            return await coro
+    return await asyncio.wait_for(coro, timeout_s)
+
+
 async def run_request(
     backend: Backend, job: Job, *, labels: PhaseLabels, timeout_s: float, t0: float, phase_id: str
 ) -> RequestRecord:
@@ -148,9 +157,8 @@ async def run_request(
     kind, detail = None, ""
     send = time.perf_counter()
     try:
-        async with asyncio.timeout(timeout_s):
-            await _consume(backend, job.request, col)
-    except TimeoutError:
+        await _within(_consume(backend, job.request, col), timeout_s)
+    except asyncio.TimeoutError:  # the builtin TimeoutError from 3.11 on
         kind, detail = "timeout", f"no end of audio after {timeout_s:g} s"
     except RequestFailed as exc:
         kind, detail = exc.kind, exc.detail

@@ -6,9 +6,11 @@
                         and whatever the command adds later (aggregates, verdicts) via update()
         requests.jsonl  one JSON object per finished request, appended + fsynced as it finishes
 
-Durability: `append_request` flushes and fsyncs each line, so SIGKILL loses at most the requests
-in flight; a torn last line (killed mid-write) is skipped on read. `update` rewrites run.json via
-a temp file + `os.replace`, so readers see either the old or the new document, never half.
+Durability: `append_request` queues the line for a background writer that fsyncs each batch
+(so the caller's event loop never waits on the disk); SIGKILL loses at most the requests in
+flight and those finished within the last fsync (milliseconds). A torn last line (killed
+mid-write) is skipped on read and dropped by `open`. `update` rewrites run.json via a temp file
++ `os.replace`, so readers see either the old or the new document, never half.
 
     run = RunDir.create(Path("results/runs"), "ab", command_line=sys.argv, configs={"base": d})
     run.append_request({"arm": "base", "tier": "2x1", "repeat": 0, "request_id": "en_0001", ...})
@@ -25,15 +27,17 @@ import json
 import logging
 import os
 import platform
+import re
 import secrets
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tts_bench._appender import LineAppender, flush_path
 from tts_bench.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -124,8 +128,7 @@ def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
 
 def _json_default(value: Any) -> Any:
     # numpy scalars and Paths show up in records; everything else is a bug worth seeing.
-    if hasattr(value, "item") and callable(value.item):
-        return value.item()
+    # tolist() covers numpy scalars (-> Python scalar) and arrays (-> lists) alike.
     if hasattr(value, "tolist") and callable(value.tolist):
         return value.tolist()
     if isinstance(value, (Path, set, frozenset)):
@@ -139,6 +142,7 @@ class RunDir:
 
     path: Path
     doc: dict[str, Any]
+    _appender: LineAppender | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def create(
@@ -153,6 +157,8 @@ class RunDir:
         extra: dict[str, Any] | None = None,
     ) -> RunDir:
         """Make `<root>/<YYYYmmdd-HHMMSS>-<kind>-<6 hex>/` with its run.json."""
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", kind):
+            raise ValueError(f"run kind must be a lowercase word like 'ab', got {kind!r}")
         root = Path(root)
         created = _now_utc()
         root.mkdir(parents=True, exist_ok=True)
@@ -206,6 +212,7 @@ class RunDir:
                 f"{SCHEMA_VERSION} (--resume); rerun from scratch"
             )
         run = cls(path, doc)
+        flush_path(run.requests_path)  # another RunDir of this process may still be writing
         run._repair_tail()
         return run
 
@@ -222,22 +229,40 @@ class RunDir:
         return str(self.doc["kind"])
 
     def update(self, **fields: Any) -> None:
-        """Merge top-level fields into run.json and rewrite it atomically."""
+        """Merge top-level fields into run.json and rewrite it atomically. Queued requests are
+        flushed first, so a run.json that says `complete` never precedes its requests."""
+        self.flush()
         self.doc = {**self.doc, **fields}
         _write_json_atomic(self.run_json, self.doc)
 
     def append_request(self, record: dict[str, Any]) -> None:
-        """Append one finished request as a JSON line, durable before returning."""
+        """Append one finished request as a JSON line. Cheap and non-blocking (safe inside an
+        event loop): a background thread writes and fsyncs, see tts_bench._appender."""
         line = json.dumps(record, separators=(",", ":"), default=_json_default)
-        assert "\n" not in line, "json.dumps never emits raw newlines"
-        with open(self.requests_path, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        if self._appender is None or self._appender.closed:
+            self._appender = LineAppender(self.requests_path)
+        self._appender.append(line)
+
+    def flush(self) -> None:
+        """Block until every appended request is on disk (fsynced)."""
+        if self._appender is not None:
+            self._appender.flush()
+
+    def close(self) -> None:
+        """Flush and stop the background writer; appending later starts a new one."""
+        if self._appender is not None:
+            self._appender.close()
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def iter_requests(self) -> Iterator[dict[str, Any]]:
         """Recorded requests in write order. An unterminated last line that does not parse (the
         process died mid-write) is skipped; a corrupt line elsewhere is an error."""
+        self.flush()
         try:
             data = self.requests_path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -272,7 +297,9 @@ class RunDir:
         try:
             json.loads(data[cut:])
         except ValueError:
-            log.warning("%s: dropping a torn last line (%d bytes)", self.requests_path, len(data) - cut)
+            log.warning(
+                "%s: dropping a torn last line (%d bytes)", self.requests_path, len(data) - cut
+            )
             with open(self.requests_path, "r+b") as fh:
                 fh.truncate(cut)
                 os.fsync(fh.fileno())
@@ -292,7 +319,12 @@ class RunDir:
 
 def request_key(record: dict[str, Any]) -> RequestKey:
     """The identity of a request inside a run; records must carry these four fields."""
-    return (str(record["arm"]), str(record["tier"]), int(record["repeat"]), str(record["request_id"]))
+    return (
+        str(record["arm"]),
+        str(record["tier"]),
+        int(record["repeat"]),
+        str(record["request_id"]),
+    )
 
 
 def _dict_hash(d: dict[str, Any]) -> str:

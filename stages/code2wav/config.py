@@ -26,6 +26,10 @@ class FlowEncoderConfig:
     up_rate: int = 2
     max_relpos_len: int = 5000
 
+    @property
+    def head_dim(self) -> int:
+        return self.input_size // self.attention_heads
+
 
 @dataclass(frozen=True)
 class DiTConfig:
@@ -36,7 +40,10 @@ class DiTConfig:
     hidden_size: int = 512
     depth: int = 16
     num_heads: int = 8
+    head_dim: int = 64
     mlp_ratio: float = 4.0
+    time_embed_dim: int = 256  # sinusoidal timestep features before the MLP
+    time_scale: float = 1000.0  # t in [0, 1] is scaled by this before the sinusoid
 
 
 @dataclass(frozen=True)
@@ -97,7 +104,8 @@ class Code2WavConfig:
     cfg_rate: float = 0.7
     prompt_keep_frames: int = 100  # estimator caches are trimmed to prompt + this many frames
     ref_audio_max_seconds: float = 6.0
-    noise_frames: int = 30000
+    noise_frames: int = 30000  # fixed CFM noise buffer: 600 s at 50 Hz
+    noise_temperature: float = 1.0
     flow: FlowEncoderConfig = field(default_factory=FlowEncoderConfig)
     dit: DiTConfig = field(default_factory=DiTConfig)
     hift: HiFTConfig = field(default_factory=HiFTConfig)
@@ -112,6 +120,11 @@ class Code2WavConfig:
     def sample_rate(self) -> int:
         return self.hift.sampling_rate
 
+    @property
+    def chunk_mel_frames(self) -> int:
+        """Mel frames of one steady payload: 25 new codes x up_rate = 50."""
+        return self.codec_chunk_frames * self.flow.up_rate
+
     def __post_init__(self) -> None:
         if self.mel_rate_hz * self.hift.samples_per_frame != self.hift.sampling_rate:
             raise ValueError(
@@ -119,6 +132,16 @@ class Code2WavConfig:
                 f"= {self.mel_rate_hz * self.hift.samples_per_frame}, "
                 f"hift.sampling_rate = {self.hift.sampling_rate}"
             )
+        for name in ("n_timesteps", "codec_chunk_frames", "prompt_keep_frames", "noise_frames"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"code2wav.{name} must be positive, got {getattr(self, name)}")
+        if self.prompt_keep_frames % self.flow.up_rate:
+            raise ValueError(
+                "code2wav.prompt_keep_frames must be a multiple of flow.up_rate (the token-rate "
+                "conformer layers are trimmed at half that length)"
+            )
+        if not 0 <= self.silence_code < self.flow.vocab_size:
+            raise ValueError("code2wav.silence_code must be a valid flow token id")
         if self.codec_left_context_frames != self.flow.pre_lookahead_len:
             raise ValueError(
                 "code2wav.codec_left_context_frames must equal flow.pre_lookahead_len "

@@ -21,6 +21,7 @@ class SamplingConfig:
     history_window: int = 16
     min_tokens: int = 50
     min_tokens_to_keep: int = 3
+    # Most codes one request may emit (HF max_new_token); the final EOS sample is not counted.
     max_tokens: int = 2048
     seed: int = 42
 
@@ -31,6 +32,33 @@ class SamplingConfig:
             raise ValueError(f"talker.sampling.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 1 or self.history_window < 1 or self.max_tokens < 1:
             raise ValueError("talker.sampling: top_k, history_window and max_tokens must be >= 1")
+        if self.min_tokens < 0 or self.min_tokens_to_keep < 1:
+            raise ValueError("talker.sampling: min_tokens must be >= 0, min_tokens_to_keep >= 1")
+        if self.repetition_penalty <= 0:
+            raise ValueError(
+                f"talker.sampling.repetition_penalty must be > 0, got {self.repetition_penalty}"
+            )
+
+
+@dataclass(frozen=True)
+class LengthConfig:
+    """Codec budget for random weights, which have no trained EOS (see `stages/talker/length.py`).
+
+    Speech runs at about 2.5 words/s and the codec at 25 Hz, so one English word is ~10 codes;
+    Mandarin runs at about 4-5 characters/s, so one CJK character is ~6 codes. With real weights
+    (a weights dir) the model's own EOS decides and only `SamplingConfig.max_tokens` caps.
+    """
+
+    codes_per_word: float = 10.0
+    codes_per_cjk_char: float = 6.0
+
+    def __post_init__(self) -> None:
+        if not self.codes_per_word > 0:
+            raise ValueError(f"talker.length.codes_per_word must be > 0, got {self.codes_per_word}")
+        if not self.codes_per_cjk_char > 0:
+            raise ValueError(
+                f"talker.length.codes_per_cjk_char must be > 0, got {self.codes_per_cjk_char}"
+            )
 
 
 @dataclass(frozen=True)
@@ -50,7 +78,11 @@ class TalkerConfig:
     audio_bos_token_id: int = 151687
     text_eos_token_id: int = 151692
     llm_dim: int = 4096
+    # Text ids the word-level stand-in tokenizer may produce: the regular (non-special) part of
+    # the Qwen vocabulary, below the first special token 151643.
+    standin_text_vocab: int = 151643
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    length: LengthConfig = field(default_factory=LengthConfig)
     # Stage `extra` (strictly parsed booleans, e.g. talker_codec_fused_prelude).
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -71,3 +103,10 @@ class TalkerConfig:
             )
         if self.num_heads % self.num_kv_heads:
             raise ValueError("talker.num_heads must be a multiple of talker.num_kv_heads")
+        if self.head_dim % 2:
+            raise ValueError(f"talker.head_dim ({self.head_dim}) must be even for rotary embedding")
+        if not 0 < self.standin_text_vocab <= self.num_text_tokens:
+            raise ValueError("talker.standin_text_vocab must be in (0, num_text_tokens]")
+        for name in ("audio_bos_token_id", "text_eos_token_id"):
+            if not 0 <= getattr(self, name) < self.num_text_tokens:
+                raise ValueError(f"talker.{name} must be a valid emb_text row (< num_text_tokens)")

@@ -1,7 +1,9 @@
 """The sampling prelude: repetition penalty over the last 16 codes, then temperature.
 
-This module holds the eager reference (`penalty_temperature_eager`). The fused Triton twin and
-the dispatcher that picks between them live here too once written (seed item 1).
+Two implementations of one function, and the dispatcher that picks between them (seed item 1):
+* `penalty_temperature_eager`: the plain-torch reference (~17 small kernels per call);
+* the fused Triton twin (`stages.talker.prelude_triton.rep_pen_temp`, `_rep_pen_temp_kernel`):
+  one launch for the whole [B, V] batch, bit for bit equal to the reference.
 
 Numerics contract shared by every implementation (so fused == eager bit for bit):
 * counts[b, v] = number of valid history slots (slot < history_len[b]) holding code v; integers.
@@ -9,13 +11,54 @@ Numerics contract shared by every implementation (so fused == eager bit for bit)
   request at admission (float64 on the host, rounded to fp32), so no path evaluates a
   transcendental per step and both read the very same fp32 factors: exact by construction.
 * x = logit < 0 ? logit * alpha : logit / alpha, then x / temperature; IEEE-rounded division.
+
+Switches (both default to the fused path):
+* stage extra `talker_codec_fused_prelude` (parsed by the caller with
+  `stages.flags.read_bool_flag(extra, "talker_codec_fused_prelude", True)`): `false` forces the
+  eager chain, e.g. for accuracy triage;
+* env `TALKER_CODEC_FUSED_PRELUDE=0` (or `false`): process-wide opt-out to the eager chain, read
+  ONCE when this module is imported; a non-boolean value raises at import.
+The fused path also needs triton and a CUDA/NPU device (or CPU under TRITON_INTERPRET=1, the
+correctness mode); otherwise the eager chain is used and one log line says so. If the kernel
+fails to compile or launch, a process-level latch logs one warning and every later call runs
+the eager chain (no retry). Nothing here imports triton or touches a device at import time.
+
+    >>> prelude = select_prelude(fused=True, device=torch.device("cpu"))  # no TRITON_INTERPRET
+    >>> prelude is penalty_temperature_eager
+    True
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
+import os
+import types
+from collections.abc import Callable
+
 import torch
 
+from stages.flags import read_env_opt_out
+
+log = logging.getLogger(__name__)
+
 HISTORY_WINDOW = 16
+ENV_OPT_OUT = "TALKER_CODEC_FUSED_PRELUDE"
+_TRITON_DEVICE_TYPES = frozenset({"cuda", "npu", "cpu"})  # cpu: interpreter (correctness only)
+
+# Read once at import (not per call, not per construction): flipping the variable later in the
+# process changes nothing, which is what "process-wide opt-out" means for a bisect.
+_ENV_OPT_OUT: bool = read_env_opt_out(ENV_OPT_OUT)
+
+# Process-level latch: set once when the fused kernel fails to compile or launch; from then on
+# every fused call runs the eager chain without trying the kernel again.
+_latch_tripped: bool = False
+_eager_notes_logged: set[str] = set()
+_kernels: types.ModuleType | None = None  # stages.talker.prelude_triton once imported
+
+# (logits [B, V] fp32, history [B, W] int32, history_len [B] int32, pow_table [B, W + 1] fp32,
+#  temperature [B] fp32) -> [B, V] fp32
+Prelude = Callable[..., torch.Tensor]
 
 
 def penalty_pow_table(penalty: float, window: int = HISTORY_WINDOW) -> torch.Tensor:
@@ -55,3 +98,99 @@ def penalty_temperature_eager(
     alpha = torch.gather(pow_table, 1, counts)  # [B, V]
     x = torch.where(logits < 0, logits * alpha, logits / alpha)
     return x / temperature[:, None]
+
+
+def _kernel_module() -> types.ModuleType:
+    """The Triton module, imported on first use (it imports triton; prelude.py must not)."""
+    global _kernels
+    if _kernels is None:
+        _kernels = importlib.import_module("stages.talker.prelude_triton")
+    return _kernels
+
+
+def penalty_temperature_fused(
+    logits: torch.Tensor,
+    history: torch.Tensor,
+    history_len: torch.Tensor,
+    pow_table: torch.Tensor,
+    temperature: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The fused kernel behind the latch; same contract as `penalty_temperature_eager`.
+
+    `out` (optional [B, V] fp32 static buffer, for graph capture) receives the result on either
+    path. On the first compile/launch failure this logs ONE warning, trips the process latch and
+    returns the eager result; later calls go straight to eager.
+    """
+    global _latch_tripped
+    if not _latch_tripped:
+        try:
+            return _kernel_module().rep_pen_temp(
+                logits, history, history_len, pow_table, temperature, out=out
+            )
+        except Exception as exc:  # compile errors, launch errors, missing driver: all latch
+            _latch_tripped = True
+            log.warning(
+                "fused sampling prelude failed (%s: %s); using the eager penalty + temperature "
+                "chain for the rest of this process",
+                type(exc).__name__,
+                exc,
+            )
+    result = penalty_temperature_eager(logits, history, history_len, pow_table, temperature)
+    if out is None:
+        return result
+    return out.copy_(result)
+
+
+def _fused_unavailable_reason(device: torch.device) -> str | None:
+    """Why the fused path cannot run on `device` in this process, or None if it can.
+
+    Mirrors `stages.platform.triton_available` (cuda/npu, or cpu under the interpreter) without
+    importing `stages.platform`, whose memory helpers pull in psutil: the prelude must import
+    with torch alone. Also makes sure triton really imports (a broken install raises).
+    """
+    if device.type not in _TRITON_DEVICE_TYPES:
+        return f"no Triton for device type {device.type!r}"
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "").strip() != "1":
+        return "CPU without TRITON_INTERPRET=1"
+    try:
+        importlib.import_module("triton")
+    except Exception as exc:  # ImportError, or a broken install raising anything at import
+        return f"triton does not import ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _eager_because(reason: str) -> Prelude:
+    """Log (once per reason per process) that the eager chain is in use, and return it."""
+    if reason not in _eager_notes_logged:
+        _eager_notes_logged.add(reason)
+        log.info("sampling prelude: eager penalty + temperature chain in use (%s)", reason)
+    return penalty_temperature_eager
+
+
+def select_prelude(*, fused: bool, device: torch.device) -> Prelude:
+    """The penalty + temperature function to use; same signature as the eager one.
+
+    fused: the stage extra `talker_codec_fused_prelude` (already parsed, default true). The
+    fused path also requires no env opt-out, triton, and a CUDA/NPU device (CPU only under
+    TRITON_INTERPRET=1). Call once at construction; never per step.
+    """
+    if not fused:
+        return _eager_because("stage extra talker_codec_fused_prelude is false")
+    if _ENV_OPT_OUT:
+        return _eager_because(f"{ENV_OPT_OUT} opts out")
+    if _latch_tripped:
+        return _eager_because("the fused kernel failed earlier in this process")
+    reason = _fused_unavailable_reason(device)
+    if reason is not None:
+        return _eager_because(reason)
+    log.info("sampling prelude: fused Triton kernel in use (%s)", device.type)
+    return penalty_temperature_fused
+
+
+def _reset_latch_for_tests() -> None:
+    """Clear the latch and the once-only log memory (tests only; production never resets)."""
+    global _latch_tripped
+    _latch_tripped = False
+    _eager_notes_logged.clear()

@@ -1,19 +1,45 @@
-"""The `mem:` section of a bench config."""
+"""The `mem:` section of a bench config: how `tts-bench mem` (and `ab --mem`) samples memory.
+
+    mem:
+      sampler: nvml,torch     # auto | nvml | npu-smi | torch | rss, comma-separated for several
+      interval_s: 2.0
+      tier: 128x8
+      warm_tier: 4x1          # run first on the same fresh backend, not sampled; null = none
+      warm_prompts: null      # requests of the warm tier; null = 2 x its concurrency
+      device_index: 0         # GPU index for NVML (ignores CUDA_VISIBLE_DEVICES) / npu-smi card
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+
+SAMPLER_CHOICES = ("auto", "nvml", "npu-smi", "torch", "rss")
 
 
 @dataclass(frozen=True)
 class MemParams:
-    sampler: Literal["auto", "nvml", "npu-smi", "torch", "rss"] = "auto"
+    sampler: str = "auto"
     interval_s: float = 2.0
     tier: str = "128x8"
     warm_tier: str | None = "4x1"
+    warm_prompts: int | None = None
     device_index: int = 0
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
             raise ValueError(f"mem.interval_s must be > 0, got {self.interval_s}")
+        names = [n.strip() for n in self.sampler.split(",") if n.strip()]
+        bad = [n for n in names if n not in SAMPLER_CHOICES]
+        if not names or bad:
+            raise ValueError(
+                f"mem.sampler: {(bad or [self.sampler])[0]!r} is not a sampler; valid: "
+                f"{', '.join(SAMPLER_CHOICES)} (comma-separated for several)"
+            )
+        if self.warm_prompts is not None and self.warm_prompts < 1:
+            raise ValueError(f"mem.warm_prompts must be >= 1 or null, got {self.warm_prompts}")
+        if self.device_index < 0:
+            raise ValueError(f"mem.device_index must be >= 0, got {self.device_index}")
+
+    @property
+    def sampler_names(self) -> tuple[str, ...]:
+        return tuple(n.strip() for n in self.sampler.split(",") if n.strip())

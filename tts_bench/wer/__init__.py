@@ -1,1 +1,13 @@
-"""The seed-tts WER gate: generate all audio first, then transcribe on CPU, score and gate."""
+"""The seed-tts WER gate: generate all audio first, then transcribe on CPU, score and gate.
+
+Pipeline (one module each): `generate` (phase 1: every arm's backend, WAVs in the run directory)
+-> `transcribe` (phase 2, after every backend stopped: ASR with a transcript cache) -> `score`
+(per-utterance jiwer WER after `normalize`; mean / median / corpus; paired ΔWER with a bootstrap
+CI) -> `gate` (history under results/wer-history/, provenance check, verdict and exit code) ->
+`report` (table and JSON). `runner` strings them together; `tts-bench wer` is its CLI.
+
+    tts-bench wer --config configs/wer/seed-tts-en.yaml          # exit 0 pass, 4 regression, 5 invalid
+
+`testing` holds test doubles (a backend that encodes text into samples, a transcriber that
+decodes them) so the whole gate runs in milliseconds in tests.
+"""

@@ -1,4 +1,12 @@
-"""The `wer:` section of a bench config (see configs/wer/)."""
+"""The `wer:` section of a bench config (see configs/wer/): ASR, normalizer, generation and gate.
+
+    wer:
+      asr: faster-whisper        # or openai-whisper (the reference implementation)
+      asr_model: tiny.en         # tiny.en | base | a CTranslate2 model dir | a .pt checkpoint
+      normalizer: seed-tts       # or whisper
+      num_prompts: 20
+      tolerance_points: 0.5      # mean ΔWER CI upper bound allowed, percentage points
+"""
 
 from __future__ import annotations
 
@@ -10,18 +18,31 @@ from typing import Literal
 class WerParams:
     asr: Literal["faster-whisper", "openai-whisper"] = "faster-whisper"
     asr_model: str = "tiny.en"  # tiny.en | base | a model directory / checkpoint path
-    compute_type: str = "int8"  # faster-whisper compute type
+    compute_type: str = "int8"  # faster-whisper compute type (float32 matches openai-whisper)
     beam_size: int = 5
     vad: bool = True
+    cpu_threads: int = 0  # ASR threads; 0 = library default (does not change transcripts)
     normalizer: Literal["seed-tts", "whisper"] = "seed-tts"
     num_prompts: int = 20
+    concurrency: int = 4  # requests in flight while generating (phase 1)
+    replicas: int = 1  # backend replicas while generating
+    seed: int = 42  # per-request synthesis seed
     tolerance_points: float = 0.5  # mean WER delta CI upper bound allowed, in percentage points
-    max_failures: int = 0
+    max_failures: int = 0  # per arm; more -> invalid run (exit 5)
     bootstrap_resamples: int = 2000
     history_dir: str = "results/wer-history"
+    cache_dir: str = ""  # transcript cache; "" = <tts-bench cache>/transcripts
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1:
             raise ValueError(f"wer.num_prompts must be >= 1, got {self.num_prompts}")
         if self.beam_size < 1:
             raise ValueError(f"wer.beam_size must be >= 1, got {self.beam_size}")
+        if self.concurrency < 1 or self.replicas < 1:
+            raise ValueError("wer.concurrency and wer.replicas must be >= 1")
+        if self.cpu_threads < 0:
+            raise ValueError(f"wer.cpu_threads must be >= 0, got {self.cpu_threads}")
+        if self.tolerance_points < 0:
+            raise ValueError(f"wer.tolerance_points must be >= 0, got {self.tolerance_points}")
+        if self.max_failures < 0 or self.bootstrap_resamples < 1:
+            raise ValueError("wer.max_failures must be >= 0 and wer.bootstrap_resamples >= 1")

@@ -1,0 +1,321 @@
+"""Per-call cost of the sampling prelude: eager chain vs fused Triton kernel vs the launch floor.
+
+Measures, in ONE process, for B in {1, 8, 32, 128} rows of V = 6562 codec logits and a 16-slot
+history (both from the talker config):
+  eager        `penalty_temperature_eager` (~17 small kernels, host-bound)
+  fused        the dispatcher's fused path (`select_prelude(fused=True)`: one Triton launch)
+  eager_graph  the eager chain captured once in a CUDA graph, replayed
+  empty        an empty Triton kernel launched through `JITFunction[grid](...)`: the launch
+               floor as issue 4 defines it (acceptance is judged against this one)
+  empty_direct the same empty kernel launched through its CompiledKernel (what the fused wrapper
+               does after its first call): Triton's Python binder removed, the driver floor
+Per call = median over `--reps` timed windows of `--inner` back-to-back calls (CUDA events on
+CUDA, a wall clock on CPU); warmup calls are excluded; raw window samples are kept in the JSON.
+Kernels per call come from the torch profiler (CUDA kernel activities; CPU: aten operators).
+The fused output is checked bit for bit against eager before anything is timed.
+
+On CPU the fused/empty rows need TRITON_INTERPRET=1 (interpreter: correctness speed, not a
+benchmark); without it they are skipped with a note. eager_graph needs a CUDA device.
+
+    PYTHONPATH=. python3 scripts/bench_prelude.py --out results/bench   # table, then JSON line
+
+Acceptance (issue 4), evaluated per B on CUDA: fused >= 10x faster than eager, fused <= 1.5x
+the empty kernel, exactly 1 kernel per fused call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from stages.talker import prelude
+from stages.talker.config import SamplingConfig, TalkerConfig
+from stages.talker.prelude import penalty_pow_table, penalty_temperature_eager, select_prelude
+from tts_bench.launches import count_launches
+
+SCHEMA = "tts-bench/bench-prelude/1"
+MIN_SPEEDUP = 10.0  # fused vs eager, every B
+MAX_FLOOR_RATIO = 1.5  # fused vs empty Triton kernel, every B
+IMPLS = ("eager", "fused", "eager_graph", "empty", "empty_direct")
+
+
+@dataclass
+class Cell:
+    """One (implementation, batch) measurement."""
+
+    impl: str
+    batch: int
+    us_per_call: float | None = None  # median over windows
+    us_p10: float | None = None
+    us_p90: float | None = None
+    kernels_per_call: float | None = None
+    launch_unit: str | None = None
+    samples_us: list[float] = field(default_factory=list)  # per-call µs of each window
+    note: str | None = None
+
+
+def resolve_device(kind: str) -> torch.device:
+    """auto|cuda|cpu. Not stages.platform: its memory helpers import psutil, and this script
+    must run with torch + triton + numpy only."""
+    if kind not in ("auto", "cuda", "cpu"):
+        raise SystemExit(f"error: unknown device {kind!r} (--device); valid: auto, cuda, cpu")
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: no CUDA device (--device cuda); use --device auto or cpu")
+    return torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_inputs(batch: int, device: torch.device, seed: int) -> tuple[torch.Tensor, ...]:
+    """Realistic decode-step inputs: full windows with repeats, talker default sampling."""
+    vocab = TalkerConfig().num_audio_tokens
+    sampling = SamplingConfig()
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, vocab, generator=g) * 4.0
+    window = sampling.history_window
+    history = torch.randint(0, vocab, (batch, window), generator=g, dtype=torch.int32)
+    history[:, window // 2 :] = history[:, : window - window // 2]  # repeats: counts of 2
+    history_len = torch.full((batch,), window, dtype=torch.int32)
+    table = penalty_pow_table(sampling.repetition_penalty, window)
+    pow_table = table.expand(batch, -1).contiguous()
+    temperature = torch.full((batch,), sampling.temperature)
+    tensors = (logits, history, history_len, pow_table, temperature)
+    return tuple(t.to(device) for t in tensors)
+
+
+def time_windows(fn: Callable[[], object], device: torch.device, *, reps: int, inner: int,
+                 warmup: int) -> list[float]:
+    """Per-call µs for each of `reps` windows of `inner` calls (warmup excluded)."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    if device.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(reps)]
+        for start, end in events:
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+        torch.cuda.synchronize(device)
+        return [start.elapsed_time(end) * 1e3 / inner for start, end in events]
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        for _ in range(inner):
+            fn()
+        samples.append((time.perf_counter_ns() - t0) / 1e3 / inner)
+    return samples
+
+
+def build_impls(device: torch.device, args: tuple[torch.Tensor, ...]) -> tuple[dict, dict]:
+    """name -> zero-arg callable, and name -> note for the ones that cannot run here."""
+    impls: dict[str, Callable[[], object]] = {"eager": lambda: penalty_temperature_eager(*args)}
+    notes: dict[str, str] = {}
+    fused = select_prelude(fused=True, device=device)
+    if fused is prelude.penalty_temperature_fused:
+        impls["fused"] = lambda: fused(*args)
+        from stages.talker.prelude_triton import _empty_kernel, kernel_for
+
+        empty = kernel_for(_empty_kernel, device)
+        impls["empty"] = lambda: empty[(1,)](args[0])
+        compiled = empty[(1,)](args[0])  # JITFunction.run returns the CompiledKernel
+        if device.type != "cpu" and callable(getattr(compiled, "__getitem__", None)):
+            impls["empty_direct"] = lambda: compiled[(1,)](args[0])
+        else:
+            notes["empty_direct"] = "needs a compiled (device) kernel"
+    else:
+        why = "no fused path here (CPU needs TRITON_INTERPRET=1, or triton is missing)"
+        notes["fused"] = notes["empty"] = notes["empty_direct"] = why
+    if device.type == "cuda":
+        impls["eager_graph"] = capture_eager(device, args)
+    else:
+        notes["eager_graph"] = "needs a CUDA device"
+    return impls, notes
+
+
+def capture_eager(device: torch.device, args: tuple[torch.Tensor, ...]) -> Callable[[], object]:
+    """Capture the eager chain once on static inputs; the callable replays it."""
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream())  # inputs were written on the default stream
+    with torch.cuda.stream(side):  # warm up off the default stream (CUDA graph rule)
+        for _ in range(3):
+            penalty_temperature_eager(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        penalty_temperature_eager(*args)
+    return graph.replay
+
+
+def check_bit_exact(impls: dict, device: torch.device, args: tuple[torch.Tensor, ...]
+                    ) -> bool | None:
+    """Fused == eager bit for bit on these inputs (exits otherwise); None: no fused path."""
+    if "fused" not in impls:
+        return None
+    fused = impls["fused"]()
+    eager = penalty_temperature_eager(*args)
+    synchronize(device)
+    same = torch.equal(fused.view(torch.int32), eager.view(torch.int32))
+    if not same or prelude._latch_tripped:
+        raise SystemExit("error: fused prelude is not bit-exact with eager here (bench_prelude)")
+    return True
+
+
+def measure(impl: str, fn: Callable[[], object], batch: int, device: torch.device,
+            opts: argparse.Namespace) -> Cell:
+    reps, inner, warmup = opts.reps, opts.inner, opts.warmup
+    if device.type == "cpu":  # wall clock, possibly the interpreter: fit a time budget
+        t0 = time.perf_counter()
+        fn()
+        one = max(time.perf_counter() - t0, 1e-6)
+        inner = max(1, min(inner, int(opts.cpu_budget_s / 10 / one)))
+        reps = max(3, min(reps, int(opts.cpu_budget_s / (one * inner))))
+        warmup = min(warmup, inner)
+    samples = time_windows(fn, device, reps=reps, inner=inner, warmup=warmup)
+    q = statistics.quantiles(samples, n=10) if len(samples) >= 2 else [samples[0]] * 9
+    launches = count_launches(fn, device=device, repeats=3)
+    return Cell(impl=impl, batch=batch, us_per_call=statistics.median(samples), us_p10=q[0],
+                us_p90=q[-1], kernels_per_call=launches.per_call, launch_unit=launches.unit,
+                samples_us=[round(s, 3) for s in samples])
+
+
+def acceptance(cells: list[Cell], device: torch.device) -> dict:
+    """Issue-4 criteria per batch; only meaningful on CUDA (None elsewhere)."""
+    by = {(c.impl, c.batch): c for c in cells}
+    rows = {}
+    for batch in sorted({c.batch for c in cells}):
+        eager, fused, empty, direct = (
+            by.get((i, batch)) for i in ("eager", "fused", "empty", "empty_direct")
+        )
+        if not (fused and fused.us_per_call and empty and empty.us_per_call):
+            continue
+        speedup = eager.us_per_call / fused.us_per_call
+        floor_ratio = fused.us_per_call / empty.us_per_call
+        rows[str(batch)] = {
+            "speedup_vs_eager": round(speedup, 2),
+            "ratio_to_empty_kernel": round(floor_ratio, 3),
+            "ratio_to_empty_direct": round(fused.us_per_call / direct.us_per_call, 3)
+            if direct and direct.us_per_call else None,
+            "fused_kernels_per_call": fused.kernels_per_call,
+            "pass": speedup >= MIN_SPEEDUP and floor_ratio <= MAX_FLOOR_RATIO
+            and fused.kernels_per_call == 1.0,
+        }
+    applies = device.type == "cuda" and bool(rows)
+    return {"applies": applies, "criteria": {"min_speedup": MIN_SPEEDUP,
+            "max_ratio_to_empty": MAX_FLOOR_RATIO, "fused_kernels_per_call": 1},
+            "per_batch": rows, "pass": all(r["pass"] for r in rows.values()) if applies else None}
+
+
+def environment(device: torch.device) -> dict:
+    info = {"python": platform.python_version(), "torch": torch.__version__,
+            "device": str(device), "triton": None, "triton_interpret": None}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except Exception:  # no triton: the fused rows are skipped with a note
+        pass
+    info["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
+    if device.type == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(device)
+    else:
+        info["torch_threads"] = torch.get_num_threads()
+    return info
+
+
+def render_table(cells: list[Cell], batches: list[int]) -> str:
+    by = {(c.impl, c.batch): c for c in cells}
+
+    def us(impl, b):
+        c = by.get((impl, b))
+        return f"{c.us_per_call:10.2f}" if c and c.us_per_call is not None else f"{'-':>10}"
+
+    def k(impl, b):
+        c = by.get((impl, b))
+        return f"{c.kernels_per_call:g}" if c and c.kernels_per_call is not None else "-"
+
+    head = (f"{'B':>5} {'eager us':>10} {'fused us':>10} {'graph us':>10} {'empty us':>10} "
+            f"{'direct us':>10} {'x eager':>8} {'/ empty':>8}  kernels e/f/g")
+    lines = [head, "-" * len(head)]
+    for b in batches:
+        e, f, m = (getattr(by.get((i, b)), "us_per_call", None)
+                   for i in ("eager", "fused", "empty"))
+        speed = f"{e / f:8.1f}" if e and f else f"{'-':>8}"
+        ratio = f"{f / m:8.2f}" if f and m else f"{'-':>8}"
+        lines.append(f"{b:>5} {us('eager', b)} {us('fused', b)} {us('eager_graph', b)} "
+                     f"{us('empty', b)} {us('empty_direct', b)} {speed} {ratio}  "
+                     f"{k('eager', b)}/{k('fused', b)}/{k('eager_graph', b)}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batches", default="1,8,32,128", help="comma-separated row counts")
+    p.add_argument("--device", default="auto", help="auto|cuda|cpu")
+    p.add_argument("--reps", type=int, default=200, help="timed windows per cell")
+    p.add_argument("--inner", type=int, default=20, help="back-to-back calls per window")
+    p.add_argument("--warmup", type=int, default=50, help="untimed calls before each cell")
+    p.add_argument("--cpu-budget-s", type=float, default=2.0, help="CPU: seconds per cell")
+    p.add_argument("--cpu-threads", type=int, default=1,
+                   help="CPU: torch intra-op threads (1 = stable numbers on a shared machine)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="directory for bench_prelude.json")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
+    device = resolve_device(opts.device)
+    if device.type == "cpu":
+        torch.set_num_threads(opts.cpu_threads)
+    batches = [int(b) for b in opts.batches.split(",")]
+    env = environment(device)
+    print(f"bench_prelude | {env.get('device_name', device)} | torch {env['torch']} | "
+          f"triton {env['triton']} | V={TalkerConfig().num_audio_tokens} "
+          f"W={SamplingConfig().history_window} | reps={opts.reps} inner={opts.inner}")
+    cells, notes, exact = [], {}, {}
+    for batch in batches:
+        args = make_inputs(batch, device, opts.seed + batch)
+        impls, skipped = build_impls(device, args)
+        notes.update(skipped)
+        exact[str(batch)] = check_bit_exact(impls, device, args)
+        for impl in IMPLS:
+            if impl in impls:
+                cells.append(measure(impl, impls[impl], batch, device, opts))
+                print(f"  B={batch:<4} {impl:<12} {cells[-1].us_per_call:10.2f} us/call",
+                      file=sys.stderr)
+            else:
+                cells.append(Cell(impl=impl, batch=batch, note=skipped.get(impl)))
+    print(render_table(cells, batches))
+    for impl, why in sorted(notes.items()):
+        print(f"note: {impl}: {why}")
+    doc = {"schema": SCHEMA, "env": env, "timer": "cuda_events" if device.type == "cuda"
+           else "wall_clock", "config": {k: (str(v) if isinstance(v, Path) else v)
+           for k, v in vars(opts).items()}, "bit_exact": exact,
+           "acceptance": acceptance(cells, device), "notes": notes,
+           "cells": [asdict(c) for c in cells]}
+    if opts.out is not None:
+        opts.out.mkdir(parents=True, exist_ok=True)
+        (opts.out / "bench_prelude.json").write_text(json.dumps(doc, indent=2) + "\n")
+    print(json.dumps(doc, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""Stage-runner smoke benchmark: start time, RTF/TTFP and per-process memory, one JSON line.
+
+Starts the embedded runner (talker + R code2wav replicas) from a stage YAML, keeps C requests
+in flight until N have finished, and reports runner start seconds, mean/median audio RTF and
+TTFP, audio seconds, failures and every stage process's allocator memory. Independent of the
+harness's load generator on purpose: it checks the runner alone.
+
+    PYTHONPATH=. python3 scripts/runner_smoke.py --config configs/stages/minicpmo45.yaml \
+        --tiers 8x1,32x4 --num-requests 64 --out "$OUT/runner_smoke.json"
+    PYTHONPATH=. python3 scripts/runner_smoke.py --config configs/stages/minicpmo45-tiny.yaml \
+        --tiers 1x1,2x2 --num-requests 4           # CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+from stages.config import StageConfig
+from stages.runner import RequestError, RunnerRequest, StageRunner
+from tts_bench._dataclass_yaml import load_dataclass, load_yaml_file
+
+SENTENCES = [
+    "A small boat drifted slowly across the calm grey lake at dawn.",
+    "Please close the window before the evening rain starts to fall.",
+    "The old library keeps its rarest maps behind a sheet of thick glass.",
+    "She packed warm bread, sharp cheese and green apples for the long walk.",
+    "Every morning the baker sings quietly while the ovens warm up.",
+    "Bright kites danced above the hill as the wind picked up speed.",
+]
+
+
+class Tracker:
+    """Per-request send / first / last arrival times and audio seconds, fed by runner events."""
+
+    def __init__(self, sample_rate: int, concurrency: int) -> None:
+        self.sample_rate = sample_rate
+        self.slots = threading.Semaphore(concurrency)
+        self.lock = threading.Lock()
+        self.rows: dict[str, dict] = {}
+        self.done = threading.Event()
+        self.expected = 0
+
+    def callback(self, rid: str):
+        row = self.rows[rid]
+
+        def on_event(event) -> None:
+            now = time.perf_counter()
+            if isinstance(event, RequestError):
+                row["error"] = event.message
+            else:
+                row.setdefault("first", now)
+                row["audio_s"] += len(event.audio) / self.sample_rate
+                row["codes"] += len(event.codes)
+                if not event.last_chunk:
+                    return
+                row["last"] = now
+            self.slots.release()
+            with self.lock:
+                self.expected -= 1
+                if self.expected == 0:
+                    self.done.set()
+
+        return on_event
+
+
+def run_tier(cfg: StageConfig, concurrency: int, replicas: int, n: int) -> dict:
+    t0 = time.perf_counter()
+    runner = StageRunner(cfg, replicas)
+    runner.start()
+    start_s = time.perf_counter() - t0
+    tracker = Tracker(cfg.code2wav.sample_rate, concurrency)
+    tracker.expected = n
+    try:
+        for i in range(n):
+            tracker.slots.acquire()
+            rid = f"req-{i}"
+            tracker.rows[rid] = {"send": time.perf_counter(), "audio_s": 0.0, "codes": 0}
+            runner.submit(RunnerRequest(rid, SENTENCES[i % len(SENTENCES)], seed=42 + i),
+                          tracker.callback(rid))
+        tracker.done.wait(3600)
+        memory = runner.memory_snapshot()
+    finally:
+        runner.stop()
+    ok = [r for r in tracker.rows.values() if "error" not in r and r["audio_s"] > 0]
+    rtf = [(r["last"] - r["send"]) / r["audio_s"] for r in ok]
+    ttfp = [(r["first"] - r["send"]) * 1000 for r in ok]
+    return {
+        "tier": f"{concurrency}x{replicas}",
+        "start_s": round(start_s, 2),
+        "completed": len(ok),
+        "failed": n - len(ok),
+        "errors": sorted({r["error"][:200] for r in tracker.rows.values() if "error" in r}),
+        "mean_audio_rtf": statistics.fmean(rtf) if rtf else None,
+        "median_audio_rtf": statistics.median(rtf) if rtf else None,
+        "mean_audio_ttfp_ms": statistics.fmean(ttfp) if ttfp else None,
+        "median_audio_ttfp_ms": statistics.median(ttfp) if ttfp else None,
+        "audio_seconds": sum(r["audio_s"] for r in ok),
+        "memory": memory,
+        "processes": runner.info,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="configs/stages/minicpmo45.yaml")
+    ap.add_argument("--tiers", default="8x1,32x4")
+    ap.add_argument("--num-requests", type=int, default=32)
+    ap.add_argument("--out", default=None, help="write the JSON document here too")
+    args = ap.parse_args()
+    path = Path(args.config)
+    cfg = load_dataclass(StageConfig, load_yaml_file(path), source=str(path), base_dir=path.parent)
+    results = []
+    for tier in args.tiers.split(","):
+        c, r = (int(x) for x in tier.lower().split("x"))
+        res = run_tier(cfg, c, r, max(args.num_requests, c))
+        results.append(res)
+        print(f"{res['tier']:>6}  start {res['start_s']:6.1f} s  done {res['completed']:4d}  "
+              f"failed {res['failed']:3d}  mean RTF {res['mean_audio_rtf'] or float('nan'):.3f}  "
+              f"median TTFP {res['median_audio_ttfp_ms'] or float('nan'):.0f} ms  "
+              f"peak MiB {max((m['peak_bytes'] for m in res['memory']), default=0) / 2**20:.0f}")
+    doc = {"config": str(path), "tiers": results}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(doc, indent=2))
+    print(json.dumps(doc))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""DiT estimator of the CFM decoder (spec §4.4): 16 adaLN-zero blocks over 50 Hz mel frames.
+
+Input per frame = [x | mu | spk | cond] (4 x 80 = 320) -> `in_proj` -> blocks -> `final_layer`
+-> velocity (80). Each block: attention (per-head q/k LayerNorm, no positional term at all),
+a causal conv block (conv-LN-Mish-conv, 2-frame caches) and a GELU-tanh MLP, each gated by
+adaLN shift/scale/gate rows from the timestep embedding (order msa, mlp, conv).
+
+Streaming: queries are the current chunk; keys/values are `[current | cache]` (new K/V in
+*front* of the cache, the upstream convention the trim ranges rely on). Per block caches:
+conv [rows, 2*hidden, 2] (conv1 input history | conv2 input history), attention
+[rows, H, L, 2*head_dim] (K|V). `forward_chunk` writes the new [depth, ...] caches straight
+into caller-provided buffers (the CFM's per-step arenas), so no cat/stack copies are made.
+
+Module names follow the official checkpoint (`decoder.estimator.blocks.0.attn.to_q.weight`,
+`...conv.block.1.weight`, `...adaLN_modulation.1.weight`), so `flow.pt` loads without renames.
+
+    dit = DiT(DiTConfig())
+    out = dit.forward_chunk(x_in, t, cnn_cache=None, att_cache=None)  # x_in: [2B, 320, T]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stages.code2wav.config import DiTConfig
+
+_MOD_LN_EPS = 1e-6  # the non-affine LayerNorms before modulation
+_CONV_KERNEL = 3
+CONV_CACHE_FRAMES = _CONV_KERNEL - 1  # causal history per conv in the block's cache
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * (1 + scale) + shift
+
+
+class TimestepEmbedder(nn.Module):
+    """t -> sinusoid ([cos | sin], max period 10000) of t*1000 -> Linear-SiLU-Linear."""
+
+    def __init__(self, cfg: DiTConfig) -> None:
+        super().__init__()
+        self.freq_dim, self.scale = cfg.time_embed_dim, cfg.time_scale
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.time_embed_dim, cfg.hidden_size),
+            nn.SiLU(),
+            nn.Linear(cfg.hidden_size, cfg.hidden_size),
+        )
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:  # t: [N] -> [N, hidden]
+        half = self.freq_dim // 2
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device) / half)
+        args = (t * self.scale)[:, None].float() * freqs[None].float()
+        emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1).to(t.dtype)
+        return self.mlp(emb)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DiTConfig) -> None:
+        super().__init__()
+        inner = cfg.num_heads * cfg.head_dim
+        self.h, self.d = cfg.num_heads, cfg.head_dim
+        self.to_q = nn.Linear(cfg.hidden_size, inner)
+        self.to_k = nn.Linear(cfg.hidden_size, inner)
+        self.to_v = nn.Linear(cfg.hidden_size, inner)
+        self.q_norm = nn.LayerNorm(cfg.head_dim)
+        self.k_norm = nn.LayerNorm(cfg.head_dim)
+        self.proj = nn.Linear(inner, cfg.hidden_size)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, H*D] -> [B, H, T, D]
+        b, t, _ = x.shape
+        return x.view(b, t, self.h, self.d).transpose(1, 2)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, T, C]
+        cache: torch.Tensor | None,  # [B, H, L, 2D]
+        mask: torch.Tensor | None,  # [B|1, T, T+L] bool, True = attend (reference path)
+        out_cache: torch.Tensor,  # [B, H, T+L, 2D] destination of the new cache
+    ) -> torch.Tensor:
+        t = x.shape[1]
+        q = self.q_norm(self._heads(self.to_q(x)))
+        # New K/V are written straight into the output cache, current frames first, then the
+        # old cache: one copy instead of cat(k), cat(v), cat(k|v) and two stacks.
+        out_cache[:, :, :t, : self.d] = self.k_norm(self._heads(self.to_k(x)))
+        out_cache[:, :, :t, self.d :] = self._heads(self.to_v(x))
+        if cache is not None and cache.shape[2] > 0:
+            out_cache[:, :, t:] = cache
+        k, v = out_cache[..., : self.d], out_cache[..., self.d :]
+        attn_mask = None if mask is None else mask.unsqueeze(1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        b = out.shape[0]
+        return self.proj(out.transpose(1, 2).reshape(b, t, self.h * self.d))
+
+
+class Transpose(nn.Module):
+    """Parameter-free; kept as a module so `conv.block.<i>` indices match the checkpoint."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2)
+
+
+class CausalConvBlock(nn.Module):
+    """block = [T, conv1, T, LayerNorm, Mish, T, conv2, T]; convs are causal with k-1 history."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.channels = channels
+        self.block = nn.Sequential(
+            Transpose(),
+            nn.Conv1d(channels, channels, _CONV_KERNEL),
+            Transpose(),
+            nn.LayerNorm(channels),
+            nn.Mish(),
+            Transpose(),
+            nn.Conv1d(channels, channels, _CONV_KERNEL),
+            Transpose(),
+        )
+
+    def _causal(self, conv: nn.Conv1d, x: torch.Tensor, hist: torch.Tensor):
+        # x: [B, C, T]; hist: [B, C, k-1]
+        full = torch.cat([hist, x], dim=2)
+        return conv(full), full[:, :, -(CONV_CACHE_FRAMES) :]
+
+    def forward(self, x: torch.Tensor, cache: torch.Tensor | None, out_cache: torch.Tensor):
+        # x: [B, T, C]; cache, out_cache: [B, 2C, 2] (conv1 input history | conv2 input history)
+        if cache is None:
+            cache = x.new_zeros(x.shape[0], 2 * self.channels, CONV_CACHE_FRAMES)
+        hist1, hist2 = cache.split(self.channels, dim=1)
+        h, new1 = self._causal(self.block[1], x.transpose(1, 2), hist1)
+        h = self.block[4](self.block[3](h.transpose(1, 2))).transpose(1, 2)
+        h, new2 = self._causal(self.block[6], h, hist2)
+        # The new histories land in the caller's buffer (no cat): [conv1 | conv2] on channels.
+        out_cache[:, : self.channels] = new1
+        out_cache[:, self.channels :] = new2
+        return h.transpose(1, 2)
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, cfg: DiTConfig) -> None:
+        super().__init__()
+        c = cfg.hidden_size
+        self.norm1 = nn.LayerNorm(c, elementwise_affine=False, eps=_MOD_LN_EPS)
+        self.attn = Attention(cfg)
+        self.norm2 = nn.LayerNorm(c, elementwise_affine=False, eps=_MOD_LN_EPS)
+        self.mlp = MLP(c, int(c * cfg.mlp_ratio))
+        self.norm3 = nn.LayerNorm(c, elementwise_affine=False, eps=_MOD_LN_EPS)
+        self.conv = CausalConvBlock(c)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(c, 9 * c))
+
+    def forward(self, x, c, caches: tuple, outs: tuple, mask):
+        # x: [B, T, C]; c: [B, 1, C]; caches = (cnn, att) inputs, outs = (cnn, att) destinations
+        (sh_msa, sc_msa, g_msa, sh_mlp, sc_mlp, g_mlp, sh_conv, sc_conv, g_conv) = (
+            self.adaLN_modulation(c).chunk(9, dim=-1)
+        )
+        x = x + g_msa * self.attn(modulate(self.norm1(x), sh_msa, sc_msa), caches[1], mask, outs[1])
+        x = x + g_conv * self.conv(modulate(self.norm3(x), sh_conv, sc_conv), caches[0], outs[0])
+        return x + g_mlp * self.mlp(modulate(self.norm2(x), sh_mlp, sc_mlp))
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, cfg: DiTConfig) -> None:
+        super().__init__()
+        c = cfg.hidden_size
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(c, 2 * c))
+        self.norm_final = nn.LayerNorm(c, elementwise_affine=False, eps=_MOD_LN_EPS)
+        self.linear = nn.Linear(c, cfg.out_channels)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        shift, scale = self.adaLN_modulation(c).chunk(2, dim=-1)
+        return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+@dataclass
+class DiTOut:
+    velocity: torch.Tensor  # [N, out, T]
+    cnn_cache: torch.Tensor  # [depth, N, 2*hidden, 2]
+    att_cache: torch.Tensor  # [depth, N, H, T+L, 2*head_dim]
+
+
+class DiT(nn.Module):
+    def __init__(self, cfg: DiTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.t_embedder = TimestepEmbedder(cfg)
+        self.in_proj = nn.Linear(cfg.in_channels, cfg.hidden_size)
+        self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.depth))
+        self.final_layer = FinalLayer(cfg)
+
+    def forward_chunk(
+        self,
+        x_in: torch.Tensor,  # [N, 320, T] = [x | mu | spk | cond]
+        t: torch.Tensor,  # [N]
+        cnn_cache: torch.Tensor | None,  # [depth, N, 2*hidden, 2]
+        att_cache: torch.Tensor | None,  # [depth, N, H, L, 2*head_dim]
+        mask: torch.Tensor | None = None,  # [N|1, T, T+L] (reference path only)
+        *,
+        cnn_out: torch.Tensor | None = None,  # [depth, N, 2*hidden, 2] destination
+        att_out: torch.Tensor | None = None,  # [depth, N, H, T+L, 2*head_dim] destination
+    ) -> DiTOut:
+        """One estimator call. New caches are written into `cnn_out` / `att_out` when given
+        (the CFM passes slices of its per-step buffers), else freshly allocated."""
+        n, _, frames = x_in.shape
+        cached = 0 if att_cache is None else att_cache.shape[3]
+        cfg = self.cfg
+        if cnn_out is None:
+            cnn_out = x_in.new_empty(cfg.depth, n, 2 * cfg.hidden_size, CONV_CACHE_FRAMES)
+        if att_out is None:
+            att_out = x_in.new_empty(cfg.depth, n, cfg.num_heads, frames + cached, 2 * cfg.head_dim)
+        c = self.t_embedder(t).unsqueeze(1)
+        x = self.in_proj(x_in.transpose(1, 2))
+        for i, block in enumerate(self.blocks):
+            caches = (
+                None if cnn_cache is None else cnn_cache[i],
+                None if att_cache is None else att_cache[i],
+            )
+            x = block(x, c, caches, (cnn_out[i], att_out[i]), mask)
+        v = self.final_layer(x, c).transpose(1, 2)
+        return DiTOut(v, cnn_out, att_out)

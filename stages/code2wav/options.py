@@ -1,0 +1,118 @@
+"""Code2wav stage `extra` flags, parsed once at construction on every platform (spec §5.6/5.7).
+
+Every key is checked: an unknown key is rejected with the nearest valid name, booleans go
+through `stages.flags.read_bool_flag` (quoted "false" is false, null is the default, junk
+raises), and the TF32 mode is resolved once:
+
+* `token2wav_allow_tf32` (primary) decides when it is not null;
+* else env `MINICPMO_CODE2WAV_TF32` when set and non-empty;
+* else `code2wav_allow_tf32` (alias) when not null;
+* else "off".
+Values: "off" / "flow" / "all", booleans (true = "all"), and the tokens in `_TF32_TOKENS`;
+every value present is parsed (a typo in an unused alias still fails). The mode is applied
+only on CUDA, by `tf32_scope`, from the resolved value — never re-read per forward.
+
+    opts = Code2WavOptions.from_extra({"code2wav_batched_cache_split": "false"})
+    with tf32_scope(opts.tf32_mode, device, region="flow"):
+        ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from stages.flags import FlagError, read_bool_flag
+
+Tf32Mode = Literal["off", "flow", "all"]
+TF32_ENV = "MINICPMO_CODE2WAV_TF32"
+TF32_KEY = "token2wav_allow_tf32"
+TF32_ALIAS = "code2wav_allow_tf32"
+_TF32_TOKENS: dict[str, Tf32Mode] = {
+    "off": "off", "false": "off", "0": "off", "no": "off",
+    "flow": "flow",
+    "all": "all", "true": "all", "1": "all", "yes": "all", "tf32": "all",
+}  # fmt: skip
+
+# Boolean flags this stage reads, with their defaults. `token2wav_device_spk` is consumed by
+# the prompt builder (speaker-embedding placement) but validated here with the others.
+BOOL_FLAGS: dict[str, bool] = {
+    "code2wav_batched_cache_split": True,
+    "token2wav_device_spk": True,
+}
+# Non-boolean keys read elsewhere in stage 2: `prompt_wav` (default voice path, prompt builder).
+OTHER_KEYS = frozenset({"prompt_wav"})
+KNOWN_KEYS = frozenset(BOOL_FLAGS) | {TF32_KEY, TF32_ALIAS} | OTHER_KEYS
+
+
+def parse_tf32(value: Any, *, key: str) -> Tf32Mode:
+    if isinstance(value, bool):
+        return "all" if value else "off"
+    if isinstance(value, int) and value in (0, 1):
+        return "all" if value else "off"
+    if isinstance(value, str) and value.strip().lower() in _TF32_TOKENS:
+        return _TF32_TOKENS[value.strip().lower()]
+    raise FlagError(
+        f"error: {key} must be off/flow/all or a boolean, got {value!r} (code2wav stage extra "
+        f"or env {TF32_ENV}); write one of off, flow, all"
+    )
+
+
+def resolve_tf32_mode(extra: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Tf32Mode:
+    env = os.environ if env is None else env
+    primary = None if extra.get(TF32_KEY) is None else parse_tf32(extra[TF32_KEY], key=TF32_KEY)
+    raw_env = env.get(TF32_ENV)
+    from_env = parse_tf32(raw_env, key=TF32_ENV) if raw_env and raw_env.strip() else None
+    alias = None if extra.get(TF32_ALIAS) is None else parse_tf32(extra[TF32_ALIAS], key=TF32_ALIAS)
+    for mode in (primary, from_env, alias):
+        if mode is not None:
+            return mode
+    return "off"
+
+
+def check_known_keys(extra: Mapping[str, Any], known: frozenset[str] = KNOWN_KEYS) -> None:
+    for key in extra:
+        if key not in known:
+            near = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(sorted(known))}"
+            raise FlagError(f"error: unknown code2wav stage extra key {key!r} (stage config extra); {hint}")
+
+
+@dataclass(frozen=True)
+class Code2WavOptions:
+    batched_cache_split: bool = True
+    device_spk: bool = True
+    tf32_mode: Tf32Mode = "off"
+
+    @classmethod
+    def from_extra(
+        cls, extra: Mapping[str, Any] | None, env: Mapping[str, str] | None = None
+    ) -> Code2WavOptions:
+        extra = extra or {}
+        check_known_keys(extra)
+        return cls(
+            batched_cache_split=read_bool_flag(extra, "code2wav_batched_cache_split", True),
+            device_spk=read_bool_flag(extra, "token2wav_device_spk", True),
+            tf32_mode=resolve_tf32_mode(extra, env),
+        )
+
+
+@contextlib.contextmanager
+def tf32_scope(mode: Tf32Mode, device: torch.device, *, region: Literal["flow", "hift"]) -> Iterator[None]:
+    """Set TF32 matmuls for `region` from the resolved mode; restore after. CUDA only."""
+    if device.type != "cuda":
+        yield
+        return
+    want = mode == "all" or (mode == "flow" and region == "flow")
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = want
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before

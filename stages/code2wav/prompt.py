@@ -1,0 +1,268 @@
+"""Prompt setup inputs from a reference voice: speech tokens, flow mel, speaker embedding.
+
+Spec §4.2. A reference WAV (any rate, up to 8 channels) is normalised once — mono, 24 kHz,
+truncated or zero-padded to `ref_audio_max_seconds` so every request shares one cache origin —
+then:
+  tokens   [Tp]       25 Hz speech tokens from 16 kHz audio (S3 tokenizer or stand-in, below)
+  mel      [2*Tp, 80] 24 kHz prompt mel (`mel.prompt_mel`), replicate-padded / cropped to 2*Tp
+  spk      [192]      CAM++ on the Kaldi fbank of the 16 kHz audio (`speaker.SpeakerEmbedder`)
+6 s -> 150 tokens -> 300 mel frames.
+
+Tokens: with official assets, `speech_tokenizer_v2_25hz.onnx` on CPU onnxruntime, fed the
+128-bin Whisper log-mel (as the public s3tokenizer / CosyVoice frontend do). Without them, a
+documented deterministic stand-in: each 40 ms (4 log-mel frames) mean is projected by a seeded
+[128, vocab] Gaussian matrix and the argmax is the token. It has no phonetic meaning; it gives the
+flow real-shaped, audio-dependent, reproducible prompt tokens.
+
+Results are cached per (path, content hash) — or per waveform hash for in-memory audio — in a
+small LRU. WAVs are read with the stdlib (PCM via `wave`, IEEE float via a minimal RIFF reader).
+
+    builder = PromptBuilder(cfg, device=torch.device("cpu"), dtype=torch.float32, extra={}, weights_dir=None)
+    prompt = builder.build(None)          # the packaged default voice
+    prompt.tokens.shape, prompt.mel.shape, prompt.spk_embedding.shape   # [150], [300, 80], [192]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import wave
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from stages.code2wav.config import Code2WavConfig
+from stages.code2wav.mel import (
+    FbankConfig,
+    MelConfig,
+    WhisperMelConfig,
+    kaldi_fbank,
+    prompt_mel,
+    resample,
+    whisper_log_mel,
+)
+from stages.code2wav.speaker import SpeakerEmbedder, onnx_session
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+DEFAULT_REF_WAV = ASSETS / "default_ref.wav"
+TOKEN2WAV_ASSETS = Path("assets") / "token2wav"
+S3_TOKENIZER = TOKEN2WAV_ASSETS / "speech_tokenizer_v2_25hz.onnx"
+OFFICIAL_DEFAULT_VOICE = Path("assets") / "HT_ref_audio.wav"
+TOKENIZER_RATE = 16000  # S3 tokenizer and CAM++ fbank both read 16 kHz audio
+MAX_CHANNELS = 8
+
+
+class PromptError(ValueError):
+    """The reference audio cannot be used as a prompt."""
+
+
+@dataclass(frozen=True)
+class PromptFeatures:
+    tokens: torch.Tensor  # [Tp] long
+    mel: torch.Tensor  # [2*Tp, 80]
+    spk_embedding: torch.Tensor  # [192]
+
+
+# ---- WAV reading -------------------------------------------------------------------------------
+
+
+def read_wav(path: Path) -> tuple[torch.Tensor, int]:
+    """WAV file -> (float32 [C, N] in ±1, sample rate). PCM 8/16/24/32-bit and float 32/64."""
+    try:
+        with wave.open(str(path), "rb") as f:
+            channels, width, rate = f.getnchannels(), f.getsampwidth(), f.getframerate()
+            raw = f.readframes(f.getnframes())
+        return _pcm_to_float(raw, width, channels), rate
+    except wave.Error:
+        return _read_float_wav(path)  # `wave` only knows PCM (format 1)
+    except (OSError, EOFError) as exc:
+        raise PromptError(f"error: cannot read reference audio ({path}): {exc}; give a readable WAV file") from exc
+
+
+def _pcm_to_float(raw: bytes, width: int, channels: int) -> torch.Tensor:
+    if width == 1:
+        x = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
+    elif width == 2:
+        x = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
+    elif width == 3:
+        b = np.frombuffer(raw, np.uint8).reshape(-1, 3).astype(np.int32)
+        v = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)
+        x = (np.where(v >= 1 << 23, v - (1 << 24), v)).astype(np.float32) / float(1 << 23)
+    else:
+        x = np.frombuffer(raw, "<i4").astype(np.float32) / float(1 << 31)
+    return torch.from_numpy(x.reshape(-1, channels).T.copy())
+
+
+def _read_float_wav(path: Path) -> tuple[torch.Tensor, int]:
+    """Minimal RIFF reader for what `wave` rejects: IEEE float and WAVE_FORMAT_EXTENSIBLE."""
+    data = Path(path).read_bytes()
+    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        raise PromptError(f"error: not a WAV file ({path}); give a RIFF/WAVE file")
+    pos, fmt, code, payload = 12, None, None, None
+    while pos + 8 <= len(data):
+        cid, size = data[pos : pos + 4], struct.unpack("<I", data[pos + 4 : pos + 8])[0]
+        body = data[pos + 8 : pos + 8 + size]
+        if cid == b"fmt " and len(body) >= 16:
+            fmt = struct.unpack("<HHIIHH", body[:16])
+            code = fmt[0]
+            if code == 0xFFFE and len(body) >= 26:  # extensible: the sub-format GUID starts with it
+                code = struct.unpack("<H", body[24:26])[0]
+        elif cid == b"data":
+            payload = body
+        pos += 8 + size + (size & 1)
+    if fmt is None or payload is None:
+        raise PromptError(f"error: WAV file has no fmt/data chunk ({path}); re-export the file")
+    channels, rate, bits = fmt[1], fmt[2], fmt[5]
+    frame = channels * (bits // 8)
+    payload = payload[: len(payload) // frame * frame]
+    if code == 1 and bits in (8, 16, 24, 32):
+        return _pcm_to_float(payload, bits // 8, channels), rate
+    if code == 3 and bits in (32, 64):
+        x = np.frombuffer(payload, "<f4" if bits == 32 else "<f8").astype(np.float32)
+        return torch.from_numpy(x.reshape(-1, channels).T.copy()), rate
+    raise PromptError(f"error: unsupported WAV encoding (format {code}, {bits} bit) ({path}); use PCM or float WAV")
+
+
+def write_wav_int16(path: Path, wav: torch.Tensor, sample_rate: int) -> None:
+    """Mono float [N] in ±1 -> 16-bit PCM WAV (used for the packaged default voice)."""
+    pcm = (wav.clamp(-1.0, 1.0) * 32767.0).round().to(torch.int16).numpy().astype("<i2")
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(sample_rate)
+        f.writeframes(pcm.tobytes())
+
+
+def normalize_reference(wav: torch.Tensor, sample_rate: int, cfg: Code2WavConfig, *, where: str) -> torch.Tensor:
+    """[C, N] or [N] at any rate -> mono float32 [max_seconds * 24 kHz] (truncate / zero-pad)."""
+    if wav.dim() == 1:
+        wav = wav[None]
+    if wav.dim() != 2 or wav.shape[0] > MAX_CHANNELS or wav.shape[-1] == 0:
+        raise PromptError(
+            f"error: empty or malformed reference audio {tuple(wav.shape)} ({where}); give 1-8 channels of audio"
+        )
+    if not torch.isfinite(wav).all():
+        raise PromptError(f"error: reference audio has NaN/inf samples ({where}); re-export the file")
+    mono = resample(wav.float().mean(dim=0), sample_rate, cfg.sample_rate)
+    target = int(round(cfg.ref_audio_max_seconds * cfg.sample_rate))
+    if mono.shape[0] >= target:
+        return mono[:target].contiguous()
+    return torch.nn.functional.pad(mono, (0, target - mono.shape[0]))
+
+
+# ---- tokenizers --------------------------------------------------------------------------------
+
+
+class S3OnnxTokenizer:
+    """Official S3 tokenizer v2 (25 Hz): feats [1, 128, T] + lengths [1] int32 -> tokens [1, T/4]."""
+
+    def __init__(self, path: Path):
+        self.session = onnx_session(path)
+
+    def __call__(self, wav16: torch.Tensor) -> torch.Tensor:  # wav16: [N] -> [Tp] long
+        feats = whisper_log_mel(wav16.cpu())[None].numpy()
+        inputs = self.session.get_inputs()
+        feed = {inputs[0].name: feats, inputs[1].name: np.array([feats.shape[2]], dtype=np.int32)}
+        return torch.from_numpy(np.asarray(self.session.run(None, feed)[0]).reshape(-1).astype(np.int64))
+
+
+class StandInTokenizer:
+    """Deterministic 25 Hz stand-in: seeded projection of 40 ms log-mel means, argmax over vocab."""
+
+    def __init__(self, vocab_size: int, token_rate_hz: int, seed: int, mel: WhisperMelConfig = WhisperMelConfig()):
+        self.mel = mel
+        self.frames_per_token = mel.sample_rate // mel.hop_length // token_rate_hz
+        gen = torch.Generator().manual_seed(seed)
+        self.projection = torch.randn(mel.n_mels, vocab_size, generator=gen)
+
+    def __call__(self, wav16: torch.Tensor) -> torch.Tensor:  # wav16: [N] -> [Tp] long
+        feats = whisper_log_mel(wav16.cpu(), self.mel)  # [128, T]
+        n = feats.shape[1] // self.frames_per_token
+        pooled = feats[:, : n * self.frames_per_token].reshape(feats.shape[0], n, -1).mean(-1)
+        return (pooled.t() @ self.projection).argmax(dim=-1)
+
+
+# ---- builder ---------------------------------------------------------------------------------
+
+
+class PromptBuilder:
+    """Reference audio -> `PromptFeatures` on (device, dtype), cached."""
+
+    def __init__(
+        self,
+        cfg: Code2WavConfig,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        extra: dict | None,
+        weights_dir: str | None,
+        init_seed: int = 0,
+        cache_size: int = 8,
+    ):
+        self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
+        self.speaker = SpeakerEmbedder(
+            cfg.speaker, device=self.device, extra=extra, weights_dir=weights_dir, init_seed=init_seed
+        )
+        self.tokenizer = self._tokenizer(weights_dir, init_seed)
+        self.default_wav = self._default_wav(extra or {}, weights_dir)
+        self._cache: OrderedDict[tuple[str, str], PromptFeatures] = OrderedDict()
+        self._cache_size = cache_size
+
+    def _tokenizer(self, weights_dir: str | None, seed: int):
+        if weights_dir is None:
+            return StandInTokenizer(self.cfg.flow.vocab_size, self.cfg.token_rate_hz, seed)
+        path = Path(weights_dir) / S3_TOKENIZER
+        if not path.is_file():
+            raise PromptError(f"error: speech tokenizer not found ({path}); the official layout has {S3_TOKENIZER}")
+        return S3OnnxTokenizer(path)
+
+    @staticmethod
+    def _default_wav(extra: dict, weights_dir: str | None) -> Path:
+        if extra.get("prompt_wav"):
+            return Path(extra["prompt_wav"])
+        if weights_dir is not None and (Path(weights_dir) / OFFICIAL_DEFAULT_VOICE).is_file():
+            return Path(weights_dir) / OFFICIAL_DEFAULT_VOICE
+        return DEFAULT_REF_WAV
+
+    def build(self, wav_path: Path | None) -> PromptFeatures:
+        """Prompt for a WAV file (None = the default voice), cached by path and content hash."""
+        path = Path(wav_path) if wav_path is not None else self.default_wav
+        if not path.is_file():
+            raise PromptError(f"error: reference audio not found ({path}); give an existing WAV file")
+        key = (str(path.resolve()), hashlib.sha256(path.read_bytes()).hexdigest())
+        return self._cached(key, lambda: read_wav(path), str(path))
+
+    def build_waveform(self, wav: torch.Tensor, sample_rate: int) -> PromptFeatures:
+        """Prompt for in-memory audio [C, N] or [N] (e.g. a payload's ref audio), cached by hash."""
+        data = wav.detach().to("cpu", torch.float32).contiguous()
+        digest = hashlib.sha256(data.numpy().tobytes() + str(sample_rate).encode()).hexdigest()
+        return self._cached(("<waveform>", digest), lambda: (data, sample_rate), "in-memory reference audio")
+
+    def _cached(self, key, load, where: str) -> PromptFeatures:
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        wav, rate = load()
+        features = self._features(normalize_reference(wav, rate, self.cfg, where=where))
+        self._cache[key] = features
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return features
+
+    def _features(self, wav24: torch.Tensor) -> PromptFeatures:  # wav24: [N] at 24 kHz
+        wav16 = resample(wav24, self.cfg.sample_rate, TOKENIZER_RATE)
+        tokens = self.tokenizer(wav16)
+        mel = prompt_mel(wav24, MelConfig(sample_rate=self.cfg.sample_rate, n_mels=self.cfg.mel_bins))
+        frames = self.cfg.flow.up_rate * tokens.shape[0]
+        if mel.shape[0] < frames:  # replicate the last frame, as upstream pads
+            mel = torch.cat([mel, mel[-1:].expand(frames - mel.shape[0], -1)])
+        spk = self.speaker.embed(kaldi_fbank(wav16, FbankConfig(n_mels=self.cfg.speaker.fbank_bins)))
+        return PromptFeatures(
+            tokens=tokens.to(self.device, torch.long),
+            mel=mel[:frames].to(self.device, self.dtype),
+            spk_embedding=spk.to(self.device, self.dtype),
+        )

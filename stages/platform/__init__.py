@@ -1,0 +1,45 @@
+"""The platform layer: the one place that knows CUDA from Ascend NPU from CPU.
+
+Everything else takes a `torch.device` and a `torch.dtype`. Nothing here constructs a device or
+imports `torch_npu` at import time.
+
+    from stages.platform import resolve_device, dtype_from_name, synchronize, graph_api
+    device = resolve_device("auto")     # cuda, else npu, else cpu
+    api = graph_api(device)             # CUDAGraph / NPUGraph helpers, None on CPU
+    memory_stats(device)                # allocator (or RSS on CPU) bytes of this process
+"""
+
+from stages.platform.device import (
+    DEVICE_KINDS,
+    PlatformError,
+    cuda_available,
+    describe_device,
+    dtype_from_name,
+    is_cuda,
+    is_npu,
+    npu_available,
+    platform_override,
+    resolve_device,
+    synchronize,
+    triton_available,
+)
+from stages.platform.graphs import GraphAPI, graph_api
+from stages.platform.memory import memory_stats
+
+__all__ = [
+    "DEVICE_KINDS",
+    "GraphAPI",
+    "PlatformError",
+    "cuda_available",
+    "describe_device",
+    "dtype_from_name",
+    "graph_api",
+    "is_cuda",
+    "is_npu",
+    "memory_stats",
+    "npu_available",
+    "platform_override",
+    "resolve_device",
+    "synchronize",
+    "triton_available",
+]

@@ -1,0 +1,182 @@
+"""Device selection, synchronization, dtypes and Triton availability: the only CUDA/NPU/CPU switch.
+
+Model code takes a `torch.device` and a `torch.dtype` and never asks which platform it is on;
+the runner asks here once per process. `torch_npu` is imported lazily, only in this package and
+only when an NPU is asked for (`auto` or `npu`): importing it patches `torch` and, without CANN
+installed, raises, so an import at module level would break every CPU machine.
+
+Tests can force the answers (nanochat-style override), e.g. to check that a stage parses its
+flags at construction even where `is_cuda` is False:
+
+    with platform_override(cuda=False, npu=False):
+        assert resolve_device("auto").type == "cpu"
+        assert not is_cuda(torch.device("cuda", 0))
+
+    device = resolve_device("auto")        # cuda if available, else npu, else cpu
+    dtype = dtype_from_name("bfloat16")
+    synchronize(device)                    # before every clock read on an async device
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.util
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from types import ModuleType
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DEVICE_KINDS = ("auto", "cuda", "npu", "cpu")
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+class PlatformError(ValueError):
+    """A device kind or dtype that this machine or this layer cannot provide."""
+
+
+@dataclass(frozen=True)
+class _Override:
+    """Forced answers for tests; None = ask the real platform."""
+
+    cuda: bool | None = None  # cuda_available() and is_cuda(...)
+    npu: bool | None = None  # npu_available() and is_npu(...)
+    triton: bool | None = None  # triton_available(...)
+
+
+_OVERRIDE = _Override()
+
+
+@contextlib.contextmanager
+def platform_override(
+    *, cuda: bool | None = None, npu: bool | None = None, triton: bool | None = None
+) -> Iterator[None]:
+    """Force platform answers inside the block (tests only); restores the previous state after.
+
+    `cuda=False` makes `cuda_available()` and `is_cuda(d)` False for every device, so a test on a
+    GPU host can exercise the CPU branch; `cuda=True` does the opposite (no device is created).
+    """
+    global _OVERRIDE
+    previous = _OVERRIDE
+    forced = {"cuda": cuda, "npu": npu, "triton": triton}
+    _OVERRIDE = replace(previous, **{k: v for k, v in forced.items() if v is not None})
+    try:
+        yield
+    finally:
+        _OVERRIDE = previous
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_npu() -> ModuleType | None:
+    """`torch_npu` if installed and importable (needs CANN), else None; imported at most once."""
+    if importlib.util.find_spec("torch_npu") is None:
+        return None
+    try:
+        return importlib.import_module("torch_npu")
+    except Exception as exc:  # torch_npu without a working CANN raises all sorts of errors
+        log.info("torch_npu is installed but does not import (%s); NPU unavailable", exc)
+        return None
+
+
+def cuda_available() -> bool:
+    if _OVERRIDE.cuda is not None:
+        return _OVERRIDE.cuda
+    return torch.cuda.is_available()
+
+
+def npu_available() -> bool:
+    if _OVERRIDE.npu is not None:
+        return _OVERRIDE.npu
+    return _torch_npu() is not None and bool(torch.npu.is_available())
+
+
+def is_cuda(device: torch.device | str) -> bool:
+    """Whether `device` is a CUDA device (the override wins; used for CUDA-only policies)."""
+    if _OVERRIDE.cuda is not None:
+        return _OVERRIDE.cuda
+    return torch.device(device).type == "cuda"
+
+
+def is_npu(device: torch.device | str) -> bool:
+    if _OVERRIDE.npu is not None:
+        return _OVERRIDE.npu
+    return torch.device(device).type == "npu"
+
+
+def resolve_device(kind: str = "auto") -> torch.device:
+    """`auto|cuda|npu|cpu` -> a torch.device (index 0 for accelerators); raises PlatformError.
+
+    `auto` picks cuda if available, else npu if torch_npu imports and reports a device, else cpu.
+    Asking explicitly for a device that is absent is an error, never a silent CPU fallback.
+    """
+    if kind not in DEVICE_KINDS:
+        raise PlatformError(
+            f"error: unknown device {kind!r} (runner.device); valid: {', '.join(DEVICE_KINDS)}"
+        )
+    if kind == "auto":
+        kind = "cuda" if cuda_available() else "npu" if npu_available() else "cpu"
+    if kind == "cuda" and not cuda_available():
+        raise PlatformError("error: no CUDA device (runner.device: cuda); use auto or cpu")
+    if kind == "npu" and not npu_available():
+        raise PlatformError(
+            "error: no Ascend NPU (runner.device: npu); install torch_npu with CANN, or use auto"
+        )
+    return torch.device(kind, 0) if kind != "cpu" else torch.device("cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued work on `device` (no-op on CPU). Call before reading a host clock."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "npu":
+        _torch_npu()
+        torch.npu.synchronize(device)
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """`float32|bfloat16|float16` (also fp32/bf16/fp16) -> torch dtype; raises PlatformError."""
+    try:
+        return _DTYPES[name.strip().lower()]
+    except (KeyError, AttributeError):
+        raise PlatformError(
+            f"error: unknown dtype {name!r} (runner.dtype); valid: float32, bfloat16, float16"
+        ) from None
+
+
+def triton_available(device: torch.device) -> bool:
+    """Whether a Triton kernel can run for `device`.
+
+    cuda/npu: triton importable. cpu: only under the interpreter (`TRITON_INTERPRET=1`), which is
+    how kernel tests run in CI; it is far too slow for benchmarks, so CPU runs use eager code.
+    """
+    if _OVERRIDE.triton is not None:
+        return _OVERRIDE.triton
+    if importlib.util.find_spec("triton") is None:
+        return False
+    if device.type in ("cuda", "npu"):
+        return True
+    return os.environ.get("TRITON_INTERPRET", "").strip() == "1"
+
+
+def describe_device(device: torch.device) -> str:
+    """A human-readable device name for run records, e.g. `cuda:0 (NVIDIA H200)`."""
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    if device.type == "npu":
+        _torch_npu()
+        return f"{device} ({torch.npu.get_device_name(device)})"
+    return f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"

@@ -1,0 +1,65 @@
+"""Device-graph API of a platform: CUDA graphs on CUDA, NPU graphs on Ascend, none on CPU.
+
+Model code that captures graphs asks for the API once and never names `torch.cuda` itself:
+
+    api = graph_api(device)            # None on CPU: run eager
+    if api is not None:
+        graph = api.graph()
+        side = api.stream()
+        with api.use_stream(side):     # warm up on a side stream before capture (CUDA rule)
+            fn(static_x)
+        with api.capture(graph, pool=api.pool()):
+            static_y = fn(static_x)
+        graph.replay()
+
+Landmine: a graph replays fixed addresses; inputs must be copied into the captured tensors and
+outputs cloned before the next replay overwrites them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from stages.platform.device import _torch_npu
+
+
+@dataclass(frozen=True)
+class GraphAPI:
+    """The graph classes and context managers of one platform."""
+
+    platform: str  # "cuda" | "npu"
+    graph: Callable[[], Any]  # torch.cuda.CUDAGraph | torch.npu.NPUGraph
+    capture: Callable[..., Any]  # torch.cuda.graph | torch.npu.graph: (graph, pool=, stream=)
+    pool: Callable[[], Any]  # graph_pool_handle: share memory between graphs
+    stream: Callable[[], Any]  # a side stream for warmup / capture
+    use_stream: Callable[[Any], Any]  # context manager that makes a stream current
+
+
+def graph_api(device: torch.device) -> GraphAPI | None:
+    """The graph API for `device`, or None on CPU (callers then stay eager)."""
+    if device.type == "cuda":
+        return GraphAPI(
+            platform="cuda",
+            graph=torch.cuda.CUDAGraph,
+            capture=torch.cuda.graph,
+            pool=torch.cuda.graph_pool_handle,
+            stream=lambda: torch.cuda.Stream(device=device),
+            use_stream=torch.cuda.stream,
+        )
+    if device.type == "npu":
+        if _torch_npu() is None:
+            return None
+        npu = torch.npu
+        return GraphAPI(
+            platform="npu",
+            graph=npu.NPUGraph,
+            capture=npu.graph,
+            pool=npu.graph_pool_handle,
+            stream=lambda: npu.Stream(device=device),
+            use_stream=npu.stream,
+        )
+    return None

@@ -1,0 +1,61 @@
+"""Allocator and process memory of the calling process, for the `torch` and `rss` samplers.
+
+On an accelerator the numbers are the caching allocator's (allocated = live tensors, reserved =
+held by the allocator, peak = max allocated since start or the last reset); on CPU there is no
+device allocator, so allocated/reserved report the process RSS and peak the OS high-water mark.
+The dict keys carry units; `source` says which kind of number it is.
+
+    stats = memory_stats(device)   # {"allocated_bytes": ..., "source": "cuda-allocator", ...}
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import psutil
+import torch
+
+from stages.platform.device import _torch_npu
+
+
+def _rss_bytes() -> int:
+    return int(psutil.Process(os.getpid()).memory_info().rss)
+
+
+def _peak_rss_bytes(rss: int) -> int:
+    try:
+        import resource
+    except ImportError:  # Windows
+        return rss
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # ru_maxrss is KiB on Linux and bytes on macOS.
+    return max(rss, int(peak) if sys.platform == "darwin" else int(peak) * 1024)
+
+
+def memory_stats(device: torch.device) -> dict:
+    """allocated/reserved/peak bytes of `device`'s allocator (RSS on CPU) plus this process's RSS."""
+    rss = _rss_bytes()
+    if device.type == "cuda":
+        return {
+            "allocated_bytes": int(torch.cuda.memory_allocated(device)),
+            "reserved_bytes": int(torch.cuda.memory_reserved(device)),
+            "peak_bytes": int(torch.cuda.max_memory_allocated(device)),
+            "rss_bytes": rss,
+            "source": "cuda-allocator",
+        }
+    if device.type == "npu" and _torch_npu() is not None:
+        return {
+            "allocated_bytes": int(torch.npu.memory_allocated(device)),
+            "reserved_bytes": int(torch.npu.memory_reserved(device)),
+            "peak_bytes": int(torch.npu.max_memory_allocated(device)),
+            "rss_bytes": rss,
+            "source": "npu-allocator",
+        }
+    return {
+        "allocated_bytes": rss,
+        "reserved_bytes": rss,
+        "peak_bytes": _peak_rss_bytes(rss),
+        "rss_bytes": rss,
+        "source": "rss",
+    }

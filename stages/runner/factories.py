@@ -1,0 +1,62 @@
+"""How a stage process builds its engines: three picklable callables, real ones by default.
+
+The runner's processes are started with `spawn`, so what builds the models must be importable by
+name in the child: module-level functions (or `functools.partial`s of them). Tests swap in the
+fakes of `stages.runner.fakes` to exercise the process plumbing without model compute.
+
+    StageFactories()                                   # the real talker / Chunker / Token2Wav
+    StageFactories(talker=fakes.make_talker, ...)      # fakes, same shapes
+
+Interfaces the runner relies on (duck-typed):
+- talker(cfg: TalkerConfig, *, device, dtype, max_batch, max_seq_len, init_seed, weights_dir)
+  -> engine with add(TalkerRequest), step() -> [TalkerOutput(request_id, code, finished)],
+  has_work(), cancel(request_id);
+- chunker(cfg: Code2WavConfig, request_id) -> one request's stream: push(codes) -> [payload],
+  finish() -> payload (the final flush, `last_chunk`);
+- token2wav(cfg: Code2WavConfig, *, device, dtype, init_seed, weights_dir)
+  -> decode([payload]) -> [DecodedAudio(request_id, chunk_seq, audio, last_chunk)], drop(id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from stages.code2wav.config import Code2WavConfig
+from stages.talker.config import TalkerConfig
+
+
+def build_talker(cfg: TalkerConfig, **kwargs: Any) -> Any:
+    """The real talker engine (imported here, in the child, never at runner import)."""
+    from stages.talker.engine import TalkerEngine
+
+    return TalkerEngine(cfg, **kwargs)
+
+
+def make_talker_request(request_id: str, text: str, seed: int, max_codes: int | None) -> Any:
+    from stages.talker.engine import TalkerRequest
+
+    return TalkerRequest(request_id, text, seed=seed, max_codes=max_codes)
+
+
+def build_chunker(cfg: Code2WavConfig, request_id: str) -> Any:
+    from stages.code2wav.streaming import Chunker
+
+    return Chunker(cfg, request_id)
+
+
+def build_token2wav(cfg: Code2WavConfig, **kwargs: Any) -> Any:
+    from stages.code2wav.token2wav import Token2Wav
+
+    return Token2Wav(cfg, **kwargs)
+
+
+@dataclass(frozen=True)
+class StageFactories:
+    """What each stage process calls to build its engines (must be picklable by reference)."""
+
+    talker: Callable[..., Any] = build_talker
+    talker_request: Callable[..., Any] = make_talker_request
+    chunker: Callable[..., Any] = build_chunker
+    token2wav: Callable[..., Any] = build_token2wav

@@ -1,0 +1,98 @@
+"""What travels between the runner's processes (all picklable, all small).
+
+    client ──Submit/Cancel/MemoryQuery/None──▶ talker ──[payloads]/Drop──▶ code2wav-<r>
+       ▲                                          │                           │
+       └────────── Ready / ChunkReady / RequestError / MemoryReport / Fatal ◀─┘
+
+`None` on an inbox is the shutdown sentinel. Payload batches are lists of the chunker's
+payload objects (anything with request_id, chunk_seq, codes, last_chunk), one list per talker
+step and replica so a busy step costs one queue put, not one per request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RunnerRequest:
+    """One utterance for the runner; `seed` seeds this request's sampling generator."""
+
+    request_id: str
+    text: str
+    seed: int = 42
+    max_codes: int | None = None  # None: the talker's length model / EOS decides
+
+
+@dataclass(frozen=True)
+class Submit:
+    request: RunnerRequest
+    replica: int  # the code2wav replica this request is pinned to
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Client -> talker: stop generating; the talker then sends Drop to the pinned replica."""
+
+    request_id: str
+    replica: int
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Talker -> replica: forget this request's pending payloads and decoder state."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class MemoryQuery:
+    token: int
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A stage process built its model (error is None) or failed to (error is the traceback)."""
+
+    process: str
+    pid: int
+    error: str | None = None
+    info: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ChunkReady:
+    """One decoded audio chunk; `codes` are the new codec tokens behind it (no left context)."""
+
+    request_id: str
+    chunk_seq: int
+    audio: np.ndarray  # [n] float32 mono at the code2wav sample rate
+    codes: tuple[int, ...]
+    last_chunk: bool
+
+
+@dataclass(frozen=True)
+class RequestError:
+    """A request failed in a stage; the runner carries on with the others."""
+
+    request_id: str
+    message: str
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    token: int
+    stats: dict  # process, pid, allocated_bytes, reserved_bytes, peak_bytes, rss_bytes, source
+
+
+@dataclass(frozen=True)
+class Fatal:
+    """A stage process hit an error it cannot recover from and is about to exit."""
+
+    process: str
+    message: str
+
+
+RunnerEvent = ChunkReady | RequestError

@@ -1,0 +1,153 @@
+"""What every stage process does around its loop: threads, seed, device, ready handshake.
+
+A stage process is started with `spawn` (CUDA cannot be forked), imports nothing heavy until its
+target runs, builds its model *after* start, and reports `Ready` (with the traceback if building
+failed, so the client's `start()` raises with the child's message instead of waiting forever).
+An unexpected error in the loop is reported as `Fatal` and the process exits with code 1; the
+client also watches exit codes, so a segfault or a kill is noticed without any message.
+
+Threads: on a shared CPU every process spinning a full OpenMP pool oversubscribes the cores, so
+each process gets `threads` intra-op threads (see `threads_per_process`) and one inter-op thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from stages.config import StageConfig
+from stages.platform import describe_device, dtype_from_name, memory_stats, resolve_device
+from stages.runner.factories import StageFactories
+from stages.runner.messages import Fatal, MemoryReport, Ready
+
+log = logging.getLogger(__name__)
+
+# How long a blocked process waits on its inbox before checking that its parent is alive.
+_POLL_S = 0.5
+# Most characters of a child's traceback sent back in Ready/Fatal (the tail is the useful part).
+_MAX_TRACE_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """Everything a stage process needs, pickled into it at start."""
+
+    name: str  # "talker" | "code2wav-<r>"
+    cfg: StageConfig
+    factories: StageFactories
+    threads: int  # torch intra-op threads for this process
+
+
+def threads_per_process(configured: int, replicas: int, cores: int | None = None) -> int:
+    """Intra-op threads per stage process: `configured` if > 0, else the cores split evenly over
+    the talker and the R replicas, at least 1 each (on a 2-core CI machine: 1 per process)."""
+    if configured > 0:
+        return configured
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // (1 + replicas))
+
+
+def _trace(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return text[-_MAX_TRACE_CHARS:]
+
+
+def short_error(exc: BaseException) -> str:
+    """`Type: message` for per-request errors (the whole trace goes to the child's log)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass
+class StageContext:
+    """What a built stage process hands its loop."""
+
+    spec: ProcessSpec
+    device: torch.device
+    dtype: torch.dtype
+    results: Any  # mp.Queue to the client
+    info: dict = field(default_factory=dict)  # goes into Ready (device, dtype, engine facts)
+
+    def report_memory(self, token: int) -> None:
+        stats = {"process": self.spec.name, "pid": os.getpid(), **memory_stats(self.device)}
+        self.results.put(MemoryReport(token, stats))
+
+
+def run_stage_process(
+    spec: ProcessSpec,
+    results: Any,
+    build: Callable[[StageContext], Any],
+    loop: Callable[[StageContext, Any], None],
+) -> None:
+    """Body of every stage process: setup, `build(ctx)` -> engines, Ready, `loop(ctx, engines)`.
+
+    `build` may add facts to `ctx.info` (they reach the client in Ready, then `describe()`).
+    """
+    try:
+        torch.set_num_threads(spec.threads)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # already set (e.g. by a test harness); harmless
+            pass
+        runner = spec.cfg.runner
+        torch.manual_seed(runner.seed)  # module constructors draw from the global generator
+        device = resolve_device(runner.device)
+        ctx = StageContext(spec, device, dtype_from_name(runner.dtype), results)
+        ctx.info.update(device=describe_device(device), torch=torch.__version__,
+                        dtype=str(ctx.dtype).removeprefix("torch."), threads=spec.threads)
+        engines = build(ctx)
+    except BaseException as exc:  # noqa: BLE001 - every startup failure must reach the client
+        results.put(Ready(spec.name, os.getpid(), error=_trace(exc)))
+        _exit_now(results, 1)
+    results.put(Ready(spec.name, os.getpid(), info=ctx.info))
+    code = 0
+    try:
+        loop(ctx, engines)
+    except BaseException as exc:  # noqa: BLE001
+        log.error("%s failed: %s", spec.name, _trace(exc))
+        results.put(Fatal(spec.name, short_error(exc)))
+        code = 1
+    _exit_now(results, code)
+
+
+def _exit_now(results: Any, code: int) -> None:
+    """Flush what we sent, then exit without interpreter teardown.
+
+    Tearing down a process that imported torch (and holds a model) takes seconds on a loaded
+    CPU; nothing in a stage process needs atexit handlers, so skip them.
+    """
+    results.close()
+    results.join_thread()  # our messages must leave before the process does
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def drain(inbox: Any, *, block: bool) -> list[Any]:
+    """All messages now on `inbox`; when `block`, wait (polling the parent) for at least one.
+
+    Returns [None] (the shutdown sentinel) if the parent died while we waited, so an orphaned
+    child never lingers on a shared device.
+    """
+    messages: list[Any] = []
+    parent = mp.parent_process()
+    while block and not messages:
+        try:
+            messages.append(inbox.get(timeout=_POLL_S))
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                return [None]
+    while True:
+        try:
+            messages.append(inbox.get_nowait())
+        except queue.Empty:
+            return messages

@@ -1,0 +1,122 @@
+"""A code2wav replica process: batch up to `max_num_seqs` payloads per step, decode, send audio.
+
+Payloads arrive from the talker for the requests pinned here. Each step takes, in arrival order,
+at most one payload per request (a request's next chunk needs the state its previous chunk left)
+and at most `runner.max_num_seqs` rows, calls `token2wav.decode`, and sends each row's audio
+straight to the client with the new codec tokens behind it (for output-identity checks). The
+replica waits for input only when it has nothing pending.
+
+A decode that raises fails exactly the requests in that batch: their states are dropped, and
+their later payloads are discarded until the talker's Drop (the client cancels a failed request).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stages.runner.messages import ChunkReady, Drop, MemoryQuery, RequestError
+from stages.runner.process import ProcessSpec, StageContext, drain, run_stage_process, short_error
+
+log = logging.getLogger(__name__)
+
+
+def replica_main(spec: ProcessSpec, inbox: Any, results: Any) -> None:
+    """Process target (spawn): build Token2Wav and serve payloads until the shutdown sentinel."""
+    run_stage_process(spec, results, _build, lambda ctx, t2w: ReplicaLoop(ctx, t2w).run(inbox))
+
+
+def _build(ctx: StageContext) -> Any:
+    cfg, runner = ctx.spec.cfg, ctx.spec.cfg.runner
+    t2w = ctx.spec.factories.token2wav(
+        cfg.code2wav,
+        device=ctx.device,
+        dtype=ctx.dtype,
+        init_seed=runner.seed,
+        weights_dir=runner.weights,
+    )
+    # Build the default voice's prompt state now, so "ready" means the first request does not
+    # pay for it (it is computed once per prompt id and shared by every request).
+    prompt_setup = getattr(t2w, "prompt_setup", None)
+    if callable(prompt_setup):
+        prompt_setup()
+    describe = getattr(t2w, "describe", None)
+    options = getattr(t2w, "options", None)  # the parsed stage flags, if the engine keeps them
+    if callable(describe):
+        ctx.info["code2wav"] = describe()
+    elif dataclasses.is_dataclass(options):
+        ctx.info["code2wav"] = dataclasses.asdict(options)
+    return t2w
+
+
+def take_batch(pending: deque[Any], max_rows: int) -> list[Any]:
+    """Remove and return up to `max_rows` payloads, oldest first, at most one per request."""
+    batch: list[Any] = []
+    seen: set[str] = set()
+    kept: deque[Any] = deque()
+    while pending:
+        p = pending.popleft()
+        if len(batch) < max_rows and p.request_id not in seen:
+            batch.append(p)
+            seen.add(p.request_id)
+        else:
+            kept.append(p)
+    pending.extend(kept)
+    return batch
+
+
+@dataclass
+class ReplicaLoop:
+    ctx: StageContext
+    t2w: Any
+    pending: deque[Any] = field(default_factory=deque)
+    failed: set[str] = field(default_factory=set)  # requests whose decode raised, until Drop
+
+    def run(self, inbox: Any) -> None:
+        max_rows = self.ctx.spec.cfg.runner.max_num_seqs
+        while True:
+            for msg in drain(inbox, block=not self.pending):
+                if msg is None:
+                    return
+                self._handle(msg)
+            if self.pending:
+                self._decode(take_batch(self.pending, max_rows))
+
+    def _handle(self, msg: Any) -> None:
+        if isinstance(msg, list):
+            self.pending.extend(p for p in msg if p.request_id not in self.failed)
+        elif isinstance(msg, Drop):
+            self._drop(msg.request_id)
+            self.failed.discard(msg.request_id)
+        elif isinstance(msg, MemoryQuery):
+            self.ctx.report_memory(msg.token)
+        else:
+            raise TypeError(f"{self.ctx.spec.name} got an unexpected message {type(msg).__name__}")
+
+    def _drop(self, request_id: str) -> None:
+        self.pending = deque(p for p in self.pending if p.request_id != request_id)
+        self.t2w.drop(request_id)  # unknown ids are a no-op
+
+    def _decode(self, batch: list[Any]) -> None:
+        left = self.ctx.spec.cfg.code2wav.codec_left_context_frames
+        try:
+            decoded = self.t2w.decode(batch)
+        except Exception as exc:
+            log.warning("%s: decode of %d rows failed: %s", self.ctx.spec.name, len(batch), exc)
+            message = f"{self.ctx.spec.name}: {short_error(exc)}"
+            for p in batch:
+                self.failed.add(p.request_id)
+                self._drop(p.request_id)
+                self.ctx.results.put(RequestError(p.request_id, message))
+            return
+        codes = {p.request_id: tuple(int(c) for c in p.codes[left:]) for p in batch}
+        for d in decoded:
+            audio = np.ascontiguousarray(d.audio, dtype=np.float32).reshape(-1)
+            self.ctx.results.put(
+                ChunkReady(d.request_id, d.chunk_seq, audio, codes[d.request_id], d.last_chunk)
+            )

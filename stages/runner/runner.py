@@ -1,0 +1,392 @@
+"""The stage runner, client side: spawns the talker + R code2wav replicas and routes their events.
+
+    runner = StageRunner(stage_cfg, replicas=2)
+    runner.start()                                    # raises RunnerError with a child's trace
+    runner.submit(RunnerRequest("r1", "Hello there."), on_event)
+    ...                                               # on_event(ChunkReady | RequestError),
+    runner.memory_snapshot()                          #   called on the runner's reader thread
+    runner.stop()
+
+Topology (DESIGN.md §3): one talker process, R replica processes sharing the device; a request
+is pinned at admission to the replica with the fewest requests in flight (ties: lowest index),
+so its chunks decode in order on one replica and come back straight from it. One reader thread
+takes every message off the result queue and calls the request's `on_event`; it also watches
+the children, so a child that dies (even without a word: a segfault, the OOM killer) fails every
+in-flight request with the child's name and exit code, and the runner refuses new work. That is
+"the run ends": the harness sees failures, not a hang.
+
+`on_event` runs on the reader thread and must not block (the asyncio backend hands events over
+with `loop.call_soon_threadsafe`). Every request ends with exactly one of: a ChunkReady with
+`last_chunk`, or a RequestError. Nothing here imports torch, so the client process stays light.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing as mp
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from stages.config import StageConfig
+from stages.runner.factories import StageFactories
+from stages.runner.messages import (
+    Cancel,
+    ChunkReady,
+    Fatal,
+    MemoryQuery,
+    MemoryReport,
+    Ready,
+    RequestError,
+    RunnerEvent,
+    RunnerRequest,
+    Submit,
+)
+from stages.runner.process import ProcessSpec, threads_per_process
+from stages.runner.replica_proc import replica_main
+from stages.runner.talker_proc import talker_main
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.1  # reader thread: how often it checks the children while the queue is quiet
+_MEMORY_TIMEOUT_S = 10.0
+_GRACE_S = 1.0  # after a child died: how long its last message may still take to arrive
+
+
+class RunnerError(RuntimeError):
+    """The runner could not start, or was used in a state that cannot serve (not started)."""
+
+
+@dataclass
+class _Tracked:
+    replica: int
+    on_event: Callable[[RunnerEvent], None]
+    next_seq: int = 0
+
+
+@dataclass
+class _Child:
+    name: str
+    process: Any  # mp.Process
+    inbox: Any  # mp.Queue
+
+
+class StageRunner:
+    """Talker + R code2wav replica processes behind submit / cancel / memory_snapshot."""
+
+    def __init__(self, cfg: StageConfig, replicas: int, *, factories: StageFactories | None = None):
+        if replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {replicas}")
+        self.cfg = cfg
+        self.replicas = replicas
+        self.factories = factories or StageFactories()
+        self.info: dict[str, dict] = {}  # process name -> facts from its Ready
+        self._children: list[_Child] = []
+        self._results: Any = None
+        self._lock = threading.Lock()
+        self._tracked: dict[str, _Tracked] = {}
+        self._load = [0] * replicas
+        self._broken: str | None = None  # why the runner stopped serving
+        self._closing = False
+        self._reader: threading.Thread | None = None
+        self._tokens = itertools.count(1)
+        self._reports: dict[int, list[dict]] = {}
+        self._reports_cv = threading.Condition(self._lock)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn every process and wait until all built their models; raises RunnerError."""
+        if self._children:
+            raise RunnerError("error: stage runner started twice (start); use a fresh StageRunner")
+        ctx = mp.get_context("spawn")
+        self._results = ctx.Queue()
+        threads = threads_per_process(self.cfg.runner.torch_threads, self.replicas)
+        replica_inboxes = [ctx.Queue() for _ in range(self.replicas)]
+        talker_inbox = ctx.Queue()
+
+        def spec(name: str) -> ProcessSpec:
+            return ProcessSpec(name, self.cfg, self.factories, threads)
+
+        self._children.append(_Child("talker", ctx.Process(
+            target=talker_main, name="tts-talker", daemon=True,
+            args=(spec("talker"), talker_inbox, replica_inboxes, self._results)), talker_inbox))
+        for r, inbox in enumerate(replica_inboxes):
+            name = f"code2wav-{r}"
+            self._children.append(_Child(name, ctx.Process(
+                target=replica_main, name=f"tts-{name}", daemon=True,
+                args=(spec(name), inbox, self._results)), inbox))
+        t0 = time.perf_counter()
+        for child in self._children:
+            child.process.start()
+        try:
+            self._await_ready()
+        except BaseException:
+            self.stop(timeout_s=0.0)  # the others are still building: nothing to wait for
+            raise
+        log.info("runner ready: talker + %d replica(s) in %.1f s, %d torch thread(s) each",
+                 self.replicas, time.perf_counter() - t0, threads)
+        self._reader = threading.Thread(target=self._read_loop, name="stage-runner-reader",
+                                         daemon=True)
+        self._reader.start()
+
+    def _await_ready(self) -> None:
+        waiting = {c.name for c in self._children}
+        deadline = time.monotonic() + self.cfg.runner.start_timeout_s
+        while waiting:
+            try:
+                msg = self._results.get(timeout=_POLL_S)
+            except queue.Empty:
+                self._check_startup(waiting, deadline)
+                continue
+            if isinstance(msg, Ready):
+                if msg.error is not None:
+                    raise RunnerError(
+                        f"error: {msg.process} failed to start (stage runner start); "
+                        f"fix the stage config or environment:\n{msg.error}"
+                    )
+                self.info[msg.process] = {"pid": msg.pid, **msg.info}
+                waiting.discard(msg.process)
+
+    def _check_startup(self, waiting: set[str], deadline: float) -> None:
+        dead = self._dead_child()
+        if dead is not None and dead.name in waiting:
+            # Its Ready (with the reason) may still be in flight: give it one more read.
+            try:
+                msg = self._results.get(timeout=_GRACE_S)
+            except queue.Empty:
+                raise RunnerError(
+                    f"error: {dead.name} exited with code {dead.process.exitcode} before it was "
+                    f"ready (stage runner start); see its log above"
+                ) from None
+            if isinstance(msg, Ready) and msg.error is not None:
+                raise RunnerError(
+                    f"error: {msg.process} failed to start (stage runner start); "
+                    f"fix the stage config or environment:\n{msg.error}"
+                )
+            if isinstance(msg, Ready):
+                self.info[msg.process] = {"pid": msg.pid, **msg.info}
+                waiting.discard(msg.process)
+            return
+        if time.monotonic() > deadline:
+            raise RunnerError(
+                f"error: {', '.join(sorted(waiting))} not ready after "
+                f"{self.cfg.runner.start_timeout_s:.0f} s (stage runner start); raise "
+                f"runner.start_timeout_s or check the device"
+            )
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Shut every process down (sentinel, join, terminate, kill); fail what is in flight."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        for child in self._children:
+            try:
+                child.inbox.put(None)
+            except (OSError, ValueError):  # queue already closed
+                pass
+        deadline = time.monotonic() + timeout_s
+        for child in self._children:
+            # Keep reading results while joining: a child blocked flushing its queue into a
+            # full pipe would otherwise never exit.
+            while child.process.is_alive() and time.monotonic() < deadline:
+                child.process.join(timeout=_POLL_S)
+                if self._reader is None:
+                    self._discard_results()
+        for child in self._children:
+            if child.process.is_alive():
+                if timeout_s > 0:
+                    log.warning("%s did not stop in %.0f s; terminating", child.name, timeout_s)
+                child.process.terminate()
+                child.process.join(timeout=2.0)
+            if child.process.is_alive():
+                child.process.kill()
+                child.process.join()
+        if self._reader is not None:
+            self._reader.join()
+        self._fail_all("stage runner stopped")
+        for child in self._children:
+            child.inbox.close()
+            child.inbox.cancel_join_thread()
+        if self._results is not None:
+            self._results.close()
+            self._results.cancel_join_thread()
+
+    def _discard_results(self) -> None:
+        try:
+            while True:
+                self._results.get_nowait()
+        except (queue.Empty, OSError, ValueError):
+            pass
+
+    def pids(self) -> dict[str, int | None]:
+        return {c.name: c.process.pid for c in self._children}
+
+    def alive(self) -> list[str]:
+        """Names of the stage processes still running."""
+        return [c.name for c in self._children if c.process.is_alive()]
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def submit(self, request: RunnerRequest, on_event: Callable[[RunnerEvent], None]) -> int:
+        """Queue `request`; returns the replica it is pinned to. Events go to `on_event`.
+
+        A runner that is broken or stopped fails the request at once (through `on_event`).
+        """
+        if self._reader is None:
+            raise RunnerError("error: submit before start (stage runner); call start() first")
+        with self._lock:
+            failure = self._broken or ("stage runner stopped" if self._closing else None)
+            if failure is None:
+                if request.request_id in self._tracked:
+                    raise ValueError(f"request id {request.request_id!r} is already in flight")
+                replica = min(range(self.replicas), key=lambda r: (self._load[r], r))
+                self._tracked[request.request_id] = _Tracked(replica, on_event)
+                self._load[replica] += 1
+        if failure is not None:
+            on_event(RequestError(request.request_id, failure))
+            return -1
+        self._children[0].inbox.put(Submit(request, replica))
+        return replica
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request (e.g. the client timed out); no further events are delivered for it."""
+        tracked = self._untrack(request_id)
+        if tracked is not None and not self._closing:
+            self._children[0].inbox.put(Cancel(request_id, tracked.replica))
+
+    def in_flight(self) -> dict[str, int]:
+        """Request id -> pinned replica, for the requests not finished yet."""
+        with self._lock:
+            return {rid: t.replica for rid, t in self._tracked.items()}
+
+    def _untrack(self, request_id: str) -> _Tracked | None:
+        with self._lock:
+            tracked = self._tracked.pop(request_id, None)
+            if tracked is not None:
+                self._load[tracked.replica] -= 1
+            return tracked
+
+    def _fail_all(self, message: str) -> None:
+        with self._lock:
+            tracked, self._tracked = self._tracked, {}
+            self._load = [0] * self.replicas
+        for rid, t in tracked.items():
+            t.on_event(RequestError(rid, message))
+
+    # -- memory ------------------------------------------------------------------------------
+
+    def memory_snapshot(self, timeout_s: float = _MEMORY_TIMEOUT_S) -> list[dict]:
+        """Allocator stats of every live stage process (talker first), asked between their steps.
+
+        Each dict: process, pid, allocated_bytes, reserved_bytes, peak_bytes, rss_bytes, source.
+        A process that does not answer within `timeout_s` (busy or dead) is left out.
+        """
+        token = next(self._tokens)
+        with self._lock:
+            if self._broken or self._closing or self._reader is None:
+                return []
+            self._reports[token] = []
+        expected = 0
+        for child in self._children:
+            if child.process.is_alive():
+                child.inbox.put(MemoryQuery(token))
+                expected += 1
+        deadline = time.monotonic() + timeout_s
+        with self._reports_cv:
+            while len(self._reports[token]) < expected and time.monotonic() < deadline:
+                self._reports_cv.wait(timeout=max(0.0, deadline - time.monotonic()))
+            reports = self._reports.pop(token)
+        order = {c.name: i for i, c in enumerate(self._children)}
+        return sorted(reports, key=lambda s: order.get(s["process"], len(order)))
+
+    # -- the reader thread -------------------------------------------------------------------
+
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                msg = self._results.get(timeout=_POLL_S)
+            except queue.Empty:
+                if self._closing:
+                    if not self.alive():  # every child gone: nothing more can arrive
+                        return
+                    continue
+                dead = self._dead_child()
+                if dead is not None:
+                    self._drain_after_death()  # a Fatal with the reason may still be in flight
+                    self._break(f"{dead.name} exited with code {dead.process.exitcode}")
+                continue
+            except (OSError, ValueError, EOFError):  # queue closed under us
+                return
+            self._dispatch(msg)
+
+    def _drain_after_death(self) -> None:
+        end = time.monotonic() + _GRACE_S
+        while self._broken is None and time.monotonic() < end:
+            try:
+                msg = self._results.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+            except (OSError, ValueError, EOFError):
+                return
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: Any) -> None:
+        if isinstance(msg, ChunkReady):
+            self._on_chunk(msg)
+        elif isinstance(msg, RequestError):
+            self._deliver_error(msg)
+        elif isinstance(msg, MemoryReport):
+            with self._reports_cv:
+                if msg.token in self._reports:
+                    self._reports[msg.token].append(msg.stats)
+                    self._reports_cv.notify_all()
+        elif isinstance(msg, Fatal):
+            self._break(f"{msg.process} failed: {msg.message}")
+        else:
+            log.warning("stage runner: unexpected message %s", type(msg).__name__)
+
+    def _on_chunk(self, msg: ChunkReady) -> None:
+        with self._lock:
+            tracked = self._tracked.get(msg.request_id)
+        if tracked is None:  # cancelled or already failed
+            return
+        if msg.chunk_seq != tracked.next_seq:
+            self.cancel(msg.request_id)
+            tracked.on_event(RequestError(
+                msg.request_id, f"chunk {msg.chunk_seq} arrived, expected {tracked.next_seq}"))
+            return
+        tracked.next_seq += 1
+        if msg.last_chunk:
+            self._untrack(msg.request_id)
+        tracked.on_event(msg)
+
+    def _deliver_error(self, msg: RequestError) -> None:
+        with self._lock:
+            tracked = self._tracked.pop(msg.request_id, None)
+            if tracked is not None:
+                self._load[tracked.replica] -= 1
+        if tracked is None:
+            return
+        if not self._closing:  # stop generating codes nobody will decode
+            self._children[0].inbox.put(Cancel(msg.request_id, tracked.replica))
+        tracked.on_event(msg)
+
+    def _break(self, reason: str) -> None:
+        with self._lock:
+            if self._broken is not None or self._closing:
+                return
+            self._broken = reason
+        log.error("stage runner broken: %s; failing in-flight requests", reason)
+        self._fail_all(reason)
+
+    def _dead_child(self) -> _Child | None:
+        for child in self._children:
+            if child.process.exitcode is not None:
+                return child
+        return None

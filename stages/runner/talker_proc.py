@@ -1,0 +1,135 @@
+"""The talker process: continuous batching of decode steps, chunking, routing to replicas.
+
+Between two `engine.step()` calls it reads its inbox, so new requests join the running batch at
+the next step (continuous batching) and cancels take effect at once. Each emitted code goes into
+the request's chunker stream; every payload the chunker completes goes to the request's pinned
+code2wav replica, batched into one queue put per replica per step.
+
+Admission: at most `runner.talker_max_batch` requests are in the engine at once; the rest wait
+here in arrival order (the engine's static KV cache has exactly that many slots).
+
+A request the engine refuses (`add` raises) fails alone with a RequestError. An error inside
+`step()` cannot be pinned on one request and may leave the batch inconsistent, so it is Fatal:
+the process exits and the client fails every in-flight request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from stages.runner.messages import Cancel, Drop, MemoryQuery, RequestError, Submit
+from stages.runner.process import ProcessSpec, StageContext, drain, run_stage_process, short_error
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TalkerEngines:
+    engine: Any
+    make_chunker: Any  # (code2wav cfg, request_id) -> per-request chunker
+
+
+def talker_main(spec: ProcessSpec, inbox: Any, replica_inboxes: list[Any], results: Any) -> None:
+    """Process target (spawn): build the talker and run its loop until the shutdown sentinel."""
+    run_stage_process(
+        spec, results, _build,
+        lambda ctx, engines: TalkerLoop(ctx, engines, replica_inboxes).run(inbox),
+    )
+
+
+def _build(ctx: StageContext) -> TalkerEngines:
+    cfg, runner, make = ctx.spec.cfg, ctx.spec.cfg.runner, ctx.spec.factories
+    engine = make.talker(
+        cfg.talker,
+        device=ctx.device,
+        dtype=ctx.dtype,
+        max_batch=runner.talker_max_batch,
+        max_seq_len=runner.max_seq_len,
+        init_seed=runner.seed,
+        weights_dir=runner.weights,
+    )
+    describe = getattr(engine, "describe", None)
+    if callable(describe):
+        ctx.info["talker"] = describe()
+    return TalkerEngines(engine, make.chunker)
+
+
+@dataclass
+class TalkerLoop:
+    ctx: StageContext
+    engines: TalkerEngines
+    replica_inboxes: list[Any]
+    waiting: deque[Submit] = field(default_factory=deque)
+    pins: dict[str, int] = field(default_factory=dict)  # request in the engine -> replica
+    chunkers: dict[str, Any] = field(default_factory=dict)  # request in the engine -> chunker
+
+    def run(self, inbox: Any) -> None:
+        engine = self.engines.engine
+        while True:
+            for msg in drain(inbox, block=not (self.waiting or engine.has_work())):
+                if msg is None:
+                    return
+                self._handle(msg)
+            self._admit()
+            if engine.has_work():
+                self._route(engine.step())
+
+    def _handle(self, msg: Any) -> None:
+        if isinstance(msg, Submit):
+            self.waiting.append(msg)
+        elif isinstance(msg, Cancel):
+            self._cancel(msg)
+        elif isinstance(msg, MemoryQuery):
+            self.ctx.report_memory(msg.token)
+        else:
+            raise TypeError(f"talker got an unexpected message {type(msg).__name__}")
+
+    def _admit(self) -> None:
+        limit = self.ctx.spec.cfg.runner.talker_max_batch
+        make_request = self.ctx.spec.factories.talker_request
+        while self.waiting and len(self.pins) < limit:
+            sub = self.waiting.popleft()
+            req = sub.request
+            try:
+                self.engines.engine.add(
+                    make_request(req.request_id, req.text, req.seed, req.max_codes)
+                )
+            except Exception as exc:  # a bad request fails alone
+                log.warning("talker refused %s: %s", req.request_id, exc)
+                self.ctx.results.put(RequestError(req.request_id, f"talker: {short_error(exc)}"))
+                continue
+            self.pins[req.request_id] = sub.replica
+            self.chunkers[req.request_id] = self.engines.make_chunker(
+                self.ctx.spec.cfg.code2wav, req.request_id
+            )
+
+    def _cancel(self, msg: Cancel) -> None:
+        self.waiting = deque(s for s in self.waiting if s.request.request_id != msg.request_id)
+        if self.pins.pop(msg.request_id, None) is not None:
+            self.engines.engine.cancel(msg.request_id)
+            del self.chunkers[msg.request_id]
+        # Always tell the replica: payloads sent before the cancel may still be queued there.
+        # Same sender, same queue, so the Drop arrives after every payload we sent for it.
+        self.replica_inboxes[msg.replica].put(Drop(msg.request_id))
+
+    def _route(self, outputs: list[Any]) -> None:
+        # The engine never emits EOS as a code; filtering it anyway keeps an engine that does
+        # from sending an id outside the flow vocabulary to code2wav.
+        eos = self.ctx.spec.cfg.talker.eos_token_id
+        batches: dict[int, list[Any]] = defaultdict(list)
+        for out in outputs:
+            replica = self.pins.get(out.request_id)
+            if replica is None:  # cancelled while its step was running
+                continue
+            chunker = self.chunkers[out.request_id]
+            if out.code is not None and out.code != eos:
+                batches[replica].extend(chunker.push((int(out.code),)))
+            if out.finished:
+                batches[replica].append(chunker.finish())
+                del self.pins[out.request_id], self.chunkers[out.request_id]
+        for replica, payloads in batches.items():
+            if payloads:
+                self.replica_inboxes[replica].put(payloads)

@@ -1,0 +1,319 @@
+"""The talker engine: requests in, one codec code per active request per `step()` out.
+
+The runner drives it as a loop (continuous batching):
+
+    engine = TalkerEngine(cfg, device=dev, dtype=torch.bfloat16, max_batch=64, max_seq_len=1024)
+    engine.add(TalkerRequest("r1", "Hello there."))
+    while engine.has_work():
+        for out in engine.step():   # out.code is an int, or None with out.finished=True
+            ...
+
+A request added between steps is admitted at the next `step()`: its condition rows are
+prefilled into a free cache slot (one forward per new request), and the code sampled at its last
+prefill row (audio_bos) is its code #0, drawn in the same batched sampling call as the decode
+rows of the requests already running. Every later step decodes all occupied rows together, each
+at its own position; EOS is never emitted, a finished request is reported once with
+`code=None, finished=True` and its slot is freed at once.
+
+Ladder: `step` -> `_admit` (tokenize done at `add`; `_prefill`) -> `_logits` (`_decode_logits`:
+eager, or a device graph with stage extra `talker_decode_graph: true`) -> sampler
+(`CodecSampler.sample`) -> one host read of (sample, emit, finished).
+
+Weights: `weights_dir=None` -> seeded random init (`TalkerModel.init_random_weights` with a CPU
+`torch.Generator(init_seed)`, built on CPU then moved: identical in every process and run), the
+word-level stand-in tokenizer and the length model (EOS only at the budget). With a weights dir:
+the official `tts.*` weights, its tokenizer.json, and the model's own EOS (max_tokens caps).
+Thinker hidden states come from the documented stand-in either way (`thinker_standin.py`).
+
+Prelude: `prelude=None` lets the stage extra `talker_codec_fused_prelude` (strict boolean,
+default true) choose via `stages.talker.prelude.select_prelude`; pass a function to force one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from stages.flags import read_bool_flag
+from stages.platform.graphs import graph_api
+from stages.talker.config import TalkerConfig
+from stages.talker.decode_graph import DecodeGraphs
+from stages.talker.length import codec_budget
+from stages.talker.model import TalkerModel
+from stages.talker.prelude import select_prelude
+from stages.talker.sampling import CodecSampler, Prelude, SamplerState
+from stages.talker.thinker_standin import standin_hidden
+from stages.talker.tokenizer import load_tokenizer
+from stages.talker.weights import load_talker_weights
+
+logger = logging.getLogger(__name__)
+
+# Stage extra that picks the fused (default) or eager penalty + temperature prelude.
+FUSED_PRELUDE_FLAG = "talker_codec_fused_prelude"
+
+# Stage extra: capture the decode forward in device graphs (CUDA/NPU; ignored on CPU).
+DECODE_GRAPH_FLAG = "talker_decode_graph"
+
+# Decode reads cache[:, :, :kv_len] with kv_len rounded up to this many positions, so the number
+# of distinct attention shapes (and of graphs a runner would capture) stays small.
+KV_LEN_BUCKET = 64
+
+
+class TalkerRequestError(ValueError):
+    """A request the engine cannot take (duplicate id, no cache room, bad max_codes)."""
+
+
+@dataclass(frozen=True)
+class TalkerRequest:
+    request_id: str
+    text: str
+    seed: int = 42
+    max_codes: int | None = None  # random weights: exact length; real weights: a cap
+
+
+@dataclass(frozen=True)
+class TalkerOutput:
+    request_id: str
+    code: int | None  # None exactly when finished
+    finished: bool
+
+
+@dataclass
+class _Prepared:
+    """A request tokenized and budgeted at `add`, waiting for a slot."""
+
+    request: TalkerRequest
+    token_ids: list[int]
+    budget: int  # most codes it emits
+    ignore_eos: bool
+
+
+@dataclass
+class _Running:
+    request: TalkerRequest
+    generator: torch.Generator
+    position: int  # next cache position this row writes (host mirror of the device `_pos`)
+    fresh: bool  # prefilled this step: its hidden comes from the prefill, not a decode
+
+
+def build_model(
+    cfg: TalkerConfig, *, device: torch.device, dtype: torch.dtype, init_seed: int,
+    weights_dir: str | None,
+) -> TalkerModel:
+    """Seeded random (built on CPU) or official weights (built on meta, assign-loaded)."""
+    if weights_dir is None:
+        model = TalkerModel(cfg)
+        model.init_random_weights(torch.Generator().manual_seed(init_seed))
+    else:
+        with torch.device("meta"):
+            model = TalkerModel(cfg)
+        load_talker_weights(model, weights_dir)
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model.fold_weight_norm()
+    return model
+
+
+class TalkerEngine:
+    def __init__(
+        self,
+        cfg: TalkerConfig,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_batch: int,
+        max_seq_len: int,
+        init_seed: int = 0,
+        weights_dir: str | None = None,
+        prelude: Prelude | None = None,
+    ) -> None:
+        self.cfg, self.device = cfg, device
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        self.init_seed = init_seed
+        # Stage flags first: a typo fails before any weights are built (seed item 4).
+        fused = read_bool_flag(cfg.extra, FUSED_PRELUDE_FLAG, True)
+        use_graphs = read_bool_flag(cfg.extra, DECODE_GRAPH_FLAG, False)
+        self.model = build_model(
+            cfg, device=device, dtype=dtype, init_seed=init_seed, weights_dir=weights_dir
+        )
+        self.model.setup_caches(
+            max_batch=max_batch, max_seq_len=max_seq_len, device=device, dtype=dtype
+        )
+        self.tokenizer = load_tokenizer(weights_dir, cfg.standin_text_vocab)
+        if prelude is None:  # the stage config decides (seed item 1)
+            prelude = select_prelude(fused=fused, device=device)
+        self.sampler = CodecSampler(cfg.sampling, eos_id=cfg.eos_token_id, prelude=prelude)
+        self.state = SamplerState.allocate(max_batch, cfg.sampling.history_window, device)
+        self.random_weights = weights_dir is None
+        self.graphs = self._decode_graphs(device) if use_graphs else None
+        self._active = torch.zeros(max_batch, dtype=torch.bool, device=device)
+        self._fresh = torch.zeros(max_batch, dtype=torch.bool, device=device)
+        self._pos = torch.zeros(max_batch, dtype=torch.long, device=device)
+        self._prev = torch.zeros(max_batch, dtype=torch.long, device=device)  # decode input ids
+        # Logits of each row's prefill (its code #0), consumed in the step that admitted it.
+        self._fresh_logits = torch.zeros(max_batch, cfg.num_audio_tokens, device=device)
+        self._slots: list[_Running | None] = [None] * max_batch
+        self._pending: deque[_Prepared] = deque()
+
+    def _decode_graphs(self, device: torch.device) -> DecodeGraphs | None:
+        api = graph_api(device)
+        if api is None:
+            logger.info("talker decode graphs: off (%s has no graph API)", device.type)
+            return None
+        logger.info("talker decode graphs: on (%s)", api.platform)
+        return DecodeGraphs(self.model, api, max_batch=self.max_batch, device=device)
+
+    # -- public API ----------------------------------------------------------------------------
+    @property
+    def prelude(self) -> Prelude:
+        """The penalty + temperature function in use (swap it to A/B the fused kernel)."""
+        return self.sampler.prelude
+
+    @prelude.setter
+    def prelude(self, fn: Prelude) -> None:
+        self.sampler.prelude = fn
+
+    def describe(self) -> dict:
+        """What runs: weights source, prelude, sizes (for the run record)."""
+        cache = self.model.model.layers[0].self_attn.kv_cache
+        kv_bytes = 2 * len(self.model.model.layers) * cache.k.numel() * cache.k.element_size()
+        return {
+            "weights": "random" if self.random_weights else "official",
+            "init_seed": self.init_seed,
+            "prelude": getattr(self.prelude, "__name__", type(self.prelude).__name__),
+            "decode_graph": self.graphs is not None,
+            "params": sum(p.numel() for p in self.model.parameters()),
+            "max_batch": self.max_batch,
+            "max_seq_len": self.max_seq_len,
+            "kv_cache_mib": kv_bytes / 2**20,
+        }
+
+    def add(self, req: TalkerRequest) -> None:
+        """Queue `req`; it is admitted (prefilled) at the start of the next `step()`."""
+        if self._find(req.request_id) is not None:
+            raise TalkerRequestError(
+                f"error: duplicate request id {req.request_id!r} (talker); use unique ids"
+            )
+        if req.max_codes is not None and req.max_codes < 0:
+            raise TalkerRequestError(
+                f"error: max_codes must be >= 0, got {req.max_codes} (request {req.request_id!r})"
+                "; pass None for the default"
+            )
+        self._pending.append(self._prepare(req))
+
+    def has_work(self) -> bool:
+        return bool(self._pending) or any(s is not None for s in self._slots)
+
+    def cancel(self, request_id: str) -> None:
+        """Drop a queued or running request; it produces no further outputs. Unknown ids: no-op."""
+        self._pending = deque(p for p in self._pending if p.request.request_id != request_id)
+        for slot, run in enumerate(self._slots):
+            if run is not None and run.request.request_id == request_id:
+                self._free(slot)
+
+    @torch.inference_mode()
+    def step(self) -> list[TalkerOutput]:
+        """Admit waiting requests, decode every running row once, sample, report."""
+        self._admit()
+        occupied = [i for i, s in enumerate(self._slots) if s is not None]
+        if not occupied:
+            return []
+        rows = occupied[-1] + 1
+        logits = self._logits(rows)
+        generators = [s.generator if s is not None else None for s in self._slots[:rows]]
+        result = self.sampler.sample(
+            logits, self.state, active=self._active[:rows], generators=generators
+        )
+        self._prev[:rows] = result.sample
+        self._fresh[:rows] = False
+        # The one host read per step.
+        host = torch.stack([result.sample, result.emit.long(), result.finished.long()]).tolist()
+        return self._report(occupied, *host)
+
+    # -- ladder --------------------------------------------------------------------------------
+    def _prepare(self, req: TalkerRequest) -> _Prepared:
+        ids = self.tokenizer.encode(req.text)
+        cond_len = len(ids) + 2  # + text_eos, audio_bos
+        if self.random_weights:
+            budget = codec_budget(req.text, self.cfg) if req.max_codes is None else req.max_codes
+        else:
+            cap = self.cfg.sampling.max_tokens if req.max_codes is None else req.max_codes
+            budget = max(0, min(cap, self.max_seq_len - cond_len))  # spec §2.3 context bound
+        # Room for the condition rows and every decode input (the last sample needs none).
+        if cond_len + max(budget, 1) > self.max_seq_len:
+            raise TalkerRequestError(
+                f"error: request {req.request_id!r} needs {cond_len} condition rows + {budget} "
+                f"codes but max_seq_len is {self.max_seq_len} (talker); raise max_seq_len or "
+                "shorten the text"
+            )
+        return _Prepared(req, ids, budget, ignore_eos=self.random_weights)
+
+    def _admit(self) -> None:
+        while self._pending:
+            slot = next((i for i, s in enumerate(self._slots) if s is None), None)
+            if slot is None:
+                return
+            self._prefill(slot, self._pending.popleft())
+
+    def _prefill(self, slot: int, prep: _Prepared) -> None:
+        req, cfg = prep.request, self.cfg
+        ids = torch.tensor(prep.token_ids, dtype=torch.long, device=self.device)
+        hidden = standin_hidden(prep.token_ids, llm_dim=cfg.llm_dim, seed=self.init_seed)
+        cond = self.model.condition(ids, hidden.to(self.device))  # [L, D]
+        self._fresh_logits[slot] = self.model.code_logits(self.model.prefill(cond, slot)[None])[0]
+        self.sampler.admit(self.state, slot, limit=prep.budget + 1, ignore_eos=prep.ignore_eos)
+        gen = torch.Generator(device=self.device).manual_seed(req.seed)
+        self._slots[slot] = _Running(req, gen, position=cond.shape[0], fresh=True)
+        self._active[slot] = True
+        self._fresh[slot] = True
+        self._pos[slot] = cond.shape[0]
+
+    def _logits(self, rows: int) -> torch.Tensor:
+        """Logits [rows, V] fp32 to sample from: a decode of each running row's previous
+        sample, or the prefill's last row for rows admitted this step."""
+        running = [s for s in self._slots[:rows] if s is not None]
+        if all(s.fresh for s in running):
+            logits = self._fresh_logits[:rows]
+        else:
+            top = max(s.position for s in running if not s.fresh) + 1
+            kv_len = min(self.max_seq_len, -(-top // KV_LEN_BUCKET) * KV_LEN_BUCKET)
+            decoded = self._decode_logits(rows, kv_len)
+            logits = torch.where(self._fresh[:rows, None], self._fresh_logits[:rows], decoded)
+            self._pos[:rows] += (self._active[:rows] & ~self._fresh[:rows]).long()
+        for s in running:
+            s.position += not s.fresh
+            s.fresh = False
+        return logits
+
+    def _decode_logits(self, rows: int, kv_len: int) -> torch.Tensor:
+        if self.graphs is not None:
+            return self.graphs.run(self._prev[:rows], self._pos[:rows], kv_len)
+        x = self.model.emb_code[0](self._prev[:rows])  # [R, D]
+        return self.model.code_logits(self.model.decode(x, self._pos[:rows], kv_len))
+
+    def _report(self, occupied, sample, emit, finished) -> list[TalkerOutput]:
+        outputs = []
+        for slot in occupied:
+            rid = self._slots[slot].request.request_id
+            if finished[slot]:
+                outputs.append(TalkerOutput(rid, None, True))
+                self._free(slot)
+            elif emit[slot]:
+                outputs.append(TalkerOutput(rid, int(sample[slot]), False))
+        return outputs
+
+    def _free(self, slot: int) -> None:
+        self._slots[slot] = None
+        self._active[slot] = False
+        self._fresh[slot] = False
+        self._pos[slot] = 0  # a free row's dummy decode write must stay inside the cache
+
+    def _find(self, request_id: str) -> object | None:
+        for p in self._pending:
+            if p.request.request_id == request_id:
+                return p
+        return next(
+            (s for s in self._slots if s is not None and s.request.request_id == request_id), None
+        )

@@ -1,0 +1,305 @@
+"""The talker's modules: a Llama backbone, codec embeddings/head and the condition projector.
+
+Only `nn.Module`s and tensor math live here (gpt-fast style); the loops are in `engine.py`,
+sampling in `sampling.py`, checkpoint loading in `weights.py`. Parameter names mirror the
+official MiniCPM-o 4.5 `tts.*` state dict without the prefix, so a checkpoint loads with no
+rename table: `model.layers.N.self_attn.q_proj.weight`, `emb_text.weight`, `emb_code.0.weight`,
+`head_code.0.parametrizations.weight.original0/1` (weight norm g / v), `projector_semantic.linear1`.
+
+Three ways through the backbone, all sharing the same layers:
+* `forward_full(x)`: no cache, causal; the uncached reference used by tests.
+* `prefill(x, slot)`: one request's condition rows at positions 0..T-1, written into its slot.
+* `decode(x, positions, kv_len)`: one token for rows 0..R-1 (row == cache slot), each at its own
+  position; attention reads `cache[:R, :, :kv_len]` (views, no copy) under a per-row length mask.
+
+Build on the meta device and `load_state_dict(..., assign=True)`, or build on CPU and call
+`init_random_weights`; then `fold_weight_norm()` once for inference and `setup_caches(...)`.
+
+    >>> model = TalkerModel(TalkerConfig(hidden_size=64, num_layers=2, num_heads=4,
+    ...                                  intermediate_size=128, llm_dim=64))
+    >>> model.setup_caches(max_batch=4, max_seq_len=256, device="cpu", dtype=torch.float32)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parametrize
+from torch.nn.utils.parametrizations import weight_norm
+
+from stages.talker.config import TalkerConfig
+
+
+@dataclass(frozen=True)
+class _CacheStep:
+    """How one attention call uses the KV cache (None = no cache, the uncached reference)."""
+
+    slot: int | None = None  # prefill: the request's cache row
+    positions: torch.Tensor | None = None  # decode: [R] long, write position of each row
+    rows: torch.Tensor | None = None  # decode: [R] long, arange(R) (row r is slot r)
+    kv_len: int = 0  # decode: how many cache positions attention reads
+    mask: torch.Tensor | None = None  # decode: [R, 1, 1, kv_len] bool, True = attend
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 like HF Llama, then cast back before the gain.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class KVCache(nn.Module):
+    """Static per-slot cache: k/v [max_batch, kv_heads, max_seq_len, head_dim]."""
+
+    def __init__(self, shape: tuple[int, int, int, int], *, device, dtype) -> None:
+        super().__init__()
+        self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+
+    def write_prefill(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        # k, v: [1, KVH, T, hd] -> positions 0..T-1 of `slot`
+        t = k.shape[2]
+        self.k[slot, :, :t] = k[0]
+        self.v[slot, :, :t] = v[0]
+
+    def write_decode(self, rows, positions, k: torch.Tensor, v: torch.Tensor) -> None:
+        # rows, positions: [R] long; k, v: [R, KVH, 1, hd]; row r goes to (slot r, positions[r]).
+        # An index_put (device-side scatter, no host sync), so it can be captured in a graph.
+        self.k[rows, :, positions] = k[:, :, 0]
+        self.v[rows, :, positions] = v[:, :, 0]
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [R, H, T, hd]; cos, sin: [R or 1, 1, T, hd]. HF Llama's half-split (non-interleaved) form,
+    # which is what the checkpoint's q/k weights were trained with.
+    return x * cos + rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, hd
+        self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=False)
+        self.kv_cache: KVCache | None = None
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        r, t, _ = x.shape
+        return x.view(r, t, n, self.head_dim).transpose(1, 2)  # [R, n, T, hd]
+
+    def forward(self, x, cos, sin, step: _CacheStep | None) -> torch.Tensor:
+        # x: [R, T, D] -> [R, T, D]
+        q = apply_rope(self._heads(self.q_proj(x), self.num_heads), cos, sin)
+        k = apply_rope(self._heads(self.k_proj(x), self.num_kv_heads), cos, sin)
+        v = self._heads(self.v_proj(x), self.num_kv_heads)
+        gqa = self.num_heads != self.num_kv_heads
+        if step is not None and step.positions is not None:
+            assert self.kv_cache is not None, "setup_caches() before decode"
+            self.kv_cache.write_decode(step.rows, step.positions, k, v)
+            r = x.shape[0]
+            keys = self.kv_cache.k[:r, :, : step.kv_len]
+            values = self.kv_cache.v[:r, :, : step.kv_len]
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=step.mask, enable_gqa=gqa
+            )
+        else:
+            if step is not None:
+                assert self.kv_cache is not None, "setup_caches() before prefill"
+                self.kv_cache.write_prefill(step.slot, k, v)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        r, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(r, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, step: _CacheStep | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, step)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """The Llama body (`tts.model.*`); the checkpoint's unused `embed_tokens` is not built."""
+
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+        self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # by setup_rope
+
+    def rope_angles(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions: [...] -> fp32 angles [..., hd] (HF Llama: fp32 inv_freq, halves repeated)."""
+        hd = self.cfg.head_dim
+        exponent = torch.arange(0, hd, 2, device=positions.device, dtype=torch.float32) / hd
+        inv_freq = 1.0 / (self.cfg.rope_theta**exponent)  # [hd/2]
+        angles = positions.float()[..., None] * inv_freq
+        return torch.cat((angles, angles), dim=-1)
+
+    def setup_rope(self, max_seq_len: int, device, dtype) -> None:
+        """Precompute cos/sin [max_seq_len, hd] once, so a decode step only gathers rows."""
+        angles = self.rope_angles(torch.arange(max_seq_len, device=device))
+        self.rope_table = (angles.cos().to(dtype), angles.sin().to(dtype))
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """positions: [R, T] long -> cos, sin [R, 1, T, hd]: table rows after `setup_caches`
+        (positions must be < max_seq_len), else computed on the fly."""
+        if self.rope_table is not None:
+            cos, sin = (t[positions][:, None] for t in self.rope_table)
+            return cos, sin
+        emb = self.rope_angles(positions)[:, None]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def forward(self, x, positions, step: _CacheStep | None) -> torch.Tensor:
+        # x: [R, T, D], positions: [R, T] long -> normed hidden [R, T, D]
+        cos, sin = self.rope(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, step)
+        return self.norm(x)
+
+
+class MultiModalProjector(nn.Module):
+    """projector_semantic: Linear(llm_dim, hidden) -> ReLU -> Linear(hidden, hidden), with bias."""
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(in_dim, out_dim, bias=True)
+        self.relu = nn.ReLU()
+        self.linear2 = nn.Linear(out_dim, out_dim, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear2(self.relu(self.linear1(x)))
+
+
+class TalkerModel(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.emb_text = nn.Embedding(cfg.num_text_tokens, cfg.hidden_size)
+        self.emb_code = nn.ModuleList([nn.Embedding(cfg.num_audio_tokens, cfg.hidden_size)])
+        head = nn.Linear(cfg.hidden_size, cfg.num_audio_tokens, bias=False)
+        # Weight norm over dim 0 (one g per output row), as in the checkpoint.
+        self.head_code = nn.ModuleList([weight_norm(head, name="weight", dim=0)])
+        self.projector_semantic = MultiModalProjector(cfg.llm_dim, cfg.hidden_size)
+        self.max_batch = self.max_seq_len = 0  # set by setup_caches
+
+    # -- weights -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def init_random_weights(self, generator: torch.Generator) -> None:
+        """Seeded init: N(0, 0.02) matrices, unit norms, zero biases; weight-norm g = ||v||.
+
+        Draws in `named_parameters()` order from one CPU generator, so the weights are identical
+        in every process and run for a given seed. Call on a CPU-built model, then `.to(device)`.
+        """
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            elif name.endswith("original0"):
+                continue  # g: set from v below
+            else:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
+        wn = self.head_code[0].parametrizations.weight
+        wn.original0.copy_(wn.original1.norm(dim=1, keepdim=True))
+
+    @torch.no_grad()
+    def fold_weight_norm(self) -> None:
+        """Materialise head_code's W = g * v / ||v|| once (inference); state-dict keys become
+        `head_code.0.weight`, so load checkpoints before folding. Idempotent."""
+        head = self.head_code[0]
+        if not parametrize.is_parametrized(head, "weight"):
+            return
+        wn = head.parametrizations.weight
+        # Fold in fp32 even for bf16 weights, so W carries one rounding, not three.
+        w = torch._weight_norm(wn.original1.float(), wn.original0.float(), 0)
+        parametrize.remove_parametrizations(head, "weight", leave_parametrized=True)
+        head.weight.copy_(w.to(head.weight.dtype))
+
+    # -- caches ------------------------------------------------------------------------------
+    def setup_caches(self, *, max_batch: int, max_seq_len: int, device, dtype) -> None:
+        cfg = self.cfg
+        shape = (max_batch, cfg.num_kv_heads, max_seq_len, cfg.head_dim)
+        for layer in self.model.layers:
+            layer.self_attn.kv_cache = KVCache(shape, device=device, dtype=dtype)
+        self.model.setup_rope(max_seq_len, device, dtype)
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+
+    # -- forward paths -----------------------------------------------------------------------
+    def forward_full(self, x: torch.Tensor) -> torch.Tensor:
+        """Uncached causal forward. x: [B, T, D] at positions 0..T-1 -> hidden [B, T, D]."""
+        positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        return self.model(x, positions, None)
+
+    def prefill(self, x: torch.Tensor, slot: int) -> torch.Tensor:
+        """One request's rows x: [T, D] into cache `slot` at 0..T-1 -> last hidden [D]."""
+        positions = torch.arange(x.shape[0], device=x.device)[None]
+        return self.model(x[None], positions, _CacheStep(slot=slot))[0, -1]
+
+    def decode(self, x: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """One token per row. x: [R, D] (row r == slot r), positions: [R] long -> hidden [R, D].
+
+        Row r attends to cache positions <= positions[r]; `kv_len` (> max position) bounds the
+        read so short batches do not scan the whole static cache.
+        """
+        keys = torch.arange(kv_len, device=x.device)
+        mask = (keys[None, :] <= positions[:, None])[:, None, None, :]  # [R, 1, 1, kv_len]
+        rows = torch.arange(x.shape[0], device=x.device)
+        step = _CacheStep(positions=positions, rows=rows, kv_len=kv_len, mask=mask)
+        return self.model(x[:, None], positions[:, None], step)[:, 0]
+
+    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [R, D] -> fp32 logits [R, num_audio_tokens]."""
+        return self.head_code[0](hidden).float()
+
+    def condition(self, token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Condition rows (spec §2.2). token_ids: [N] long, hidden: [N, llm_dim] -> [N + 2, D].
+
+        Row i = emb_text(tok_i) + L2normalize(projector_semantic(h_i)), then emb_text(text_eos)
+        and emb_text(audio_bos). N == 0 gives just the two boundary rows.
+        """
+        cfg = self.cfg
+        boundary = torch.tensor(
+            [cfg.text_eos_token_id, cfg.audio_bos_token_id], device=token_ids.device
+        )
+        tail = self.emb_text(boundary)
+        if token_ids.numel() == 0:
+            return tail
+        proj = F.normalize(self.projector_semantic(hidden.to(tail.dtype)), p=2, dim=-1)
+        return torch.cat([self.emb_text(token_ids) + proj, tail], dim=0)

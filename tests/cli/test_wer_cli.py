@@ -1,0 +1,124 @@
+"""`tts-bench wer` through typer's CliRunner: exit codes 0/4/5, the JSON contract, the two phases
+run separately, and one real end to end run (piper + faster-whisper tiny.en)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tts_bench.commands import wer as wer_cmd
+from tts_bench.errors import ExitStatus, InvalidRunError
+from tts_bench.wer import runner
+from tts_bench.wer.testing import TextCodeBackend, TextCodeTranscriber, fake_provenance
+
+TEXTS = ["the morning fog lifted slowly", "please close the window now", "she carried a basket of peaches",
+         "good morning everybody"]
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer(add_completion=False)
+
+    @app.callback()
+    def _root() -> None:  # a group, so `wer` is a subcommand as in tts_bench.cli
+        pass
+
+    app.command("wer")(wer_cmd.wer)
+    return app
+
+
+@pytest.fixture
+def fake_world(tmp_path, monkeypatch):
+    """A meta.lst + config on disk; the text-code backend and transcriber instead of piper/ASR."""
+    (tmp_path / "ref.wav").write_bytes(b"RIFF")
+    meta = tmp_path / "meta.lst"
+    meta.write_text("".join(f"en_{i:04d}|ref|ref.wav|{t}\n" for i, t in enumerate(TEXTS, 1)))
+    cfg = tmp_path / "wer.yaml"
+    cfg.write_text(
+        f"backend: synthetic\nprompts:\n  meta: {meta}\nbench:\n  disable_shuffle: true\n"
+        f"wer:\n  num_prompts: 4\n  bootstrap_resamples: 200\n"
+        f"  history_dir: {tmp_path / 'history'}\n  cache_dir: {tmp_path / 'cache'}\n"
+    )
+
+    def backend(cfg):  # piper.length_scale != 1 degrades; synthetic.fail_every=2 fails en_0002/4
+        fail = {"en_0002", "en_0004"} if cfg.synthetic.fail_every == 2 else set()
+        return TextCodeBackend(drop_last_word=cfg.piper.length_scale != 1.0, raise_for=fail)
+
+    monkeypatch.setattr("tts_bench.backends.make_backend", backend)
+    monkeypatch.setattr(runner, "make_transcriber", TextCodeTranscriber)
+    monkeypatch.setattr(runner, "describe_asr", fake_provenance)
+    return tmp_path, cfg
+
+
+def _wer(args: list[str], tmp_path: Path):
+    return CliRunner().invoke(_app(), ["wer", *args, "--result-dir", str(tmp_path / "runs"), "--format", "json"])
+
+
+def test_identical_arms_pass_with_the_json_contract(fake_world):
+    tmp_path, cfg = fake_world
+    result = _wer(["--config", str(cfg)], tmp_path)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    base = doc["arms"]["base"]
+    assert (base["mean_wer"], base["median_wer"], base["corpus_wer"], base["completed"]) == (0.0, 0.0, 0.0, 4)
+    assert base["failures"] == {"request_failed": 0, "no_audio": 0, "asr_failed": 0, "empty_transcript": 0}
+    assert doc["paired"]["identical_audio"] == 4 and doc["paired"]["delta_mean_wer_ci95"] == [0.0, 0.0]
+    assert doc["asr"]["backend"] == "faster-whisper" and doc["asr"]["normalizer"] == "seed-tts"
+    assert doc["asr"]["model"] == "text-code" and doc["verdict"] == "pass"
+
+
+def test_degraded_arm_exits_4_and_the_table_shows_why(fake_world):
+    tmp_path, cfg = fake_world
+    result = CliRunner().invoke(_app(), ["wer", "--config", str(cfg), "--test-set", "piper.length_scale=1.2",
+                                         "--result-dir", str(tmp_path / "runs"), "--format", "md"])
+    assert result.exit_code == ExitStatus.ACCURACY_REGRESSION, result.output
+    assert "| test" in result.stdout and "exceeds tolerance" in result.stdout
+    assert "verdict: regression" in result.stdout
+
+
+def test_failures_above_max_failures_exit_5(fake_world):
+    tmp_path, cfg = fake_world
+    result = _wer(["--config", str(cfg), "--set", "synthetic.fail_every=2"], tmp_path)
+    assert result.exit_code == ExitStatus.INVALID_RUN, result.output
+    doc = json.loads(result.stdout)
+    assert doc["arms"]["test"]["failures"]["request_failed"] == 2 and doc["verdict"] == "invalid"
+
+
+def test_generate_only_then_transcribe_only(fake_world):
+    tmp_path, cfg = fake_world
+    gen = _wer(["--config", str(cfg), "--generate-only", "--arms", "base"], tmp_path)
+    assert gen.exit_code == 0, gen.output
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert len(list((run_dir / "wavs" / "base").glob("*.wav"))) == 4
+    result = _wer(["--transcribe-only", str(run_dir)], tmp_path)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert list(doc["arms"]) == ["base"] and doc["paired"] is None
+
+
+def test_history_with_another_normalizer_is_refused(fake_world):
+    pytest.importorskip("whisper")
+    tmp_path, cfg = fake_world
+    assert _wer(["--config", str(cfg), "--accept"], tmp_path).exit_code == 0
+    assert list((tmp_path / "history").glob("*.json"))
+    result = _wer(["--config", str(cfg), "--normalizer", "whisper"], tmp_path)
+    assert isinstance(result.exception, InvalidRunError)  # tts_bench.cli.main maps it to exit 5
+    assert result.exception.exit_status == ExitStatus.INVALID_RUN
+    assert "not comparable" in str(result.exception)
+
+
+@pytest.mark.slow
+def test_piper_end_to_end_with_faster_whisper_tiny_en(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    result = CliRunner().invoke(_app(), [
+        "wer", "--config", str(root / "configs/wer/seed-tts-en.yaml"), "--num-prompts", "3",
+        "--arms", "base", "--result-dir", str(tmp_path / "runs"), "--format", "json",
+        "--set", f"wer.history_dir={tmp_path / 'history'}", "--set", f"wer.cache_dir={tmp_path / 'cache'}",
+    ])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["arms"]["base"]["completed"] == 3 and doc["arms"]["base"]["mean_wer"] < 0.2
+    assert doc["asr"]["model"] == "tiny.en" and doc["asr"]["compute_type"] == "int8"

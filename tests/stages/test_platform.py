@@ -1,0 +1,133 @@
+"""The platform layer: device choice, dtypes, graph API, memory stats, Triton, the test override."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from stages.platform import (
+    PlatformError,
+    dtype_from_name,
+    graph_api,
+    is_cuda,
+    memory_stats,
+    platform_override,
+    resolve_device,
+    synchronize,
+    triton_available,
+)
+
+
+def test_auto_picks_cpu_when_no_accelerator_is_present():
+    with platform_override(cuda=False, npu=False):
+        assert resolve_device("auto") == torch.device("cpu")
+
+
+def test_auto_on_this_machine_matches_what_torch_reports():
+    device = resolve_device("auto")
+    if torch.cuda.is_available():
+        assert device.type == "cuda"
+    elif device.type != "npu":
+        assert device == torch.device("cpu")
+
+
+def test_auto_prefers_cuda_over_npu_when_forced_available():
+    with platform_override(cuda=True, npu=True):
+        assert resolve_device("auto") == torch.device("cuda", 0)  # constructs no tensor
+
+
+def test_asking_for_a_missing_device_is_an_error_not_a_silent_cpu():
+    with platform_override(cuda=False, npu=False):
+        with pytest.raises(PlatformError, match="no CUDA device"):
+            resolve_device("cuda")
+        with pytest.raises(PlatformError, match="no Ascend NPU"):
+            resolve_device("npu")
+    with pytest.raises(PlatformError, match="valid: auto, cuda, npu, cpu"):
+        resolve_device("gpu")
+
+
+def test_override_forces_is_cuda_and_restores_it():
+    cuda0 = torch.device("cuda", 0)
+    assert is_cuda(cuda0)
+    with platform_override(cuda=False):
+        assert not is_cuda(cuda0)
+        with platform_override(triton=False):
+            assert not is_cuda(cuda0) and not triton_available(cuda0)
+    assert is_cuda(cuda0)
+    assert not is_cuda(torch.device("cpu"))
+
+
+def test_dtype_names():
+    assert dtype_from_name("float32") is torch.float32
+    assert dtype_from_name(" BF16 ") is torch.bfloat16
+    assert dtype_from_name("float16") is torch.float16
+    with pytest.raises(PlatformError, match="valid: float32, bfloat16, float16"):
+        dtype_from_name("float64")
+
+
+def test_cpu_has_no_graph_api_and_synchronize_is_a_no_op():
+    cpu = torch.device("cpu")
+    assert graph_api(cpu) is None
+    synchronize(cpu)
+
+
+def test_cpu_memory_stats_report_process_rss():
+    stats = memory_stats(torch.device("cpu"))
+    assert stats["source"] == "rss"
+    assert stats["rss_bytes"] > 10 * 2**20
+    assert stats["allocated_bytes"] == stats["reserved_bytes"] == stats["rss_bytes"]
+    assert stats["peak_bytes"] >= stats["rss_bytes"]
+
+
+def test_triton_on_cpu_only_under_the_interpreter(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not triton_available(cpu)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert triton_available(cpu) == (importlib.util.find_spec("triton") is not None)
+
+
+def test_importing_the_platform_layer_constructs_nothing_and_skips_torch_npu():
+    code = (
+        "import sys, stages.platform, stages.runner, stages.config;"
+        "import torch;"
+        "assert 'torch_npu' not in sys.modules;"
+        "assert not torch.cuda.is_initialized();"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.gpu
+def test_cuda_graph_api_captures_and_replays():
+    device = resolve_device("cuda")
+    api = graph_api(device)
+    assert api is not None and api.platform == "cuda"
+    x = torch.ones(8, device=device)
+    side = api.stream()
+    with api.use_stream(side):
+        y = x * 2
+    torch.cuda.current_stream().wait_stream(side)
+    graph = api.graph()
+    with api.capture(graph):
+        y = x * 2
+    x.fill_(3.0)
+    graph.replay()
+    synchronize(device)
+    assert torch.equal(y, torch.full((8,), 6.0, device=device))
+    stats = memory_stats(device)
+    assert stats["source"] == "cuda-allocator" and stats["peak_bytes"] >= stats["allocated_bytes"]
+
+
+@pytest.mark.npu
+def test_npu_device_and_graph_api():
+    device = resolve_device("npu")
+    api = graph_api(device)
+    assert api is not None and api.platform == "npu"
+    assert memory_stats(device)["source"] == "npu-allocator"

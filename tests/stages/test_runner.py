@@ -1,0 +1,311 @@
+"""Stage runner plumbing with fake engines (fast; independent of model speed).
+
+The fakes (`stages.runner.fakes`) have the real engines' shapes and deterministic outputs, so
+chunk order, codes, audio, pinning and batching are asserted exactly. Each StageRunner spawns
+1 + R processes (~2 s on a 2-core CPU), so tests share runners where they can.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from stages.config import RunnerConfig, StageConfig
+from stages.runner import ChunkReady, RequestError, RunnerError, RunnerRequest, StageRunner
+from stages.runner.fakes import FakePayload, fake_code, fake_factories
+from stages.runner.process import threads_per_process
+from stages.runner.replica_proc import take_batch
+
+WAIT_S = 30.0
+
+
+def cpu_config(**runner) -> StageConfig:
+    return StageConfig(runner=RunnerConfig(device="cpu", torch_threads=1, **runner))
+
+
+class Collector:
+    """Events per request, with a wait for every submitted request to end."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, list] = {}
+        self.arrival: dict[str, list[float]] = {}
+        self.ended: dict[str, threading.Event] = {}
+        self.lock = threading.Lock()
+
+    def expect(self, request_id: str):
+        self.ended[request_id] = threading.Event()
+        self.events[request_id] = []
+        self.arrival[request_id] = []
+
+        def on_event(event) -> None:
+            with self.lock:
+                self.events[request_id].append(event)
+                self.arrival[request_id].append(time.perf_counter())
+            if isinstance(event, RequestError) or event.last_chunk:
+                self.ended[request_id].set()
+
+        return on_event
+
+    def wait(self, timeout: float = WAIT_S) -> None:
+        deadline = time.monotonic() + timeout
+        for rid, ev in self.ended.items():
+            assert ev.wait(max(0.0, deadline - time.monotonic())), f"{rid} never ended"
+
+
+def expected_codes(seed: int, n: int, eos: int) -> list[int]:
+    return [fake_code(seed, i, eos) for i in range(n)]
+
+
+def submit_all(runner: StageRunner, col: Collector, specs: list[tuple[str, int, int]]) -> list[int]:
+    """specs: (request id, seed, number of codes) -> the replica each was pinned to."""
+    return [
+        runner.submit(RunnerRequest(rid, "some words", seed=seed, max_codes=n), col.expect(rid))
+        for rid, seed, n in specs
+    ]
+
+
+def decode_log(log_dir: Path, prefix: str) -> list[dict]:
+    """Decode calls (pid, request ids) whose rows belong to requests named `prefix`*."""
+    rows = []
+    for path in sorted(log_dir.glob("decode-*.jsonl")):
+        rows += [json.loads(line) for line in path.read_text().splitlines()]
+    return [r for r in rows if any(rid.startswith(prefix) for rid in r["rows"])]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One talker + 2 replicas (max_num_seqs 3) with a slow-ish fake decoder, for several tests."""
+    log_dir = tmp_path_factory.mktemp("decode-log")
+    runner = StageRunner(cpu_config(max_num_seqs=3), replicas=2,
+                         factories=fake_factories(decode_s=0.15, log_dir=str(log_dir)))
+    runner.start()
+    yield runner, log_dir
+    runner.stop()
+
+
+def test_chunks_arrive_in_order_with_the_codes_and_audio_behind_them(shared):
+    runner, _ = shared
+    cfg = runner.cfg
+    col = Collector()
+    specs = [("order-a", 1, 60), ("order-b", 2, 25), ("order-c", 3, 7), ("order-d", 4, 0)]
+    submit_all(runner, col, specs)
+    col.wait()
+    eos = cfg.talker.eos_token_id
+    per_code = cfg.code2wav.sample_rate // cfg.code2wav.token_rate_hz
+    for rid, seed, n in specs:
+        events = col.events[rid]
+        assert all(isinstance(e, ChunkReady) for e in events), events
+        assert [e.chunk_seq for e in events] == list(range(len(events)))
+        assert [e.last_chunk for e in events] == [False] * (len(events) - 1) + [True]
+        # 25 new codes per payload, the remainder in the final flush.
+        assert len(events) == n // cfg.code2wav.codec_chunk_frames + 1
+        codes = [c for e in events for c in e.codes]
+        assert codes == expected_codes(seed, n, eos)
+        audio = np.concatenate([e.audio for e in events])
+        want = np.repeat(np.asarray(codes, np.float32) / cfg.code2wav.flow.vocab_size, per_code)
+        assert np.array_equal(audio, want.astype(np.float32))
+    assert runner.in_flight() == {}
+
+
+def test_requests_pin_to_the_least_loaded_replica_and_stay_there(shared):
+    runner, log_dir = shared
+    col = Collector()
+    specs = [(f"pin-{i}", 10 + i, 60) for i in range(5)]
+    replicas = submit_all(runner, col, specs)
+    assert replicas == [0, 1, 0, 1, 0]
+    col.wait()
+    rows = decode_log(log_dir, "pin-")
+    pid_of: dict[str, set[int]] = {}
+    for row in rows:
+        for rid in row["rows"]:
+            pid_of.setdefault(rid, set()).add(row["pid"])
+    assert all(len(pids) == 1 for pids in pid_of.values()), pid_of
+    assert pid_of["pin-0"] == pid_of["pin-2"] == pid_of["pin-4"] != pid_of["pin-1"]
+
+
+def test_a_replica_batches_at_most_max_num_seqs_rows_one_per_request(shared):
+    runner, log_dir = shared
+    col = Collector()
+    # 7 requests: 4 land on replica 0 (max_num_seqs 3), so some of its decodes must be full.
+    submit_all(runner, col, [(f"batch-{i}", 20 + i, 50) for i in range(7)])
+    col.wait()
+    rows = [r["rows"] for r in decode_log(log_dir, "batch-")]
+    assert max(len(r) for r in rows) == 3
+    assert all(len(r) == len(set(r)) for r in rows)
+
+
+def test_replicas_decode_concurrently(shared):
+    runner, log_dir = shared
+    col = Collector()
+    t0 = time.perf_counter()
+    # Two requests, one per replica, 4 decodes of 0.15 s each: serial would take >= 1.2 s.
+    submit_all(runner, col, [("conc-a", 31, 75), ("conc-b", 32, 75)])
+    col.wait()
+    elapsed = time.perf_counter() - t0
+    first = {rid: col.arrival[rid][0] for rid in ("conc-a", "conc-b")}
+    last = {rid: col.arrival[rid][-1] for rid in ("conc-a", "conc-b")}
+    # Both streams were producing at the same time: each started before the other ended.
+    assert first["conc-a"] < last["conc-b"] and first["conc-b"] < last["conc-a"]
+    assert elapsed < 4 * 0.15 * 2
+
+
+def test_memory_snapshot_reports_every_stage_process(shared):
+    runner, _ = shared
+    snap = runner.memory_snapshot()
+    assert [s["process"] for s in snap] == ["talker", "code2wav-0", "code2wav-1"]
+    assert {s["pid"] for s in snap} == set(runner.pids().values())
+    for s in snap:
+        assert s["source"] == "rss"
+        assert s["rss_bytes"] > 10 * 2**20 and s["peak_bytes"] >= s["rss_bytes"]
+
+
+def test_cancel_stops_a_request_and_frees_its_id(shared):
+    runner, _ = shared
+    col = Collector()
+    on_event = col.expect("cancel-me")
+    runner.submit(RunnerRequest("cancel-me", "x", seed=5, max_codes=400), on_event)
+    deadline = time.monotonic() + WAIT_S
+    while not col.events["cancel-me"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    runner.cancel("cancel-me")
+    seen = len(col.events["cancel-me"])
+    assert 1 <= seen < 17
+    time.sleep(0.5)
+    assert len(col.events["cancel-me"]) == seen  # nothing delivered after cancel
+    assert runner.in_flight() == {}
+    col2 = Collector()
+    submit_all(runner, col2, [("cancel-me", 5, 30)])
+    col2.wait()
+    assert [e.chunk_seq for e in col2.events["cancel-me"]] == [0, 1]
+
+
+def test_failures_of_one_request_leave_the_others_running():
+    # The talker refuses texts with REFUSE; every decode of a chunk_seq-1 row raises.
+    runner = StageRunner(cpu_config(), replicas=1,
+                         factories=fake_factories(fail_text="REFUSE", fail_decode_seq=1))
+    runner.start()
+    try:
+        col = Collector()
+        runner.submit(RunnerRequest("bad", "please REFUSE this", max_codes=30), col.expect("bad"))
+        submit_all(runner, col, [("two-chunks", 1, 40), ("one-chunk", 2, 10)])
+        col.wait()
+        (err,) = col.events["bad"]
+        assert isinstance(err, RequestError) and "REFUSE" in err.message
+        events = col.events["two-chunks"]
+        assert isinstance(events[-1], RequestError) and "code2wav-0" in events[-1].message
+        assert [e.chunk_seq for e in events[:-1]] == [0]
+        assert col.events["one-chunk"][-1].last_chunk
+        after = Collector()
+        submit_all(runner, after, [("after", 3, 20)])
+        after.wait()
+        assert after.events["after"][-1].last_chunk
+        assert runner.in_flight() == {}
+    finally:
+        runner.stop()
+
+
+def test_a_child_that_fails_at_startup_makes_start_raise_with_its_message():
+    runner = StageRunner(cpu_config(), replicas=2,
+                         factories=fake_factories(fail_start="no such weights: flow.pt"))
+    t0 = time.perf_counter()
+    with pytest.raises(RunnerError, match=r"code2wav-\d failed to start") as info:
+        runner.start()
+    assert "no such weights: flow.pt" in str(info.value)
+    assert time.perf_counter() - t0 < WAIT_S
+    assert runner.alive() == []
+
+
+def test_a_child_that_crashes_fails_in_flight_requests_and_ends_the_run():
+    runner = StageRunner(cpu_config(), replicas=2,
+                         factories=fake_factories(decode_s=0.05, crash_after_decodes=2))
+    runner.start()
+    try:
+        col = Collector()
+        submit_all(runner, col, [(f"crash-{i}", i, 200) for i in range(4)])
+        col.wait()
+        for rid in col.events:
+            last = col.events[rid][-1]
+            assert isinstance(last, RequestError), rid
+            assert "exited with code 3" in last.message
+        late = Collector()
+        runner.submit(RunnerRequest("late", "x", max_codes=10), late.expect("late"))
+        late.wait(1.0)
+        assert isinstance(late.events["late"][0], RequestError)
+    finally:
+        pids = [p for p in runner.pids().values() if p]
+        runner.stop()
+    assert runner.alive() == []
+    assert not [p for p in pids if psutil.pid_exists(p) and
+                psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_talker_step_error_is_fatal_and_its_message_reaches_every_request():
+    runner = StageRunner(cpu_config(), replicas=1, factories=fake_factories(fail_step=40))
+    runner.start()
+    try:
+        col = Collector()
+        submit_all(runner, col, [("fatal-a", 1, 100), ("fatal-b", 2, 100)])
+        col.wait()
+        for rid in ("fatal-a", "fatal-b"):
+            last = col.events[rid][-1]
+            assert isinstance(last, RequestError)
+            assert "talker failed: RuntimeError: fake talker step 40 failed" in last.message
+        deadline = time.monotonic() + 10
+        while "talker" in runner.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "talker" not in runner.alive()  # it exits after reporting
+    finally:
+        runner.stop()
+
+
+def test_stop_leaves_no_process_alive_and_fails_what_is_in_flight():
+    runner = StageRunner(cpu_config(), replicas=2, factories=fake_factories(step_s=0.01))
+    runner.start()
+    pids = list(runner.pids().values())
+    col = Collector()
+    submit_all(runner, col, [("endless", 1, 100_000)])
+    time.sleep(0.3)
+    runner.stop()
+    col.wait(1.0)
+    assert isinstance(col.events["endless"][-1], RequestError)
+    assert runner.alive() == []
+    assert not any(psutil.pid_exists(p) for p in pids)
+
+
+def test_submit_before_start_is_an_error():
+    runner = StageRunner(cpu_config(), replicas=1, factories=fake_factories())
+    with pytest.raises(RunnerError, match="before start"):
+        runner.submit(RunnerRequest("x", "y"), lambda e: None)
+
+
+def test_threads_split_the_cores_over_talker_and_replicas():
+    assert threads_per_process(0, replicas=1, cores=2) == 1
+    assert threads_per_process(0, replicas=2, cores=2) == 1
+    assert threads_per_process(0, replicas=1, cores=16) == 8
+    assert threads_per_process(0, replicas=8, cores=128) == 14
+    assert threads_per_process(3, replicas=8, cores=2) == 3
+
+
+def test_take_batch_keeps_request_order_and_one_row_per_request():
+    def p(rid, seq):
+        return FakePayload(rid, seq, (), False)
+
+    pending = deque([p("a", 0), p("a", 1), p("b", 0), p("c", 0), p("b", 1), p("d", 0)])
+    batch = take_batch(pending, 3)
+    assert [(x.request_id, x.chunk_seq) for x in batch] == [("a", 0), ("b", 0), ("c", 0)]
+    assert [(x.request_id, x.chunk_seq) for x in pending] == [("a", 1), ("b", 1), ("d", 0)]
+
+
+def test_runner_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="torch_threads"):
+        RunnerConfig(torch_threads=-1)
+    with pytest.raises(ValueError, match="start_timeout_s"):
+        dataclasses.replace(RunnerConfig(), start_timeout_s=0)

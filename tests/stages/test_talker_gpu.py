@@ -1,0 +1,105 @@
+"""The talker on a CUDA device: cache paths, batching determinism, full-size bf16 smoke."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.talker.config import TalkerConfig
+from stages.talker.engine import TalkerEngine, TalkerRequest
+from stages.talker.model import TalkerModel
+
+pytestmark = pytest.mark.gpu
+
+TINY = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
+            llm_dim=64)
+
+
+def codes_of(eng: TalkerEngine, joins: dict[int, list[TalkerRequest]]) -> dict[str, list[int]]:
+    codes, k = {}, 0
+    while eng.has_work() or any(s >= k for s in joins):
+        for req in joins.get(k, []):
+            eng.add(req)
+        for out in eng.step():
+            if out.code is not None:
+                codes.setdefault(out.request_id, []).append(out.code)
+        k += 1
+    return codes
+
+
+def test_cuda_cached_decode_matches_uncached_forward():
+    device = torch.device("cuda")
+    cfg = TalkerConfig(**TINY)
+    model = TalkerModel(cfg)
+    model.init_random_weights(torch.Generator().manual_seed(0))
+    model = model.to(device).eval().requires_grad_(False)
+    model.fold_weight_norm()
+    model.setup_caches(max_batch=2, max_seq_len=64, device=device, dtype=torch.float32)
+    cond = torch.randn(6, cfg.hidden_size, device=device)
+    codes = torch.arange(4, device=device) * 100
+    with torch.no_grad():
+        full = model.forward_full(torch.cat([cond, model.emb_code[0](codes)])[None])[0]
+        out = [model.prefill(cond, 1)]
+        for t, code in enumerate(codes):
+            x = model.emb_code[0](code.repeat(2))
+            out.append(model.decode(x, torch.tensor([0, 6 + t], device=device), 64)[1])
+    # TF32 may be on for matmuls: a loose tolerance, the CPU test pins 1e-5.
+    torch.testing.assert_close(torch.stack(out), full[5:], rtol=2e-3, atol=2e-3)
+
+
+def test_cuda_request_alone_equals_request_with_joining_neighbours():
+    def engine():
+        return TalkerEngine(TalkerConfig(**TINY), device=torch.device("cuda"),
+                            dtype=torch.float32, max_batch=4, max_seq_len=256)
+
+    text = "The quick brown fox jumps over the lazy dog."
+    alone = codes_of(engine(), {0: [TalkerRequest("a", text, seed=3)]})
+    together = codes_of(engine(), {0: [TalkerRequest("b", "Another one here.", seed=1)],
+                                   2: [TalkerRequest("a", text, seed=3)]})
+    assert torch.equal(torch.tensor(alone["a"]), torch.tensor(together["a"]))
+
+
+def test_full_size_bf16_engine_emits_valid_codes():
+    cfg = TalkerConfig()
+    eng = TalkerEngine(cfg, device=torch.device("cuda"), dtype=torch.bfloat16, max_batch=8,
+                       max_seq_len=512)
+    for i in range(8):
+        eng.add(TalkerRequest(f"r{i}", "Hello from the full size talker.", seed=i, max_codes=60))
+    codes = codes_of(eng, {})
+    assert sorted(codes) == [f"r{i}" for i in range(8)]
+    assert all(len(c) == 60 and max(c) < cfg.eos_token_id for c in codes.values())
+
+
+def test_cuda_batched_draw_equals_torch_multinomial_row_by_row():
+    from stages.talker.sampling import draw_rows
+
+    device = torch.device("cuda")
+    probs = torch.softmax(torch.randn(4, 6562, device=device) * 3, dim=-1)
+
+    def gens():
+        return [torch.Generator(device=device).manual_seed(s) for s in (42, 1, 42, 9)]
+
+    ours = draw_rows(probs, gens())
+    ref = torch.stack([torch.multinomial(probs[r : r + 1], 1, generator=g)[0, 0]
+                       for r, g in enumerate(gens())])
+    assert torch.equal(ours, ref)
+
+
+@pytest.mark.parametrize("full_size", [False, True])
+def test_cuda_decode_graph_gives_the_same_codes_as_eager(full_size):
+    import dataclasses
+
+    base = TalkerConfig() if full_size else TalkerConfig(**TINY)
+    dtype = torch.bfloat16 if full_size else torch.float32
+
+    def run(graph: bool) -> dict[str, list[int]]:
+        cfg = dataclasses.replace(base, extra={"talker_decode_graph": graph})
+        eng = TalkerEngine(cfg, device=torch.device("cuda"), dtype=dtype, max_batch=8,
+                           max_seq_len=256)
+        assert (eng.graphs is not None) == graph
+        joins = {0: [TalkerRequest("a", "The first request speaks here.", max_codes=70)],
+                 5: [TalkerRequest(f"j{i}", "Joining later.", seed=i, max_codes=40)
+                     for i in range(3)]}
+        return codes_of(eng, joins)
+
+    assert run(True) == run(False)

@@ -1,0 +1,175 @@
+"""Token2Wav end to end on the tiny config (CPU): contract sizes, streaming == reference,
+determinism, batched == per-row cache split (bytes), ragged groups, state lifecycle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from stages.code2wav.streaming import Chunker, Code2WavPayloadError, CodecPayload
+from stages.code2wav.token2wav import Token2Wav
+from tests.stages.code2wav_tiny import single_thread, tiny_config  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+MEL_TOL = 1e-4  # streamed vs one-shot mel, fp32 (measured ~1e-6)
+AUDIO_REL_RMS_TOL = 0.1  # streamed vs one-shot HiFT: crossfade + per-chunk NSF source (measured ~0.03)
+
+
+def _t2w(**kw) -> Token2Wav:
+    extra = kw.pop("extra", {})
+    cfg = tiny_config(extra=extra, **kw)
+    return Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, keep_mel=True)
+
+
+def _codes(n: int, seed: int) -> list[int]:
+    vocab = tiny_config().flow.vocab_size
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _payloads(cfg, request_id: str, codes: list[int]) -> list[CodecPayload]:
+    ch = Chunker(cfg, request_id)
+    return [*ch.push(codes), ch.finish()]
+
+
+def test_steady_28_code_payload_is_exactly_one_second():
+    t2w = _t2w()
+    first, second, third = _payloads(t2w.cfg, "r", _codes(50, 1))
+    a = t2w.decode([first])[0]
+    b = t2w.decode([second])[0]
+    assert len(second.codes) == 28
+    assert a.audio.shape == (20160,) and a.mel.shape == (80, 50)  # first chunk holds 3840 back
+    assert b.audio.shape == (24000,) and b.audio.dtype == np.float32 and b.mel.shape[1] == 50
+    c = t2w.decode([third])[0]
+    assert c.last_chunk and c.audio.shape == (3 * 2 * 480 + 3840,)
+    assert t2w.active_requests == 0
+
+
+def test_streaming_equals_the_non_streaming_reference():
+    t2w = _t2w(prompt_keep_frames=1000)  # no trim within this length: caches stay exact
+    codes = _codes(80, 2)
+    outs = [t2w.decode([p])[0] for p in _payloads(t2w.cfg, "r", codes)]
+    ref = t2w.reference(codes)
+    mel = torch.cat([o.mel for o in outs], dim=1)
+    audio = np.concatenate([o.audio for o in outs])
+    assert mel.shape == ref.mel.shape == (80, 2 * (3 + 80))
+    assert (mel - ref.mel).abs().max().item() < MEL_TOL
+    assert audio.shape == ref.audio.shape
+    rel = np.sqrt(np.mean((audio - ref.audio) ** 2) / np.mean(ref.audio**2))
+    assert rel < AUDIO_REL_RMS_TOL
+
+
+def test_trimmed_caches_saturate_at_prompt_plus_keep_frames():
+    t2w = _t2w()
+    payloads = _payloads(t2w.cfg, "r", _codes(125, 3))
+    for p in payloads[:-1]:
+        t2w.decode([p])
+    state = t2w._requests["r"]
+    limit = t2w.prompt_setup().prompt_len + t2w.cfg.prompt_keep_frames
+    assert state.flow.estimator_att.shape[4] == limit
+    assert state.flow.conformer_att.shape[3] == limit
+
+
+def test_two_instances_with_the_same_seed_give_identical_audio():
+    runs = []
+    for _ in range(2):
+        t2w = _t2w()
+        a, b = _payloads(t2w.cfg, "a", _codes(60, 4)), _payloads(t2w.cfg, "b", _codes(30, 5))
+        audio = [o.audio for o in t2w.decode([a[0], b[0]])]
+        audio += [o.audio for o in t2w.decode([a[1], b[1]])]
+        audio += [o.audio for o in t2w.decode([a[2]])]
+        runs.append(audio)
+    assert all(torch.equal(torch.from_numpy(x), torch.from_numpy(y)) for x, y in zip(*runs))
+
+
+def test_batched_rows_match_rows_decoded_alone():
+    batched, alone = _t2w(), _t2w()
+    streams = {f"r{i}": _payloads(batched.cfg, f"r{i}", _codes(50, 10 + i)) for i in range(3)}
+    for step in range(3):
+        outs = batched.decode([s[step] for s in streams.values()])
+        for rid, out in zip(streams, outs):
+            single = alone.decode([streams[rid][step]])[0]
+            assert (out.mel - single.mel).abs().max().item() < MEL_TOL
+
+
+def _ragged_traffic(t2w: Token2Wav):
+    """8 requests, staggered starts and lengths: steps mix first, steady and last chunks."""
+    lengths = [10, 30, 55, 80, 25, 60, 5, 100]
+    pending = {f"r{i}": _payloads(t2w.cfg, f"r{i}", _codes(n, 20 + i)) for i, n in enumerate(lengths)}
+    start = {f"r{i}": i // 2 for i in range(8)}
+    step = 0
+    while pending:
+        batch = [q.pop(0) for rid, q in pending.items() if start[rid] <= step]
+        pending = {rid: q for rid, q in pending.items() if q}
+        yield step, batch
+        step += 1
+
+
+def test_batched_cache_split_is_byte_identical_to_per_row_with_ragged_groups():
+    arms = [_t2w(extra={"code2wav_batched_cache_split": v}) for v in (True, "false")]
+    assert [a.options.batched_cache_split for a in arms] == [True, False]
+    traffic = [list(_ragged_traffic(arms[0]))]
+    group_sizes = set()
+    for _, batch in traffic[0]:
+        outs = [arm.decode(batch) for arm in arms]
+        for x, y in zip(*outs):
+            assert x.request_id == y.request_id
+            assert torch.equal(torch.from_numpy(x.audio), torch.from_numpy(y.audio))
+        for rid, s in arms[0]._requests.items():
+            t = arms[1]._requests[rid].flow
+            for f in ("conformer_cnn", "conformer_att", "estimator_cnn", "estimator_att"):
+                assert torch.equal(getattr(s.flow, f), getattr(t, f))
+        group_sizes.add(len(batch))
+    assert max(group_sizes) >= 4 and arms[0].active_requests == 0
+
+
+def test_state_lifecycle_and_errors():
+    t2w = _t2w()
+    p = _payloads(t2w.cfg, "r", _codes(50, 6))
+    t2w.decode([p[0]])
+    with pytest.raises(Code2WavPayloadError, match="expected 1"):
+        t2w.decode([p[2]])
+    with pytest.raises(Code2WavPayloadError, match="two payloads"):
+        t2w.decode([p[1], p[1]])
+    t2w.drop("r")
+    assert t2w.active_requests == 0
+    with pytest.raises(Code2WavPayloadError, match="expected 0"):
+        t2w.decode([p[1]])
+    t2w.decode([p[0]])  # chunk_seq 0 restarts a stream
+    with pytest.raises(ValueError, match="unknown prompt id"):
+        t2w.decode([CodecPayload("x", 0, (1, 2, 3, 4), False, prompt_id="nope")])
+
+
+@pytest.mark.gpu
+def test_cuda_decode_matches_contract_and_cpu_mel():
+    cfg = tiny_config(extra={"token2wav_allow_tf32": "off"})
+    gpu = Token2Wav(cfg, device=torch.device("cuda"), dtype=torch.float32, keep_mel=True)
+    cpu = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, keep_mel=True)
+    payloads = _payloads(cfg, "r", _codes(50, 7))
+    for p in payloads:
+        g, c = gpu.decode([p])[0], cpu.decode([p])[0]
+        assert g.audio.shape == c.audio.shape
+        assert (g.mel - c.mel).abs().max().item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_full_size_steady_chunks_on_cuda_batched_equals_per_row():
+    from stages.code2wav.config import Code2WavConfig
+
+    arms = [
+        Token2Wav(Code2WavConfig(extra={"code2wav_batched_cache_split": v}),
+                  device=torch.device("cuda"), dtype=torch.float32)
+        for v in (True, False)
+    ]  # fmt: skip
+    cfg = arms[0].cfg
+    streams = [_payloads(cfg, f"r{i}", _codes(100, 40 + i)) for i in range(8)]
+    for k in range(len(streams[0])):
+        outs = [arm.decode([s[k] for s in streams]) for arm in arms]
+        for x, y in zip(*outs):
+            assert torch.equal(torch.from_numpy(x.audio), torch.from_numpy(y.audio))
+        if 0 < k < len(streams[0]) - 1:
+            assert all(o.audio.shape == (cfg.sample_rate,) for o in outs[0])
+    limit = arms[0].prompt_setup().prompt_len + cfg.prompt_keep_frames
+    assert limit == 400

@@ -1,0 +1,150 @@
+"""A/B orchestration on the synthetic backend: verdicts, interleaving, resume, validity."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tts_bench.ab import load_arms, plan_from_run, run_ab
+from tts_bench.config import config_to_dict, load_config, parse_tiers
+from tts_bench.errors import ConfigError, ExitStatus
+from tts_bench.results import RunDir
+
+# One 0.1 s chunk per word, 4 ms per chunk: every request has the same implied RTF (0.04), so
+# the spread the bootstrap sees is timing jitter, not prompt length; 12-160 ms per request.
+SYNTH = ["backend=synthetic", "synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",
+         "synthetic.first_chunk_delay_s=0.004", "synthetic.chunk_delay_s=0.004", "bench.warmup=2"]
+
+
+def arms(base=(), test=()):
+    return {"base": load_config(None, [*SYNTH, *base]), "test": load_config(None, [*SYNTH, *test])}
+
+
+def new_run(tmp_path: Path, a) -> RunDir:
+    return RunDir.create(tmp_path, "ab", command_line=["test"],
+                         configs={n: config_to_dict(c) for n, c in a.items()},
+                         extra={"ab": {"tiers": ["2x1"], "repeats": 1, "num_prompts": 4}})
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def on_phase(self, arm, tier, repeat, phase, backend):
+        self.calls.append((arm, tier, repeat, phase))
+
+
+def test_a_a_is_within_noise_on_every_tier(tmp_path):
+    # 5% instead of the default 2%: this suite shares two cores with whatever else runs, and a
+    # load burst during one phase shifts that phase's RTF by a few percent. An orchestration
+    # bug (arms swapped, configs leaking across arms, unequal prompts) shows up far above 5%.
+    a = arms(base=["bench.min_effect_pct=5"], test=["bench.min_effect_pct=5"])
+    result = run_ab(a, parse_tiers("2x1,4x2,8x4"), repeats=2, num_prompts=16, run_dir=new_run(tmp_path, a))
+    for tier in result.tiers:
+        assert tier.rtf.verdict == "within noise", tier.to_dict()
+        assert tier.identical_outputs == tier.paired_outputs == 32
+        assert not tier.duration_mismatch
+    assert result.valid and result.exit_status == ExitStatus.OK
+
+
+def test_twenty_percent_more_delay_is_slower_with_a_ci_excluding_zero(tmp_path):
+    a = arms(test=["synthetic.delay_scale=1.2"])
+    result = run_ab(a, parse_tiers("4x1"), repeats=2, num_prompts=24, run_dir=new_run(tmp_path, a))
+    (tier,) = result.tiers
+    assert tier.rtf.verdict == "slower"
+    assert tier.rtf.ci95_pct[0] > 0
+    assert 10 < tier.rtf.delta_mean_pct < 30
+
+
+def test_arms_interleave_per_tier_on_fresh_backends(tmp_path):
+    a, hooks = arms(), Recorder()
+    run_ab(a, parse_tiers("2x1,4x1"), repeats=2, num_prompts=4, run_dir=new_run(tmp_path, a), hooks=hooks)
+    measured = [c[:3] for c in hooks.calls if c[3] == "measure"]
+    assert measured == [("base", "2x1", 0), ("test", "2x1", 0), ("base", "2x1", 1), ("test", "2x1", 1),
+                        ("base", "4x1", 0), ("test", "4x1", 0), ("base", "4x1", 1), ("test", "4x1", 1)]
+    assert [c[3] for c in hooks.calls[:3]] == ["warmup", "measure", "end"]
+
+
+def test_warmups_are_recorded_but_excluded(tmp_path):
+    a = arms()
+    run = new_run(tmp_path, a)
+    result = run_ab(a, parse_tiers("2x1"), repeats=1, num_prompts=4, run_dir=run)
+    lines = run.read_requests()
+    assert sum(r["warmup"] for r in lines) == 4  # 2 per arm
+    assert result.tiers[0].arms["base"].completed == 4
+
+
+def test_resume_finishes_without_repeating_completed_requests(tmp_path):
+    a = arms()
+    run = new_run(tmp_path, a)
+    tiers = parse_tiers("2x1")
+    full = run_ab(a, tiers, repeats=2, num_prompts=6, run_dir=run)
+    lines = run.requests_path.read_text().splitlines(keepends=True)
+    kept = lines[: len(lines) // 2] + [lines[len(lines) // 2][:20]]  # a torn last line, as after SIGKILL
+    run.requests_path.write_text("".join(kept))
+    resumed = run_ab(a, tiers, repeats=2, num_prompts=6, run_dir=RunDir.open(run.path), resume=True)
+    ids = [r["request_id"] for r in RunDir.open(run.path).read_requests()]
+    assert max(Counter(ids).values()) == 1
+    for name in ("base", "test"):
+        assert resumed.tiers[0].arms[name].completed == full.tiers[0].arms[name].completed == 12
+
+
+def test_resume_of_a_complete_run_sends_nothing(tmp_path):
+    a, hooks = arms(), Recorder()
+    run = new_run(tmp_path, a)
+    run_ab(a, parse_tiers("2x1"), repeats=1, num_prompts=4, run_dir=run)
+    run_ab(a, parse_tiers("2x1"), repeats=1, num_prompts=4, run_dir=run, resume=True, hooks=hooks)
+    assert hooks.calls == []
+
+
+def test_too_many_failures_make_the_run_invalid(tmp_path):
+    a = arms(test=["synthetic.fail_every=2"])
+    result = run_ab(a, parse_tiers("2x1"), repeats=1, num_prompts=8, run_dir=new_run(tmp_path, a))
+    assert not result.valid and result.exit_status == ExitStatus.INVALID_RUN
+    assert "test" in result.invalid_reasons[0]
+    assert result.tiers[0].arms["test"].failed_by_kind == {"backend_error": 4}  # requests 4, 6, 8, 10 (2 warmups first)
+
+
+def test_longer_audio_in_one_arm_is_flagged(tmp_path):
+    a = arms(test=["synthetic.seconds_per_word=0.12"])
+    result = run_ab(a, parse_tiers("2x1"), repeats=1, num_prompts=4, run_dir=new_run(tmp_path, a))
+    tier = result.tiers[0]
+    assert tier.duration_mismatch and tier.duration_delta_pct == pytest.approx(20.0, abs=2)
+    assert tier.identical_outputs == 0
+
+
+def test_json_document_has_the_documented_shape(tmp_path):
+    a = arms()
+    doc = run_ab(a, parse_tiers("2x1"), repeats=1, num_prompts=4, run_dir=new_run(tmp_path, a)).to_dict()
+    json.dumps(doc)
+    tier = doc["tiers"][0]
+    assert tier["tier"] == "2x1" and set(tier["arms"]) == {"base", "test"}
+    assert {"mean_audio_rtf", "median_audio_rtf", "completed", "failed"} <= set(tier["arms"]["base"])
+    assert {"delta_mean_pct", "ci95_pct", "verdict"} <= set(tier)
+
+
+def test_arms_from_yaml_then_cli_overrides(tmp_path):
+    path = tmp_path / "ab.yaml"
+    path.write_text("backend: synthetic\narms:\n  eager: [synthetic.delay_scale=1.5]\n"
+                    "  fused: [synthetic.delay_scale=2.0]\n")
+    a = load_arms(path, ["bench.repeats=3"], [], ["synthetic.delay_scale=3.0"])
+    assert list(a) == ["eager", "fused"]
+    assert a["eager"].synthetic.delay_scale == 1.5 and a["fused"].synthetic.delay_scale == 3.0
+    assert a["eager"].bench.repeats == a["fused"].bench.repeats == 3
+
+
+def test_bad_arms_section_is_a_config_error(tmp_path):
+    path = tmp_path / "ab.yaml"
+    path.write_text("arms:\n  only: []\n")
+    with pytest.raises(ConfigError, match="exactly two"):
+        load_arms(path)
+
+
+def test_plan_round_trips_through_the_run_record(tmp_path):
+    a = arms(test=["synthetic.delay_scale=1.2"])
+    plan = plan_from_run(RunDir.open(new_run(tmp_path, a).path))
+    assert plan.arms == a and [t.label for t in plan.tiers] == ["2x1"]
+    assert (plan.repeats, plan.num_prompts) == (1, 4)

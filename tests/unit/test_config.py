@@ -1,0 +1,295 @@
+"""The strict YAML loader, `--set` overrides and the BenchConfig schema."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from stages.config import StageConfig
+from tts_bench.config import (
+    BenchConfig,
+    BenchParams,
+    Tier,
+    apply_overrides,
+    config_hash,
+    config_to_dict,
+    load_config,
+    load_dataclass,
+    parse_tier,
+    parse_tiers,
+)
+from tts_bench._dataclass_yaml import load_yaml_file
+from tts_bench.errors import ConfigError, ExitStatus
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def config_error(path: Path | None, sets=()) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, sets)
+    assert info.value.exit_status == ExitStatus.USAGE
+    msg = str(info.value)
+    assert msg.startswith("error: ")
+    return msg
+
+
+def test_no_file_gives_all_defaults():
+    assert load_config(None) == BenchConfig()
+
+
+def test_yaml_sections_are_typed(tmp_path):
+    path = write(
+        tmp_path / "a.yaml",
+        """
+backend: synthetic
+synthetic: {chunk_seconds: 2, delay_scale: 1.2}
+bench:
+  tiers: [32x1, 64x4]
+  num_prompts: 5
+  warmup: null
+stages:
+  talker: {rms_norm_eps: 1e-5, extra: {talker_codec_fused_prelude: "false"}}
+  code2wav:
+    hift: {resblock_dilation_sizes: [[1, 2], [3, 4]]}
+""",
+    )
+    cfg = load_config(path)
+    assert cfg.backend == "synthetic"
+    # int accepted where float is expected, and stored as float
+    assert cfg.synthetic.chunk_seconds == 2.0 and isinstance(cfg.synthetic.chunk_seconds, float)
+    assert cfg.bench.tiers == ("32x1", "64x4")
+    assert cfg.bench.warmup is None
+    assert cfg.stages.talker.rms_norm_eps == 1e-5  # YAML 1.1 would have read "1e-5" as a string
+    assert cfg.stages.code2wav.hift.resblock_dilation_sizes == ((1, 2), (3, 4))
+    # stage extra is free-form: the string stays a string (stages parse it strictly later)
+    assert cfg.stages.talker.extra == {"talker_codec_fused_prelude": "false"}
+    assert cfg.prompts == BenchConfig().prompts
+
+
+def test_unknown_key_names_file_dotted_key_and_suggestion(tmp_path):
+    path = write(tmp_path / "a.yaml", "bench:\n  num_promts: 4\n")
+    msg = config_error(path)
+    assert str(path) in msg and "'bench.num_promts'" in msg and "'bench.num_prompts'" in msg
+
+
+def test_unknown_nested_stage_key_is_suggested(tmp_path):
+    path = write(tmp_path / "a.yaml", "stages:\n  talker:\n    sampling:\n      temprature: 0.5\n")
+    msg = config_error(path)
+    assert "stages.talker.sampling.temprature" in msg and "stages.talker.sampling.temperature" in msg
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "expected"),
+    [
+        ("bench: {num_prompts: abc}", "bench.num_prompts", "int"),
+        ("bench: {num_prompts: true}", "bench.num_prompts", "int"),  # bool is never an int
+        ("bench: {num_prompts: 2.5}", "bench.num_prompts", "int"),
+        ("bench: {timeout_s: false}", "bench.timeout_s", "float"),
+        ("bench: {disable_shuffle: 1}", "bench.disable_shuffle", "bool"),
+        ("bench: {tiers: 2x1}", "bench.tiers", "list of str"),
+        ("backend: pipr", "backend", "one of 'embedded', 'piper', 'synthetic', 'http'"),
+        ("http: {extra_body: [1]}", "http.extra_body", "mapping"),
+        ("stages: {runner: {weights: 3}}", "stages.runner.weights", "str or null"),
+        ("stages: {code2wav: {hift: {upsample_rates: [8, x]}}}", "stages.code2wav.hift.upsample_rates[1]", "int"),
+        ("bench: 3", "bench", "mapping"),
+    ],
+)
+def test_wrong_type_names_key_and_expected_type(tmp_path, text, key, expected):
+    msg = config_error(write(tmp_path / "a.yaml", text + "\n"))
+    assert f"{key} must be {expected}" in msg, msg
+    assert str(tmp_path / "a.yaml") in msg
+
+
+def test_post_init_value_error_becomes_config_error_with_file(tmp_path):
+    path = write(tmp_path / "a.yaml", "stages:\n  talker:\n    sampling: {top_p: 1.5}\n")
+    msg = config_error(path)
+    assert "top_p" in msg and str(path) in msg
+
+
+def test_bad_tier_in_config_is_rejected(tmp_path):
+    msg = config_error(write(tmp_path / "a.yaml", "bench: {tiers: [2x1, 4y2]}\n"))
+    assert "bench.tiers" in msg and "4y2" in msg
+
+
+def test_duplicate_key_and_bad_yaml_are_config_errors(tmp_path):
+    assert "duplicate key" in config_error(write(tmp_path / "d.yaml", "backend: piper\nbackend: http\n"))
+    assert "invalid YAML" in config_error(write(tmp_path / "y.yaml", "bench: [unclosed\n"))
+    assert "not found" in config_error(tmp_path / "missing.yaml")
+    assert "must be a mapping" in config_error(write(tmp_path / "l.yaml", "- a\n- b\n"))
+
+
+def test_empty_file_gives_defaults(tmp_path):
+    assert load_config(write(tmp_path / "e.yaml", "# nothing\n")) == BenchConfig()
+
+
+def test_include_is_relative_to_including_file(tmp_path):
+    write(tmp_path / "stages/tiny.yaml", "talker: {hidden_size: 64, num_heads: 4, num_kv_heads: 2}\n")
+    path = write(tmp_path / "ab/arm.yaml", "stages: ../stages/tiny.yaml\nbackend: embedded\n")
+    cfg = load_config(path)
+    assert cfg.stages.talker.hidden_size == 64 and cfg.stages.talker.num_kv_heads == 2
+    assert cfg.stages.code2wav == StageConfig().code2wav
+
+
+def test_error_inside_include_names_the_included_file(tmp_path):
+    inc = write(tmp_path / "stages/tiny.yaml", "talker: {hiden_size: 64}\n")
+    msg = config_error(write(tmp_path / "ab/arm.yaml", "stages: ../stages/tiny.yaml\n"))
+    assert str(inc) in msg and "talker.hidden_size" in msg
+
+
+def test_missing_include_is_config_error(tmp_path):
+    msg = config_error(write(tmp_path / "ab/arm.yaml", "stages: ../nope.yaml\n"))
+    assert "stages" in msg and "../nope.yaml" in msg
+
+
+def test_overrides_are_typed_and_routed_to_stages():
+    cfg = load_config(
+        None,
+        [
+            "bench.num_prompts=4",
+            "bench.tiers=[32x1, 64x4, 128x8]",
+            "code2wav.extra.token2wav_device_spk=false",
+            'code2wav.extra.quoted="false"',
+            "talker.sampling.temperature=1",
+            "runner.weights=null",
+        ],
+    )
+    assert cfg.bench.num_prompts == 4
+    assert cfg.bench.tiers == ("32x1", "64x4", "128x8")
+    assert cfg.stages.code2wav.extra == {"token2wav_device_spk": False, "quoted": "false"}
+    assert cfg.stages.talker.sampling.temperature == 1.0
+    assert isinstance(cfg.stages.talker.sampling.temperature, float)
+
+
+def test_override_into_nested_extra_mapping_keeps_other_keys():
+    cfg = apply_overrides(BenchConfig(), ["talker.extra.a=1", "talker.extra.b.c=x", "http.extra_body.k=[1, 2]"])
+    cfg = apply_overrides(cfg, ["talker.extra.b.d=true"])
+    assert cfg.stages.talker.extra == {"a": 1, "b": {"c": "x", "d": True}}
+    assert cfg.http.extra_body == {"k": [1, 2]}  # free-form: kept as parsed
+
+
+def test_overrides_never_mutate_the_input():
+    base = BenchConfig()
+    new = apply_overrides(base, ["bench.num_prompts=3", "code2wav.extra.x=true"])
+    assert base == BenchConfig() and base.stages.code2wav.extra == {}
+    assert new.bench.num_prompts == 3
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("bench.num_promts=3", "did you mean 'bench.num_prompts'"),
+        ("code2wav.hift.upsample_rats=[1]", "did you mean 'stages.code2wav.hift.upsample_rates'"),
+        ("bench.num_prompts=three", "bench.num_prompts must be int"),
+        ("bench.num_prompts.x=1", "bench.num_prompts is int"),
+        ("talker.sampling.top_p=2", "top_p"),
+        ("no_equals_sign", "write dotted.key=value"),
+        ("backend=tts", "one of"),
+    ],
+)
+def test_bad_overrides_are_config_errors(override, fragment):
+    msg = config_error(None, [override])
+    assert fragment in msg and "(--set)" in msg, msg
+
+
+def test_config_to_dict_is_json_safe_and_round_trips():
+    cfg = load_config(None, ["bench.tiers=[2x1]", "code2wav.extra.x=false"])
+    data = config_to_dict(cfg)
+    assert data["bench"]["tiers"] == ["2x1"]
+    assert isinstance(data["stages"]["code2wav"]["hift"]["resblock_dilation_sizes"][0], list)
+    json.loads(json.dumps(data))
+    assert load_dataclass(BenchConfig, data, source="round-trip") == cfg
+
+
+def test_config_hash_is_stable_and_tracks_changes():
+    a, b = BenchConfig(), BenchConfig()
+    assert config_hash(a) == config_hash(b)
+    assert len(config_hash(a)) == 12 and int(config_hash(a), 16) >= 0
+    assert config_hash(apply_overrides(a, ["code2wav.extra.x=false"])) != config_hash(a)
+
+
+def test_parse_tier():
+    assert parse_tier("64x4") == Tier(concurrency=64, replicas=4)
+    assert parse_tier(" 32 x 1 ").label == "32x1"
+    assert parse_tiers("2x1,4x2") == (Tier(2, 1), Tier(4, 2))
+    for bad in ("64", "0x1", "4x0", "ax2", "4x2x1", ""):
+        with pytest.raises(ConfigError, match="bad tier"):
+            parse_tier(bad)
+
+
+def test_bootstrap_method_is_a_checked_choice():
+    assert load_config(None, ["bench.bootstrap=stratified"]).bench.bootstrap == "stratified"
+    assert "one of 'hierarchical', 'stratified'" in config_error(None, ["bench.bootstrap=paired"])
+
+
+def test_warmup_defaults_to_max_two_and_concurrency():
+    assert BenchParams().warmup_for(1) == 2
+    assert BenchParams().warmup_for(64) == 64
+    assert BenchParams(warmup=0).warmup_for(64) == 0
+    assert BenchParams(tiers=("2x1", "8x2")).tier_list == (Tier(2, 1), Tier(8, 2))
+
+
+def test_schema_is_frozen_dataclasses():
+    cfg = BenchConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.backend = "piper"  # type: ignore[misc]
+
+
+BENCH_CONFIGS = sorted((REPO / "configs").glob("ab/*.yaml")) + sorted((REPO / "configs").glob("wer/*.yaml"))
+
+
+@pytest.mark.parametrize("path", BENCH_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_bench_configs_load(path):
+    # `arms:` (lists of overrides per A/B arm) is read by tts_bench.ab, not by the schema;
+    # the overrides themselves must apply cleanly to the file's config.
+    raw = dict(load_yaml_file(path))
+    arms = raw.pop("arms", None) or {}
+    cfg = load_dataclass(BenchConfig, raw, source=str(path), base_dir=path.parent)
+    for name, sets in arms.items():
+        assert isinstance(apply_overrides(cfg, sets or [], source=f"{path}: arms.{name}"), BenchConfig)
+
+
+def test_overrides_work_on_any_section_dataclass():
+    from tts_bench.wer.params import WerParams
+
+    params = apply_overrides(WerParams(), ["beam_size=3", "vad=false"])
+    assert (params.beam_size, params.vad) == (3, False)
+    with pytest.raises(ConfigError, match="did you mean 'beam_size'"):
+        apply_overrides(WerParams(), ["beam_sise=3"])
+
+
+def test_section_override_with_a_path_includes_relative_to_cwd(tmp_path, monkeypatch):
+    write(tmp_path / "configs/stages/small.yaml", "runner: {max_num_seqs: 2}\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, ["stages=configs/stages/small.yaml", "runner.seed=7"])
+    assert cfg.stages.runner.max_num_seqs == 2 and cfg.stages.runner.seed == 7
+
+
+def test_override_values_keep_equals_signs_and_empty_means_null():
+    cfg = load_config(None, ["http.base_url=http://h:1/v1?a=b", "bench.warmup=", "runner.weights="])
+    assert cfg.http.base_url == "http://h:1/v1?a=b"
+    assert cfg.bench.warmup is None and cfg.stages.runner.weights is None
+
+
+def test_post_init_flag_error_is_not_double_prefixed():
+    from dataclasses import dataclass
+
+    from stages.flags import read_bool_flag
+
+    @dataclass(frozen=True)
+    class WithFlag:
+        on: str = "true"
+
+        def __post_init__(self) -> None:
+            read_bool_flag({"on": self.on}, "on", True)
+
+    msg = str(pytest.raises(ConfigError, load_dataclass, WithFlag, {"on": "ture"}, source="x.yaml").value)
+    assert msg.startswith("error: stage flag 'on'") and "(x.yaml)" in msg

@@ -1,0 +1,165 @@
+"""The meta.lst loader, prompt selection, and the content rules of the packaged English set."""
+
+from __future__ import annotations
+
+import re
+import wave
+from pathlib import Path
+
+import pytest
+
+from tts_bench.errors import ConfigError
+from tts_bench.prompts import Prompt, builtin_sets, load_prompts, parse_meta, resolve_meta, select_prompts
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Whisper writes these as digits; the seed-tts normalization would then count them as errors.
+NUMBER_WORDS = set(
+    """zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen
+    fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty
+    ninety hundred hundreds thousand thousands million millions billion billions trillion
+    first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth twentieth
+    hundredth thousandth dozen dozens half halves quarter quarters once twice thrice single
+    double triple couple pair pairs ones twos tens nought nil percent""".split()
+)
+
+
+def write_meta(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "set" / "meta.lst"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_loader_reads_fields_skips_comments_and_tolerates_a_fifth_field(tmp_path):
+    path = write_meta(
+        tmp_path,
+        "# comment\n\nu1|hello there|wavs/a.wav|Good morning, everybody.\r\n"
+        "   # indented comment\nu2|||Lock the door.\nu3|p|b.wav|See you tomorrow.|extra/ignored.wav\n",
+    )
+    prompts = load_prompts(path)
+    assert [p.utt for p in prompts] == ["u1", "u2", "u3"]
+    assert prompts[0] == Prompt("u1", "hello there", path.parent / "wavs/a.wav", "Good morning, everybody.")
+    assert prompts[1].prompt_wav is None and prompts[1].prompt_text == ""
+    assert prompts[2].text == "See you tomorrow."
+
+
+def test_malformed_lines_are_all_reported_with_file_and_line(tmp_path):
+    path = write_meta(tmp_path, "u1|a|b.wav|fine\nonly|three|fields\n# ok\n|p|w|no id\nu4|p|w|\nu1|p|w|again\n")
+    with pytest.raises(ConfigError) as info:
+        load_prompts(path)
+    msg = str(info.value)
+    for line, why in ((2, "expected 4 fields"), (4, "empty utt"), (5, "empty text"), (6, "duplicate utt 'u1'")):
+        assert f"{path}:{line}: {why}" in msg, msg
+    assert ":1:" not in msg and ":3:" not in msg
+    assert info.value.exit_status == 2
+
+
+def test_too_many_fields_is_malformed(tmp_path):
+    with pytest.raises(ConfigError, match=r"meta.lst:1: expected 4 fields.*got 6"):
+        load_prompts(write_meta(tmp_path, "a|b|c|d|e|f\n"))
+
+
+def test_empty_list_and_missing_file_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no prompts"):
+        load_prompts(write_meta(tmp_path, "# nothing\n"))
+    with pytest.raises(ConfigError, match="is not a file"):
+        load_prompts(tmp_path / "missing.lst")
+    with pytest.raises(ConfigError, match="builtin:seed-tts-en"):
+        load_prompts("builtin:nope")
+
+
+def prompts_n(n: int) -> list[Prompt]:
+    return parse_meta("".join(f"u{i}|p|w.wav|text {i}\n" for i in range(n)), source=Path("m/meta.lst"))
+
+
+def test_fixed_order_takes_the_file_order():
+    got = select_prompts(prompts_n(5), 3, shuffle=False, seed=7)
+    assert [p.request_id for p in got] == ["u0", "u1", "u2"]
+
+
+def test_shuffle_is_seeded_and_a_permutation():
+    ps = prompts_n(20)
+    a = select_prompts(ps, 20, shuffle=True, seed=1)
+    assert [p.utt for p in a] == [p.utt for p in select_prompts(ps, 20, shuffle=True, seed=1)]
+    assert [p.utt for p in a] != [p.utt for p in select_prompts(ps, 20, shuffle=True, seed=2)]
+    assert sorted(p.utt for p in a) == sorted(p.utt for p in ps)
+
+
+def test_cycling_past_the_set_gives_distinct_request_ids():
+    got = select_prompts(prompts_n(3), 8, shuffle=False)
+    ids = [p.request_id for p in got]
+    assert ids == ["u0", "u1", "u2", "u0#2", "u1#2", "u2#2", "u0#3", "u1#3"]
+    assert len(set(ids)) == len(ids)
+    assert got[3].text == got[0].text and got[3].utt == "u0"
+
+
+def test_cycled_shuffle_keeps_ids_unique():
+    ids = [p.request_id for p in select_prompts(prompts_n(7), 30, shuffle=True, seed=3)]
+    assert len(set(ids)) == 30
+
+
+def test_bad_count_is_config_error():
+    with pytest.raises(ConfigError, match="--num-prompts"):
+        select_prompts(prompts_n(3), 0, shuffle=False)
+
+
+# ---- the packaged English set -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def builtin() -> list[Prompt]:
+    return load_prompts("builtin:seed-tts-en")
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[A-Za-z']+", text)
+
+
+def test_builtin_set_is_listed_and_large_enough(builtin):
+    assert "seed-tts-en" in builtin_sets()
+    assert resolve_meta("builtin:seed-tts-en").name == "meta.lst"
+    assert len(builtin) >= 120
+    assert all(re.fullmatch(r"en_\d{4}", p.utt) for p in builtin)
+    assert len({p.text for p in builtin}) == len(builtin)  # no repeated sentence
+
+
+def test_builtin_texts_are_three_to_forty_words_and_varied(builtin):
+    counts = [len(words(p.text)) for p in builtin]
+    assert min(counts) >= 3 and max(counts) <= 40
+    assert sum(c <= 6 for c in counts) >= 10 and sum(c >= 20 for c in counts) >= 10
+
+
+def test_builtin_set_has_no_digits_and_no_number_words(builtin):
+    for p in builtin:
+        for text in (p.text, p.prompt_text):
+            assert not re.search(r"\d", text), (p.utt, text)
+            tokens = {w.lower().strip("'") for w in words(text)}
+            tokens |= {t.removesuffix("'s") for t in tokens}
+            assert not tokens & NUMBER_WORDS, (p.utt, tokens & NUMBER_WORDS)
+
+
+def test_builtin_set_uses_only_plain_punctuation(builtin):
+    # Symbols (%, &, $, -) make Whisper's spelling unpredictable.
+    for p in builtin:
+        assert re.fullmatch(r"[A-Za-z ,.?!']+", p.text), (p.utt, p.text)
+
+
+def test_builtin_reference_wavs_exist_and_are_six_seconds_24k_mono(builtin):
+    wavs = {p.prompt_wav for p in builtin}
+    assert 1 <= len(wavs) <= 5
+    for path in wavs:
+        with wave.open(str(path)) as fh:
+            assert (fh.getnchannels(), fh.getsampwidth(), fh.getframerate()) == (1, 2, 24000)
+            assert fh.getnframes() == 6 * 24000
+
+
+def test_builtin_prompt_texts_match_the_reference_script(builtin):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_reference_wavs", REPO / "scripts/make_reference_wavs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for p in builtin:
+        k = int(re.fullmatch(r"ref_(\d+)\.wav", p.prompt_wav.name).group(1))
+        assert p.prompt_text == module.REFERENCES[k]

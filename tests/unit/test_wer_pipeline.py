@@ -1,0 +1,158 @@
+"""The WER gate's two phases with test doubles: failure taxonomy, transcript cache, history, gate."""
+
+from __future__ import annotations
+
+import asyncio
+import wave
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tts_bench.asr.base import AsrOptions
+from tts_bench.errors import ExitStatus, InvalidRunError
+from tts_bench.prompts import Prompt
+from tts_bench.results import RunDir
+from tts_bench.wer import runner
+from tts_bench.wer.gate import judge
+from tts_bench.wer.generate import generate_arm
+from tts_bench.wer.params import WerParams
+from tts_bench.wer.testing import TextCodeBackend, TextCodeTranscriber, fake_provenance
+from tts_bench.wer.transcribe import AsrSession, TranscriptCache, transcribe_records
+
+TEXTS = ["the morning fog lifted", "please close the window", "she carried a basket",
+         "good morning everybody", "the river runs slowly", "a small red boat", "we walked home"]
+
+
+def _prompts(tmp_path: Path, n: int = 3, *, missing: set[int] = frozenset()) -> list[Prompt]:
+    out = []
+    for i in range(n):
+        wav = tmp_path / f"ref_{i}.wav"
+        if i not in missing:
+            wav.write_bytes(b"RIFF")  # the text-code backend never reads it; it must only exist
+        out.append(Prompt(f"en_{i + 1:04d}", "reference", wav, TEXTS[i]))
+    return out
+
+
+def _session(tmp_path: Path, counter: list) -> AsrSession:
+    def factory(options):
+        t = TextCodeTranscriber(options)
+        counter.append(t)
+        return t
+
+    prov = fake_provenance()
+    return AsrSession(AsrOptions(), prov, factory, TranscriptCache(tmp_path / "cache", "k"))
+
+
+def test_every_bad_input_is_a_counted_failure_of_its_kind(tmp_path):
+    prompts = _prompts(tmp_path, 7, missing={1})
+    backend = TextCodeBackend(raise_for={"en_0003"}, empty_for={"en_0004"}, silence_for={"en_0005"})
+    run_path = tmp_path / "run"
+    gen = asyncio.run(generate_arm("base", backend, prompts, run_path, concurrency=3))
+    assert [g.request_id for g in gen] == [p.request_id for p in prompts]  # prompt order, none dropped
+    (run_path / gen[5].wav).write_bytes(np.random.default_rng(0).bytes(4000))  # corrupt wav
+    with wave.open(str(run_path / gen[6].wav), "wb") as w:  # zero-length wav
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+    results = transcribe_records(gen, run_path, _session(tmp_path, []))
+    kinds = [r.failure_kind for r in results]
+    assert kinds == [None, "request_failed", "request_failed", "no_audio", "empty_transcript",
+                     "asr_failed", "asr_failed"]
+    assert results[0].transcript == TEXTS[0]
+    assert results[1].failure_detail.startswith("missing_prompt_wav")
+    assert results[2].failure_detail.startswith("backend_error")
+    assert "zero samples" in results[6].failure_detail
+
+
+def test_identical_audio_is_transcribed_once_and_cached_across_runs(tmp_path):
+    prompts = _prompts(tmp_path)
+    run_path = tmp_path / "run"
+    gens = [asyncio.run(generate_arm(arm, TextCodeBackend(), prompts, run_path)) for arm in ("a", "b")]
+    made: list = []
+    session = _session(tmp_path, made)
+    first = transcribe_records(gens[0], run_path, session)
+    second = transcribe_records(gens[1], run_path, session)
+    assert made[0].calls == 3 and not any(r.cached for r in first) and all(r.cached for r in second)
+    later: list = []
+    again = transcribe_records(gens[0], run_path, _session(tmp_path, later))
+    assert later == [] and [r.transcript for r in again] == [r.transcript for r in first]
+
+
+def _run(tmp_path: Path, params: WerParams, *, degrade: bool = False, prompts=None) -> RunDir:
+    prompts = prompts or _prompts(tmp_path, 5)
+    configs = {"base": {"backend": "text-code"}, "test": {"backend": "text-code", "degrade": degrade}}
+    run = RunDir.create(tmp_path / "runs", "wer", command_line="test", configs=configs,
+                        extra=runner.selection_doc(prompts, num_prompts=len(prompts), shuffle=False))
+    arms = [runner.WerArm("base", False), runner.WerArm("test", degrade)]
+    asyncio.run(runner.generate(arms, prompts, run, params,
+                                backend_factory=lambda d: TextCodeBackend(drop_last_word=d)))
+    return run
+
+
+def _params(tmp_path: Path, **kw) -> WerParams:
+    return WerParams(history_dir=str(tmp_path / "history"), cache_dir=str(tmp_path / "cache"),
+                     bootstrap_resamples=200, **kw)
+
+
+def _evaluate(run, params, *, accept=False, sha="0" * 16):
+    return runner.evaluate(run, params, accept=accept, factory=TextCodeTranscriber,
+                           provenance=fake_provenance(runner.asr_options(params), model_sha256=sha))
+
+
+def test_identical_arms_pass_and_a_degraded_arm_regresses(tmp_path):
+    params = _params(tmp_path)
+    ok = _evaluate(_run(tmp_path, params), params)
+    assert ok.gate.verdict == "pass" and ok.arms[0].mean_wer == 0.0
+    assert ok.paired[0].identical_audio == 5 and ok.paired[0].identical_transcripts == 5
+    bad = _evaluate(_run(tmp_path, params, degrade=True), params)
+    assert bad.gate.exit_status == ExitStatus.ACCURACY_REGRESSION
+    assert bad.arms[1].mean_wer > 0.2 and bad.paired[0].identical_audio == 0
+
+
+def test_history_is_recorded_compared_and_a_different_asr_is_refused(tmp_path):
+    params = _params(tmp_path)
+    first = _evaluate(_run(tmp_path, params), params, accept=True)
+    assert first.history_written and Path(first.history_written).is_file()
+    again = _evaluate(_run(tmp_path, params), params)
+    assert [h.paired.identical_transcripts for h in again.history] == [5, 5]
+    assert again.gate.verdict == "pass"
+    with pytest.raises(InvalidRunError, match="not comparable"):
+        _evaluate(_run(tmp_path, params), params, sha="f" * 16)
+    other_normalizer = replace(params, normalizer="whisper")
+    pytest.importorskip("whisper")
+    with pytest.raises(InvalidRunError, match="normalizer"):
+        _evaluate(_run(tmp_path, params), other_normalizer)
+
+
+def test_failures_above_the_allowed_count_make_an_invalid_run(tmp_path):
+    params = _params(tmp_path)
+    prompts = _prompts(tmp_path, 4, missing={2})
+    report = _evaluate(_run(tmp_path, params, prompts=prompts), params)
+    assert report.gate.exit_status == ExitStatus.INVALID_RUN
+    assert report.arms[0].failures["request_failed"] == 1
+    lenient = _evaluate(_run(tmp_path, params, prompts=prompts), replace(params, max_failures=1))
+    assert lenient.gate.verdict == "pass"
+
+
+def test_single_arm_without_history_passes_with_a_no_reference_note():
+    gate = judge([], [], [], WerParams())
+    assert gate.verdict == "pass" and "no reference" in gate.reasons[0]
+
+
+def _paired(**kw):
+    from tts_bench.wer.score import Paired
+
+    base = dict(base="base", test="test", n_paired=10, n_total=10, delta_mean_wer=0.0,
+                delta_mean_wer_ci95=(0.0, 0.0), identical_audio=0, identical_transcripts=0)
+    return Paired(**{**base, **kw})
+
+
+@pytest.mark.parametrize(("paired", "verdict"), [
+    (_paired(identical_audio=10, n_paired=0, delta_mean_wer=None, delta_mean_wer_ci95=None), "pass"),
+    (_paired(identical_transcripts=10), "pass"),
+    (_paired(delta_mean_wer=0.001, delta_mean_wer_ci95=(-0.002, 0.0049)), "pass"),  # < 0.5 points
+    (_paired(delta_mean_wer=0.002, delta_mean_wer_ci95=(-0.001, 0.0051)), "regression"),
+    (_paired(n_paired=0, delta_mean_wer=None, delta_mean_wer_ci95=None), "regression"),
+])
+def test_gate_rules(paired, verdict):
+    assert judge([], [paired], [], WerParams(tolerance_points=0.5)).verdict == verdict

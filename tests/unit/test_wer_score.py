@@ -1,0 +1,75 @@
+"""WER scoring on known strings: per utterance, per arm, paired across arms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tts_bench.wer.generate import GenRecord
+from tts_bench.wer.normalize import seed_tts_normalize
+from tts_bench.wer.score import bootstrap_mean_ci, compare_utterances, score_arm, score_utterance
+from tts_bench.wer.transcribe import UttTranscript
+
+
+def test_punctuation_and_case_are_not_errors():
+    s = score_utterance("Hello, World!", "hello world", seed_tts_normalize)
+    assert (s.wer, s.errors, s.ref_words) == (0.0, 0, 2)
+
+
+def test_one_substitution_in_four_words_is_a_quarter():
+    s = score_utterance("the cat sat down", "the cat sat town", seed_tts_normalize)
+    assert s.wer == 0.25 and s.substitutions == 1
+
+
+def test_insertions_make_wer_exceed_one():
+    s = score_utterance("stop", "stop stop stop stop", seed_tts_normalize)
+    assert s.insertions == 3 and s.wer == 3.0
+
+
+def test_empty_hypothesis_is_all_deletions():
+    s = score_utterance("two words", "", seed_tts_normalize)
+    assert (s.wer, s.deletions) == (1.0, 2)
+
+
+def test_reference_empty_after_normalization_is_refused():
+    with pytest.raises(ValueError, match="empty after normalization"):
+        score_utterance("?!", "anything", seed_tts_normalize, "en_0009")
+
+
+def _utt(rid, text, hyp, *, kind=None, sha="a"):
+    gen = GenRecord("arm", rid, text, wav=f"{rid}.wav", audio_sha256=sha, audio_seconds=1.0)
+    return UttTranscript(gen, transcript=hyp, failure_kind=kind)
+
+
+def test_arm_mean_median_corpus_and_failures_counted():
+    results = [
+        _utt("u1", "one two three four", "one two three four"),  # 0/4
+        _utt("u2", "one two", "one too"),  # 1/2
+        _utt("u3", "a b c d e f g h", "a b c d e f g x"),  # 1/8
+        _utt("u4", "lost words", None, kind="asr_failed"),
+    ]
+    arm = score_arm("base", results, seed_tts_normalize)
+    assert arm.completed == 3 and arm.total == 4
+    assert arm.failures == {"request_failed": 0, "no_audio": 0, "asr_failed": 1, "empty_transcript": 0}
+    assert arm.mean_wer == pytest.approx((0 + 0.5 + 0.125) / 3)
+    assert arm.median_wer == pytest.approx(0.125)
+    assert arm.corpus_wer == pytest.approx(2 / 14)
+    assert arm.above_50 == 0
+    assert arm.utterances[3]["wer"] is None and arm.utterances[3]["failure_kind"] == "asr_failed"
+
+
+def test_paired_delta_and_identity_lines():
+    base = [{"request_id": f"u{i}", "wer": 0.0, "audio_sha256": f"h{i}", "transcript": "t"} for i in range(10)]
+    test = [dict(u) for u in base]
+    test[0] = {**test[0], "wer": 0.5, "audio_sha256": "other", "transcript": "x"}
+    p = compare_utterances("base", base, "test", test, resamples=500)
+    assert p.n_paired == 10 and p.identical_audio == 9 and p.identical_transcripts == 9
+    assert p.delta_mean_wer == pytest.approx(0.05)
+    lo, hi = p.delta_mean_wer_ci95
+    assert 0.0 <= lo <= 0.05 <= hi <= 0.5
+
+
+def test_bootstrap_ci_of_constant_deltas_is_a_point():
+    assert bootstrap_mean_ci(np.zeros(20)) == (0.0, 0.0)
+    lo, hi = bootstrap_mean_ci(np.array([0.0, 1.0] * 50), seed=1)
+    assert lo < 0.5 < hi

@@ -1,0 +1,393 @@
+"""Same-day A/B of audio RTF: arms interleaved per tier on fresh backends, with statistics.
+
+For each tier `CxR`, for each of K repeats, each arm in order (base, test: A B A B ...) gets a
+fresh backend: `start(R)`, `max(2, C)` warmup requests (recorded, flagged, excluded from stats),
+the measured requests with exactly C in flight, `stop()`. Both arms send the same prompts in the
+same order with the same per-request seeds. Per tier the result holds both arms' aggregates
+(`tts_bench.metrics`), a bootstrap comparison of per-request `audio_rtf` grouped by repeat
+(`tts_bench.stats.compare`; the same for `audio_ttfp_ms`), a duration-mismatch flag (RTF moves
+with output length), and an output-identity count (requests whose audio hash is equal across
+arms, paired by repeat and prompt position).
+
+Every finished request is appended to the run's JSONL at once; the result is computed from
+the JSONL, so `resume=True` finishes a killed run without repeating completed requests (a phase
+with measured work left gets a fresh backend and its warmup again; warmup records already on
+disk are not written twice).
+
+Hooks: pass `hooks` with `on_phase(arm, tier, repeat, phase, backend)`; it is called with phase
+"warmup" after `start`, "measure" before the measured requests, and "end" after them (before
+`stop`). The memory sampler (`tts-bench ab --mem`) plugs in here.
+
+    result = run_ab({"base": cfg_a, "test": cfg_b}, parse_tiers("2x1,4x2"),
+                    repeats=2, num_prompts=8, run_dir=RunDir.create(...))
+    result.to_dict()["tiers"][0]["verdict"]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from tts_bench._dataclass_yaml import load_yaml_file
+from tts_bench.backends import make_backend
+from tts_bench.backends.base import SynthesisRequest
+from tts_bench.config import BenchConfig, Tier, apply_overrides, load_dataclass, parse_tiers
+from tts_bench.errors import ConfigError, ExitStatus, InvalidRunError
+from tts_bench.loadgen import Job, PhaseLabels, RequestRecord, run_phase
+from tts_bench.metrics import Aggregates, aggregate
+from tts_bench.prompts import load_prompts, select_prompts
+from tts_bench.results import RunDir, request_key
+from tts_bench.stats import Comparison, compare
+
+log = logging.getLogger(__name__)
+
+PHASES = ("warmup", "measure", "end")
+
+
+class AbHooks(Protocol):
+    def on_phase(self, arm: str, tier: str, repeat: int, phase: str, backend: Any) -> None: ...
+
+
+class AbProgress(Protocol):
+    """What the CLI's progress bar implements: one task per (tier, arm, repeat)."""
+
+    def start(self, description: str, total: int) -> None: ...
+
+    def advance(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class TierResult:
+    tier: str
+    arms: dict[str, Aggregates]
+    rtf: Comparison | None
+    ttfp: Comparison | None
+    duration_delta_pct: float | None
+    duration_mismatch: bool
+    identical_outputs: int
+    paired_outputs: int
+    invalid_reasons: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The tier as JSON (and as `tables.ab_table` reads it)."""
+        rtf = self.rtf
+        return {
+            "tier": self.tier,
+            "arms": {name: agg.to_dict() for name, agg in self.arms.items()},
+            "delta_mean_pct": rtf.delta_mean_pct if rtf else None,
+            "delta_median_pct": rtf.delta_median_pct if rtf else None,
+            "ci95_pct": list(rtf.ci95_pct) if rtf else None,
+            "verdict": rtf.verdict if rtf else "invalid",
+            "ttfp": _comparison_dict(self.ttfp),
+            "duration_delta_pct": self.duration_delta_pct,
+            "duration_mismatch": self.duration_mismatch,
+            "identical_outputs": self.identical_outputs,
+            "paired_outputs": self.paired_outputs,
+            "invalid_reasons": list(self.invalid_reasons),
+        }
+
+
+@dataclass(frozen=True)
+class AbResult:
+    tiers: list[TierResult]
+    run_dir: str
+    arm_names: tuple[str, str]
+    invalid_reasons: tuple[str, ...] = field(default=())
+
+    @property
+    def valid(self) -> bool:
+        return not self.invalid_reasons
+
+    @property
+    def exit_status(self) -> ExitStatus:
+        return ExitStatus.OK if self.valid else ExitStatus.INVALID_RUN
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_dir": self.run_dir,
+            "arms": list(self.arm_names),
+            "valid": self.valid,
+            "invalid_reasons": list(self.invalid_reasons),
+            "tiers": [t.to_dict() for t in self.tiers],
+        }
+
+
+def _comparison_dict(cmp: Comparison | None) -> dict[str, Any] | None:
+    if cmp is None:
+        return None
+    d = asdict(cmp)
+    d["ci95_pct"], d["ci95_median_pct"] = list(cmp.ci95_pct), list(cmp.ci95_median_pct)
+    return d
+
+
+# ---------------------------------------------------------------- arms and plans
+
+DEFAULT_ARMS = ("base", "test")
+
+
+@dataclass(frozen=True)
+class AbPlan:
+    """What to run: the arms (ordered base, test) and the bench shape."""
+
+    arms: dict[str, BenchConfig]
+    tiers: tuple[Tier, ...]
+    repeats: int
+    num_prompts: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"arms": list(self.arms), "tiers": [t.label for t in self.tiers],
+                "repeats": self.repeats, "num_prompts": self.num_prompts}
+
+
+def _yaml_arms(raw: dict[str, Any], source: str) -> dict[str, list[str]]:
+    """The optional top-level `arms: {base: [sets...], test: [sets...]}` of an A/B config."""
+    arms = raw.pop("arms", None)
+    if arms is None:
+        return {name: [] for name in DEFAULT_ARMS}
+    ok = isinstance(arms, dict) and len(arms) == 2 and all(
+        isinstance(v, list | type(None)) and all(isinstance(x, str) for x in v or []) for v in arms.values()
+    )
+    if not ok:
+        raise ConfigError(
+            f"error: arms must map exactly two arm names to lists of overrides ({source}: arms); "
+            f"write arms: {{base: [], test: [\"code2wav.extra.x=false\"]}}"
+        )
+    return {str(k): list(v or []) for k, v in arms.items()}
+
+
+def load_arms(
+    path: Path | None, sets: Sequence[str] = (), base_sets: Sequence[str] = (),
+    test_sets: Sequence[str] = (),
+) -> dict[str, BenchConfig]:
+    """Both arms' configs: file -> `--set` (both) -> the file's `arms:` lists -> `--base-set` /
+    `--test-set`. Without `arms:` in the file the arms are named base and test."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = load_yaml_file(path)
+        if not isinstance(raw, dict):
+            raise ConfigError(f"error: the config must be a mapping ({path}); write key: value lines")
+        raw = dict(raw)
+    arm_sets = _yaml_arms(raw, str(path))
+    cfg = load_dataclass(BenchConfig, raw, source=str(path or "defaults"),
+                         base_dir=path.parent if path else None)
+    cfg = apply_overrides(cfg, sets)
+    out = {}
+    for (name, yaml_sets), cli_sets, flag in zip(arm_sets.items(), (base_sets, test_sets),
+                                                ("--base-set", "--test-set")):
+        arm = apply_overrides(cfg, yaml_sets, source=f"{path}: arms.{name}")
+        out[name] = apply_overrides(arm, cli_sets, source=flag)
+    return out
+
+
+def plan_from_run(run_dir: RunDir) -> AbPlan:
+    """Rebuild the plan of a recorded A/B (for --resume) from its run.json."""
+    doc = run_dir.doc
+    if doc.get("kind") != "ab" or "ab" not in doc:
+        raise ConfigError(
+            f"error: {run_dir.path} is not an A/B run (--resume); pass a directory made by tts-bench ab"
+        )
+    arms = {name: load_dataclass(BenchConfig, d, source=f"{run_dir.run_json}: configs.{name}")
+            for name, d in doc["configs"].items()}
+    plan = doc["ab"]
+    return AbPlan(arms, parse_tiers(plan["tiers"]), int(plan["repeats"]), int(plan["num_prompts"]))
+
+
+# ---------------------------------------------------------------- planning the requests
+
+
+def request_id(arm: str, tier: str, repeat: int, slot: str) -> str:
+    """`base:2x1:r0:0003` (measured) / `base:2x1:r0:w01` (warmup); unique within a run."""
+    return f"{arm}:{tier}:r{repeat}:{slot}"
+
+
+def _pair_key(rec: RequestRecord) -> tuple[int, str]:
+    # The id without its arm prefix: the same prompt position in the other arm.
+    return rec.repeat, rec.request_id[len(rec.arm) + 1 :]
+
+
+def plan_jobs(prompts: Sequence[Any], labels: PhaseLabels, *, seed: int, warmup: int) -> tuple[list[Job], list[Job]]:
+    """(warmup jobs, measured jobs) for one phase; identical across arms but for the ids."""
+
+    def job(i: int, slot: str, is_warmup: bool) -> Job:
+        p = prompts[i % len(prompts)]
+        req = SynthesisRequest(
+            request_id=request_id(labels.arm, labels.tier, labels.repeat, slot),
+            text=p.text, prompt_text=p.prompt_text, prompt_wav=p.prompt_wav, seed=seed + i,
+        )
+        return Job(req, p.utt, warmup=is_warmup)
+
+    warm = [job(i, f"w{i:02d}", True) for i in range(warmup)]
+    measured = [job(i, f"{i:04d}", False) for i in range(len(prompts))]
+    return warm, measured
+
+
+# ---------------------------------------------------------------- running
+
+
+@dataclass
+class _Runner:
+    arms: dict[str, BenchConfig]
+    prompts: list[Any]
+    run_dir: RunDir
+    done: set
+    progress: AbProgress | None
+    hooks: AbHooks | None
+
+    def sink(self, rec: RequestRecord) -> None:
+        d = rec.to_dict()
+        key = request_key(d)
+        if key not in self.done:  # warmups of a resumed phase are already on disk
+            self.run_dir.append_request(d)
+            self.done.add(key)
+
+    def advance(self, rec: RequestRecord) -> None:
+        if self.progress is not None and not rec.warmup:
+            self.progress.advance()
+
+    def _hook(self, labels: PhaseLabels, phase: str, backend: Any) -> None:
+        if self.hooks is not None:
+            self.hooks.on_phase(labels.arm, labels.tier, labels.repeat, phase, backend)
+
+    async def phase(self, arm: str, tier: Tier, repeat: int) -> None:
+        cfg = self.arms[arm]
+        labels = PhaseLabels(arm, tier.label, repeat)
+        warm, measured = plan_jobs(
+            self.prompts, labels, seed=cfg.bench.seed, warmup=cfg.bench.warmup_for(tier.concurrency)
+        )
+        skip = {j.request.request_id for j in measured if request_key(_key_dict(labels, j)) in self.done}
+        if len(skip) == len(measured):
+            log.info("%s %s r%d: already complete, skipped", arm, tier.label, repeat)
+            return
+        if self.progress is not None:
+            self.progress.start(f"{tier.label} {arm} r{repeat}", len(measured) - len(skip))
+        backend = make_backend(cfg)
+        try:  # stop() also cleans up after a start() that failed half-way (some workers up)
+            await backend.start(tier.replicas)
+            common = dict(concurrency=tier.concurrency, labels=labels,
+                          timeout_s=cfg.bench.timeout_s, sink=self.sink)
+            self._hook(labels, "warmup", backend)
+            await run_phase(backend, warm, **common)
+            self._hook(labels, "measure", backend)
+            await run_phase(backend, measured, **common, progress=self.advance, skip_ids=skip)
+            self._hook(labels, "end", backend)
+            self.run_dir.update(backends={**self.run_dir.doc.get("backends", {}), arm: backend.describe()})
+        finally:
+            await backend.stop()
+
+
+def _key_dict(labels: PhaseLabels, job: Job) -> dict[str, Any]:
+    return {"arm": labels.arm, "tier": labels.tier, "repeat": labels.repeat,
+            "request_id": job.request.request_id}
+
+
+def select_ab_prompts(cfg: BenchConfig, num_prompts: int) -> list[Any]:
+    """The prompts both arms send, from the base arm's prompt config."""
+    prompts = load_prompts(cfg.prompts.meta)
+    return list(select_prompts(prompts, num_prompts, shuffle=not cfg.bench.disable_shuffle,
+                               seed=cfg.prompts.shuffle_seed))
+
+
+def run_ab(
+    arms: dict[str, BenchConfig],
+    tiers: Sequence[Tier],
+    *,
+    repeats: int,
+    num_prompts: int,
+    run_dir: RunDir,
+    progress: AbProgress | None = None,
+    resume: bool = False,
+    hooks: AbHooks | None = None,
+) -> AbResult:
+    """Run the A/B (`arms` ordered base, test) and compute the result from the run's JSONL."""
+    if len(arms) != 2:
+        raise ValueError(f"run_ab needs exactly two arms (base, test), got {list(arms)}")
+    base_cfg = next(iter(arms.values()))
+    done = run_dir.completed_keys() if resume else set()
+    runner = _Runner(arms, select_ab_prompts(base_cfg, num_prompts), run_dir, done, progress, hooks)
+
+    async def main() -> None:
+        for tier in tiers:
+            for repeat in range(repeats):
+                for arm in arms:
+                    await runner.phase(arm, tier, repeat)
+
+    asyncio.run(main())
+    records = [RequestRecord.from_dict(d) for d in run_dir.iter_requests()]
+    return summarize_ab(records, arms, tiers, run_dir=str(run_dir.path))
+
+
+# ---------------------------------------------------------------- summarizing
+
+
+def summarize_ab(
+    records: Sequence[RequestRecord], arms: dict[str, BenchConfig], tiers: Sequence[Tier], *, run_dir: str
+) -> AbResult:
+    """Per-tier aggregates, comparisons, flags and validity from recorded requests."""
+    by_tier_arm: dict[tuple[str, str], list[RequestRecord]] = defaultdict(list)
+    for r in records:
+        if not r.warmup:
+            by_tier_arm[(r.tier, r.arm)].append(r)
+    names = tuple(arms)
+    bench = arms[names[0]].bench
+    results = [
+        _tier_result(tier.label, {a: by_tier_arm[(tier.label, a)] for a in names}, bench)
+        for tier in tiers
+    ]
+    reasons = tuple(reason for t in results for reason in t.invalid_reasons)
+    return AbResult(results, run_dir, names, reasons)
+
+
+def _by_repeat(records: Sequence[RequestRecord], metric: str) -> list[list[float]]:
+    groups: dict[int, list[float]] = defaultdict(list)
+    for r in records:
+        if r.ok:
+            groups[r.repeat].append(getattr(r, metric))
+    return [groups[k] for k in sorted(groups)]
+
+
+def _compare(base, test, metric: str, bench) -> Comparison | None:
+    try:
+        return compare(_by_repeat(base, metric), _by_repeat(test, metric),
+                       min_effect_pct=bench.min_effect_pct, resamples=bench.bootstrap_resamples,
+                       seed=bench.seed)
+    except InvalidRunError as exc:  # no successful requests in an arm: reported, not raised
+        log.warning("%s", exc)
+        return None
+
+
+def _identity(base: Sequence[RequestRecord], test: Sequence[RequestRecord]) -> tuple[int, int]:
+    """(identical, paired): successful request pairs with equal audio (and codes) hashes."""
+    other = {_pair_key(r): r for r in test if r.ok}
+    pairs = [(r, other[_pair_key(r)]) for r in base if r.ok and _pair_key(r) in other]
+    same = sum(a.audio_sha256 == b.audio_sha256 and a.codes_sha256 == b.codes_sha256 for a, b in pairs)
+    return same, len(pairs)
+
+
+def _tier_result(tier: str, per_arm: dict[str, list[RequestRecord]], bench) -> TierResult:
+    (base_name, base), (test_name, test) = per_arm.items()
+    aggs = {name: aggregate(recs) for name, recs in per_arm.items()}
+    reasons = []
+    for name, agg in aggs.items():
+        if agg.completed + agg.failed == 0:
+            reasons.append(f"{tier} {name}: no measured requests")
+        elif agg.failure_fraction > bench.max_failure_fraction:
+            reasons.append(
+                f"{tier} {name}: {agg.failed} of {agg.completed + agg.failed} requests failed "
+                f"({agg.failed_by_kind}), above bench.max_failure_fraction={bench.max_failure_fraction:g}"
+            )
+    b_sec, t_sec = aggs[base_name].mean_audio_seconds, aggs[test_name].mean_audio_seconds
+    dur = 100.0 * (t_sec / b_sec - 1.0) if b_sec and t_sec is not None else None
+    same, paired = _identity(base, test)
+    return TierResult(
+        tier=tier, arms=aggs,
+        rtf=_compare(base, test, "audio_rtf", bench),
+        ttfp=_compare(base, test, "audio_ttfp_ms", bench),
+        duration_delta_pct=dur,
+        duration_mismatch=dur is not None and abs(dur) > bench.duration_mismatch_pct,
+        identical_outputs=same, paired_outputs=paired, invalid_reasons=tuple(reasons),
+    )

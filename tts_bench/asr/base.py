@@ -1,0 +1,151 @@
+"""What every ASR backend implements, and the audio plumbing they share.
+
+A `Transcriber` turns one utterance (float32 mono at Whisper's 16 kHz) into text. It is built
+from `AsrOptions` (frozen; what goes into the transcript cache key) and describes itself with an
+`AsrProvenance` (what goes into every WER record: comparing numbers made by different ASR
+setups is refused by the gate).
+
+Reproducibility choices, all fixed here rather than left to library defaults: temperature 0.0
+only (the default fallback ladder 0.2 … 1.0 *samples* and changed transcripts between runs on
+hard audio), language "en", Silero VAD on by default (Whisper invents "You" / "Thank you" on
+digital silence without it).
+
+    audio = load_wav_16k(Path("run/wavs/base/en_0001.wav"))   # [n] float32, 16 kHz
+    text = transcriber.transcribe(audio)
+
+Audio is read with the stdlib `wave` module (the generator writes int16 PCM) and resampled with
+an FFT (the method of `scipy.signal.resample`, which seed-tts-eval uses), so no ffmpeg is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import wave
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+WHISPER_SAMPLE_RATE = 16_000  # every Whisper model's input rate (its mel front end is fixed)
+ASR_BACKENDS = ("faster-whisper", "openai-whisper")
+
+
+class AudioDecodeError(Exception):
+    """The audio could not be read (corrupt, unsupported, zero samples): an `asr_failed`."""
+
+
+@dataclass(frozen=True)
+class AsrOptions:
+    """Decoding options. Everything here changes transcripts, so all of it is in the cache key."""
+
+    backend: str = "faster-whisper"
+    model: str = "tiny.en"  # tiny.en | base | a model directory (CTranslate2) | a .pt checkpoint
+    compute_type: str = "int8"  # faster-whisper only; openai-whisper always runs float32 on CPU
+    beam_size: int = 5
+    vad: bool = True
+    language: str = "en"
+    temperature: float = 0.0  # a single value: no fallback sampling
+    cpu_threads: int = 0  # 0 = library default; does not change transcripts, not in the key
+
+    def __post_init__(self) -> None:
+        if self.backend not in ASR_BACKENDS:
+            raise ValueError(f"asr backend must be one of {', '.join(ASR_BACKENDS)}, got {self.backend!r}")
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if self.temperature != 0.0:
+            raise ValueError("temperature must be 0.0: sampled transcripts are not reproducible")
+
+    def cache_key_fields(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("cpu_threads")
+        return d
+
+
+@dataclass(frozen=True)
+class AsrProvenance:
+    """Who made a transcript. Two WER results are comparable only when these match."""
+
+    backend: str
+    model: str  # the name the user asked for (tiny.en, base, or a path's file name)
+    model_sha256: str  # of the weights file actually loaded (first 16 hex)
+    compute_type: str
+    beam_size: int
+    vad: bool
+    language: str
+    temperature: float
+    library_versions: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def comparable_key(self) -> dict:
+        """The fields that must match across runs for WER to be comparable."""
+        return self.to_dict()
+
+
+@runtime_checkable
+class Transcriber(Protocol):
+    """One loaded ASR model. `transcribe` takes [n] float32 mono at 16 kHz, returns plain text
+    (segments joined, stripped); it raises on a decoding failure."""
+
+    options: AsrOptions
+
+    def provenance(self) -> AsrProvenance: ...
+
+    def transcribe(self, audio: np.ndarray) -> str: ...
+
+
+def read_wav(path: Path) -> tuple[np.ndarray, int]:
+    """An int16/int32/uint8 PCM WAV as [n] float32 mono in [-1, 1] and its sample rate."""
+    try:
+        with wave.open(str(path), "rb") as w:
+            width, channels, rate = w.getsampwidth(), w.getnchannels(), w.getframerate()
+            raw = w.readframes(w.getnframes())
+    except FileNotFoundError:
+        raise AudioDecodeError(f"no such file: {path}") from None
+    except (wave.Error, EOFError, OSError) as exc:
+        raise AudioDecodeError(f"cannot decode {path}: {type(exc).__name__}: {exc}") from None
+    dtypes = {1: np.uint8, 2: np.int16, 4: np.int32}
+    if width not in dtypes:
+        raise AudioDecodeError(f"cannot decode {path}: unsupported sample width {width} bytes")
+    pcm = np.frombuffer(raw, dtype=dtypes[width])
+    if width == 1:
+        samples = (pcm.astype(np.float32) - 128.0) / 128.0
+    else:
+        samples = pcm.astype(np.float32) / float(np.iinfo(dtypes[width]).max + 1)
+    if channels > 1:
+        samples = samples[: len(samples) // channels * channels].reshape(-1, channels).mean(axis=1)
+    return samples.astype(np.float32), rate
+
+
+def resample(samples: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
+    """FFT resampling of [n] float32 (band-limited: keeps the common low band, drops the rest)."""
+    if rate_in == rate_out or samples.size == 0:
+        return samples.astype(np.float32, copy=False)
+    n_in = samples.shape[0]
+    n_out = int(n_in * rate_out / rate_in)
+    spectrum = np.fft.rfft(samples.astype(np.float64))
+    out = np.zeros(n_out // 2 + 1, dtype=np.complex128)
+    keep = min(spectrum.shape[0], out.shape[0])
+    out[:keep] = spectrum[:keep]
+    # irfft normalizes by n_out; the forward FFT had n_in samples: rescale to keep amplitude.
+    return (np.fft.irfft(out, n_out) * (n_out / n_in)).astype(np.float32)
+
+
+def load_wav_16k(path: Path) -> np.ndarray:
+    """Read a WAV and resample it to 16 kHz; zero samples is an AudioDecodeError."""
+    samples, rate = read_wav(path)
+    if samples.size == 0:
+        raise AudioDecodeError(f"{path} has zero samples")
+    return resample(samples, rate, WHISPER_SAMPLE_RATE)
+
+
+def write_wav(path: Path, samples: np.ndarray, sample_rate: int) -> None:
+    """[n] float32 in [-1, 1] -> 16-bit mono WAV (the same int16 rounding as the audio hashes)."""
+    pcm = np.clip(np.round(samples * 32767.0), -32768, 32767).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(sample_rate)
+        w.writeframes(pcm.tobytes())

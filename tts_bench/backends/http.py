@@ -1,0 +1,266 @@
+"""The `http` backend: any OpenAI-compatible `/v1/audio/speech` server (vllm-omni, `tts-bench serve`).
+
+Each request is one `POST {base_url}/v1/audio/speech` with the JSON body
+
+    {"model": http.model, "input": <text>, "voice": http.voice,
+     "response_format": "pcm" | "wav", "stream": true (if http.stream), **http.extra_body}
+
+(`extra_body` carries server-specific fields such as `ref_audio`, `ref_text`, `max_new_tokens`,
+or `stream_format: sse`; it is applied last, so it can override the others). The response is
+decoded while it arrives (`tts_bench.serve.wire`: raw s16le PCM at `http.sample_rate`, WAV whose
+header rate wins, or `text/event-stream` with base64 audio), and every network read that completes
+at least one sample is yielded as an AudioChunk at once, so the load generator's TTFP is the
+arrival of the first audio bytes. `base_url` may end in `/v1` (the OpenAI SDK habit) or not.
+
+Failures, all counted per request by the load generator (never a crashed run):
+
+| what happened | kind | detail starts with |
+|---|---|---|
+| server answered >= 400 | backend_error | `HTTP 500: <body>` |
+| cannot connect (closed port, DNS) | backend_error | `connection_error: cannot connect` |
+| connection dropped mid-response | backend_error | `connection_error: dropped after N bytes` |
+| bytes do not match the declared format | backend_error | `protocol_error:` |
+| no end of audio within bench.timeout_s | timeout | `no end of audio after` |
+
+`start()` asks `GET /v1/models` and raises BackendError when the server cannot be reached, so a
+down server is a broken run, not N failed requests. `replicas` is recorded only: a remote
+deployment decides its own replica count. The API key, if any, is read from the environment
+variable named by `http.api_key_env` and sent as a bearer token; it is never recorded.
+
+Connection pool: unbounded on purpose. The load generator keeps exactly C requests in flight,
+so the pool settles at C keep-alive connections, opened during the warmup requests, and measured
+requests never pay a TCP connect; a fixed cap below C would queue requests inside the client and
+show up as server latency.
+
+Library: aiohttp (also the server side, `tts_bench.serve.app`): its client streams response
+bodies read by read (`iter_any`) with low per-request overhead at 128+ concurrent streams, the
+reason vLLM's serving benchmark uses it too.
+
+    cfg = load_config("configs/ab/synthetic.yaml", ["backend=http", "http.base_url=http://127.0.0.1:8091"])
+    backend = HttpBackend(cfg)
+    await backend.start(replicas=1)
+    async for chunk in backend.synthesize(SynthesisRequest("r1", "Hello there.")): ...
+    backend.memory_snapshot()   # the server's /metrics memory, when it exposes tts-bench's metrics
+    await backend.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import numpy as np
+
+from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
+from tts_bench.errors import BackendError
+from tts_bench.serve import exposition
+from tts_bench.serve.wire import PcmDecoder, SseDecoder, WavDecoder, WireError
+
+if TYPE_CHECKING:
+    from tts_bench.config import BenchConfig, HttpConfig
+
+log = logging.getLogger(__name__)
+
+_START_TIMEOUT_S = 10.0  # for GET /v1/models at start
+_CONNECT_TIMEOUT_S = 10.0  # per request; bench.timeout_s bounds the whole request
+_METRICS_TIMEOUT_S = 2.0
+_ERROR_BODY_CHARS = 300
+_WAV_TYPES = ("audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave")
+
+
+def api_root(base_url: str) -> str:
+    """`http://h:8000` and `http://h:8000/v1/` both -> `http://h:8000/v1`."""
+    root = base_url.rstrip("/")
+    return root if root.endswith("/v1") else root + "/v1"
+
+
+class _AudioStream:
+    """Response bytes -> float32 samples, for one response's content type and the config."""
+
+    def __init__(self, content_type: str, params: HttpConfig, rate_param: str | None) -> None:
+        self.sse = SseDecoder() if content_type == "text/event-stream" else None
+        wav = content_type in _WAV_TYPES or (
+            params.response_format == "wav" and content_type not in ("audio/pcm", "audio/l16")
+        )
+        rate = int(rate_param) if rate_param and rate_param.isdigit() else params.sample_rate
+        self.audio: WavDecoder | PcmDecoder = WavDecoder() if wav else PcmDecoder(rate)
+
+    @property
+    def sample_rate(self) -> int:
+        rate = self.audio.sample_rate
+        assert rate is not None, "samples decoded before the WAV header"
+        return rate
+
+    def feed(self, data: bytes) -> np.ndarray:
+        if self.sse is None:
+            return self.audio.feed(data)
+        return self._concat([self.audio.feed(b) for b in self.sse.feed(data)])
+
+    def finish(self) -> np.ndarray:
+        tail = self._concat([self.audio.feed(b) for b in self.sse.finish()]) if self.sse else (
+            np.zeros(0, dtype=np.float32))
+        if self.audio.pending_bytes:
+            log.warning("dropped %d trailing bytes that do not make a whole sample",
+                        self.audio.pending_bytes)
+        return tail
+
+    @staticmethod
+    def _concat(parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
+
+class HttpBackend:
+    """Client of one OpenAI-compatible speech server (`cfg.http`)."""
+
+    def __init__(self, cfg: BenchConfig) -> None:
+        self.params = cfg.http
+        self.timeout_s = cfg.bench.timeout_s
+        self.replicas = 0
+        self.root = api_root(self.params.base_url)
+        self._session: aiohttp.ClientSession | None = None
+        self._server_models: list[dict[str, Any]] = []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self, replicas: int) -> None:
+        if self._session is not None:
+            raise BackendError("error: http backend started twice (start); call stop() first")
+        self.replicas = replicas
+        connector = aiohttp.TCPConnector(limit=0)  # unbounded: see the module docstring
+        session = aiohttp.ClientSession(connector=connector, headers=self._headers())
+        try:
+            self._server_models = await self._check_server(session)
+        except BaseException:
+            await session.close()
+            raise
+        self._session = session
+
+    async def stop(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    def _headers(self) -> dict[str, str]:
+        key = os.environ.get(self.params.api_key_env, "")
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def _check_server(self, session: aiohttp.ClientSession) -> list[dict[str, Any]]:
+        url = f"{self.root}/models"
+        try:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=_START_TIMEOUT_S)) as resp:
+                status = resp.status
+                doc = await resp.json(content_type=None) if status < 400 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise BackendError(
+                f"error: cannot reach the speech server at {url} ({type(exc).__name__}: {exc}) "
+                f"(http.base_url); start it (tts-bench serve --config <yaml>) or point "
+                f"--set http.base_url=http://host:port at a running one"
+            ) from None
+        if status in (401, 403):
+            raise BackendError(
+                f"error: the speech server at {url} refused the credentials (HTTP {status}) "
+                f"(http.api_key_env={self.params.api_key_env}); export that variable with a valid key"
+            )
+        if status == 404:
+            log.warning("%s answered 404; the server does not list models, continuing", url)
+            return []
+        if status >= 400:
+            raise BackendError(f"error: the speech server at {url} answered HTTP {status} "
+                               f"(http.base_url); check the server's log")
+        models = [m for m in (doc or {}).get("data", []) if isinstance(m, dict)]
+        ids = [m.get("id") for m in models]
+        if ids and self.params.model not in ids:
+            log.warning("model %r is not among the server's models %s (http.model)", self.params.model, ids)
+        return models
+
+    def describe(self) -> dict:
+        p = self.params
+        return {
+            "backend": "http",
+            "base_url": p.base_url,
+            "model": p.model,
+            "voice": p.voice,
+            "response_format": p.response_format,
+            "stream": p.stream,
+            "sample_rate": p.sample_rate,
+            "extra_body_keys": sorted(p.extra_body),
+            "replicas_requested": self.replicas,  # the server decides its own replicas
+            "server_models": self._server_models,
+        }
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def request_body(self, request: SynthesisRequest) -> dict[str, Any]:
+        p = self.params
+        body: dict[str, Any] = {"model": p.model, "input": request.text, "voice": p.voice,
+                                "response_format": p.response_format}
+        if p.stream:
+            body["stream"] = True
+        return {**body, **p.extra_body}
+
+    async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioChunk]:
+        if self._session is None:
+            raise RuntimeError("HttpBackend.synthesize called before start()")
+        url = f"{self.root}/audio/speech"
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=_CONNECT_TIMEOUT_S)
+        received = 0
+        try:
+            async with self._session.post(url, json=self.request_body(request), timeout=timeout) as resp:
+                if resp.status >= 400:
+                    raise RequestFailed("backend_error", f"HTTP {resp.status}: {await _error_text(resp)}")
+                stream = _AudioStream(resp.content_type.lower(), self.params, _rate_param(resp))
+                async for data in resp.content.iter_any():
+                    received += len(data)
+                    samples = stream.feed(data)
+                    if len(samples):
+                        yield AudioChunk(samples, stream.sample_rate)
+                tail = stream.finish()
+                if len(tail):
+                    yield AudioChunk(tail, stream.sample_rate)
+        except TimeoutError:  # before the connection errors: aiohttp's timeouts subclass both
+            raise RequestFailed("timeout", f"no end of audio after {self.timeout_s:g} s (http)") from None
+        except aiohttp.ClientConnectorError as exc:
+            raise RequestFailed("backend_error", f"connection_error: cannot connect to {url}: {exc}") from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            raise RequestFailed(
+                "backend_error",
+                f"connection_error: dropped after {received} bytes: {type(exc).__name__}: {exc}",
+            ) from None
+        except (aiohttp.ClientError, WireError) as exc:
+            raise RequestFailed("backend_error", f"protocol_error: {type(exc).__name__}: {exc}") from None
+
+    # -- memory (ReportsMemory) ----------------------------------------------------------------
+
+    def memory_snapshot(self) -> list[dict]:
+        """The server's memory from `GET {base}/metrics` (tts-bench serve's metric names), as
+        memory_snapshot() rows; [] when the server has no such endpoint or does not answer."""
+        url = self.root.removesuffix("/v1") + "/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=_METRICS_TIMEOUT_S) as resp:  # noqa: S310
+                text = resp.read().decode("utf-8", errors="replace")
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            log.debug("no metrics from %s: %s", url, exc)
+            return []
+        return exposition.memory_rows(exposition.parse(text))
+
+
+def _rate_param(resp: aiohttp.ClientResponse) -> str | None:
+    """The `rate=` parameter of e.g. `audio/L16; rate=24000` (raw PCM servers may declare it)."""
+    for part in resp.headers.get("Content-Type", "").split(";")[1:]:
+        key, _, value = part.strip().partition("=")
+        if key.lower() == "rate":
+            return value.strip()
+    return None
+
+
+async def _error_text(resp: aiohttp.ClientResponse) -> str:
+    try:
+        text = (await resp.text(errors="replace")).strip()
+    except (aiohttp.ClientError, TimeoutError):
+        return resp.reason or ""
+    return " ".join(text.split())[:_ERROR_BODY_CHARS] or (resp.reason or "")

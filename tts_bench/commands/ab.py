@@ -1,0 +1,159 @@
+"""`tts-bench ab`: same-day A/B of audio RTF per tier, with a verdict you can paste into a PR.
+
+    tts-bench ab                                          # configs/ab/default.yaml
+    tts-bench ab --config configs/ab/fused-prelude.yaml --tiers 32x1,64x4,128x8 --repeats 3
+    tts-bench ab --config configs/ab/synthetic.yaml --test-set synthetic.delay_scale=1.2
+    tts-bench ab --resume results/runs/20261129-194500-ab-3fa9c1
+
+The table goes to stdout (`--format md|table|csv|json`); progress and logs to stderr. Exit 0, or
+5 when too many requests failed (bench.max_failure_fraction) and the comparison is not to be
+trusted. The library call behind it is `tts_bench.ab.run_ab`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tts_bench.errors import ExitStatus
+
+DEFAULT_CONFIG = Path("configs/ab/default.yaml")
+FORMATS = ("md", "table", "csv", "json")
+
+
+def ab(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="A/B config YAML (default: configs/ab/default.yaml if present)."),
+    tiers: Optional[str] = typer.Option(None, "--tiers", help="Comma-separated CxR tiers, e.g. 32x1,64x4,128x8."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Measured requests per tier, arm and repeat."),
+    repeats: Optional[int] = typer.Option(None, "--repeats", help="Interleaved repeats per arm (A B A B ...)."),
+    sets: list[str] = typer.Option([], "--set", help="Override for both arms: dotted.key=value (repeatable)."),
+    base_sets: list[str] = typer.Option([], "--base-set", help="Override for the base arm only (repeatable)."),
+    test_sets: list[str] = typer.Option([], "--test-set", help="Override for the test arm only (repeatable)."),
+    disable_shuffle: bool = typer.Option(False, "--disable-shuffle", help="Send prompts in file order."),
+    result_dir: Path = typer.Option(Path("results/runs"), "--result-dir", help="Where run directories are made."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Finish a killed run (its directory); other options are ignored."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
+    mem: bool = typer.Option(False, "--mem", help="Sample device memory during every tier (tts-bench mem)."),
+) -> ExitStatus:
+    """A/B two arms of a config, interleaved per tier, with bootstrap CIs and verdicts."""
+    from tts_bench import ab as lib
+
+    fmt = _check_format(fmt)
+    shuffle_set = ["bench.disable_shuffle=true"] if disable_shuffle else []
+    run, plan = _open_run(resume) if resume else _new_run(
+        config, tiers=tiers, num_prompts=num_prompts, repeats=repeats, sets=[*sets, *shuffle_set],
+        base_sets=base_sets, test_sets=test_sets, result_dir=result_dir)
+    with _progress() as progress:
+        result = lib.run_ab(plan.arms, plan.tiers, repeats=plan.repeats, num_prompts=plan.num_prompts,
+                            run_dir=run, progress=progress, resume=resume is not None,
+                            hooks=_mem_hooks(plan, run) if mem else None)
+    run.update(status="complete" if result.valid else "invalid", result=result.to_dict())
+    sys.stdout.write(render_result(result, fmt))
+    for reason in result.invalid_reasons:
+        typer.echo(f"error: invalid run: {reason}", err=True)
+    return result.exit_status
+
+
+def _check_format(fmt: str | None) -> str:
+    from tts_bench.errors import ConfigError
+    from tts_bench.tables import default_format
+
+    if fmt is None:
+        return default_format(sys.stdout)
+    if fmt not in FORMATS:
+        raise ConfigError(f"error: unknown format {fmt!r} (--format); valid: {', '.join(FORMATS)}")
+    return fmt
+
+
+def _new_run(config, *, tiers, num_prompts, repeats, sets, base_sets, test_sets, result_dir):
+    """Load both arms, fix the plan (CLI options over the config's bench section), make the run."""
+    from tts_bench.ab import AbPlan, load_arms
+    from tts_bench.config import config_hash, config_to_dict, parse_tiers
+    from tts_bench.results import RunDir, python_argv
+
+    if config is None and DEFAULT_CONFIG.is_file():
+        config = DEFAULT_CONFIG
+    arms = load_arms(config, sets, base_sets, test_sets)
+    bench = next(iter(arms.values())).bench
+    plan = AbPlan(arms, parse_tiers(tiers or bench.tiers), repeats or bench.repeats,
+                  num_prompts or bench.num_prompts)
+    run = RunDir.create(
+        result_dir, "ab", command_line=python_argv(),
+        configs={n: config_to_dict(c) for n, c in arms.items()},
+        config_hashes={n: config_hash(c) for n, c in arms.items()}, extra={"ab": plan.to_dict()},
+    )
+    return run, plan
+
+
+def _open_run(path: Path):
+    """Reopen a recorded A/B; its run.json fixes the arms and the plan."""
+    from tts_bench.ab import plan_from_run
+    from tts_bench.results import RunDir
+
+    run = RunDir.open(path)
+    return run, plan_from_run(run)
+
+
+def _mem_hooks(plan, run):
+    # The memory sampler (tts_bench.mem) provides the hooks; see tts_bench.ab for the protocol.
+    from tts_bench.errors import ConfigError
+
+    try:
+        from tts_bench.mem.ab_hooks import make_ab_hooks
+    except ImportError:
+        raise ConfigError("error: --mem is not available in this build (tts-bench ab); run without --mem") from None
+    return make_ab_hooks(next(iter(plan.arms.values())), run)
+
+
+def render_result(result, fmt: str) -> str:
+    """The A/B result as text: RTF table (+ TTFP table and output-identity line) or one JSON doc."""
+    from tts_bench.tables import ab_table, render
+
+    doc = result.to_dict()
+    if fmt == "json":
+        return json.dumps(doc, indent=2) + "\n"
+    base, test = result.arm_names
+    rtf = ab_table(doc["tiers"], base_label=base, test_label=test)
+    if fmt == "csv":
+        return render(rtf, "csv")
+    ttfp_rows = [{**t, **{k: (t["ttfp"] or {}).get(k) for k in ("delta_mean_pct", "ci95_pct", "verdict")},
+                  "duration_mismatch": False, "note": ""} for t in doc["tiers"]]
+    ttfp = ab_table(ttfp_rows, metric="audio_ttfp_ms", digits=1, base_label=base, test_label=test)
+    identity = ", ".join(f"{t['tier']}: {t['identical_outputs']}/{t['paired_outputs']}" for t in doc["tiers"])
+    return (render(rtf, fmt, title="audio RTF (lower is faster)") + "\n"
+            + render(ttfp, fmt, title="audio TTFP ms") + "\n"
+            + f"identical outputs ({test} vs {base}): {identity}\nrun: {doc['run_dir']}\n")
+
+
+class _RichProgress:
+    """One rich task per (tier, arm, repeat) on stderr; nothing when stderr is not a terminal."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import Progress
+
+        self._progress = Progress(console=Console(stderr=True), transient=False)
+        self._task = None
+
+    def __enter__(self):
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._progress.__exit__(*exc)
+
+    def start(self, description: str, total: int) -> None:
+        self._task = self._progress.add_task(description, total=total)
+
+    def advance(self) -> None:
+        self._progress.advance(self._task)
+
+
+def _progress():
+    import contextlib
+
+    return _RichProgress() if sys.stderr.isatty() else contextlib.nullcontext(None)

@@ -1,0 +1,124 @@
+"""`tts-bench mem`: device memory during one tier, per arm — steady state, peak, delta, headroom.
+
+    tts-bench mem --config configs/ab/default.yaml --tier 4x2 --warm-tier 2x1 --sampler rss,torch
+    tts-bench mem --config configs/ab/fused-prelude.yaml --tier 128x8 --sampler nvml,torch
+    tts-bench mem --config configs/ab/synthetic.yaml --tier 8x1 --interval 0.1 --format json
+
+Each arm runs on a fresh backend: the warm tier first (not sampled), then the tier with the
+samplers running every `--interval` s (its warmup requests are marked and left out of the
+steady state). The first sampler named is the primary: its table comes first and its summary is
+the top level of `--format json` (`sampler`, `interval_s`, `arms.<arm>.steady_median_mib`, ...);
+every sampler gets its own table, timeline PNG (next to run.json) and JSON under `samplers`.
+Flags are sugar for `--set mem.*=...`, so the run record's resolved config holds them. Exit 0,
+or 5 when requests failed beyond bench.max_failure_fraction or an arm has no measure-phase
+sample. The library call behind it is `tts_bench.mem.run.run_mem`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tts_bench.errors import ConfigError, ExitStatus
+
+DEFAULT_CONFIG = Path("configs/ab/default.yaml")
+FORMATS = ("md", "table", "csv", "json")
+
+
+def mem(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="Bench config YAML [default: configs/ab/default.yaml if present]."),
+    tier: Optional[str] = typer.Option(None, "--tier", help="The sampled tier CxR [default: mem.tier, 128x8]."),
+    warm_tier: Optional[str] = typer.Option(None, "--warm-tier", help="Tier run first, unsampled, on the same backend; 'none' to skip [default: mem.warm_tier, 4x1]."),
+    interval: Optional[float] = typer.Option(None, "--interval", help="Seconds between samples [default: mem.interval_s, 2]."),
+    sampler: Optional[str] = typer.Option(None, "--sampler", help="auto | nvml | npu-smi | torch | rss; comma-separated for several, first is primary."),
+    device_index: Optional[int] = typer.Option(None, "--device-index", help="GPU (NVML index) or NPU card to sample [default: mem.device_index, 0]."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Measured requests per arm [default: max(bench.num_prompts, 2 x C)]."),
+    sets: list[str] = typer.Option([], "--set", help="Override for both arms: dotted.key=value (repeatable)."),
+    base_sets: list[str] = typer.Option([], "--base-set", help="Override for the base arm only (repeatable)."),
+    test_sets: list[str] = typer.Option([], "--test-set", help="Override for the test arm only (repeatable)."),
+    disable_shuffle: bool = typer.Option(False, "--disable-shuffle", help="Send prompts in file order."),
+    result_dir: Path = typer.Option(Path("results/runs"), "--result-dir", help="Where run directories are made."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json [default: table on a TTY, else md]."),
+) -> ExitStatus:
+    """Sample memory over one tier for both arms: steady-state median, peak, delta, headroom."""
+    from tts_bench.mem.run import run_mem
+
+    fmt = _check_format(fmt)
+    flag_sets = _flag_sets(tier=tier, warm_tier=warm_tier, interval=interval, sampler=sampler,
+                           device_index=device_index, disable_shuffle=disable_shuffle)
+    arms, plan, run = _new_run(config, [*sets, *flag_sets], base_sets, test_sets, num_prompts, result_dir)
+    result = run_mem(arms, plan, run_dir=run)
+    sys.stdout.write(render_result(result, fmt))
+    for reason in result.invalid_reasons:
+        typer.echo(f"error: invalid run: {reason}", err=True)
+    return result.exit_status
+
+
+def _check_format(fmt: str | None) -> str:
+    from tts_bench.tables import default_format
+
+    if fmt is None:
+        return default_format(sys.stdout)
+    if fmt not in FORMATS:
+        raise ConfigError(f"error: unknown format {fmt!r} (--format); valid: {', '.join(FORMATS)}")
+    return fmt
+
+
+def _flag_sets(*, tier, warm_tier, interval, sampler, device_index, disable_shuffle) -> list[str]:
+    # Flags are sugar for --set, so the resolved config (and its hash) records them.
+    if warm_tier is not None and warm_tier.strip().lower() in ("none", "null", ""):
+        warm_tier = "null"
+    elif warm_tier is not None:
+        warm_tier = f"'{warm_tier}'"
+    pairs = [("mem.tier", f"'{tier}'" if tier else None), ("mem.warm_tier", warm_tier),
+             ("mem.interval_s", interval), ("mem.sampler", f"'{sampler}'" if sampler else None),
+             ("mem.device_index", device_index),
+             ("bench.disable_shuffle", "true" if disable_shuffle else None)]
+    return [f"{k}={v}" for k, v in pairs if v is not None]
+
+
+def _new_run(config, sets, base_sets, test_sets, num_prompts, result_dir):
+    """Both arms' configs, the plan (from the base arm's `mem:`), and the run directory."""
+    from tts_bench.ab import load_arms
+    from tts_bench.config import config_hash, config_to_dict, parse_tier
+    from tts_bench.mem.run import MemPlan
+    from tts_bench.mem.samplers import parse_sampler_names
+    from tts_bench.results import RunDir, python_argv
+
+    if config is None and DEFAULT_CONFIG.is_file():
+        config = DEFAULT_CONFIG
+    arms = load_arms(config, sets, base_sets, test_sets)
+    base = next(iter(arms.values()))
+    params, tier = base.mem, parse_tier(base.mem.tier)
+    plan = MemPlan(
+        tier=tier, warm_tier=parse_tier(params.warm_tier) if params.warm_tier else None,
+        num_prompts=num_prompts or max(base.bench.num_prompts, 2 * tier.concurrency),
+        samplers=parse_sampler_names(params.sampler), interval_s=params.interval_s,
+        device_index=params.device_index, warm_prompts=params.warm_prompts,
+    )
+    run = RunDir.create(
+        result_dir, "mem", command_line=python_argv(),
+        configs={n: config_to_dict(c) for n, c in arms.items()},
+        config_hashes={n: config_hash(c) for n, c in arms.items()}, extra={"mem_plan": plan.to_dict()},
+    )
+    return arms, plan, run
+
+
+def render_result(result, fmt: str) -> str:
+    """One table per sampler (primary first) + timeline and run paths, or one JSON document."""
+    from tts_bench.mem.summary import mem_table, table_title
+    from tts_bench.tables import render
+
+    if fmt == "json":
+        return json.dumps(result.to_dict(), indent=2) + "\n"
+    if fmt == "csv":
+        return render(mem_table(result.summaries[0]), "csv")
+    parts = [render(mem_table(s), fmt, title=table_title(s)) for s in result.summaries]
+    failed = ", ".join(f"{arm} {n}" for arm, n in result.failed.items() if n)
+    lines = [f"failed requests: {failed}"] if failed else []
+    lines += [f"timeline: {p}" for p in result.timelines] + [f"run: {result.run_dir}"]
+    return "\n".join(parts) + "\n" + "\n".join(lines) + "\n"

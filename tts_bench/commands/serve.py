@@ -1,0 +1,43 @@
+"""`tts-bench serve`: any backend of a bench config behind an OpenAI-compatible speech server.
+
+    tts-bench serve --config configs/ab/default.yaml --replicas 2          # embedded tiny runner
+    tts-bench serve --config configs/ab/piper.yaml --port 8092
+    tts-bench ab --config configs/ab/synthetic.yaml --set backend=http \\
+        --set http.base_url=http://127.0.0.1:8091                          # drive it
+
+Binds to 127.0.0.1 unless `--host` says otherwise. Serves until SIGINT/SIGTERM, then gives
+requests in flight a few seconds and stops the backend. The served model name is the config's
+`http.model`, so a client using the same config sends the right name. Endpoints and the failure
+contract: `tts_bench.serve.app`. Logs (including the `listening on <url>` line) go to stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import typer
+
+from tts_bench.errors import ConfigError, ExitStatus
+
+
+def serve(
+    config: Path = typer.Option(..., "--config", "-c", help="Bench config YAML whose backend is served."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (loopback by default)."),
+    port: int = typer.Option(8091, "--port", help="TCP port; 0 picks a free one (see the log line)."),
+    replicas: int = typer.Option(1, "--replicas", help="Stage-2 replicas the backend starts with."),
+    sets: list[str] = typer.Option([], "--set", help="Config override dotted.key=value (repeatable)."),
+) -> ExitStatus:
+    """Serve a config's backend at /v1/audio/speech, /v1/models and /metrics."""
+    from tts_bench.config import load_config
+    from tts_bench.serve.app import serve_until_signalled
+
+    if replicas < 1 or not 0 <= port <= 65535:
+        raise ConfigError(f"error: bad --replicas {replicas} or --port {port} (tts-bench serve); "
+                          "use --replicas >= 1 and a port in 0..65535")
+    cfg = load_config(config, sets)
+    if cfg.backend == "http":
+        raise ConfigError(f"error: the config's backend is http ({config}: backend); serve a local "
+                          "backend (embedded, piper, synthetic), not another server")
+    asyncio.run(serve_until_signalled(cfg, replicas=replicas, host=host, port=port))
+    return ExitStatus.OK

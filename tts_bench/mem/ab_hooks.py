@@ -1,0 +1,105 @@
+"""Memory sampling inside `tts-bench ab --mem`: hooks the A/B runner calls at each phase.
+
+`tts_bench.ab.run_ab(..., hooks=MemoryHooks(...))` calls `on_phase(arm, tier, repeat, phase,
+backend)` with phase "warmup" (after the fresh backend started: samplers start), "measure"
+(before the measured requests: later samples are steady-state candidates) and "end" (after
+them: samplers stop). After each "end" the hooks write what they have so far into run.json
+(`mem`: one summary per tier, repeat and sampler, every arm seen) and redraw that tier's
+timeline PNG, so a killed A/B keeps the memory of the tiers it finished.
+
+    hooks = MemoryHooks(("nvml", "torch"), interval_s=2.0, run_dir=run)   # or make_ab_hooks(cfg, run)
+    result = run_ab(arms, tiers, repeats=1, num_prompts=64, run_dir=run, hooks=hooks)
+    for s in hooks.summaries(): print(render(mem_table(s), "md", title=table_title(s)))
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Any
+
+from tts_bench.mem.plot import write_timeline
+from tts_bench.mem.recorder import MemoryRecorder, MemSeries
+from tts_bench.mem.samplers import make_sampler
+from tts_bench.mem.summary import MemSummary, summarize
+
+log = logging.getLogger(__name__)
+
+
+class MemoryHooks:
+    """Samples memory during every (arm, tier, repeat) of an A/B; see the module docstring."""
+
+    def __init__(self, samplers: tuple[str, ...] = ("auto",), *, interval_s: float = 2.0,
+                 device_index: int = 0, run_dir: Any = None) -> None:
+        self.sampler_names = samplers
+        self.interval_s = interval_s
+        self.device_index = device_index
+        self.run_dir = run_dir  # a tts_bench.results.RunDir, or None to keep results in memory
+        self._active: list[MemoryRecorder] = []
+        # (tier, repeat, sampler) -> arm -> series, in the order arms ran
+        self._series: dict[tuple[str, int, str], dict[str, MemSeries]] = defaultdict(dict)
+        self.timelines: list[str] = []
+
+    def on_phase(self, arm: str, tier: str, repeat: int, phase: str, backend: Any) -> None:
+        if phase == "warmup":
+            self._stop_active()  # a phase that raised last time left its samplers running
+            self._active = self._start(backend)
+        elif phase == "measure":
+            for rec in self._active:
+                rec.mark("measure")
+        elif phase == "end":
+            for rec in self._active:
+                self._series[(tier, repeat, rec.sampler.name)][arm] = rec.stop()
+                rec.sampler.close()
+            self._active = []
+            self._write(tier, repeat)
+        else:
+            raise ValueError(f"unknown phase {phase!r}; valid: warmup, measure, end")
+
+    def _start(self, backend: Any) -> list[MemoryRecorder]:
+        recorders: dict[str, MemoryRecorder] = {}
+        for name in self.sampler_names:
+            sampler = make_sampler(name, device_index=self.device_index, backend=backend)
+            if sampler.name in recorders:
+                sampler.close()
+                continue
+            recorders[sampler.name] = MemoryRecorder(sampler, self.interval_s)
+        for rec in recorders.values():
+            rec.start("warmup")
+        return list(recorders.values())
+
+    def _stop_active(self) -> None:
+        for rec in self._active:
+            if rec.running:
+                rec.stop()
+            rec.sampler.close()
+        self._active = []
+
+    def summaries(self) -> list[MemSummary]:
+        """One summary per (tier, repeat, sampler) recorded so far, arms in the order they ran."""
+        return [summarize(arms, tier=tier if repeat == 0 else f"{tier} r{repeat}")
+                for (tier, repeat, _), arms in self._series.items()]
+
+    def summary(self) -> dict[str, Any]:
+        """Everything as JSON: `{"tiers": [summary.to_dict(), ...], "timelines": [...]}`."""
+        return {"tiers": [s.to_dict() for s in self.summaries()], "timelines": list(self.timelines)}
+
+    def _write(self, tier: str, repeat: int) -> None:
+        if self.run_dir is None:
+            return
+        for (t, r, name), arms in self._series.items():
+            if (t, r) != (tier, repeat):
+                continue
+            s = summarize(arms, tier=tier)
+            path = self.run_dir.path / f"mem_timeline_{tier}_r{repeat}_{name}.png"
+            write_timeline(s, path)
+            if str(path) not in self.timelines:
+                self.timelines.append(str(path))
+        self.run_dir.update(mem=self.summary())
+
+
+def make_ab_hooks(cfg: Any, run_dir: Any) -> MemoryHooks:
+    """The hooks `tts-bench ab --mem` passes to run_ab, configured by the base arm's `mem:`."""
+    params = cfg.mem
+    return MemoryHooks(params.sampler_names, interval_s=params.interval_s,
+                       device_index=params.device_index, run_dir=run_dir)

@@ -1,0 +1,201 @@
+"""`tts-bench mem` as a library call: each arm on a fresh backend, warm tier, then the sampled tier.
+
+The procedure is the seed's (both arms identical): for each arm in order, build a fresh backend
+and `start(R)` with the measured tier's R; send the warm tier (concurrency C_w, not sampled; its
+R is the backend's, since a started service does not change its replica count); start the
+samplers; send the tier's warmup requests (phase "warmup"), then the measured requests (phase
+"measure") with exactly C in flight through the shared load generator (`tts_bench.loadgen`, the
+one `tts-bench ab` uses); stop the samplers; stop the backend. Every request is appended to the
+run's JSONL as it finishes; the samples, summaries and timeline PNG paths go into run.json under
+`mem`.
+
+    result = run_mem(arms, MemPlan(tier=parse_tier("128x8"), warm_tier=parse_tier("4x1"),
+                     num_prompts=128, samplers=("nvml", "torch"), interval_s=2.0), run_dir=run)
+    result.summaries[0].to_dict()["arms"]["test"]["delta_mib"]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from tts_bench.ab import plan_jobs, select_ab_prompts
+from tts_bench.backends import make_backend
+from tts_bench.config import BenchConfig, Tier
+from tts_bench.errors import ExitStatus
+from tts_bench.loadgen import PhaseLabels, RequestRecord, run_phase
+from tts_bench.mem.plot import write_timeline
+from tts_bench.mem.recorder import MemoryRecorder, MemSeries
+from tts_bench.mem.samplers import make_sampler
+from tts_bench.mem.summary import MemSummary, summarize
+from tts_bench.results import RunDir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MemPlan:
+    """What to run; `samplers[0]` is the primary one (the table and the top-level JSON)."""
+
+    tier: Tier
+    warm_tier: Tier | None
+    num_prompts: int
+    samplers: tuple[str, ...] = ("auto",)
+    interval_s: float = 2.0
+    device_index: int = 0
+    warm_prompts: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tier": self.tier.label, "warm_tier": self.warm_tier.label if self.warm_tier else None,
+                "num_prompts": self.num_prompts, "samplers": list(self.samplers),
+                "interval_s": self.interval_s, "device_index": self.device_index,
+                "warm_prompts": self.warm_requests}
+
+    @property
+    def warm_requests(self) -> int:
+        if self.warm_tier is None:
+            return 0
+        return self.warm_prompts or 2 * self.warm_tier.concurrency
+
+
+@dataclass(frozen=True)
+class MemResult:
+    summaries: list[MemSummary]  # one per sampler, primary first
+    run_dir: str
+    timelines: list[str]
+    failed: dict[str, int]  # measured requests that failed, per arm
+    invalid_reasons: tuple[str, ...] = field(default=())
+
+    @property
+    def exit_status(self) -> ExitStatus:
+        return ExitStatus.OK if not self.invalid_reasons else ExitStatus.INVALID_RUN
+
+    def to_dict(self) -> dict[str, Any]:
+        """The primary sampler's summary at the top level (sampler, interval_s, arms...), every
+        sampler under `samplers`, plus the run's paths and validity."""
+        primary = self.summaries[0].to_dict()
+        return {
+            **primary,
+            "samplers": {s.sampler: s.to_dict() for s in self.summaries},
+            "run_dir": self.run_dir,
+            "timelines": self.timelines,
+            "failed": self.failed,
+            "valid": not self.invalid_reasons,
+            "invalid_reasons": list(self.invalid_reasons),
+        }
+
+
+@dataclass
+class _ArmRun:
+    """One arm: what it recorded."""
+
+    series: dict[str, MemSeries]
+    records: list[RequestRecord]
+
+
+def _sink(run_dir: RunDir):
+    return lambda rec: run_dir.append_request(rec.to_dict())
+
+
+async def _warm(backend: Any, cfg: BenchConfig, arm: str, plan: MemPlan, prompts: list, run_dir: RunDir) -> None:
+    if plan.warm_tier is None:
+        return
+    warm_prompts = [prompts[i % len(prompts)] for i in range(plan.warm_requests)]
+    labels = PhaseLabels(arm, f"warm-{plan.warm_tier.label}", 0)
+    _, jobs = plan_jobs(warm_prompts, labels, seed=cfg.bench.seed, warmup=0)
+    log.info("%s: warm tier %s (%d requests, not sampled)", arm, plan.warm_tier.label, len(jobs))
+    await run_phase(backend, jobs, concurrency=plan.warm_tier.concurrency, labels=labels,
+                    timeout_s=cfg.bench.timeout_s, sink=_sink(run_dir))
+
+
+def _recorders(plan: MemPlan, backend: Any) -> list[MemoryRecorder]:
+    """One recorder per requested sampler; two names resolving to one sampler record once."""
+    out: dict[str, MemoryRecorder] = {}
+    for name in plan.samplers:
+        sampler = make_sampler(name, device_index=plan.device_index, backend=backend)
+        if sampler.name in out:
+            log.warning("mem sampler %r resolves to %s, already sampling; recorded once", name, sampler.name)
+            sampler.close()
+            continue
+        out[sampler.name] = MemoryRecorder(sampler, plan.interval_s)
+    return list(out.values())
+
+
+async def _run_arm(arm: str, cfg: BenchConfig, plan: MemPlan, prompts: list, run_dir: RunDir) -> _ArmRun:
+    backend = make_backend(cfg)
+    await backend.start(plan.tier.replicas)
+    recorders: list[MemoryRecorder] = []
+    try:
+        await _warm(backend, cfg, arm, plan, prompts, run_dir)
+        labels = PhaseLabels(arm, plan.tier.label, 0)
+        warm, measured = plan_jobs(prompts, labels, seed=cfg.bench.seed,
+                                   warmup=cfg.bench.warmup_for(plan.tier.concurrency))
+        recorders = _recorders(plan, backend)
+        for rec in recorders:
+            rec.start("warmup")
+        common = dict(concurrency=plan.tier.concurrency, labels=labels,
+                      timeout_s=cfg.bench.timeout_s, sink=_sink(run_dir))
+        await run_phase(backend, warm, **common)
+        for rec in recorders:
+            rec.mark("measure")
+        result = await run_phase(backend, measured, **common)
+        series = {rec.sampler.name: rec.stop() for rec in recorders}
+        run_dir.update(backends={**run_dir.doc.get("backends", {}), arm: backend.describe()})
+        return _ArmRun(series, result.records)
+    finally:
+        for rec in recorders:
+            if rec.running:  # an exception left it sampling: stop the thread, drop the series
+                rec.stop()
+            rec.sampler.close()
+        await backend.stop()
+
+
+def _invalid(runs: dict[str, _ArmRun], summaries: list[MemSummary], arms: dict[str, BenchConfig]) -> list[str]:
+    reasons = []
+    for arm, r in runs.items():
+        failed = sum(not rec.ok for rec in r.records)
+        limit = arms[arm].bench.max_failure_fraction
+        if r.records and failed / len(r.records) > limit:
+            reasons.append(f"{arm}: {failed} of {len(r.records)} measured requests failed, "
+                           f"above bench.max_failure_fraction={limit:g}")
+    for s in summaries:
+        for arm, a in s.arms.items():
+            if a.steady_median_mib is None:
+                reasons.append(f"{arm}: no {s.sampler} sample in the measure phase "
+                               f"({a.n_samples} samples, {a.gaps} gaps); lower --interval or add prompts")
+    return reasons
+
+
+def run_mem(arms: dict[str, BenchConfig], plan: MemPlan, *, run_dir: RunDir) -> MemResult:
+    """Run every arm in order on a fresh backend and summarise, record and plot the memory."""
+    base_cfg = next(iter(arms.values()))
+    prompts = select_ab_prompts(base_cfg, plan.num_prompts)
+
+    async def main() -> dict[str, _ArmRun]:
+        return {arm: await _run_arm(arm, cfg, plan, prompts, run_dir) for arm, cfg in arms.items()}
+
+    runs = asyncio.run(main())
+    summaries = [summarize({arm: r.series[name] for arm, r in runs.items()}, tier=plan.tier.label)
+                 for name in _sampler_keys(runs)]
+    timelines = [str(write_timeline(s, run_dir.path / f"mem_timeline_{plan.tier.label}_{s.sampler}.png"))
+                 for s in summaries]
+    result = MemResult(
+        summaries, str(run_dir.path), timelines,
+        failed={arm: sum(not rec.ok for rec in r.records) for arm, r in runs.items()},
+        invalid_reasons=tuple(_invalid(runs, summaries, arms)),
+    )
+    run_dir.update(
+        status="complete" if not result.invalid_reasons else "invalid",
+        mem={**result.to_dict(),
+             "series": {name: {arm: r.series[name].to_dict() for arm, r in runs.items()}
+                        for name in _sampler_keys(runs)}},
+    )
+    return result
+
+
+def _sampler_keys(runs: dict[str, _ArmRun]) -> list[str]:
+    """Samplers every arm recorded (`auto` resolves per arm, alike on one host), primary first."""
+    first = next(iter(runs.values()))
+    return [name for name in first.series if all(name in r.series for r in runs.values())]

@@ -1,0 +1,168 @@
+"""Prompt sets in the seed-tts `meta.lst` format, and the selection every command shares.
+
+A meta.lst line is `utt|prompt_text|prompt_wav|text`: an utterance id, the transcript of a
+reference recording, that recording's path (relative to the meta.lst directory) and the text to
+synthesize. Lines starting with `#` and blank lines are skipped; a 5th field (some seed-tts sets
+carry one) is ignored; anything else is reported with its file:line.
+
+`builtin:seed-tts-en` is the packaged English set (tts_bench/data/seed-tts-en/): sentences of
+3 to 40 words with no digits and no number words, because Whisper writes numbers as digits and
+the seed-tts normalization would count them as errors.
+
+    prompts = load_prompts("builtin:seed-tts-en")
+    batch = select_prompts(prompts, 20, shuffle=False, seed=0)   # fixed file order
+    batch[0].request_id                                           # 'en_0001'
+
+When `n` exceeds the set, selection cycles and the copies get distinct request ids
+(`en_0001#2`), so results never hold the same id twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from tts_bench.errors import ConfigError
+
+BUILTIN_PREFIX = "builtin:"
+_MAX_REPORTED = 10  # malformed lines listed in one error
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One utterance to synthesize; `copy` > 1 marks a cycled repeat within one selection."""
+
+    utt: str
+    prompt_text: str
+    prompt_wav: Path | None
+    text: str
+    copy: int = 1
+
+    @property
+    def request_id(self) -> str:
+        return self.utt if self.copy == 1 else f"{self.utt}#{self.copy}"
+
+    @property
+    def num_words(self) -> int:
+        return len(self.text.split())
+
+
+def builtin_dir() -> Path:
+    """Directory holding the packaged prompt sets (one sub-directory per set)."""
+    return Path(str(resources.files("tts_bench") / "data"))
+
+
+def builtin_sets() -> list[str]:
+    root = builtin_dir()
+    return sorted(p.parent.name for p in root.glob("*/meta.lst"))
+
+
+def resolve_meta(meta: str | Path) -> Path:
+    """`builtin:<name>` -> packaged meta.lst; anything else is a path to a meta.lst."""
+    text = str(meta)
+    if text.startswith(BUILTIN_PREFIX):
+        name = text[len(BUILTIN_PREFIX):]
+        path = builtin_dir() / name / "meta.lst"
+        if not path.is_file():
+            valid = ", ".join(BUILTIN_PREFIX + s for s in builtin_sets())
+            raise ConfigError(f"error: unknown prompt set {text!r} (prompts.meta); valid: {valid}")
+        return path
+    path = Path(text)
+    if not path.is_file():
+        raise ConfigError(
+            f"error: prompt list {text!r} is not a file (prompts.meta); pass a seed-tts meta.lst "
+            f"or builtin:seed-tts-en"
+        )
+    return path
+
+
+def _parse_line(line: str, base: Path) -> Prompt | str:
+    """A Prompt, or the reason the line is malformed."""
+    fields = line.split("|")
+    if len(fields) not in (4, 5):
+        return f"expected 4 fields utt|prompt_text|prompt_wav|text, got {len(fields)}"
+    utt, prompt_text, wav, text = (f.strip() for f in fields[:4])
+    if not utt:
+        return "empty utt id"
+    if not text:
+        return "empty text"
+    return Prompt(utt, prompt_text, (base / wav) if wav else None, text)
+
+
+def parse_meta(text: str, *, source: Path, base: Path | None = None) -> list[Prompt]:
+    """Parse meta.lst content; all malformed lines are reported together as file:line."""
+    base = source.parent if base is None else base
+    prompts: list[Prompt] = []
+    errors: list[str] = []
+    seen: dict[str, int] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parsed = _parse_line(line, base)
+        if isinstance(parsed, str):
+            errors.append(f"{source}:{lineno}: {parsed}")
+        elif parsed.utt in seen:
+            first = seen[parsed.utt]
+            why = f"duplicate utt {parsed.utt!r} (first on line {first})"
+            errors.append(f"{source}:{lineno}: {why}")
+        else:
+            seen[parsed.utt] = lineno
+            prompts.append(parsed)
+    if errors:
+        shown = "\n  ".join(errors[:_MAX_REPORTED])
+        hidden = len(errors) - _MAX_REPORTED
+        more = f"\n  ... and {hidden} more" if hidden > 0 else ""
+        raise ConfigError(
+            f"error: malformed prompt list ({source}):\n  {shown}{more}\n"
+            f"fix those lines (format utt|prompt_text|prompt_wav|text, # for comments)"
+        )
+    if not prompts:
+        raise ConfigError(
+            f"error: prompt list has no prompts ({source}); "
+            f"add utt|prompt_text|prompt_wav|text lines"
+        )
+    return prompts
+
+
+def load_prompts(meta: str | Path) -> list[Prompt]:
+    """Load a meta.lst (path or `builtin:<name>`) in file order."""
+    path = resolve_meta(meta)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"error: cannot read prompt list ({path}): {exc}; check the file"
+        ) from None
+    return parse_meta(text, source=path)
+
+
+def select_prompts(
+    prompts: Sequence[Prompt], n: int, *, shuffle: bool, seed: int = 0
+) -> list[Prompt]:
+    """The first `n` prompts in file order, or of a seeded permutation; cycles past the end.
+
+    The same (set, n, shuffle, seed) always gives the same list, so both arms of an A/B and
+    every repeat see identical requests.
+    """
+    if n < 1:
+        raise ConfigError(
+            f"error: number of prompts must be >= 1, got {n} (--num-prompts); pass a positive count"
+        )
+    if not prompts:
+        raise ConfigError(
+            "error: the prompt set is empty (prompts.meta); load a non-empty meta.lst"
+        )
+    order = np.arange(len(prompts))
+    if shuffle:
+        order = np.random.default_rng(seed).permutation(len(prompts))
+    out = []
+    for i in range(n):
+        p = prompts[int(order[i % len(prompts)])]
+        copy = i // len(prompts) + 1
+        out.append(p if copy == 1 else Prompt(p.utt, p.prompt_text, p.prompt_wav, p.text, copy))
+    return out

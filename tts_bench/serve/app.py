@@ -1,0 +1,307 @@
+"""An OpenAI-compatible speech server over any tts-bench backend (embedded runner, piper, synthetic).
+
+Endpoints:
+- `POST /v1/audio/speech` — body `{"input": str, "model"?: str, "voice"?: str,
+  "response_format"?: "pcm" | "wav" (default wav), "stream"?: bool (default false),
+  "stream_format"?: "audio" | "sse", "seed"?: int, "ref_text"?: str}`; other fields are ignored
+  (OpenAI clients send e.g. `speed`). Non-streaming answers carry a Content-Length. Streaming
+  answers use chunked transfer encoding: raw s16le mono (`audio/pcm; rate=R`), or a WAV header
+  with the streaming size 0xFFFFFFFF followed by PCM, each backend chunk written as it arrives;
+  `stream_format: sse` sends OpenAI-style `speech.audio.delta` events with base64 PCM instead.
+- `GET /v1/models` — the one served model, with the backend's `describe()` under `tts_bench`.
+- `GET /metrics` — Prometheus text (`tts_bench.serve.exposition`): serve RSS, the backend's
+  `memory_snapshot()` when it implements ReportsMemory, request counters.
+- `GET /health` — 200 once the backend has started.
+
+Failure contract (what the `http` backend relies on): a backend failure before the first audio
+chunk is an HTTP 500 with an OpenAI-style error JSON whose `code` is the failure kind; a failure
+after audio was sent *drops the connection* instead of ending the chunked body, because a clean
+end would pass truncated audio off as a complete answer. A client that goes away closes the
+backend stream, which cancels the request in backends that support it (embedded).
+
+Headers are sent with the first audio chunk, not before, so the response status can still
+report an early failure; the client's TTFP is unaffected (it is stamped at the first audio bytes).
+
+    async with-free use:  server = SpeechServer(cfg, replicas=2); await server.start(); ...; await server.stop()
+    with running_server(cfg, port=0) as server:   # background thread, for tests and scripts
+        requests.post(server.url + "/v1/audio/speech", json={"input": "Hello."})
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from aiohttp import web
+
+from tts_bench.backends import make_backend
+from tts_bench.backends.base import AudioChunk, ReportsMemory, RequestFailed, SynthesisRequest
+from tts_bench.serve import exposition
+from tts_bench.serve.wire import encode_pcm16, sse_audio_event, sse_event, wav_header
+
+if TYPE_CHECKING:
+    from tts_bench.config import BenchConfig
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("pcm", "wav")
+STREAM_FORMATS = ("audio", "sse")
+_SHUTDOWN_TIMEOUT_S = 5.0  # in-flight requests get this long to finish on SIGINT/SIGTERM
+_BACKLOG = 1024  # 128+ clients may connect at once at the start of a tier
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param = status, param
+
+
+@dataclass(frozen=True)
+class SpeechSpec:
+    """A validated `/v1/audio/speech` body."""
+
+    text: str
+    response_format: str = "wav"
+    stream: bool = False
+    sse: bool = False
+    seed: int = 42
+    prompt_text: str = ""
+
+
+def parse_speech_body(body: Any, model_name: str) -> SpeechSpec:
+    """Validate a request body; raises BadRequest (400, or 404 for an unknown model)."""
+    if not isinstance(body, dict):
+        raise BadRequest(400, "the body must be a JSON object")
+    text = body.get("input")
+    if not isinstance(text, str) or not text.strip():
+        raise BadRequest(400, "'input' must be a non-empty string", "input")
+    model = body.get("model", model_name)
+    if model != model_name:
+        raise BadRequest(404, f"model {model!r} does not exist; this server serves {model_name!r}", "model")
+    fmt = body.get("response_format", "wav")
+    if fmt not in FORMATS:
+        raise BadRequest(400, f"unsupported response_format {fmt!r}; valid: {', '.join(FORMATS)}",
+                         "response_format")
+    stream_format = body.get("stream_format", "audio")
+    if stream_format not in STREAM_FORMATS:
+        raise BadRequest(400, f"unsupported stream_format {stream_format!r}; valid: "
+                         f"{', '.join(STREAM_FORMATS)}", "stream_format")
+    stream, seed, ref = body.get("stream", False), body.get("seed", 42), body.get("ref_text", "")
+    if not isinstance(stream, bool):
+        raise BadRequest(400, "'stream' must be true or false", "stream")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise BadRequest(400, "'seed' must be an integer", "seed")
+    if not isinstance(ref, str):
+        raise BadRequest(400, "'ref_text' must be a string", "ref_text")
+    sse = stream_format == "sse"
+    return SpeechSpec(text, fmt, stream or sse, sse, seed, ref)
+
+
+def error_response(status: int, message: str, *, code: str, param: str | None = None) -> web.Response:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    doc = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return web.json_response(doc, status=status)
+
+
+class SpeechServer:
+    """One backend (started with `replicas`) behind the endpoints in the module docstring."""
+
+    def __init__(self, cfg: BenchConfig, *, replicas: int = 1, host: str = "127.0.0.1",
+                 port: int = 8091, model_name: str | None = None) -> None:
+        self.cfg = cfg
+        self.replicas = replicas
+        self.host, self.port = host, port
+        self.model_name = model_name or cfg.http.model
+        self.backend = make_backend(cfg)
+        self.counters = {"requests_total": 0, "request_failures_total": 0, "requests_in_flight": 0}
+        self._runner: web.AppRunner | None = None
+        self._created = int(time.time())
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        await self.backend.start(self.replicas)
+        app = web.Application()
+        app.add_routes([web.post("/v1/audio/speech", self._speech), web.get("/v1/models", self._models),
+                        web.get("/metrics", self._metrics), web.get("/health", self._health)])
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
+        try:
+            await runner.setup()
+            await web.TCPSite(runner, self.host, self.port, backlog=_BACKLOG).start()
+        except BaseException:
+            await runner.cleanup()
+            await self.backend.stop()
+            raise
+        self._runner = runner
+        self.port = runner.addresses[0][1]  # the real port when asked for port 0
+        if self.host not in _LOOPBACK:
+            log.warning("serving on %s: anyone who can reach this host can use it", self.host)
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        try:
+            if runner is not None:
+                await runner.cleanup()
+        finally:
+            await self.backend.stop()
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        model = {"id": self.model_name, "object": "model", "created": self._created,
+                 "owned_by": "tts-bench", "tts_bench": self.backend.describe()}
+        return web.json_response({"object": "list", "data": [model]},
+                                 dumps=lambda d: json.dumps(d, default=str))
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        import psutil
+
+        rows: list[dict] = []
+        if isinstance(self.backend, ReportsMemory):  # the embedded runner asks its processes
+            rows = await asyncio.to_thread(self.backend.memory_snapshot)
+        text = exposition.render(rows, rss_bytes=psutil.Process().memory_info().rss,
+                                 counters=self.counters)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Version": "0.0.4"})
+
+    async def _speech(self, request: web.Request) -> web.StreamResponse:
+        self.counters["requests_total"] += 1
+        try:
+            spec = parse_speech_body(await request.json(), self.model_name)
+        except (BadRequest, ValueError) as exc:
+            status, param = (exc.status, exc.param) if isinstance(exc, BadRequest) else (400, None)
+            return error_response(status, str(exc), code="invalid_request", param=param)
+        synth = SynthesisRequest(request_id=uuid.uuid4().hex[:16], text=spec.text,
+                                 prompt_text=spec.prompt_text, seed=spec.seed)
+        self.counters["requests_in_flight"] += 1
+        try:
+            stream = self.backend.synthesize(synth)
+            async with contextlib.aclosing(stream):
+                if spec.stream:
+                    return await self._stream(request, spec, stream)
+                return await self._whole(spec, stream)
+        finally:
+            self.counters["requests_in_flight"] -= 1
+
+    async def _whole(self, spec: SpeechSpec, stream: AsyncIterator[AudioChunk]) -> web.Response:
+        try:
+            chunks = [chunk async for chunk in stream]
+        except Exception as exc:  # noqa: BLE001 - every backend failure becomes a 500
+            return self._failed(exc)
+        rate = chunks[0].sample_rate if chunks else self.cfg.http.sample_rate
+        samples = np.concatenate([c.samples for c in chunks]) if chunks else np.zeros(0, np.float32)
+        pcm = encode_pcm16(samples)
+        if spec.response_format == "wav":
+            return web.Response(body=wav_header(rate, len(pcm)) + pcm, content_type="audio/wav")
+        return web.Response(body=pcm, headers={"Content-Type": f"audio/pcm; rate={rate}"})
+
+    async def _stream(self, request: web.Request, spec: SpeechSpec,
+                      stream: AsyncIterator[AudioChunk]) -> web.StreamResponse:
+        response: web.StreamResponse | None = None
+        try:
+            async for chunk in stream:
+                if response is None:
+                    response = await self._open_stream(request, spec, chunk.sample_rate)
+                pcm = encode_pcm16(chunk.samples)
+                await response.write(sse_audio_event(pcm) if spec.sse else pcm)
+        except (ConnectionResetError, asyncio.CancelledError):
+            log.debug("client went away; request abandoned")
+            raise
+        except Exception as exc:  # noqa: BLE001 - every backend failure is reported or dropped
+            if response is None:
+                return self._failed(exc)
+            self.counters["request_failures_total"] += 1
+            log.warning("request failed after audio was sent, dropping the connection: %s", exc)
+            if request.transport is not None:  # see the failure contract in the module docstring
+                request.transport.abort()
+            return response
+        if response is None:  # no audio at all: a complete, empty answer (the client counts it)
+            response = await self._open_stream(request, spec, self.cfg.http.sample_rate)
+        if spec.sse:
+            await response.write(sse_event({"type": "speech.audio.done"}))
+        await response.write_eof()
+        return response
+
+    async def _open_stream(self, request: web.Request, spec: SpeechSpec, rate: int) -> web.StreamResponse:
+        if spec.sse:
+            content_type = "text/event-stream"
+        elif spec.response_format == "wav":
+            content_type = "audio/wav"
+        else:
+            content_type = f"audio/pcm; rate={rate}"
+        response = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-cache"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        header = wav_header(rate) if spec.response_format == "wav" else b""
+        if header:
+            await response.write(sse_audio_event(header) if spec.sse else header)
+        return response
+
+    def _failed(self, exc: Exception) -> web.Response:
+        self.counters["request_failures_total"] += 1
+        kind = exc.kind if isinstance(exc, RequestFailed) else "backend_error"
+        detail = exc.detail if isinstance(exc, RequestFailed) else f"{type(exc).__name__}: {exc}"
+        log.warning("request failed (%s): %s", kind, detail)
+        return error_response(500, f"{kind}: {detail}" if detail else kind, code=kind)
+
+
+# ---------------------------------------------------------------- running it
+
+
+async def serve_until_signalled(cfg: BenchConfig, *, replicas: int, host: str, port: int) -> None:
+    """`tts-bench serve`: start, log the URL, serve until SIGINT/SIGTERM, stop the backend."""
+    import signal
+
+    server = SpeechServer(cfg, replicas=replicas, host=host, port=port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+        log.info("listening on %s (backend %s, %d replicas, model %r); Ctrl-C stops",
+                 server.url, cfg.backend, replicas, server.model_name)
+        await stop.wait()
+        log.info("stopping: waiting up to %.0f s for requests in flight", _SHUTDOWN_TIMEOUT_S)
+    finally:
+        await server.stop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    log.info("stopped")
+
+
+@contextlib.contextmanager
+def running_server(cfg: BenchConfig, *, replicas: int = 1, host: str = "127.0.0.1", port: int = 0,
+                   start_timeout_s: float = 120.0) -> Iterator[SpeechServer]:
+    """A SpeechServer on its own event loop in a daemon thread, stopped on exit (tests, scripts).
+    The default port 0 picks a free port; read it from `server.url`."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="tts-bench-serve", daemon=True)
+    thread.start()
+    server = SpeechServer(cfg, replicas=replicas, host=host, port=port)
+    try:
+        asyncio.run_coroutine_threadsafe(server.start(), loop).result(timeout=start_timeout_s)
+        try:
+            yield server
+        finally:
+            asyncio.run_coroutine_threadsafe(server.stop(), loop).result(timeout=start_timeout_s)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()

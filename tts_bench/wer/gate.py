@@ -1,0 +1,201 @@
+"""The WER gate: compare arms with each other and with the committed history, give a verdict.
+
+History: `results/wer-history/<created>-<hash>.json`, one JSON record per accepted run
+(`tts-bench wer --accept`), committed to the repository. A record holds, per arm, the TTS config
+hash (the arm's config without its `wer`/`bench`/`mem` sections, plus the prompt selection), the
+ASR provenance (backend, model + weights hash, compute type, options, library versions), the
+normalizer, and every utterance's transcript, WER and audio hash.
+
+An arm is checked against the newest history entry with the same TTS config hash *and* the same
+ASR provenance and normalizer. If entries with that config exist but none with this provenance,
+the comparison is refused (InvalidRunError, exit 5): a WER from another ASR setup is not
+comparable, and silently skipping it would let the gate pass unchecked.
+
+Verdict (exit code):
+- `invalid` (5): an arm has more failures than `wer.max_failures`.
+- `regression` (4): a comparison (test arm vs base arm, or an arm vs its history) whose audio
+  is not all byte-identical, whose transcripts are not all identical, and whose mean ΔWER 95% CI
+  upper bound is >= `wer.tolerance_points` percentage points (or where nothing scored in both).
+- `pass` (0): otherwise; the reasons list says what each arm was checked against.
+
+    result = judge(arms, paired, history_checks, params)
+    result.verdict, result.exit_status, result.reasons
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tts_bench.errors import ExitStatus, InvalidRunError
+from tts_bench.wer.params import WerParams
+from tts_bench.wer.score import ArmScore, Paired, compare_utterances
+
+HISTORY_VERSION = 1
+_NOT_TTS = ("wer", "bench", "mem")  # config sections that do not change the audio
+
+
+def tts_config_hash(config: dict[str, Any], *, num_prompts: int, shuffle: bool) -> str:
+    """Hash of what determines an arm's audio: its config minus wer/bench/mem, plus selection."""
+    tts = {k: v for k, v in config.items() if k not in _NOT_TTS}
+    tts["selection"] = {"num_prompts": num_prompts, "shuffle": shuffle}
+    blob = json.dumps(tts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One arm of one accepted run."""
+
+    source: str  # file name
+    created: str
+    arm: str
+    tts_config_hash: str
+    asr: dict[str, Any]
+    normalizer: str
+    utterances: list[dict]
+
+
+def _provenance_key(asr: dict, normalizer: str) -> str:
+    return json.dumps({"asr": asr, "normalizer": normalizer}, sort_keys=True)
+
+
+def load_history(directory: Path) -> list[HistoryEntry]:
+    """Every arm of every record, newest record first."""
+    entries = []
+    for path in sorted(Path(directory).glob("*.json"), reverse=True):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if doc.get("history_version") != HISTORY_VERSION:
+            continue
+        for arm, a in doc["arms"].items():
+            entries.append(HistoryEntry(path.name, doc["created"], arm, a["tts_config_hash"],
+                                        doc["asr"], doc["normalizer"], a["utterances"]))
+    return entries
+
+
+def find_reference(
+    history: Sequence[HistoryEntry], tts_hash: str, asr: dict, normalizer: str, *, refuse: bool = True
+) -> HistoryEntry | None:
+    """Newest entry with this config and provenance; refuses a config recorded only under another."""
+    same_config = [h for h in history if h.tts_config_hash == tts_hash]
+    want = _provenance_key(asr, normalizer)
+    for h in same_config:
+        if _provenance_key(h.asr, h.normalizer) == want:
+            return h
+    if same_config and refuse:
+        h = same_config[0]
+        raise InvalidRunError(
+            f"error: the WER history for this config ({h.source}) was recorded with ASR "
+            f"{_describe(h.asr, h.normalizer)}, this run uses {_describe(asr, normalizer)} "
+            f"(results/wer-history); WER from different ASR setups is not comparable: rerun with "
+            f"the recorded --asr/--asr-model/--normalizer (and library versions), or record a new "
+            f"baseline with --accept"
+        )
+    return None
+
+
+def _describe(asr: dict, normalizer: str) -> str:
+    libs = ",".join(f"{k} {v}" for k, v in sorted(asr.get("library_versions", {}).items()))
+    return (f"{asr.get('backend')} {asr.get('model')}@{asr.get('model_sha256')} "
+            f"{asr.get('compute_type')} beam {asr.get('beam_size')} vad {asr.get('vad')} "
+            f"[{libs}] + normalizer {normalizer}")
+
+
+def write_history(
+    directory: Path, *, arms: Sequence[ArmScore], tts_hashes: dict[str, str], asr: dict,
+    normalizer: str, run_path: str, config_hashes: dict[str, str],
+) -> Path:
+    """Append one accepted run (atomically) and return its path."""
+    created = _dt.datetime.now(_dt.timezone.utc)
+    doc = {
+        "history_version": HISTORY_VERSION,
+        "created": created.isoformat(timespec="seconds"),
+        "run": run_path,
+        "asr": asr,
+        "normalizer": normalizer,
+        "arms": {
+            a.arm: {
+                "tts_config_hash": tts_hashes[a.arm],
+                "config_hash": config_hashes.get(a.arm),
+                "mean_wer": a.mean_wer, "median_wer": a.median_wer, "corpus_wer": a.corpus_wer,
+                "failures": a.failures,
+                "utterances": [{k: u[k] for k in ("request_id", "text", "transcript", "wer", "audio_sha256",
+                                                  "failure_kind")} for u in a.utterances],
+            }
+            for a in arms
+        },
+    }
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:8]
+    path = directory / f"{created:%Y%m%d-%H%M%S}-{key}.json"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+@dataclass(frozen=True)
+class HistoryCheck:
+    arm: str
+    reference: str  # history file
+    paired: Paired
+
+
+def check_history(arm: ArmScore, ref: HistoryEntry, params: WerParams) -> HistoryCheck:
+    paired = compare_utterances(f"history:{ref.source}", ref.utterances, arm.arm, arm.utterances,
+                                resamples=params.bootstrap_resamples)
+    return HistoryCheck(arm.arm, ref.source, paired)
+
+
+@dataclass(frozen=True)
+class GateResult:
+    verdict: str  # pass | regression | invalid
+    exit_status: ExitStatus
+    reasons: list[str] = field(default_factory=list)
+
+
+def _judge_pair(p: Paired, params: WerParams) -> tuple[bool, str]:
+    label = f"{p.test} vs {p.base}"
+    if p.n_total and p.identical_audio == p.n_total:
+        # Byte-identical audio gets identical transcripts from a deterministic ASR (and the same
+        # failures): the seed's "bit-for-bit identical" pass, valid even where nothing scored.
+        return True, f"{label}: audio byte-identical ({p.n_total}/{p.n_total})"
+    if p.n_paired == p.n_total and p.identical_transcripts == p.n_total:
+        return True, f"{label}: transcripts identical ({p.n_total}/{p.n_total})"
+    if p.delta_mean_wer_ci95 is None:
+        return False, f"{label}: no utterance scored in both"
+    lo, hi = (100.0 * x for x in p.delta_mean_wer_ci95)
+    delta = 100.0 * (p.delta_mean_wer or 0.0)
+    ok = hi < params.tolerance_points
+    word = "within" if ok else "exceeds"
+    return ok, (f"{label}: ΔWER {delta:+.2f} points, 95% CI [{lo:+.2f}, {hi:+.2f}] {word} tolerance "
+                f"{params.tolerance_points:g}")
+
+
+def judge(
+    arms: Sequence[ArmScore], paired: Sequence[Paired], history: Sequence[HistoryCheck], params: WerParams
+) -> GateResult:
+    reasons: list[str] = []
+    invalid = [a for a in arms if a.failed > params.max_failures]
+    for a in invalid:
+        kinds = ", ".join(f"{k} {n}" for k, n in a.failures.items() if n)
+        reasons.append(f"{a.arm}: {a.failed} failures ({kinds}) > max_failures {params.max_failures}")
+    regressed = False
+    for p in [*paired, *(h.paired for h in history)]:
+        ok, why = _judge_pair(p, params)
+        regressed |= not ok
+        reasons.append(why)
+    if not paired and not history:
+        reasons.append("no reference: single arm and no matching history (record one with --accept)")
+    if invalid:
+        return GateResult("invalid", ExitStatus.INVALID_RUN, reasons)
+    if regressed:
+        return GateResult("regression", ExitStatus.ACCURACY_REGRESSION, reasons)
+    return GateResult("pass", ExitStatus.OK, reasons)

@@ -1,0 +1,125 @@
+"""WER results as a table (shaped like the seed's) and as one JSON document.
+
+    | Branch / arm | mean WER | median | corpus | ASR failures |
+    | base         | 0.65%    | 0.00%  | 0.52%  | 0            |
+    | test         | 0.65%    | 0.00%  | 0.52%  | 0            |
+
+    paired test vs base: 20/20 identical audio, 20/20 identical transcripts, ΔWER +0.00 points [+0.00, +0.00]
+    verdict: pass
+
+The JSON (`--format json`) carries at least `arms.<arm>.mean_wer/.median_wer/.corpus_wer/
+.completed/.failures.<kind>`, `paired.identical_audio`, `paired.delta_mean_wer_ci95`,
+`asr.{backend,model,normalizer}` and `verdict`. WER values are fractions (0.0065 = 0.65%).
+
+    df = wer_table(report); text = render_report(report, "md")
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from tts_bench.wer.score import ArmScore, Paired
+
+if TYPE_CHECKING:
+    from tts_bench.wer.runner import WerReport
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100.0 * x:.2f}%"
+
+
+def _failures(a: ArmScore) -> str:
+    if not a.failed:
+        return "0"
+    kinds = ", ".join(f"{k} {n}" for k, n in a.failures.items() if n)
+    return f"{a.failed} ({kinds})"
+
+
+def wer_table(report: WerReport) -> pd.DataFrame:
+    rows = [{
+        "Branch / arm": a.arm,
+        "mean WER": _pct(a.mean_wer),
+        "median": _pct(a.median_wer),
+        "corpus": _pct(a.corpus_wer),
+        "ASR failures": _failures(a),
+        "scored": f"{a.completed}/{a.total}",
+        ">50%": str(a.above_50),
+        "insertions": str(a.insertions),
+    } for a in report.arms]
+    return pd.DataFrame(rows)
+
+
+def paired_line(p: Paired) -> str:
+    ci = p.delta_mean_wer_ci95
+    delta = "n/a" if p.delta_mean_wer is None else f"{100 * p.delta_mean_wer:+.2f} points"
+    ci_s = "" if ci is None else f" 95% CI [{100 * ci[0]:+.2f}, {100 * ci[1]:+.2f}]"
+    return (f"paired {p.test} vs {p.base}: {p.identical_audio}/{p.n_total} identical audio, "
+            f"{p.identical_transcripts}/{p.n_total} identical transcripts, ΔWER {delta}{ci_s} "
+            f"over {p.n_paired} utterances")
+
+
+def footer_lines(report: WerReport) -> list[str]:
+    lines = [paired_line(p) for p in report.paired]
+    lines += [f"history {h.arm}: " + paired_line(h.paired).split(": ", 1)[1] for h in report.history]
+    asr = report.asr
+    lines.append(f"ASR: {asr.backend} {asr.model} ({asr.compute_type}, beam {asr.beam_size}, "
+                 f"vad {'on' if asr.vad else 'off'}), normalizer {report.normalizer}; "
+                 f"audio {sum(a.audio_seconds for a in report.arms):.1f} s, ASR decoded "
+                 f"{decoded_audio_seconds(report):.1f} s of it in {sum(a.asr_seconds for a in report.arms):.1f} s "
+                 f"(+ model load {report.asr_load_s:.1f} s; the rest came from the transcript cache)")
+    lines += [f"- {r}" for r in report.gate.reasons]
+    lines.append(f"verdict: {report.gate.verdict}")
+    if report.history_written:
+        lines.append(f"recorded in history: {report.history_written}")
+    return lines
+
+
+def decoded_audio_seconds(report: WerReport) -> float:
+    """Audio seconds the ASR actually decoded (cache hits excluded): the real-time factor's base."""
+    return sum(u["audio_seconds"] for a in report.arms for u in a.utterances
+               if u["asr_seconds"] > 0 and not u["cached"])
+
+
+def _arm_doc(a: ArmScore, include_utterances: bool) -> dict[str, Any]:
+    d = a.to_dict()
+    if not include_utterances:
+        d.pop("utterances")
+    return d
+
+
+def report_doc(report: WerReport, *, include_utterances: bool = False) -> dict[str, Any]:
+    asr = report.asr.to_dict()
+    asr["normalizer"] = report.normalizer
+    audio = decoded_audio_seconds(report)
+    asr_s = sum(a.asr_seconds for a in report.arms)
+    return {
+        "run": str(report.run_path),
+        "arms": {a.arm: _arm_doc(a, include_utterances) for a in report.arms},
+        "paired": report.paired[0].to_dict() if report.paired else None,
+        "paired_all": [p.to_dict() for p in report.paired],
+        "history": [{"arm": h.arm, "reference": h.reference, **h.paired.to_dict()} for h in report.history],
+        "asr": asr,
+        "timings": {"audio_seconds": sum(a.audio_seconds for a in report.arms),
+                    "decoded_audio_seconds": audio, "asr_seconds": asr_s, "asr_load_seconds": report.asr_load_s,
+                    "asr_wall_seconds": report.asr_wall_s,
+                    "asr_realtime_factor": (audio / asr_s) if asr_s else None},
+        "verdict": report.gate.verdict,
+        "exit_status": int(report.gate.exit_status),
+        "reasons": report.gate.reasons,
+        "history_written": report.history_written,
+    }
+
+
+def render_report(report: WerReport, fmt: str, *, width: int = 120) -> str:
+    """The whole result in one of md | table | csv | json."""
+    if fmt == "json":
+        return json.dumps(report_doc(report), indent=2, ensure_ascii=False) + "\n"
+    from tts_bench.tables import render
+
+    table = render(wer_table(report), fmt, title="seed-tts WER", width=width)
+    if fmt == "csv":
+        return table
+    return table.rstrip("\n") + "\n\n" + "\n".join(footer_lines(report)) + "\n"

@@ -1,0 +1,171 @@
+"""The WER gate end to end as library calls: generate (phase 1), then evaluate (phase 2).
+
+`generate` runs each arm's backend in turn and records every (arm, prompt) in the run directory;
+`evaluate` reads the run directory back (so `--transcribe-only <run>` re-scores an old run with
+another ASR or normalizer), transcribes, scores, compares arms and history, and writes the result
+into run.json. The first arm is the base every other arm is paired with.
+
+    run = RunDir.create(root, "wer", command_line=argv, configs=..., extra=selection_doc(...))
+    asyncio.run(generate(arms, prompts, run, params))
+    report = evaluate(run, params, accept=False)
+    report.gate.exit_status
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tts_bench.asr import AsrOptions, AsrProvenance, Transcriber, describe_asr, make_transcriber
+from tts_bench.asr.models import cache_root
+from tts_bench.backends.base import Backend
+from tts_bench.errors import InvalidRunError
+from tts_bench.results import RunDir
+from tts_bench.wer.gate import (
+    GateResult,
+    HistoryCheck,
+    check_history,
+    find_reference,
+    judge,
+    load_history,
+    tts_config_hash,
+    write_history,
+)
+from tts_bench.wer.generate import WER_TIER, GenRecord, generate_arm
+from tts_bench.wer.normalize import get_normalizer
+from tts_bench.wer.params import WerParams
+from tts_bench.wer.score import ArmScore, Paired, compare_utterances, score_arm
+from tts_bench.wer.transcribe import AsrSession, TranscriptCache, setup_key, transcribe_records
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WerArm:
+    name: str
+    config: Any  # tts_bench.config.BenchConfig
+
+
+def asr_options(params: WerParams) -> AsrOptions:
+    return AsrOptions(backend=params.asr, model=params.asr_model, compute_type=params.compute_type,
+                      beam_size=params.beam_size, vad=params.vad, cpu_threads=params.cpu_threads)
+
+
+def selection_doc(prompts: Sequence, *, num_prompts: int, shuffle: bool) -> dict:
+    """What run.json keeps about the prompt selection (order and texts live in requests.jsonl)."""
+    return {"wer_selection": {"request_ids": [p.request_id for p in prompts],
+                              "num_prompts": num_prompts, "shuffle": shuffle}}
+
+
+async def generate(
+    arms: Sequence[WerArm], prompts: Sequence, run: RunDir, params: WerParams, *,
+    backend_factory: Callable[[Any], Backend] | None = None, timeout_s: float = 120.0,
+) -> dict[str, list[GenRecord]]:
+    """Phase 1: every arm's audio, one arm at a time; each backend is stopped before the next."""
+    if backend_factory is None:
+        from tts_bench.backends import make_backend as backend_factory
+    out, described = {}, {}
+    for arm in arms:
+        t0 = time.perf_counter()
+        backend = backend_factory(arm.config)
+        out[arm.name] = await generate_arm(
+            arm.name, backend, prompts, run.path,
+            concurrency=params.concurrency, replicas=params.replicas, timeout_s=timeout_s,
+            seed=params.seed, sink=lambda r: run.append_request(r.to_json()),
+        )
+        failed = sum(not r.ok for r in out[arm.name])
+        log.info("generated arm %s: %d prompts, %d failed, %.1f s", arm.name, len(prompts), failed,
+                 time.perf_counter() - t0)
+        described[arm.name] = {**backend.describe(), "generate_seconds": time.perf_counter() - t0}
+    run.update(status="generated", backends=described)
+    return out
+
+
+def read_generation(run: RunDir) -> dict[str, list[GenRecord]]:
+    """Generation records per arm, in prompt order (the last record wins for a repeated id)."""
+    sel = run.doc.get("wer_selection")
+    if run.kind != "wer" or sel is None:
+        raise InvalidRunError(f"error: {run.path} is not a WER run (--transcribe-only); pass a directory made by tts-bench wer")
+    by_arm: dict[str, dict[str, GenRecord]] = {arm: {} for arm in run.doc["configs"]}
+    for rec in run.iter_requests():
+        if rec.get("tier") == WER_TIER:
+            by_arm.setdefault(rec["arm"], {})[rec["request_id"]] = GenRecord.from_json(rec)
+    out = {}
+    for arm, recs in by_arm.items():
+        missing = [i for i in sel["request_ids"] if i not in recs]
+        if missing:
+            raise InvalidRunError(
+                f"error: arm {arm} of {run.path} has no audio record for {len(missing)} prompts "
+                f"(first {missing[0]}) (--transcribe-only); the generation was interrupted: rerun it"
+            )
+        out[arm] = [recs[i] for i in sel["request_ids"]]
+    return out
+
+
+@dataclass(frozen=True)
+class WerReport:
+    run_path: Path
+    arms: list[ArmScore]
+    paired: list[Paired]
+    history: list[HistoryCheck]
+    asr: AsrProvenance
+    normalizer: str
+    gate: GateResult
+    asr_load_s: float
+    asr_wall_s: float
+    history_written: str | None = None
+
+
+def _transcribe_all(gen, run: RunDir, params: WerParams, factory, provenance) -> tuple[dict, AsrSession, float]:
+    options = asr_options(params)
+    provenance = provenance or describe_asr(options)
+    cache_dir = Path(params.cache_dir) if params.cache_dir else cache_root() / "transcripts"
+    session = AsrSession(options, provenance, factory, TranscriptCache(cache_dir, setup_key(provenance)))
+    t0 = time.perf_counter()
+    results = {arm: transcribe_records(recs, run.path, session) for arm, recs in gen.items()}
+    return results, session, time.perf_counter() - t0
+
+
+def evaluate(
+    run: RunDir, params: WerParams, *, accept: bool = False,
+    factory: Callable[[AsrOptions], Transcriber] | None = None,
+    provenance: AsrProvenance | None = None,
+) -> WerReport:
+    """Phase 2: transcribe, score, pair, check history, judge; result merged into run.json.
+
+    `factory` / `provenance` default to the real ASR (`make_transcriber`, `describe_asr`); tests
+    pass fakes."""
+    gen = read_generation(run)
+    results, session, asr_wall = _transcribe_all(gen, run, params, factory or make_transcriber, provenance)
+    normalize = get_normalizer(params.normalizer)
+    arms = [score_arm(arm, res, normalize) for arm, res in results.items()]
+    base = arms[0]
+    paired = [compare_utterances(base.arm, base.utterances, a.arm, a.utterances,
+                                 resamples=params.bootstrap_resamples) for a in arms[1:]]
+    sel = run.doc["wer_selection"]
+    hashes = {a: tts_config_hash(c, num_prompts=sel["num_prompts"], shuffle=sel["shuffle"])
+              for a, c in run.doc["configs"].items()}
+    asr_dict = session.provenance.to_dict()
+    history_dir = Path(params.history_dir)
+    history = load_history(history_dir) if history_dir.is_dir() else []
+    checks = []
+    for a in arms:
+        ref = find_reference(history, hashes[a.arm], asr_dict, params.normalizer, refuse=not accept)
+        if ref is not None:
+            checks.append(check_history(a, ref, params))
+    gate = judge(arms, paired, checks, params)
+    written = None
+    if accept and gate.verdict != "invalid":
+        written = str(write_history(history_dir, arms=arms, tts_hashes=hashes, asr=asr_dict,
+                                    normalizer=params.normalizer, run_path=run.path.name,
+                                    config_hashes=run.doc.get("config_hashes", {})))
+    report = WerReport(run.path, arms, paired, checks, session.provenance, params.normalizer, gate,
+                       session.load_seconds, asr_wall, written)
+    from tts_bench.wer.report import report_doc
+
+    run.update(status="done", wer=report_doc(report, include_utterances=True))
+    return report
