@@ -136,7 +136,7 @@ def build_impls(device: torch.device, args: tuple[torch.Tensor, ...]) -> tuple[d
         impls["empty"] = lambda: empty[(1,)](args[0])
         compiled = empty[(1,)](args[0])  # JITFunction.run returns the CompiledKernel
         if device.type != "cpu" and callable(getattr(compiled, "__getitem__", None)):
-            impls["empty_direct"] = lambda: compiled[(1,)](args[0])
+            impls["empty_direct"] = lambda: compiled[(1, 1, 1)](args[0])
         else:
             notes["empty_direct"] = "needs a compiled (device) kernel"
     else:

@@ -33,6 +33,7 @@ Streaming (`HiFTStream` over per-row `HiFTState`) is at the bottom of this file.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -102,6 +103,21 @@ class ConvRNNF0Predictor(nn.Module):
         return torch.abs(self.classifier(x).squeeze(-1))
 
 
+# One generator for the whole batch, or one per row. Per-row generators make a row's NSF noise
+# independent of which other requests share its batch, so a request's audio does not change
+# with scheduling (the A/B output-identity check depends on that).
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+def _draw(fn, shape: tuple[int, ...], like: torch.Tensor, generator: Generators) -> torch.Tensor:
+    """fn (torch.rand / torch.randn) of `shape` [B, ...], from one generator or one per row."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return fn(shape, device=like.device, dtype=like.dtype, generator=generator)
+    assert len(generator) == shape[0], "one generator per batch row"
+    rows = [fn(shape[1:], device=like.device, dtype=like.dtype, generator=g) for g in generator]
+    return torch.stack(rows)
+
+
 class SourceModuleHnNSF2(nn.Module):
     """Harmonic-plus-noise NSF source (CosyVoice2 SineGen2 at 24 kHz) merged to one channel.
 
@@ -119,10 +135,10 @@ class SourceModuleHnNSF2(nn.Module):
         self.voiced_threshold = cfg.nsf_voiced_threshold
         self.l_linear = nn.Linear(self.harmonics, 1)
 
-    def _sines(self, fn: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    def _sines(self, fn: torch.Tensor, generator: Generators) -> torch.Tensor:
         # fn: [B, L, H] harmonic frequencies in Hz at sample rate -> sin(phase) [B, L, H]
         rad = (fn / self.sampling_rate) % 1
-        rand_ini = torch.rand(fn.shape[0], fn.shape[2], device=fn.device, generator=generator)
+        rand_ini = _draw(torch.rand, (fn.shape[0], fn.shape[2]), fn, generator)
         rand_ini[:, 0] = 0  # the fundamental starts at phase 0
         rad[:, 0, :] = rad[:, 0, :] + rand_ini
         rad = F.interpolate(rad.transpose(1, 2), scale_factor=1 / self.upsample_scale, mode="linear")
@@ -130,14 +146,14 @@ class SourceModuleHnNSF2(nn.Module):
         phase = F.interpolate(phase * self.upsample_scale, scale_factor=float(self.upsample_scale), mode="linear")
         return torch.sin(phase).transpose(1, 2)
 
-    def forward(self, f0: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def forward(self, f0: torch.Tensor, generator: Generators = None) -> torch.Tensor:
         # f0: [B, L, 1] Hz at sample rate -> source [B, L, 1]
         with torch.no_grad():
             harm = torch.arange(1, self.harmonics + 1, device=f0.device, dtype=f0.dtype)
             sines = self._sines(f0 * harm, generator) * self.sine_amp
             uv = (f0 > self.voiced_threshold).to(sines.dtype)
             noise_amp = uv * self.noise_std + (1 - uv) * self.sine_amp / 3
-            noise = noise_amp * torch.randn(sines.shape, device=sines.device, dtype=sines.dtype, generator=generator)
+            noise = noise_amp * _draw(torch.randn, tuple(sines.shape), sines, generator)
             sines = sines * uv + noise
         return torch.tanh(self.l_linear(sines))
 
@@ -188,7 +204,7 @@ class HiFTGenerator(nn.Module):
 
     # -- pieces --------------------------------------------------------------------------------
 
-    def f0_to_source(self, f0: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def f0_to_source(self, f0: torch.Tensor, generator: Generators = None) -> torch.Tensor:
         # f0: [B, T] -> source [B, 1, T * samples_per_frame]
         f0 = F.interpolate(f0[:, None], scale_factor=float(self.cfg.samples_per_frame), mode="nearest")
         return self.m_source(f0.transpose(1, 2), generator).transpose(1, 2)
@@ -228,7 +244,7 @@ class HiFTGenerator(nn.Module):
 
     @torch.inference_mode()
     def inference(
-        self, mel: torch.Tensor, cache_source: torch.Tensor, *, generator: torch.Generator | None = None
+        self, mel: torch.Tensor, cache_source: torch.Tensor, *, generator: Generators = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """mel [B, 80, T], cache_source [B, 1, S] -> (speech [B, T*480], source [B, 1, T*480]).
 
@@ -290,7 +306,7 @@ class HiFTStream:
         states: list[HiFTState | None],
         last_chunk: list[bool],
         *,
-        generator: torch.Generator | None = None,
+        generator: Generators = None,
     ) -> tuple[list[torch.Tensor], list[HiFTState | None]]:
         """mel [B, 80, T] for B rows with equal T and equal cache lengths (the caller groups).
 

@@ -22,6 +22,8 @@ parsed once in __init__ (`options.Code2WavOptions`); TF32 is applied on CUDA onl
 
 from __future__ import annotations
 
+import hashlib
+
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -79,6 +81,19 @@ class _Request:
     chunk_seq: int
     flow: FlowCache
     hift: HiFTState | None
+    noise: torch.Generator  # this request's NSF noise stream (see _noise_generator)
+
+
+def _noise_generator(init_seed: int, request_id: str, device: torch.device) -> torch.Generator:
+    """A generator seeded from (init_seed, request id) for one request's vocoder noise.
+
+    Why per request: with one generator per replica, a row's noise would depend on which
+    requests happened to share its batches and in what order, so the same codes could give
+    different audio from run to run (and across A/B arms). Seeding from the request id makes a
+    request's audio a function of its codes alone, up to batch-size-dependent GEMM rounding.
+    """
+    digest = hashlib.blake2b(f"{init_seed}:{request_id}".encode(), digest_size=8).digest()
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest, "little") >> 1)
 
 
 def _seeded(seed: int, build):
@@ -110,7 +125,7 @@ class Token2Wav:
         self.flow.decoder.init_noise(seed=init_seed, device=self.device, dtype=dtype)
         self.hift = self._build_hift(init_seed, weights_dir)
         self._stream = HiFTStream(cfg.hift)
-        self._hift_gen = torch.Generator(device=self.device).manual_seed(init_seed)
+        self._init_seed = init_seed
         self._prompts = PromptBuilder(
             cfg,
             device=self.device,
@@ -213,7 +228,8 @@ class Token2Wav:
     def _admit(self, p: CodecPayload) -> _Request:
         if p.chunk_seq == 0:  # new stream (or a new epoch of an old one): fresh state
             setup = self.prompt_setup(p.prompt_id)
-            self._requests[p.request_id] = _Request(p.prompt_id, -1, setup.cache, None)
+            noise = _noise_generator(self._init_seed, p.request_id, self.device)
+            self._requests[p.request_id] = _Request(p.prompt_id, -1, setup.cache, None, noise)
         return self._requests[p.request_id]
 
     @staticmethod
@@ -244,8 +260,9 @@ class Token2Wav:
         mel = solved.mel.float()
         with tf32_scope(self.options.tf32_mode, self.device, region="hift"):
             audio, hift_states = self._stream.decode(
-                self.hift, mel, [s.hift for s in states], [last] * rows, generator=self._hift_gen
-            )
+                self.hift, mel, [s.hift for s in states], [last] * rows,
+                generator=[s.noise for s in states],
+            )  # fmt: skip
         out = []
         for r, (p, s) in enumerate(zip(items, states)):
             s.hift, s.chunk_seq = hift_states[r], p.chunk_seq

@@ -194,7 +194,8 @@ def rep_pen_temp(
     if batch == 0:  # no active rows: nothing to launch (a zero grid is an error on some drivers)
         return out
     # Plain integer ceil-div: triton.cdiv is a constexpr-aware wrapper costing microseconds.
-    grid = (batch, (vocab + BLOCK_V - 1) // BLOCK_V)
+    # Always three dimensions: CompiledKernel[grid] in triton 3.6 indexes grid[0..2] directly.
+    grid = (batch, (vocab + BLOCK_V - 1) // BLOCK_V, 1)
     args = (logits, history, history_len, pow_table, temperature, out, vocab, window, BLOCK_V)
     if logits.is_cpu:
         kernel_for(_rep_pen_temp_kernel, logits.device)[grid](*args)

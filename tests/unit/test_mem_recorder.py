@@ -116,6 +116,7 @@ def test_stop_takes_a_final_sample_even_for_a_tier_shorter_than_the_interval():
     series = rec.stop()
     assert [s.phase for s in series.samples] == ["warmup", "measure"]
     assert series.samples[-1].used_bytes == 250 * MIB
+    assert 0.0 < series.phase_starts["measure"] <= series.samples[-1].t_s
     assert not rec.running
 
 

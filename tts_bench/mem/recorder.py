@@ -28,6 +28,10 @@ from tts_bench.mem.samplers import MemorySampler
 
 log = logging.getLogger(__name__)
 
+# How long stop() waits for an in-flight sample() beyond one interval (npu-smi times out at 5 s,
+# the runner's memory snapshot at 10 s, so a healthy sampler is always back well before this).
+_JOIN_GRACE_S = 30.0
+
 
 @dataclass(frozen=True)
 class MemSample:
@@ -62,15 +66,16 @@ class MemSeries:
     interval_s: float
     samples: list[MemSample]
     describe: dict[str, Any] = field(default_factory=dict)
+    phase_starts: dict[str, float] = field(default_factory=dict)  # phase -> t_s it began
 
     def to_dict(self) -> dict[str, Any]:
         return {"sampler": self.sampler, "interval_s": self.interval_s, "describe": self.describe,
-                "samples": [s.to_dict() for s in self.samples]}
+                "phase_starts": self.phase_starts, "samples": [s.to_dict() for s in self.samples]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MemSeries:
         return cls(d["sampler"], d["interval_s"], [MemSample.from_dict(s) for s in d["samples"]],
-                   d.get("describe", {}))
+                   d.get("describe", {}), d.get("phase_starts", {}))
 
 
 def take_sample(sampler: MemorySampler, t_s: float, phase: str) -> MemSample:
@@ -108,12 +113,14 @@ class MemoryRecorder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
+        self._phase_starts: dict[str, float] = {}
 
     def start(self, phase: str = "warmup") -> None:
         if self._thread is not None:
             raise RuntimeError("MemoryRecorder.start() called twice")
         self._phase = phase
         self._t0 = time.monotonic()
+        self._phase_starts = {phase: 0.0}
         self._thread = threading.Thread(target=self._loop, name=f"mem-{self.sampler.name}", daemon=True)
         self._thread.start()
 
@@ -125,6 +132,7 @@ class MemoryRecorder:
         """Label every later sample with `phase` (e.g. "measure" once warmup requests are done)."""
         with self._lock:
             self._phase = phase
+            self._phase_starts.setdefault(phase, time.monotonic() - self._t0)
 
     def _tick(self) -> None:
         with self._lock:
@@ -150,8 +158,14 @@ class MemoryRecorder:
         if self._thread is None:
             raise RuntimeError("MemoryRecorder.stop() before start()")
         self._stop.set()
-        self._thread.join()
-        self._tick()  # the state at the end of the tier, however short the tier was
+        self._thread.join(timeout=self.interval_s + _JOIN_GRACE_S)
+        if self._thread.is_alive():
+            # A sample() stuck past every timeout: leave the daemon thread, keep what we have.
+            log.warning("mem sampler %s did not return within %.0f s; series ends at its last sample",
+                        self.sampler.name, self.interval_s + _JOIN_GRACE_S)
+        else:
+            self._tick()  # the state at the end of the tier, however short the tier was
         with self._lock:
             samples = list(self._samples)
-        return MemSeries(self.sampler.name, self.interval_s, samples, self.sampler.describe())
+        return MemSeries(self.sampler.name, self.interval_s, samples, self.sampler.describe(),
+                         dict(self._phase_starts))

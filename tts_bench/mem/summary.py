@@ -46,7 +46,7 @@ class ArmMemory:
     gaps: int
     sample_ms_mean: float | None
     sample_ms_max: float | None
-    warmup_end_s: float | None  # first measure-phase sample time (the shaded span of the PNG)
+    warmup_end_s: float | None  # when the measure phase began (the shaded span of the PNG)
     extra: dict[str, float | None]  # torch: reserved steady/peak, allocator peak (MiB)
     samples: list[MemSample]
 
@@ -82,7 +82,9 @@ def arm_memory(arm: str, series: MemSeries) -> ArmMemory:
     measure = [s for s in ok if s.phase == "measure"]
     totals = [s.total_bytes for s in ok if s.total_bytes is not None]
     times = [s.sample_ms for s in samples]
-    first_measure = next((s.t_s for s in samples if s.phase == "measure"), None)
+    # When the warmup requests ended: the recorder's mark, else the first measure-phase sample.
+    first_measure = series.phase_starts.get(
+        "measure", next((s.t_s for s in samples if s.phase == "measure"), None))
     return ArmMemory(
         arm=arm,
         steady_median_mib=_mib(statistics.median(s.used_bytes for s in measure)) if measure else None,

@@ -1,0 +1,116 @@
+"""`tts-bench serve` driven by `tts-bench ab` over HTTP, and the serve process's lifecycle.
+
+The server runs the synthetic backend on 127.0.0.1 at an ephemeral port: in a background thread
+for the A/B runs (CliRunner), as a real subprocess for the SIGTERM test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tts_bench.cli import app
+from tts_bench.config import load_config
+from tts_bench.errors import ExitStatus
+from tts_bench.serve.app import running_server
+
+ROOT = Path(__file__).resolve().parents[2]
+SYNTH_YAML = ROOT / "configs/ab/synthetic.yaml"
+# ~0.1 s per request, so a millisecond of HTTP jitter is ~1% of a request's RTF.
+SERVER_SETS = ["synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",
+               "synthetic.first_chunk_delay_s=0.015", "synthetic.chunk_delay_s=0.015"]
+
+
+@pytest.fixture(scope="module")
+def serve_url():
+    with running_server(load_config(SYNTH_YAML, SERVER_SETS)) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def failing_serve_url():
+    with running_server(load_config(SYNTH_YAML, [*SERVER_SETS, "synthetic.fail_every=3"])) as server:
+        yield server.url
+
+
+def ab_over_http(tmp_path: Path, url: str, *args: str):
+    argv = ["ab", "--config", str(SYNTH_YAML), "--set", "backend=http",
+            "--set", f"http.base_url={url}", "--set", "bench.warmup=2", "--tiers", "4x1",
+            "--num-prompts", "8", "--result-dir", str(tmp_path), "--format", "json", *args]
+    result = CliRunner().invoke(app, argv, env={"NO_COLOR": "1"}, standalone_mode=False)
+    if result.exception is not None:
+        raise result.exception
+    return result.return_value, json.loads(result.stdout)
+
+
+def test_ab_of_one_serve_instance_against_itself_is_within_noise(tmp_path, serve_url):
+    status, doc = ab_over_http(tmp_path, serve_url, "--repeats", "2")
+    (tier,) = doc["tiers"]
+    assert status == ExitStatus.OK
+    assert tier["verdict"] == "within noise", tier
+    assert tier["arms"]["base"]["completed"] == tier["arms"]["test"]["completed"] == 16
+    assert tier["identical_outputs"] == tier["paired_outputs"] == 16  # same audio over HTTP
+    rtf = tier["arms"]["base"]["mean_audio_rtf"]
+    assert 0.15 <= rtf < 0.3  # implied 0.15 (first + 6 chunks of 15 ms over 0.7 s), + HTTP
+
+
+def test_server_errors_are_counted_failures_and_the_run_completes_invalid(tmp_path, failing_serve_url):
+    status, doc = ab_over_http(tmp_path, failing_serve_url)
+    (tier,) = doc["tiers"]
+    assert status == ExitStatus.INVALID_RUN  # bench.max_failure_fraction is 0
+    for arm in ("base", "test"):
+        agg = tier["arms"][arm]
+        assert agg["completed"] + agg["failed"] == 8 and agg["failed"] >= 2
+        assert agg["failed_by_kind"] == {"backend_error": agg["failed"]}
+
+
+def test_ab_against_a_server_that_is_not_running_fails_with_a_clear_message(tmp_path):
+    with pytest.raises(Exception, match=r"error: cannot reach the speech server at http://127\.0\.0\.1:9/v1"):
+        ab_over_http(tmp_path, "http://127.0.0.1:9")
+
+
+def _serve_argv() -> list[str]:
+    """The real CLI once `serve` is registered there; until then the command function alone."""
+    names = {c.name for c in app.registered_commands}
+    if "serve" in names:
+        return [sys.executable, "-m", "tts_bench.cli", "serve"]
+    code = ("import typer; from tts_bench.commands.serve import serve; "
+            "a = typer.Typer(); a.command()(serve); a()")
+    return [sys.executable, "-c", code]
+
+
+def test_serve_process_listens_on_loopback_and_stops_on_sigterm():
+    cmd = [*_serve_argv(), "--config", str(SYNTH_YAML), "--port", "0", "--replicas", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        url, seen = None, []
+        deadline = time.monotonic() + 20
+        while url is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            seen.append(line)
+            m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+            url = m.group(1) if m else url
+            if not line and proc.poll() is not None:
+                break
+        assert url is not None, "".join(seen)
+        with urllib.request.urlopen(url + "/v1/models", timeout=5) as resp:
+            (model,) = json.load(resp)["data"]
+        assert model["tts_bench"]["replicas"] == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        assert "stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
