@@ -54,3 +54,13 @@ class StageConfig:
     talker: TalkerConfig = field(default_factory=TalkerConfig)
     code2wav: Code2WavConfig = field(default_factory=Code2WavConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
+
+    def __post_init__(self) -> None:
+        # Parse both stages' flags here as well, so a typo fails when the config is loaded (exit
+        # 2 from the harness), on every platform, before any stage process starts. The stages
+        # parse them again at construction; both parsers are pure, so the results agree.
+        from stages.code2wav.options import Code2WavOptions
+        from stages.talker.options import TalkerOptions
+
+        TalkerOptions.from_extra(self.talker.extra)
+        Code2WavOptions.from_extra(self.code2wav.extra)

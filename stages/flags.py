@@ -14,8 +14,9 @@ Dependency-free on purpose: both stages and the harness import it.
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 _TRUE = frozenset({"true", "1"})
@@ -62,3 +63,13 @@ def read_env_opt_out(name: str) -> bool:
     if raw is None or raw.strip() == "":
         return False
     return not parse_bool_flag(raw, key=name)
+
+
+def check_known_keys(extra: Mapping[str, Any] | None, known: Iterable[str], *, stage: str) -> None:
+    """Reject `extra` keys a stage does not read, naming the nearest valid one (typo guard)."""
+    valid = sorted(known)
+    for key in extra or {}:
+        if key not in valid:
+            near = difflib.get_close_matches(key, valid, n=1)
+            hint = f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(valid)}"
+            raise FlagError(f"error: unknown {stage} stage extra key {key!r} (stage config extra); {hint}")

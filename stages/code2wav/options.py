@@ -20,7 +20,6 @@ only on CUDA, by `tf32_scope`, from the resolved value — never re-read per for
 from __future__ import annotations
 
 import contextlib
-import difflib
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any, Literal
 
 import torch
 
+from stages import flags
 from stages.flags import FlagError, read_bool_flag
 
 Tf32Mode = Literal["off", "flow", "all"]
@@ -77,11 +77,7 @@ def resolve_tf32_mode(extra: Mapping[str, Any], env: Mapping[str, str] | None = 
 
 
 def check_known_keys(extra: Mapping[str, Any], known: frozenset[str] = KNOWN_KEYS) -> None:
-    for key in extra:
-        if key not in known:
-            near = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(sorted(known))}"
-            raise FlagError(f"error: unknown code2wav stage extra key {key!r} (stage config extra); {hint}")
+    flags.check_known_keys(extra, known, stage="code2wav")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stages.flags import read_bool_flag
+from stages.talker import options
 from stages.platform.graphs import graph_api
 from stages.talker.config import TalkerConfig
 from stages.talker.decode_graph import DecodeGraphs
@@ -51,11 +51,9 @@ from stages.talker.weights import load_talker_weights
 
 logger = logging.getLogger(__name__)
 
-# Stage extra that picks the fused (default) or eager penalty + temperature prelude.
-FUSED_PRELUDE_FLAG = "talker_codec_fused_prelude"
-
-# Stage extra: capture the decode forward in device graphs (CUDA/NPU; ignored on CPU).
-DECODE_GRAPH_FLAG = "talker_decode_graph"
+# Stage extras (see stages.talker.options): the fused (default) or eager penalty + temperature
+# prelude, and device graphs for the decode forward (CUDA/NPU; ignored on CPU).
+FUSED_PRELUDE_FLAG, DECODE_GRAPH_FLAG = options.FUSED_PRELUDE_FLAG, options.DECODE_GRAPH_FLAG
 
 # Decode reads cache[:, :, :kv_len] with kv_len rounded up to this many positions, so the number
 # of distinct attention shapes (and of graphs a runner would capture) stays small.
@@ -133,8 +131,8 @@ class TalkerEngine:
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         self.init_seed = init_seed
         # Stage flags first: a typo fails before any weights are built (seed item 4).
-        fused = read_bool_flag(cfg.extra, FUSED_PRELUDE_FLAG, True)
-        use_graphs = read_bool_flag(cfg.extra, DECODE_GRAPH_FLAG, False)
+        opts = options.TalkerOptions.from_extra(cfg.extra)
+        fused, use_graphs = opts.fused_prelude, opts.decode_graph
         self.model = build_model(
             cfg, device=device, dtype=dtype, init_seed=init_seed, weights_dir=weights_dir
         )

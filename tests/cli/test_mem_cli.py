@@ -78,3 +78,25 @@ def test_unknown_sampler_is_a_usage_error(tmp_path):
         invoke(tmp_path, "--sampler", "nvidia-smi")
     assert err.value.exit_status == ExitStatus.USAGE
     assert "valid: auto, nvml, npu-smi, torch, rss" in str(err.value)
+
+
+def test_torch_sampler_on_a_backend_without_allocator_stats_fails_before_any_tier(tmp_path):
+    with pytest.raises(ConfigError, match="does not report allocator memory"):
+        invoke(tmp_path, "--sampler", "rss,torch")
+    assert list(tmp_path.iterdir()) == []  # no run record for a run that never started
+
+
+@pytest.mark.gpu
+def test_embedded_tiny_on_cuda_with_nvml_and_torch(tmp_path):
+    args = ["mem", "--config", str(ROOT / "configs/ab/default.yaml"), "--set", "runner.device=cuda",
+            "--tier", "4x2", "--warm-tier", "2x1", "--num-prompts", "8", "--interval", "0.2",
+            "--sampler", "nvml,torch", "--result-dir", str(tmp_path), "--format", "json"]
+    result = CliRunner().invoke(_app(), args, standalone_mode=False)
+    if result.exception is not None:
+        raise result.exception
+    doc = json.loads(result.stdout)
+    assert doc["sampler"] == "nvml" and set(doc["samplers"]) == {"nvml", "torch"}
+    for arm in doc["arms"].values():
+        assert 0 < arm["peak_mib"] < arm["total_mib"] and arm["headroom_mib"] > 0
+    for arm in doc["samplers"]["torch"]["arms"].values():
+        assert arm["steady_median_mib"] > 0 and arm["reserved_peak_mib"] >= arm["peak_mib"]

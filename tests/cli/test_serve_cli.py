@@ -6,12 +6,15 @@ for the A/B runs (CliRunner), as a real subprocess for the SIGTERM test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -21,7 +24,7 @@ from typer.testing import CliRunner
 
 from tts_bench.cli import app
 from tts_bench.config import load_config
-from tts_bench.errors import ExitStatus
+from tts_bench.errors import BackendError, ExitStatus
 from tts_bench.serve.app import running_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +68,7 @@ def test_ab_of_one_serve_instance_against_itself_is_within_noise(tmp_path, serve
 
 
 def test_server_errors_are_counted_failures_and_the_run_completes_invalid(tmp_path, failing_serve_url):
-    status, doc = ab_over_http(tmp_path, failing_serve_url)
+    status, doc = ab_over_http(tmp_path, failing_serve_url, "--repeats", "1")
     (tier,) = doc["tiers"]
     assert status == ExitStatus.INVALID_RUN  # bench.max_failure_fraction is 0
     for arm in ("base", "test"):
@@ -75,7 +78,7 @@ def test_server_errors_are_counted_failures_and_the_run_completes_invalid(tmp_pa
 
 
 def test_ab_against_a_server_that_is_not_running_fails_with_a_clear_message(tmp_path):
-    with pytest.raises(Exception, match=r"error: cannot reach the speech server at http://127\.0\.0\.1:9/v1"):
+    with pytest.raises(BackendError, match=r"error: cannot reach the speech server at http://127\.0\.0\.1:9/v1"):
         ab_over_http(tmp_path, "http://127.0.0.1:9")
 
 
@@ -84,8 +87,8 @@ def _serve_argv() -> list[str]:
     names = {c.name for c in app.registered_commands}
     if "serve" in names:
         return [sys.executable, "-m", "tts_bench.cli", "serve"]
-    code = ("import typer; from tts_bench.commands.serve import serve; "
-            "a = typer.Typer(); a.command()(serve); a()")
+    code = ("import logging, typer; from tts_bench.commands.serve import serve; "
+            "logging.basicConfig(level=logging.INFO); a = typer.Typer(); a.command()(serve); a()")
     return [sys.executable, "-c", code]
 
 
@@ -94,22 +97,25 @@ def test_serve_process_listens_on_loopback_and_stops_on_sigterm():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     try:
-        url, seen = None, []
-        deadline = time.monotonic() + 20
-        while url is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            seen.append(line)
-            m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-            url = m.group(1) if m else url
-            if not line and proc.poll() is not None:
-                break
+        lines: queue.Queue[str] = queue.Queue()  # a reader thread: readline() alone could block
+        threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True).start()
+        url, seen, deadline = None, [], time.monotonic() + 20
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(queue.Empty):
+                seen.append(lines.get(timeout=0.2))
+                m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", seen[-1])
+                url = m.group(1) if m else None
         assert url is not None, "".join(seen)
         with urllib.request.urlopen(url + "/v1/models", timeout=5) as resp:
             (model,) = json.load(resp)["data"]
         assert model["tts_bench"]["replicas"] == 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
-        assert "stopped" in proc.stderr.read()
+        time.sleep(0.1)  # let the reader thread drain the last lines
+        rest = []
+        while not lines.empty():
+            rest.append(lines.get())
+        assert any("stopped" in line for line in rest), rest
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -286,5 +286,5 @@ def test_kernel_is_one_launch_over_rows_and_vocab_blocks(monkeypatch):
     case = random_inputs(3, seed=11)
     monkeypatch.setattr(pt, "kernel_for", spy)
     out = pt.rep_pen_temp(*case.args())
-    assert launches == [(3, -(-VOCAB // pt.BLOCK_V))]
+    assert launches == [(3, -(-VOCAB // pt.BLOCK_V), 1)]
     assert_bitwise_equal(out, penalty_temperature_eager(*case.args()))

@@ -41,3 +41,16 @@ def test_hooks_sample_every_arm_and_tier_of_an_ab_and_record_them(tmp_path):
 def test_unknown_phase_is_rejected():
     with pytest.raises(ValueError, match="unknown phase"):
         MemoryHooks(("rss",)).on_phase("base", "2x1", 0, "cooldown", backend=None)
+
+
+def test_a_tiers_png_is_drawn_only_after_both_arms_ran(tmp_path):
+    # Drawing grows this process's RSS; between two arms it would be charged to the second.
+    run = RunDir.create(tmp_path, "ab", command_line=["test"], configs={})
+    hooks = MemoryHooks(("rss",), interval_s=0.05, run_dir=run)
+    png = run.path / "mem_timeline_2x1_r0_rss.png"
+    for arm in ("base", "test"):
+        for phase in ("warmup", "measure", "end"):
+            hooks.on_phase(arm, "2x1", 0, phase, backend=None)
+        assert png.exists() == (arm == "test")
+        assert list(RunDir.open(run.path).doc["mem"]["tiers"][0]["arms"]) == (
+            ["base"] if arm == "base" else ["base", "test"])

@@ -52,13 +52,14 @@ def test_phases_steady_median_and_peak_are_exact():
     sampler = ScriptedSampler([100, 900, 300, 500, 400])
     rec = MemoryRecorder(sampler, interval_s=0.01)
     rec.start("warmup")
-    wait_for_calls(sampler, 2)  # the thread may have taken a third: the phase split is timing
+    wait_for_calls(sampler, 2)  # the thread may take more before the mark: the split is timing
+    n_warm = sampler.calls
     rec.mark("measure")
-    wait_for_calls(sampler, 6)
+    wait_for_calls(sampler, n_warm + 4)
     series = rec.stop()
     warm = [s for s in series.samples if s.phase == "warmup"]
     meas = [s for s in series.samples if s.phase == "measure"]
-    assert len(warm) >= 2 and len(meas) >= 4
+    assert len(warm) >= 2 and len(meas) >= 3
     assert [s.t_s for s in series.samples] == sorted(s.t_s for s in series.samples)
     arm = summarize({"a": series}, tier="4x1").arms["a"]
     assert arm.peak_mib == 900.0

@@ -162,3 +162,15 @@ def test_nvml_sees_an_allocation_on_the_gpu():
         del x
     finally:
         sampler.close()
+
+
+def test_resolve_names_checks_before_any_tier_and_resolves_auto_once(monkeypatch, caplog):
+    from tts_bench.mem.samplers import resolve_names
+
+    _no_npu_smi(monkeypatch)
+    _nvml_missing(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="tts_bench.mem.samplers"):
+        assert resolve_names(("auto", "torch", "rss")) == ("rss", "torch")
+    assert caplog.text.count("falling back to rss") == 1
+    with pytest.raises(ConfigError, match="'nvml' cannot start"):
+        resolve_names(("rss", "nvml"))

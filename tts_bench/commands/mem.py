@@ -85,7 +85,7 @@ def _new_run(config, sets, base_sets, test_sets, num_prompts, result_dir):
     """Both arms' configs, the plan (from the base arm's `mem:`), and the run directory."""
     from tts_bench.ab import load_arms
     from tts_bench.config import config_hash, config_to_dict, parse_tier
-    from tts_bench.mem.run import MemPlan
+    from tts_bench.mem.run import MemPlan, prepare_plan
     from tts_bench.mem.samplers import parse_sampler_names
     from tts_bench.results import RunDir, python_argv
 
@@ -100,6 +100,7 @@ def _new_run(config, sets, base_sets, test_sets, num_prompts, result_dir):
         samplers=parse_sampler_names(params.sampler), interval_s=params.interval_s,
         device_index=params.device_index, warm_prompts=params.warm_prompts,
     )
+    plan = prepare_plan(arms, plan)  # a sampler that cannot start fails before the run exists
     run = RunDir.create(
         result_dir, "mem", command_line=python_argv(),
         configs={n: config_to_dict(c) for n, c in arms.items()},

@@ -4,8 +4,8 @@
 backend)` with phase "warmup" (after the fresh backend started: samplers start), "measure"
 (before the measured requests: later samples are steady-state candidates) and "end" (after
 them: samplers stop). After each "end" the hooks write what they have so far into run.json
-(`mem`: one summary per tier, repeat and sampler, every arm seen) and redraw that tier's
-timeline PNG, so a killed A/B keeps the memory of the tiers it finished.
+(`mem`: one summary per tier, repeat and sampler, every arm seen), and once every arm of a
+tier ran, its timeline PNG; a killed A/B keeps the memory of what it finished.
 
     hooks = MemoryHooks(("nvml", "torch"), interval_s=2.0, run_dir=run)   # or make_ab_hooks(cfg, run)
     result = run_ab(arms, tiers, repeats=1, num_prompts=64, run_dir=run, hooks=hooks)
@@ -18,9 +18,9 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-from tts_bench.mem.plot import write_timeline
+from tts_bench.mem.plot import preload, write_timeline
 from tts_bench.mem.recorder import MemoryRecorder, MemSeries
-from tts_bench.mem.samplers import make_sampler
+from tts_bench.mem.samplers import make_sampler, resolve_names
 from tts_bench.mem.summary import MemSummary, summarize
 
 log = logging.getLogger(__name__)
@@ -30,8 +30,11 @@ class MemoryHooks:
     """Samples memory during every (arm, tier, repeat) of an A/B; see the module docstring."""
 
     def __init__(self, samplers: tuple[str, ...] = ("auto",), *, interval_s: float = 2.0,
-                 device_index: int = 0, run_dir: Any = None) -> None:
+                 device_index: int = 0, run_dir: Any = None, arms_per_tier: int = 2) -> None:
         self.sampler_names = samplers
+        # Draw a tier's PNG once all its arms ran: drawing grows this process's RSS (fonts,
+        # buffers), which the rss sampler would otherwise charge to the next arm only.
+        self.arms_per_tier = arms_per_tier
         self.interval_s = interval_s
         self.device_index = device_index
         self.run_dir = run_dir  # a tts_bench.results.RunDir, or None to keep results in memory
@@ -90,6 +93,8 @@ class MemoryHooks:
         for (t, r, name), arms in self._series.items():
             if (t, r) != (tier, repeat):
                 continue
+            if len(arms) < self.arms_per_tier:
+                continue
             s = summarize(arms, tier=tier)
             path = self.run_dir.path / f"mem_timeline_{tier}_r{repeat}_{name}.png"
             write_timeline(s, path)
@@ -101,5 +106,7 @@ class MemoryHooks:
 def make_ab_hooks(cfg: Any, run_dir: Any) -> MemoryHooks:
     """The hooks `tts-bench ab --mem` passes to run_ab, configured by the base arm's `mem:`."""
     params = cfg.mem
-    return MemoryHooks(params.sampler_names, interval_s=params.interval_s,
-                       device_index=params.device_index, run_dir=run_dir)
+    names = resolve_names(params.sampler_names, device_index=params.device_index)  # fail before any tier
+    preload()  # the first tier's PNG is drawn between arms of later tiers: import it up front
+    return MemoryHooks(names, interval_s=params.interval_s, device_index=params.device_index,
+                       run_dir=run_dir)

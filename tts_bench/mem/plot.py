@@ -18,6 +18,12 @@ from tts_bench.mem.summary import MemSummary
 _COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
 
 
+def preload() -> None:
+    """Import matplotlib now, before sampling starts. The rss sampler counts this process: an
+    import between two arms (~40 MiB) would read as a memory difference between them."""
+    _pyplot()
+
+
 def _pyplot():
     import matplotlib
 
@@ -36,7 +42,7 @@ def write_timeline(summary: MemSummary, path: Path | str, *, title: str | None =
     try:
         total = _draw(ax, summary)
         ax.set_xlabel("seconds since the tier started")
-        ax.set_ylabel(f"{_ylabel(summary.sampler)} (MiB)")
+        ax.set_ylabel(f"{_ylabel(summary.sampler, summary.describe.get('source'))} (MiB)")
         ax.set_title(title or f"memory at {summary.tier}, {summary.sampler} every {summary.interval_s:g} s"
                      + (f" (device total {total:.0f} MiB)" if total else ""))
         ax.grid(True, alpha=0.3)
@@ -50,7 +56,9 @@ def write_timeline(summary: MemSummary, path: Path | str, *, title: str | None =
     return path
 
 
-def _ylabel(sampler: str) -> str:
+def _ylabel(sampler: str, source: str | None = None) -> str:
+    if sampler == "torch" and source == "rss":
+        return "stage-process RSS (torch sampler, CPU)"  # no device allocator on CPU
     return {"rss": "process-tree RSS", "torch": "allocated, all stage processes",
             "nvml": "device memory used", "npu-smi": "HBM used"}.get(sampler, "used")
 

@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tts_bench.ab import plan_jobs, select_ab_prompts
 from tts_bench.backends import make_backend
 from tts_bench.config import BenchConfig, Tier
-from tts_bench.errors import ExitStatus
+from tts_bench.errors import ConfigError, ExitStatus
 from tts_bench.loadgen import PhaseLabels, RequestRecord, run_phase
-from tts_bench.mem.plot import write_timeline
+from tts_bench.mem.plot import preload, write_timeline
 from tts_bench.mem.recorder import MemoryRecorder, MemSeries
-from tts_bench.mem.samplers import make_sampler
+from tts_bench.mem.samplers import make_sampler, resolve_names
 from tts_bench.mem.summary import MemSummary, summarize
 from tts_bench.results import RunDir
 
@@ -168,9 +168,30 @@ def _invalid(runs: dict[str, _ArmRun], summaries: list[MemSummary], arms: dict[s
     return reasons
 
 
+def _check_torch_sampler(arms: dict[str, BenchConfig]) -> None:
+    """`torch` reads the stage processes through the backend: refuse before any tier runs when
+    an arm's backend cannot report them (building a backend starts nothing)."""
+    for arm, cfg in arms.items():
+        if not callable(getattr(make_backend(cfg), "memory_snapshot", None)):
+            raise ConfigError(
+                f"error: the {cfg.backend!r} backend of arm {arm!r} does not report allocator memory "
+                f"(--sampler torch); use --sampler rss (or nvml / npu-smi on a device), or backend=embedded"
+            )
+
+
+def prepare_plan(arms: dict[str, BenchConfig], plan: MemPlan) -> MemPlan:
+    """The plan with `auto` resolved and every sampler checked, before any backend starts."""
+    plan = replace(plan, samplers=resolve_names(plan.samplers, device_index=plan.device_index))
+    if "torch" in plan.samplers:
+        _check_torch_sampler(arms)
+    return plan
+
+
 def run_mem(arms: dict[str, BenchConfig], plan: MemPlan, *, run_dir: RunDir) -> MemResult:
     """Run every arm in order on a fresh backend and summarise, record and plot the memory."""
     base_cfg = next(iter(arms.values()))
+    plan = prepare_plan(arms, plan)
+    preload()  # every arm is sampled with matplotlib already in this process (rss counts it)
     prompts = select_ab_prompts(base_cfg, plan.num_prompts)
 
     async def main() -> dict[str, _ArmRun]:

@@ -190,6 +190,7 @@ class TorchSampler:
             )
         self.backend = backend
         self.processes = 0
+        self.source = "unknown"  # cuda-allocator | npu-allocator | rss (CPU: no device allocator)
 
     def sample(self) -> list[MemReading]:
         snap = self.backend.memory_snapshot()
@@ -198,6 +199,7 @@ class TorchSampler:
         if len(snap) < self.processes:
             raise SamplerError(f"only {len(snap)} of {self.processes} stage processes answered")
         self.processes = max(self.processes, len(snap))
+        self.source = str(snap[0].get("source", self.source))
         return [
             MemReading(
                 str(s.get("process", s.get("pid"))), int(s["allocated_bytes"]), None,
@@ -207,7 +209,8 @@ class TorchSampler:
         ]
 
     def describe(self) -> dict[str, Any]:
-        return {"sampler": self.name, "processes": self.processes, "used": "allocated_bytes"}
+        return {"sampler": self.name, "processes": self.processes, "used": "allocated_bytes",
+                "source": self.source}
 
     def close(self) -> None:
         pass
@@ -298,3 +301,18 @@ def make_sampler(name: str, *, device_index: int = 0, backend: Any = None) -> Me
             f"use --sampler auto (falls back to rss) or another of {', '.join(SAMPLER_NAMES)}"
         ) from exc
     raise ConfigError(f"error: unknown sampler {name!r} (--sampler); valid: {', '.join(SAMPLER_NAMES)}")
+
+
+def resolve_names(names: tuple[str, ...], *, device_index: int = 0) -> tuple[str, ...]:
+    """Check every sampler can start before any backend does, and resolve `auto` once (so its
+    fallback message is logged once, not per arm). `torch` needs the backend and is checked when
+    the backend exists. Duplicates after resolution are dropped, order kept."""
+    out: list[str] = []
+    for name in names:
+        if name != "torch":
+            sampler = make_sampler(name, device_index=device_index)
+            sampler.close()
+            name = sampler.name
+        if name not in out:
+            out.append(name)
+    return tuple(out)

@@ -1,0 +1,37 @@
+"""The talker's stage flags, parsed once and strictly (seed item 4).
+
+    talker_codec_fused_prelude  (default true)  fused Triton penalty + temperature prelude;
+                                                false forces the eager chain (accuracy triage).
+                                                Env opt-out TALKER_CODEC_FUSED_PRELUDE=0, read
+                                                once at import of stages.talker.prelude.
+    talker_decode_graph         (default false) capture the decode forward in device graphs.
+
+Unknown keys raise with the nearest valid name, so a typo never silently keeps a default.
+Dependency-free (no torch) so the harness can validate a config before starting any process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stages.flags import check_known_keys, read_bool_flag
+
+FUSED_PRELUDE_FLAG = "talker_codec_fused_prelude"
+DECODE_GRAPH_FLAG = "talker_decode_graph"
+KNOWN_KEYS = frozenset({FUSED_PRELUDE_FLAG, DECODE_GRAPH_FLAG})
+
+
+@dataclass(frozen=True)
+class TalkerOptions:
+    fused_prelude: bool = True
+    decode_graph: bool = False
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any] | None) -> TalkerOptions:
+        check_known_keys(extra, KNOWN_KEYS, stage="talker")
+        return cls(
+            fused_prelude=read_bool_flag(extra, FUSED_PRELUDE_FLAG, True),
+            decode_graph=read_bool_flag(extra, DECODE_GRAPH_FLAG, False),
+        )
