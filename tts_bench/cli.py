@@ -41,9 +41,10 @@ def _root(
 def _register() -> None:
     # Each subcommand lives in its own module; registering here keeps this file the single
     # entry point and the exception boundary.
-    from tts_bench.commands import ab
+    from tts_bench.commands import ab, mem
 
     app.command("ab")(ab.ab)
+    app.command("mem")(mem.mem)
 
 
 _register()
