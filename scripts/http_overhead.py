@@ -36,22 +36,26 @@ import numpy as np
 
 from tts_bench.backends import make_backend
 from tts_bench.backends.base import SynthesisRequest
-from tts_bench.config import BenchConfig, load_config, parse_tier
+from tts_bench.commands.serve import load_served_config
+from tts_bench.config import BenchConfig, parse_tier
 from tts_bench.loadgen import Job, PhaseLabels, RequestRecord, run_phase
 from tts_bench.metrics import aggregate
 from tts_bench.prompts import load_prompts, select_prompts
 from tts_bench.stats import compare
 
 ROOT = Path(__file__).resolve().parents[1]
-_SERVE = ("import asyncio, logging, sys; logging.basicConfig(level=logging.INFO); "
-          "from tts_bench.config import load_config; from tts_bench.serve.app import serve_until_signalled; "
-          "asyncio.run(serve_until_signalled(load_config(sys.argv[1], sys.argv[3:]), "
+DEFAULT_SEED = SynthesisRequest("", "").seed  # what `tts-bench serve` uses when no seed is sent
+_SERVE = ("import asyncio, logging, sys; from pathlib import Path; logging.basicConfig(level=logging.INFO); "
+          "from tts_bench.commands.serve import load_served_config; "
+          "from tts_bench.serve.app import serve_until_signalled; "
+          "asyncio.run(serve_until_signalled(load_served_config(Path(sys.argv[1]), sys.argv[3:]), "
           "replicas=int(sys.argv[2]), host='127.0.0.1', port=0))")
 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", type=Path, default=ROOT / "configs/ab/synthetic.yaml")
+    ap.add_argument("--config", type=Path, default=Path("configs/ab/synthetic.yaml"),
+                    help="bench or A/B config (an A/B config's first arm); relative to the repo root")
     ap.add_argument("--tier", default="8x1")
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
@@ -93,8 +97,11 @@ class ServeProcess:
 
 
 def make_jobs(cfg: BenchConfig, n: int, warmup: int) -> tuple[list[Job], list[Job]]:
+    # One seed for every request: the http backend sends no per-request seed unless the server
+    # takes one (`http.send_seed`), and the server then uses its default; with the same seed in
+    # both arms, identical audio across arms is expected (and counted).
     prompts = select_prompts(load_prompts(cfg.prompts.meta), n, shuffle=False)
-    req = lambda i, rid, p: SynthesisRequest(rid, p.text, p.prompt_text, p.prompt_wav, seed=cfg.bench.seed + i)  # noqa: E731
+    req = lambda i, rid, p: SynthesisRequest(rid, p.text, p.prompt_text, p.prompt_wav, seed=DEFAULT_SEED)  # noqa: E731
     warm = [Job(req(i, f"w{i:03d}", p), p.utt, warmup=True) for i, p in enumerate(prompts[:warmup])]
     return warm, [Job(req(i, f"m{i:04d}", p), p.utt) for i, p in enumerate(prompts)]
 
@@ -113,7 +120,7 @@ async def run_arm(cfg: BenchConfig, arm: str, tier, repeat: int, jobs) -> list[R
 
 
 def measure(args: argparse.Namespace) -> dict:
-    cfg = load_config(args.config, args.sets)
+    cfg = load_served_config(args.config, args.sets)  # an A/B config: its first (base) arm
     tier = parse_tier(args.tier)
     jobs = make_jobs(cfg, args.num_prompts, cfg.bench.warmup_for(tier.concurrency))
     records: dict[str, list[list[RequestRecord]]] = {"in-process": [], "http": []}
@@ -153,7 +160,7 @@ def summarize(cfg: BenchConfig, args, tier, records) -> dict:
         "median_excess_ms": float(np.median(excess_ms)) if excess_ms else None,
         "p90_excess_ms": float(np.percentile(excess_ms, 90)) if excess_ms else None,
         "identical_audio": f"{same}/{args.num_prompts * args.repeats}",
-        "python": platform.python_version(), "host": platform.node(), "cpus": os.cpu_count(),
+        "python": platform.python_version(), "cpus": os.cpu_count(),
     }
 
 
@@ -167,13 +174,14 @@ def render(doc: dict) -> str:
     table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
     lo, hi = doc["rtf_ci95_pct"]
     return (f"{table}\nhttp vs in-process: mean RTF {doc['rtf_delta_mean_pct']:+.1f}% "
-            f"[{lo:+.1f}%, {hi:+.1f}%] -> {doc['verdict']}; per request +{doc['median_excess_ms']:.1f} ms "
-            f"median, +{doc['p90_excess_ms']:.1f} ms p90 to the last audio byte; identical audio "
+            f"[{lo:+.1f}%, {hi:+.1f}%] -> {doc['verdict']}; per request {doc['median_excess_ms']:+.1f} ms "
+            f"median, {doc['p90_excess_ms']:+.1f} ms p90 to the last audio byte; identical audio "
             f"{doc['identical_audio']}")
 
 
 def main() -> None:
     args = parse_args()
+    os.chdir(ROOT)  # config paths and the serve child resolve from the repo root
     print(f"== http overhead == config {args.config} {' '.join(args.sets)} | tier {args.tier} | "
           f"{args.num_prompts} prompts x {args.repeats} repeats | python {platform.python_version()} "
           f"| {os.cpu_count()} cpus")

@@ -69,9 +69,10 @@ class TierResult:
     ttfp: Comparison | None
     duration_delta_pct: float | None
     duration_mismatch: bool
-    identical_outputs: int
+    identical_outputs: int  # equal audio AND equal codes
     paired_outputs: int
     invalid_reasons: tuple[str, ...] = ()
+    identical_codes: int | None = None  # None when the backend reports no codec tokens
 
     def to_dict(self) -> dict[str, Any]:
         """The tier as JSON (and as `tables.ab_table` reads it)."""
@@ -87,6 +88,7 @@ class TierResult:
             "duration_delta_pct": self.duration_delta_pct,
             "duration_mismatch": self.duration_mismatch,
             "identical_outputs": self.identical_outputs,
+            "identical_codes": self.identical_codes,
             "paired_outputs": self.paired_outputs,
             "invalid_reasons": list(self.invalid_reasons),
         }
@@ -360,12 +362,26 @@ def _compare(base, test, metric: str, bench) -> Comparison | None:
         return None
 
 
-def _identity(base: Sequence[RequestRecord], test: Sequence[RequestRecord]) -> tuple[int, int]:
-    """(identical, paired): successful request pairs with equal audio (and codes) hashes."""
+@dataclass(frozen=True)
+class _Identity:
+    outputs: int  # pairs with equal audio and equal codes
+    codes: int | None  # pairs with equal codes (None: the backend reports no codes)
+    paired: int
+
+
+def _identity(base: Sequence[RequestRecord], test: Sequence[RequestRecord]) -> _Identity:
+    """Successful request pairs (same prompt, repeat) with equal audio and/or codes hashes.
+
+    Codes and audio are counted apart: a bit-exact change must keep the codes identical, while
+    audio can also differ by batch-composition-dependent GEMM rounding in code2wav when the two
+    arms' requests happened to share batches differently.
+    """
     other = {_pair_key(r): r for r in test if r.ok}
     pairs = [(r, other[_pair_key(r)]) for r in base if r.ok and _pair_key(r) in other]
     same = sum(a.audio_sha256 == b.audio_sha256 and a.codes_sha256 == b.codes_sha256 for a, b in pairs)
-    return same, len(pairs)
+    has_codes = any(a.codes_sha256 for a, _ in pairs)
+    codes = sum(a.codes_sha256 == b.codes_sha256 for a, b in pairs) if has_codes else None
+    return _Identity(same, codes, len(pairs))
 
 
 def _tier_result(tier: str, per_arm: dict[str, list[RequestRecord]], bench) -> TierResult:
@@ -382,12 +398,13 @@ def _tier_result(tier: str, per_arm: dict[str, list[RequestRecord]], bench) -> T
             )
     b_sec, t_sec = aggs[base_name].mean_audio_seconds, aggs[test_name].mean_audio_seconds
     dur = 100.0 * (t_sec / b_sec - 1.0) if b_sec and t_sec is not None else None
-    same, paired = _identity(base, test)
+    ident = _identity(base, test)
     return TierResult(
         tier=tier, arms=aggs,
         rtf=_compare(base, test, "audio_rtf", bench),
         ttfp=_compare(base, test, "audio_ttfp_ms", bench),
         duration_delta_pct=dur,
         duration_mismatch=dur is not None and abs(dur) > bench.duration_mismatch_pct,
-        identical_outputs=same, paired_outputs=paired, invalid_reasons=tuple(reasons),
+        identical_outputs=ident.outputs, paired_outputs=ident.paired,
+        identical_codes=ident.codes, invalid_reasons=tuple(reasons),
     )

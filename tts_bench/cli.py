@@ -36,15 +36,19 @@ def _root(
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s", force=True
     )
+    # faster-whisper logs two INFO lines per utterance; keep them for -vv only.
+    logging.getLogger("faster_whisper").setLevel(level if verbose >= 2 else logging.WARNING)
 
 
 def _register() -> None:
     # Each subcommand lives in its own module; registering here keeps this file the single
     # entry point and the exception boundary.
-    from tts_bench.commands import ab, mem
+    from tts_bench.commands import ab, mem, serve, wer
 
     app.command("ab")(ab.ab)
     app.command("mem")(mem.mem)
+    app.command("wer")(wer.wer)
+    app.command("serve")(serve.serve)
 
 
 _register()

@@ -37,6 +37,7 @@ class CodecPayload:
     codes: tuple[int, ...]
     last_chunk: bool
     prompt_id: str = DEFAULT_PROMPT_ID
+    seed: int = 0  # the request's sampling seed; seeds its vocoder noise (read at chunk_seq 0)
 
 
 def validate_payload(p: CodecPayload, prev_seq: int | None, cfg: Code2WavConfig) -> None:
@@ -75,11 +76,12 @@ class Chunker:
     """Per-request accumulator turning a code stream into payloads (one instance per request)."""
 
     def __init__(
-        self, cfg: Code2WavConfig, request_id: str, prompt_id: str = DEFAULT_PROMPT_ID
+        self, cfg: Code2WavConfig, request_id: str, prompt_id: str = DEFAULT_PROMPT_ID, seed: int = 0
     ) -> None:
         self.cfg = cfg
         self.request_id = request_id
         self.prompt_id = prompt_id
+        self.seed = seed
         self._context: list[int] = [cfg.silence_code] * cfg.codec_left_context_frames
         self._pending: list[int] = []
         self._seq = 0
@@ -87,7 +89,7 @@ class Chunker:
 
     def _emit(self, new: list[int], last: bool) -> CodecPayload:
         codes = tuple(self._context + new)
-        payload = CodecPayload(self.request_id, self._seq, codes, last, self.prompt_id)
+        payload = CodecPayload(self.request_id, self._seq, codes, last, self.prompt_id, self.seed)
         self._seq += 1
         self._context = list(codes[-self.cfg.codec_left_context_frames :])
         return payload

@@ -84,15 +84,16 @@ class _Request:
     noise: torch.Generator  # this request's NSF noise stream (see _noise_generator)
 
 
-def _noise_generator(init_seed: int, request_id: str, device: torch.device) -> torch.Generator:
-    """A generator seeded from (init_seed, request id) for one request's vocoder noise.
+def _noise_generator(init_seed: int, request_seed: int, device: torch.device) -> torch.Generator:
+    """A generator for one request's vocoder (NSF) noise, seeded from its sampling seed.
 
     Why per request: with one generator per replica, a row's noise would depend on which
     requests happened to share its batches and in what order, so the same codes could give
-    different audio from run to run (and across A/B arms). Seeding from the request id makes a
-    request's audio a function of its codes alone, up to batch-size-dependent GEMM rounding.
+    different audio from run to run and across A/B arms. Seeding from the request's own seed
+    (not its id, which differs between arms) makes its audio a function of its codes and seed,
+    up to batch-size-dependent GEMM rounding.
     """
-    digest = hashlib.blake2b(f"{init_seed}:{request_id}".encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(f"{init_seed}:{request_seed}".encode(), digest_size=8).digest()
     return torch.Generator(device=device).manual_seed(int.from_bytes(digest, "little") >> 1)
 
 
@@ -228,7 +229,7 @@ class Token2Wav:
     def _admit(self, p: CodecPayload) -> _Request:
         if p.chunk_seq == 0:  # new stream (or a new epoch of an old one): fresh state
             setup = self.prompt_setup(p.prompt_id)
-            noise = _noise_generator(self._init_seed, p.request_id, self.device)
+            noise = _noise_generator(self._init_seed, p.seed, self.device)
             self._requests[p.request_id] = _Request(p.prompt_id, -1, setup.cache, None, noise)
         return self._requests[p.request_id]
 

@@ -74,7 +74,7 @@ def test_server_errors_are_counted_failures_and_the_run_completes_invalid(tmp_pa
     for arm in ("base", "test"):
         agg = tier["arms"][arm]
         assert agg["completed"] + agg["failed"] == 8 and agg["failed"] >= 2
-        assert agg["failed_by_kind"] == {"backend_error": agg["failed"]}
+        assert agg["failed_by_kind"] == {"http_error": agg["failed"]}
 
 
 def test_ab_against_a_server_that_is_not_running_fails_with_a_clear_message(tmp_path):
@@ -120,3 +120,38 @@ def test_serve_process_listens_on_loopback_and_stops_on_sigterm():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.slow
+def test_wer_through_http_on_piper_matches_in_process(tmp_path):
+    """`tts-bench wer` with the test arm served over HTTP: same audio, same transcripts."""
+    import typer
+
+    from tts_bench.commands import wer as wer_cmd
+
+    wer_app = typer.Typer(add_completion=False)
+    wer_app.callback()(lambda: None)  # a group, so `wer` is a subcommand as in tts_bench.cli
+    wer_app.command("wer")(wer_cmd.wer)
+    wer_yaml = ROOT / "configs/wer/seed-tts-en.yaml"
+    with running_server(load_config(wer_yaml)) as server:
+        result = CliRunner().invoke(wer_app, [
+            "wer", "--config", str(wer_yaml), "--num-prompts", "3", "--format", "json",
+            "--result-dir", str(tmp_path / "runs"), "--set", f"wer.history_dir={tmp_path / 'history'}",
+            "--test-set", "backend=http", "--test-set", f"http.base_url={server.url}",
+        ])
+    assert result.exit_code == 0, result.output
+    paired = json.loads(result.stdout)["paired"]
+    assert paired["n_paired"] == paired["identical_audio"] == paired["identical_transcripts"] == 3
+
+
+def test_serve_picks_an_arm_of_an_ab_config_and_rejects_bad_choices(tmp_path):
+    from tts_bench.commands.serve import load_served_config, serve
+    from tts_bench.errors import ConfigError
+
+    default = ROOT / "configs/ab/default.yaml"
+    assert load_served_config(default, [], "test").stages.code2wav.extra == {
+        "code2wav_batched_cache_split": True}
+    with pytest.raises(ConfigError, match=r"no arm 'tset' .*valid: base, test"):
+        load_served_config(default, [], "tset")
+    with pytest.raises(ConfigError, match=r"backend is http"):
+        serve(config=SYNTH_YAML, host="127.0.0.1", port=0, replicas=1, sets=["backend=http"], arm=None)

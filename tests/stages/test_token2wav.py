@@ -28,8 +28,8 @@ def _codes(n: int, seed: int) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _payloads(cfg, request_id: str, codes: list[int]) -> list[CodecPayload]:
-    ch = Chunker(cfg, request_id)
+def _payloads(cfg, request_id: str, codes: list[int], seed: int = 0) -> list[CodecPayload]:
+    ch = Chunker(cfg, request_id, seed=seed)
     return [*ch.push(codes), ch.finish()]
 
 
@@ -180,12 +180,25 @@ def test_a_requests_vocoder_noise_does_not_depend_on_its_batch_mates():
     # NSF noise comes from a's own generator, so the rows that differ only by batch company
     # must agree to GEMM rounding, and a's audio must not change when b's codes change.
     alone, paired, paired_other = _t2w(), _t2w(), _t2w()
-    a = _payloads(alone.cfg, "a", _codes(60, 7))
-    b = _payloads(alone.cfg, "b", _codes(60, 8))
-    c = _payloads(alone.cfg, "b", _codes(60, 9))
+    a = _payloads(alone.cfg, "a", _codes(60, 7), seed=1)
+    b = _payloads(alone.cfg, "b", _codes(60, 8), seed=2)
+    c = _payloads(alone.cfg, "b", _codes(60, 9), seed=2)
     solo = np.concatenate([alone.decode([p])[0].audio for p in a])
     # "a" sits in the second row: a shared generator would hand it the mate's draws.
     with_b = np.concatenate([paired.decode([pb, pa])[1].audio for pa, pb in zip(a, b)])
     with_c = np.concatenate([paired_other.decode([pc, pa])[1].audio for pa, pc in zip(a, c)])
     assert np.array_equal(with_b, with_c)  # identical shapes, only the mate's codes differ
     assert np.abs(solo - with_b).max() < 1e-4
+
+
+def test_audio_follows_the_request_seed_not_its_id():
+    # A/B arms name their requests differently ("base:..." / "test:..."); equal codes and seed
+    # must still give equal audio, and another seed must give other noise.
+    t2w = _t2w()
+    codes = _codes(40, 3)
+
+    def audio(rid, seed):
+        return np.concatenate([t2w.decode([p])[0].audio for p in _payloads(t2w.cfg, rid, codes, seed)])
+
+    assert np.array_equal(audio("base:x", 5), audio("test:x", 5))
+    assert not np.array_equal(audio("base:x", 5), audio("base:x", 6))

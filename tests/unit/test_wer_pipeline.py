@@ -156,3 +156,11 @@ def _paired(**kw):
 ])
 def test_gate_rules(paired, verdict):
     assert judge([], [paired], [], WerParams(tolerance_points=0.5)).verdict == verdict
+
+
+def test_every_load_generator_failure_kind_has_a_wer_failure_kind():
+    from tts_bench.backends.base import FAILURE_KINDS
+    from tts_bench.wer.generate import _LOADGEN_TO_WER, GEN_FAILURES
+
+    assert set(_LOADGEN_TO_WER) == set(FAILURE_KINDS)
+    assert set(_LOADGEN_TO_WER.values()) <= set(GEN_FAILURES)

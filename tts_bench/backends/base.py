@@ -24,7 +24,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 # Failure kinds recorded per request (metric `failed` counts them; tables break them down).
-FAILURE_KINDS = ("timeout", "backend_error", "empty_audio")
+# http_error: the server answered with an HTTP error status; connection_error: it could not be
+# reached or the connection dropped mid-stream (http backend).
+FAILURE_KINDS = ("timeout", "backend_error", "empty_audio", "http_error", "connection_error")
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,13 @@ Each request is one `POST {base_url}/v1/audio/speech` with the JSON body
      "response_format": "pcm" | "wav", "stream": true (if http.stream), **http.extra_body}
 
 (`extra_body` carries server-specific fields such as `ref_audio`, `ref_text`, `max_new_tokens`,
-or `stream_format: sse`; it is applied last, so it can override the others). The response is
-decoded while it arrives (`tts_bench.serve.wire`: raw s16le PCM at `http.sample_rate`, WAV whose
-header rate wins, or `text/event-stream` with base64 audio), and every network read that completes
-at least one sample is yielded as an AudioChunk at once, so the load generator's TTFP is the
-arrival of the first audio bytes. `base_url` may end in `/v1` (the OpenAI SDK habit) or not.
+or `stream_format: sse`; it is applied last, so it can override the others; per-request seeds
+are sent only where `http.send_seed` is set, since plain OpenAI servers reject unknown fields).
+The response is decoded while it arrives (`tts_bench.serve.wire`: raw s16le PCM at the
+`rate=` its Content-Type declares, else `http.sample_rate`; WAV, whose header rate wins; or
+`text/event-stream` with base64 audio), and every network read that completes at least one
+sample is yielded as an AudioChunk at once, so the load generator's TTFP is the arrival of the
+first audio bytes. `base_url` may end in `/v1` (the OpenAI SDK habit) or not.
 
 Failures, all counted per request by the load generator (never a crashed run):
 
@@ -46,9 +48,11 @@ reason vLLM's serving benchmark uses it too.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -74,9 +78,10 @@ _WAV_TYPES = ("audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave")
 
 
 def api_root(base_url: str) -> str:
-    """`http://h:8000` and `http://h:8000/v1/` both -> `http://h:8000/v1`."""
-    root = base_url.rstrip("/")
-    return root if root.endswith("/v1") else root + "/v1"
+    """`http://h:8000` and `http://h:8000/v1/` both -> `http://h:8000/v1` (a query is dropped)."""
+    parts = urllib.parse.urlsplit(base_url)
+    path = parts.path.rstrip("/")
+    return f"{parts.scheme}://{parts.netloc}{path if path.endswith('/v1') else path + '/v1'}"
 
 
 class _AudioStream:
@@ -85,7 +90,7 @@ class _AudioStream:
     def __init__(self, content_type: str, params: HttpConfig, rate_param: str | None) -> None:
         self.sse = SseDecoder() if content_type == "text/event-stream" else None
         wav = content_type in _WAV_TYPES or (
-            params.response_format == "wav" and content_type not in ("audio/pcm", "audio/l16")
+            params.response_format == "wav" and content_type != "audio/pcm"
         )
         rate = int(rate_param) if rate_param and rate_param.isdigit() else params.sample_rate
         self.audio: WavDecoder | PcmDecoder = WavDecoder() if wav else PcmDecoder(rate)
@@ -154,8 +159,8 @@ class HttpBackend:
         try:
             async with session.get(url, timeout=aiohttp.ClientTimeout(total=_START_TIMEOUT_S)) as resp:
                 status = resp.status
-                doc = await resp.json(content_type=None) if status < 400 else None
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                text = await resp.text(errors="replace") if status < 400 else ""
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise BackendError(
                 f"error: cannot reach the speech server at {url} ({type(exc).__name__}: {exc}) "
                 f"(http.base_url); start it (tts-bench serve --config <yaml>) or point "
@@ -172,7 +177,13 @@ class HttpBackend:
         if status >= 400:
             raise BackendError(f"error: the speech server at {url} answered HTTP {status} "
                                f"(http.base_url); check the server's log")
-        models = [m for m in (doc or {}).get("data", []) if isinstance(m, dict)]
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            raise BackendError(f"error: {url} did not answer JSON (starts with {text[:40]!r}) "
+                               f"(http.base_url); point it at an OpenAI-compatible server") from None
+        data = doc.get("data", []) if isinstance(doc, dict) else []
+        models = [m for m in data if isinstance(m, dict)]
         ids = [m.get("id") for m in models]
         if ids and self.params.model not in ids:
             log.warning("model %r is not among the server's models %s (http.model)", self.params.model, ids)
@@ -201,6 +212,10 @@ class HttpBackend:
                                 "response_format": p.response_format}
         if p.stream:
             body["stream"] = True
+        # `http.send_seed` (proposed config field; off = plain OpenAI bodies): servers that take a
+        # per-request seed (tts-bench serve does) then sample exactly like the in-process arm.
+        if getattr(p, "send_seed", False):
+            body["seed"] = request.seed
         return {**body, **p.extra_body}
 
     async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioChunk]:
@@ -210,9 +225,13 @@ class HttpBackend:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=_CONNECT_TIMEOUT_S)
         received = 0
         try:
-            async with self._session.post(url, json=self.request_body(request), timeout=timeout) as resp:
+            # X-Request-Id: servers that honour it (tts-bench serve does) then run the request
+            # under the client's id, so id-seeded randomness (code2wav noise) matches in-process.
+            headers = {"X-Request-Id": request.request_id}
+            async with self._session.post(url, json=self.request_body(request), headers=headers,
+                                          timeout=timeout) as resp:
                 if resp.status >= 400:
-                    raise RequestFailed("backend_error", f"HTTP {resp.status}: {await _error_text(resp)}")
+                    raise RequestFailed("http_error", f"HTTP {resp.status}: {await _error_text(resp)}")
                 stream = _AudioStream(resp.content_type.lower(), self.params, _rate_param(resp))
                 async for data in resp.content.iter_any():
                     received += len(data)
@@ -225,11 +244,11 @@ class HttpBackend:
         except TimeoutError:  # before the connection errors: aiohttp's timeouts subclass both
             raise RequestFailed("timeout", f"no end of audio after {self.timeout_s:g} s (http)") from None
         except aiohttp.ClientConnectorError as exc:
-            raise RequestFailed("backend_error", f"connection_error: cannot connect to {url}: {exc}") from None
+            raise RequestFailed("connection_error", f"cannot connect to {url}: {exc}") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise RequestFailed(
-                "backend_error",
-                f"connection_error: dropped after {received} bytes: {type(exc).__name__}: {exc}",
+                "connection_error",
+                f"dropped after {received} bytes: {type(exc).__name__}: {exc}",
             ) from None
         except (aiohttp.ClientError, WireError) as exc:
             raise RequestFailed("backend_error", f"protocol_error: {type(exc).__name__}: {exc}") from None
@@ -250,7 +269,7 @@ class HttpBackend:
 
 
 def _rate_param(resp: aiohttp.ClientResponse) -> str | None:
-    """The `rate=` parameter of e.g. `audio/L16; rate=24000` (raw PCM servers may declare it)."""
+    """The `rate=` parameter of e.g. `audio/pcm; rate=24000` (raw PCM servers may declare it)."""
     for part in resp.headers.get("Content-Type", "").split(";")[1:]:
         key, _, value = part.strip().partition("=")
         if key.lower() == "rate":

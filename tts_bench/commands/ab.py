@@ -47,12 +47,12 @@ def ab(
     run, plan = _open_run(resume) if resume else _new_run(
         config, tiers=tiers, num_prompts=num_prompts, repeats=repeats, sets=[*sets, *shuffle_set],
         base_sets=base_sets, test_sets=test_sets, result_dir=result_dir)
+    hooks = _mem_hooks(plan, run) if mem else None
     with _progress() as progress:
         result = lib.run_ab(plan.arms, plan.tiers, repeats=plan.repeats, num_prompts=plan.num_prompts,
-                            run_dir=run, progress=progress, resume=resume is not None,
-                            hooks=_mem_hooks(plan, run) if mem else None)
+                            run_dir=run, progress=progress, resume=resume is not None, hooks=hooks)
     run.update(status="complete" if result.valid else "invalid", result=result.to_dict())
-    sys.stdout.write(render_result(result, fmt))
+    sys.stdout.write(render_result(result, fmt, mem=hooks))
     for reason in result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
     return result.exit_status
@@ -109,11 +109,14 @@ def _mem_hooks(plan, run):
     return make_ab_hooks(next(iter(plan.arms.values())), run)
 
 
-def render_result(result, fmt: str) -> str:
-    """The A/B result as text: RTF table (+ TTFP table and output-identity line) or one JSON doc."""
+def render_result(result, fmt: str, *, mem=None) -> str:
+    """The A/B result as text: RTF table (+ TTFP table, output-identity line and, with --mem,
+    one memory table per tier and sampler) or one JSON doc."""
     from tts_bench.tables import ab_table, render
 
     doc = result.to_dict()
+    if mem is not None:
+        doc["mem"] = mem.summary()
     if fmt == "json":
         return json.dumps(doc, indent=2) + "\n"
     base, test = result.arm_names
@@ -123,10 +126,22 @@ def render_result(result, fmt: str) -> str:
     ttfp_rows = [{**t, **{k: (t["ttfp"] or {}).get(k) for k in ("delta_mean_pct", "ci95_pct", "verdict")},
                   "duration_mismatch": False, "note": ""} for t in doc["tiers"]]
     ttfp = ab_table(ttfp_rows, metric="audio_ttfp_ms", digits=1, base_label=base, test_label=test)
-    identity = ", ".join(f"{t['tier']}: {t['identical_outputs']}/{t['paired_outputs']}" for t in doc["tiers"])
-    return (render(rtf, fmt, title="audio RTF (lower is faster)") + "\n"
+    identity = ", ".join(_identity_text(t) for t in doc["tiers"])
+    text = (render(rtf, fmt, title="audio RTF (lower is faster)") + "\n"
             + render(ttfp, fmt, title="audio TTFP ms") + "\n"
-            + f"identical outputs ({test} vs {base}): {identity}\nrun: {doc['run_dir']}\n")
+            + f"identical outputs ({test} vs {base}): {identity}\n")
+    if mem is not None:
+        from tts_bench.mem.summary import mem_table, table_title
+
+        text += "".join(render(mem_table(s), fmt, title=table_title(s)) + "\n" for s in mem.summaries())
+    return text + f"run: {doc['run_dir']}\n"
+
+
+def _identity_text(tier: dict) -> str:
+    text = f"{tier['tier']}: {tier['identical_outputs']}/{tier['paired_outputs']}"
+    if tier.get("identical_codes") is not None:
+        text += f" (codes {tier['identical_codes']}/{tier['paired_outputs']})"
+    return text
 
 
 class _RichProgress:

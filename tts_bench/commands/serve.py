@@ -1,11 +1,13 @@
 """`tts-bench serve`: any backend of a bench config behind an OpenAI-compatible speech server.
 
-    tts-bench serve --config configs/ab/default.yaml --replicas 2          # embedded tiny runner
+    tts-bench serve --config configs/ab/default.yaml --replicas 2          # embedded tiny, base arm
+    tts-bench serve --config configs/ab/default.yaml --arm test --port 8092
     tts-bench serve --config configs/ab/piper.yaml --port 8092
     tts-bench ab --config configs/ab/synthetic.yaml --set backend=http \\
         --set http.base_url=http://127.0.0.1:8091                          # drive it
 
-Binds to 127.0.0.1 unless `--host` says otherwise. Serves until SIGINT/SIGTERM, then gives
+An A/B config serves one of its arms (`--arm`, default: the first, e.g. `base`), with the
+arm's overrides applied, so two `serve` instances can stand for the two arms. Binds to 127.0.0.1 unless `--host` says otherwise. Serves until SIGINT/SIGTERM, then gives
 requests in flight a few seconds and stops the backend. The served model name is the config's
 `http.model`, so a client using the same config sends the right name. Endpoints and the failure
 contract: `tts_bench.serve.app`. Logs (including the `listening on <url>` line) go to stderr.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -27,17 +30,28 @@ def serve(
     port: int = typer.Option(8091, "--port", help="TCP port; 0 picks a free one (see the log line)."),
     replicas: int = typer.Option(1, "--replicas", help="Stage-2 replicas the backend starts with."),
     sets: list[str] = typer.Option([], "--set", help="Config override dotted.key=value (repeatable)."),
+    arm: Optional[str] = typer.Option(None, "--arm", help="Which arm of an A/B config [default: the first]."),
 ) -> ExitStatus:
     """Serve a config's backend at /v1/audio/speech, /v1/models and /metrics."""
-    from tts_bench.config import load_config
     from tts_bench.serve.app import serve_until_signalled
 
     if replicas < 1 or not 0 <= port <= 65535:
         raise ConfigError(f"error: bad --replicas {replicas} or --port {port} (tts-bench serve); "
                           "use --replicas >= 1 and a port in 0..65535")
-    cfg = load_config(config, sets)
+    cfg = load_served_config(config, sets, arm)
     if cfg.backend == "http":
         raise ConfigError(f"error: the config's backend is http ({config}: backend); serve a local "
                           "backend (embedded, piper, synthetic), not another server")
     asyncio.run(serve_until_signalled(cfg, replicas=replicas, host=host, port=port))
     return ExitStatus.OK
+
+
+def load_served_config(config: Path, sets: list[str], arm: str | None = None):
+    """The BenchConfig to serve: a plain bench config, or one arm of an A/B config."""
+    from tts_bench.ab import load_arms
+
+    arms = load_arms(config, sets)
+    name = arm if arm is not None else next(iter(arms))
+    if name not in arms:
+        raise ConfigError(f"error: no arm {name!r} in {config} (--arm); valid: {', '.join(arms)}")
+    return arms[name]

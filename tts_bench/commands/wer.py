@@ -51,7 +51,8 @@ def wer(
     if transcribe_only is not None:
         run, params = _open_run(transcribe_only, config, [*sets, *overrides])
     else:
-        run, params = _generate(config, arms, [*sets, *overrides], base_sets, test_sets, disable_shuffle, result_dir)
+        run, params = _generate(config, arms, [*sets, *overrides], base_sets=base_sets, test_sets=test_sets,
+                                disable_shuffle=disable_shuffle, result_dir=result_dir, accept=accept)
         if generate_only:
             typer.echo(f"generated: {run.path}", err=True)
             return ExitStatus.OK
@@ -96,7 +97,7 @@ def _arms(config, arm_names, sets, base_sets, test_sets) -> dict:
     return dict(zip(names, loaded))
 
 
-def _generate(config, arm_names, sets, base_sets, test_sets, disable_shuffle, result_dir):
+def _generate(config, arm_names, sets, *, base_sets, test_sets, disable_shuffle, result_dir, accept):
     from tts_bench.config import config_hash, config_to_dict
     from tts_bench.prompts import load_prompts, select_prompts
     from tts_bench.results import RunDir, python_argv
@@ -108,11 +109,13 @@ def _generate(config, arm_names, sets, base_sets, test_sets, disable_shuffle, re
     shuffle = not (disable_shuffle or first.bench.disable_shuffle)
     prompts = select_prompts(load_prompts(first.prompts.meta), params.num_prompts,
                              shuffle=shuffle, seed=first.prompts.shuffle_seed)
+    selection = runner.selection_doc(prompts, num_prompts=params.num_prompts, shuffle=shuffle)
+    configs = {n: config_to_dict(c) for n, c in arms.items()}
+    if not accept:
+        runner.precheck_history(configs, selection["wer_selection"], params)
     run = RunDir.create(
         result_dir, "wer", command_line=python_argv(),
-        configs={n: config_to_dict(c) for n, c in arms.items()},
-        config_hashes={n: config_hash(c) for n, c in arms.items()},
-        extra=runner.selection_doc(prompts, num_prompts=params.num_prompts, shuffle=shuffle),
+        configs=configs, config_hashes={n: config_hash(c) for n, c in arms.items()}, extra=selection,
     )
     wer_arms = [runner.WerArm(n, c) for n, c in arms.items()]
     asyncio.run(runner.generate(wer_arms, prompts, run, params, timeout_s=first.bench.timeout_s))

@@ -4,7 +4,8 @@ Endpoints:
 - `POST /v1/audio/speech` — body `{"input": str, "model"?: str, "voice"?: str,
   "response_format"?: "pcm" | "wav" (default wav), "stream"?: bool (default false),
   "stream_format"?: "audio" | "sse", "seed"?: int, "ref_text"?: str}`; other fields are ignored
-  (OpenAI clients send e.g. `speed`). Non-streaming answers carry a Content-Length. Streaming
+  (OpenAI clients send e.g. `speed`). An `X-Request-Id` header names the backend request (ids
+  must be unique among requests in flight). Non-streaming answers carry a Content-Length. Streaming
   answers use chunked transfer encoding: raw s16le mono (`audio/pcm; rate=R`), or a WAV header
   with the streaming size 0xFFFFFFFF followed by PCM, each backend chunk written as it arrives;
   `stream_format: sse` sends OpenAI-style `speech.audio.delta` events with base64 PCM instead.
@@ -22,9 +23,17 @@ backend stream, which cancels the request in backends that support it (embedded)
 Headers are sent with the first audio chunk, not before, so the response status can still
 report an early failure; the client's TTFP is unaffected (it is stamped at the first audio bytes).
 
-    async with-free use:  server = SpeechServer(cfg, replicas=2); await server.start(); ...; await server.stop()
+Every request is handed to the backend at once (no queue here): admission and batching are
+the backend's business, as in a serving engine, and the client's concurrency C is what the
+server sees. Counters are touched only on the event loop, so they need no lock.
+
+    server = SpeechServer(cfg, replicas=2, port=8091)
+    await server.start()                          # starts the backend, then listens
+    ...
+    await server.stop()                           # stops listening, then stops the backend
+
     with running_server(cfg, port=0) as server:   # background thread, for tests and scripts
-        requests.post(server.url + "/v1/audio/speech", json={"input": "Hello."})
+        urllib.request.urlopen(server.url + "/v1/models")
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from aiohttp import web
 
 from tts_bench.backends import make_backend
 from tts_bench.backends.base import AudioChunk, ReportsMemory, RequestFailed, SynthesisRequest
+from tts_bench.errors import BackendError
 from tts_bench.serve import exposition
 from tts_bench.serve.wire import encode_pcm16, sse_audio_event, sse_event, wav_header
 
@@ -58,6 +68,7 @@ STREAM_FORMATS = ("audio", "sse")
 _SHUTDOWN_TIMEOUT_S = 5.0  # in-flight requests get this long to finish on SIGINT/SIGTERM
 _BACKLOG = 1024  # 128+ clients may connect at once at the start of a tier
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
+_MAX_REQUEST_ID = 200
 
 
 class BadRequest(Exception):
@@ -107,6 +118,14 @@ def parse_speech_body(body: Any, model_name: str) -> SpeechSpec:
     return SpeechSpec(text, fmt, stream or sse, sse, seed, ref)
 
 
+def _request_id(request: web.Request) -> str:
+    """The client's `X-Request-Id` when sane (the embedded runner seeds code2wav noise from the
+    id, so reusing the client's id reproduces in-process audio), else a fresh one."""
+    rid = request.headers.get("X-Request-Id", "")
+    ok = 0 < len(rid) <= _MAX_REQUEST_ID and rid.isprintable()
+    return rid if ok else uuid.uuid4().hex[:16]
+
+
 def error_response(status: int, message: str, *, code: str, param: str | None = None) -> web.Response:
     kind = "invalid_request_error" if status < 500 else "server_error"
     doc = {"error": {"message": message, "type": kind, "param": param, "code": code}}
@@ -137,13 +156,22 @@ class SpeechServer:
         app = web.Application()
         app.add_routes([web.post("/v1/audio/speech", self._speech), web.get("/v1/models", self._models),
                         web.get("/metrics", self._metrics), web.get("/health", self._health)])
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
+        # handler_cancellation: a client that disconnects (its timeout) cancels the handler at
+        # once, which closes the backend stream and frees the backend's capacity (embedded
+        # cancels the request) instead of generating audio nobody reads until the next write.
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
+                               handler_cancellation=True)
         try:
             await runner.setup()
             await web.TCPSite(runner, self.host, self.port, backlog=_BACKLOG).start()
-        except BaseException:
+        except BaseException as exc:
             await runner.cleanup()
             await self.backend.stop()
+            if isinstance(exc, OSError):  # port taken, address not on this host, ...
+                raise BackendError(
+                    f"error: cannot listen on {self.host}:{self.port} ({exc.strerror or exc}) "
+                    f"(tts-bench serve --host/--port); pick another --port, or stop what holds it"
+                ) from exc
             raise
         self._runner = runner
         self.port = runner.addresses[0][1]  # the real port when asked for port 0
@@ -187,7 +215,7 @@ class SpeechServer:
         except (BadRequest, ValueError) as exc:
             status, param = (exc.status, exc.param) if isinstance(exc, BadRequest) else (400, None)
             return error_response(status, str(exc), code="invalid_request", param=param)
-        synth = SynthesisRequest(request_id=uuid.uuid4().hex[:16], text=spec.text,
+        synth = SynthesisRequest(request_id=_request_id(request), text=spec.text,
                                  prompt_text=spec.prompt_text, seed=spec.seed)
         self.counters["requests_in_flight"] += 1
         try:
@@ -220,9 +248,10 @@ class SpeechServer:
                     response = await self._open_stream(request, spec, chunk.sample_rate)
                 pcm = encode_pcm16(chunk.samples)
                 await response.write(sse_audio_event(pcm) if spec.sse else pcm)
-        except (ConnectionResetError, asyncio.CancelledError):
+        except ConnectionResetError:  # the client gave up (its timeout): not a server failure
             log.debug("client went away; request abandoned")
-            raise
+            assert response is not None, "only writes raise ConnectionResetError"
+            return response
         except Exception as exc:  # noqa: BLE001 - every backend failure is reported or dropped
             if response is None:
                 return self._failed(exc)

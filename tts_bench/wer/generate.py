@@ -39,7 +39,11 @@ log = logging.getLogger(__name__)
 
 WER_TIER = "wer"  # the `tier` label of generation records in requests.jsonl
 GEN_FAILURES = ("request_failed", "no_audio")
-_LOADGEN_TO_WER = {"timeout": "request_failed", "backend_error": "request_failed", "empty_audio": "no_audio"}
+# Every load-generator failure kind maps here (a new kind there must be placed here too).
+_LOADGEN_TO_WER = {
+    "timeout": "request_failed", "backend_error": "request_failed", "http_error": "request_failed",
+    "connection_error": "request_failed", "empty_audio": "no_audio",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)

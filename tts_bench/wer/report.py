@@ -105,7 +105,7 @@ def report_doc(report: WerReport, *, include_utterances: bool = False) -> dict[s
         "timings": {"audio_seconds": sum(a.audio_seconds for a in report.arms),
                     "decoded_audio_seconds": audio, "asr_seconds": asr_s, "asr_load_seconds": report.asr_load_s,
                     "asr_wall_seconds": report.asr_wall_s,
-                    "asr_realtime_factor": (audio / asr_s) if asr_s else None},
+                    "asr_x_realtime": (audio / asr_s) if asr_s else None},
         "verdict": report.gate.verdict,
         "exit_status": int(report.gate.exit_status),
         "reasons": report.gate.reasons,

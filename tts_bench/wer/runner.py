@@ -106,6 +106,19 @@ def read_generation(run: RunDir) -> dict[str, list[GenRecord]]:
     return out
 
 
+def precheck_history(configs: dict[str, dict], selection: dict, params: WerParams) -> None:
+    """Refuse a history/provenance mismatch *before* minutes of generation and ASR (evaluate
+    checks again; this only fails early)."""
+    history_dir = Path(params.history_dir)
+    history = load_history(history_dir) if history_dir.is_dir() else []
+    if not history:
+        return
+    asr = describe_asr(asr_options(params)).to_dict()
+    for config in configs.values():
+        h = tts_config_hash(config, num_prompts=selection["num_prompts"], shuffle=selection["shuffle"])
+        find_reference(history, h, asr, params.normalizer, refuse=True)
+
+
 @dataclass(frozen=True)
 class WerReport:
     run_path: Path
