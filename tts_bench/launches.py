@@ -3,7 +3,10 @@
 Used to check claims like "3B launches -> 3" by measurement instead of reasoning, and reusable
 for any A/B (`tts-bench profile`). On CUDA we count kernel activities the profiler saw, with
 memcpy/memset reported apart; on CPU there are no kernels, so we count top-level aten operators
-(each is one dispatch, the CPU analogue of a launch).
+(each is one dispatch, the CPU analogue of a launch). Views (slice, select, view, expand, ...:
+their schema returns an alias of an input) and bare allocations launch no kernel on a device, so
+on CPU they count zero; a view-like operator that does copy (`reshape` of a non-contiguous
+tensor, `to` with a new dtype) counts what it dispatched underneath.
 
     counts = count_launches(lambda: split(cache), device=torch.device("cuda"), repeats=5)
     counts.per_call  # e.g. 3.0
@@ -14,8 +17,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
+
+# Operators that only allocate or relabel storage: no kernel on CUDA, so no launch on CPU either.
+_NO_LAUNCH = frozenset(
+    f"aten::{n}"
+    for n in ("empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided",
+              "_unsafe_view", "resize_")
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,33 @@ class LaunchCount:
 
 def _is_copy(name: str) -> bool:
     return name.startswith(("Memcpy", "Memset", "cudaMemcpy", "cudaMemset"))
+
+
+@lru_cache(maxsize=None)
+def is_view_op(name: str) -> bool:
+    """True when every tensor overload of `name` returns a read-only alias of its input."""
+    schemas = [
+        s for s in torch._C._jit_get_schemas_for_operator(name)
+        if s.arguments and str(s.arguments[0].type) == "Tensor"
+    ]  # fmt: skip
+    if not schemas:
+        return False
+    returns = [str(s).rsplit(" -> ", 1)[1] for s in schemas]
+    return all(r.startswith("Tensor(") and "!" not in r for r in returns)
+
+
+def _cpu_launches(event) -> Counter[str]:
+    """Launch-equivalents of one CPU operator event, by operator name."""
+    name = event.name
+    if name in _NO_LAUNCH:
+        return Counter()
+    if not is_view_op(name):
+        return Counter({name: 1})
+    out: Counter[str] = Counter()
+    for child in event.cpu_children:
+        if child.name.startswith("aten::"):
+            out += _cpu_launches(child)
+    return out
 
 
 def count_launches(
@@ -53,15 +91,15 @@ def count_launches(
     names: Counter[str] = Counter()
     copies = 0
     for event in prof.events():
-        if on_device:
-            if event.device_type != torch.autograd.DeviceType.CUDA:
-                continue
-            if _is_copy(event.name):
-                copies += 1
-                continue
-        elif event.cpu_parent is not None or not event.name.startswith("aten::"):
+        if not on_device:
+            if event.cpu_parent is None and event.name.startswith("aten::"):
+                names += _cpu_launches(event)
+        elif event.device_type != torch.autograd.DeviceType.CUDA:
             continue
-        names[event.name] += 1
+        elif _is_copy(event.name):
+            copies += 1
+        else:
+            names[event.name] += 1
     return LaunchCount(
         unit="kernels" if on_device else "operators",
         per_call=sum(names.values()) / repeats,

@@ -34,7 +34,7 @@ def _peak_rss_bytes(rss: int) -> int:
 
 
 def memory_stats(device: torch.device) -> dict:
-    """allocated/reserved/peak bytes of `device`'s allocator (RSS on CPU) plus this process's RSS."""
+    """allocated/reserved/peak bytes of `device`'s allocator (RSS on CPU) plus the process RSS."""
     rss = _rss_bytes()
     if device.type == "cuda":
         return {

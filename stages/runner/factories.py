@@ -11,7 +11,7 @@ Interfaces the runner relies on (duck-typed):
 - talker(cfg: TalkerConfig, *, device, dtype, max_batch, max_seq_len, init_seed, weights_dir)
   -> engine with add(TalkerRequest), step() -> [TalkerOutput(request_id, code, finished)],
   has_work(), cancel(request_id);
-- chunker(cfg: Code2WavConfig, request_id) -> one request's stream: push(codes) -> [payload],
+- chunker(cfg: Code2WavConfig, request_id, *, seed) -> one request's stream: push(codes) -> [payload],
   finish() -> payload (the final flush, `last_chunk`);
 - token2wav(cfg: Code2WavConfig, *, device, dtype, init_seed, weights_dir)
   -> decode([payload]) -> [DecodedAudio(request_id, chunk_seq, audio, last_chunk)], drop(id).
@@ -40,10 +40,10 @@ def make_talker_request(request_id: str, text: str, seed: int, max_codes: int | 
     return TalkerRequest(request_id, text, seed=seed, max_codes=max_codes)
 
 
-def build_chunker(cfg: Code2WavConfig, request_id: str) -> Any:
+def build_chunker(cfg: Code2WavConfig, request_id: str, *, seed: int = 0) -> Any:
     from stages.code2wav.streaming import Chunker
 
-    return Chunker(cfg, request_id)
+    return Chunker(cfg, request_id, seed=seed)
 
 
 def build_token2wav(cfg: Code2WavConfig, **kwargs: Any) -> Any:

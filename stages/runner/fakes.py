@@ -14,11 +14,12 @@ seed and the codes, so ordering and identity can be asserted exactly:
 Fault injection (keyword options, bound with `functools.partial` so they pickle by reference):
 `step_s` / `decode_s` sleep per call; `fail_start` raises at construction; `crash_after_decodes`
 kills the process (`os._exit`) on that decode call; `fail_text` makes `add` refuse texts that
-contain it; `fail_step` makes that `step()` call raise; `fail_decode_seq` makes a decode raise when one of its rows has that chunk_seq. `log_dir` makes each replica append one
-JSON line per decode call (`{"pid", "rows": [request ids]}`) so tests can see the batches.
+contain it; `fail_step` makes that `step()` call raise; `fail_decode_seq` makes a decode raise
+when one of its rows has that chunk_seq. `log_dir` makes each replica append one JSON line per
+decode call (`{"pid", "rows": [request ids]}`) so tests can see the batches.
 
     factories = fake_factories(decode_s=0.05, log_dir=str(tmp_path))
-    runner = StageRunner(tiny_stage_config(), replicas=2, factories=factories)
+    runner = StageRunner(StageConfig(runner=RunnerConfig(device="cpu")), 2, factories=factories)
 """
 
 from __future__ import annotations
@@ -129,9 +130,10 @@ class FakeTalker:
 class FakeChunker:
     """The spec §4.6 streaming contract for one request, written plainly."""
 
-    def __init__(self, cfg: Code2WavConfig, request_id: str) -> None:
+    def __init__(self, cfg: Code2WavConfig, request_id: str, *, seed: int = 0) -> None:
         self.cfg = cfg
         self.request_id = request_id
+        self.seed = seed
         self.left = [cfg.silence_code] * cfg.codec_left_context_frames
         self.pending: list[int] = []
         self.seq = 0
@@ -191,7 +193,9 @@ class FakeToken2Wav:
     def _one(self, p: FakePayload) -> FakeDecodedAudio:
         expected = self.next_seq.get(p.request_id, 0)
         if p.chunk_seq != expected or p.chunk_seq == self.fail_decode_seq:
-            raise ValueError(f"request {p.request_id}: chunk_seq {p.chunk_seq}, expected {expected}")
+            raise ValueError(
+                f"request {p.request_id}: chunk_seq {p.chunk_seq}, expected {expected}"
+            )
         self.next_seq[p.request_id] = expected + 1
         if p.last_chunk:
             del self.next_seq[p.request_id]

@@ -3,6 +3,8 @@
 A stage process is started with `spawn` (CUDA cannot be forked), imports nothing heavy until its
 target runs, builds its model *after* start, and reports `Ready` (with the traceback if building
 failed, so the client's `start()` raises with the child's message instead of waiting forever).
+It talks back over its own one-way pipe (`Connection.send`: synchronous, and the client sees EOF
+the moment the process dies, even mid-message).
 An unexpected error in the loop is reported as `Fatal` and the process exits with code 1; the
 client also watches exit codes, so a segfault or a kill is noticed without any message.
 
@@ -74,12 +76,12 @@ class StageContext:
     spec: ProcessSpec
     device: torch.device
     dtype: torch.dtype
-    results: Any  # mp.Queue to the client
+    results: Any  # write end of this process's result pipe to the client (Connection)
     info: dict = field(default_factory=dict)  # goes into Ready (device, dtype, engine facts)
 
     def report_memory(self, token: int) -> None:
         stats = {"process": self.spec.name, "pid": os.getpid(), **memory_stats(self.device)}
-        self.results.put(MemoryReport(token, stats))
+        self.results.send(MemoryReport(token, stats))
 
 
 def run_stage_process(
@@ -106,27 +108,27 @@ def run_stage_process(
                         dtype=str(ctx.dtype).removeprefix("torch."), threads=spec.threads)
         engines = build(ctx)
     except BaseException as exc:  # noqa: BLE001 - every startup failure must reach the client
-        results.put(Ready(spec.name, os.getpid(), error=_trace(exc)))
+        results.send(Ready(spec.name, os.getpid(), error=_trace(exc)))
         _exit_now(results, 1)
-    results.put(Ready(spec.name, os.getpid(), info=ctx.info))
+    results.send(Ready(spec.name, os.getpid(), info=ctx.info))
     code = 0
     try:
         loop(ctx, engines)
     except BaseException as exc:  # noqa: BLE001
         log.error("%s failed: %s", spec.name, _trace(exc))
-        results.put(Fatal(spec.name, short_error(exc)))
+        results.send(Fatal(spec.name, short_error(exc)))
         code = 1
     _exit_now(results, code)
 
 
 def _exit_now(results: Any, code: int) -> None:
-    """Flush what we sent, then exit without interpreter teardown.
+    """Exit without interpreter teardown (our messages are already in the pipe: send is
+    synchronous).
 
     Tearing down a process that imported torch (and holds a model) takes seconds on a loaded
     CPU; nothing in a stage process needs atexit handlers, so skip them.
     """
     results.close()
-    results.join_thread()  # our messages must leave before the process does
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

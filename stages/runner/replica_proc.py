@@ -112,11 +112,11 @@ class ReplicaLoop:
             for p in batch:
                 self.failed.add(p.request_id)
                 self._drop(p.request_id)
-                self.ctx.results.put(RequestError(p.request_id, message))
+                self.ctx.results.send(RequestError(p.request_id, message))
             return
         codes = {p.request_id: tuple(int(c) for c in p.codes[left:]) for p in batch}
         for d in decoded:
             audio = np.ascontiguousarray(d.audio, dtype=np.float32).reshape(-1)
-            self.ctx.results.put(
+            self.ctx.results.send(
                 ChunkReady(d.request_id, d.chunk_seq, audio, codes[d.request_id], d.last_chunk)
             )

@@ -9,11 +9,13 @@
 
 Topology (DESIGN.md §3): one talker process, R replica processes sharing the device; a request
 is pinned at admission to the replica with the fewest requests in flight (ties: lowest index),
-so its chunks decode in order on one replica and come back straight from it. One reader thread
-takes every message off the result queue and calls the request's `on_event`; it also watches
-the children, so a child that dies (even without a word: a segfault, the OOM killer) fails every
-in-flight request with the child's name and exit code, and the runner refuses new work. That is
-"the run ends": the harness sees failures, not a hang.
+so its chunks decode in order on one replica and come back straight from it. Each child has its
+own one-way result pipe whose only write end lives in that child; one reader thread waits on all
+of them and calls the request's `on_event`. A child that dies (even without a word: a segfault,
+the OOM killer, mid-message) closes its pipe, the reader sees EOF, fails every in-flight request
+with the child's name and exit code, and the runner refuses new work. That is "the run ends": the
+harness sees failures, not a hang. (A shared mp.Queue would not do: a writer killed mid-message
+leaves a torn message that blocks the reader forever, and other writers keep the pipe open.)
 
 `on_event` runs on the reader thread and must not block (the asyncio backend hands events over
 with `loop.call_soon_threadsafe`). Every request ends with exactly one of: a ChunkReady with
@@ -25,11 +27,11 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing as mp
-import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from stages.config import StageConfig
@@ -52,9 +54,8 @@ from stages.runner.talker_proc import talker_main
 
 log = logging.getLogger(__name__)
 
-_POLL_S = 0.1  # reader thread: how often it checks the children while the queue is quiet
+_POLL_S = 0.1  # wait granularity (seconds) while waiting for Ready or joining children
 _MEMORY_TIMEOUT_S = 10.0
-_GRACE_S = 1.0  # after a child died: how long its last message may still take to arrive
 
 
 class RunnerError(RuntimeError):
@@ -72,7 +73,8 @@ class _Tracked:
 class _Child:
     name: str
     process: Any  # mp.Process
-    inbox: Any  # mp.Queue
+    inbox: Any  # mp.Queue: client (and talker) -> this process
+    results: Connection  # read end of this process's result pipe
 
 
 class StageRunner:
@@ -86,7 +88,6 @@ class StageRunner:
         self.factories = factories or StageFactories()
         self.info: dict[str, dict] = {}  # process name -> facts from its Ready
         self._children: list[_Child] = []
-        self._results: Any = None
         self._lock = threading.Lock()
         self._tracked: dict[str, _Tracked] = {}
         self._load = [0] * replicas
@@ -104,25 +105,21 @@ class StageRunner:
         if self._children:
             raise RunnerError("error: stage runner started twice (start); use a fresh StageRunner")
         ctx = mp.get_context("spawn")
-        self._results = ctx.Queue()
         threads = threads_per_process(self.cfg.runner.torch_threads, self.replicas)
-        replica_inboxes = [ctx.Queue() for _ in range(self.replicas)]
-        talker_inbox = ctx.Queue()
-
-        def spec(name: str) -> ProcessSpec:
-            return ProcessSpec(name, self.cfg, self.factories, threads)
-
-        self._children.append(_Child("talker", ctx.Process(
-            target=talker_main, name="tts-talker", daemon=True,
-            args=(spec("talker"), talker_inbox, replica_inboxes, self._results)), talker_inbox))
-        for r, inbox in enumerate(replica_inboxes):
-            name = f"code2wav-{r}"
-            self._children.append(_Child(name, ctx.Process(
-                target=replica_main, name=f"tts-{name}", daemon=True,
-                args=(spec(name), inbox, self._results)), inbox))
+        inboxes = [ctx.Queue() for _ in range(1 + self.replicas)]  # talker, replicas...
+        names = ["talker"] + [f"code2wav-{r}" for r in range(self.replicas)]
         t0 = time.perf_counter()
-        for child in self._children:
-            child.process.start()
+        for i, (name, inbox) in enumerate(zip(names, inboxes)):
+            read_end, write_end = ctx.Pipe(duplex=False)
+            spec = ProcessSpec(name, self.cfg, self.factories, threads)
+            if i == 0:
+                target, args = talker_main, (spec, inbox, inboxes[1:], write_end)
+            else:
+                target, args = replica_main, (spec, inbox, write_end)
+            process = ctx.Process(target=target, args=args, name=f"tts-{name}", daemon=True)
+            process.start()
+            write_end.close()  # the child holds the only write end: its death means EOF here
+            self._children.append(_Child(name, process, inbox, read_end))
         try:
             self._await_ready()
         except BaseException:
@@ -135,49 +132,34 @@ class StageRunner:
         self._reader.start()
 
     def _await_ready(self) -> None:
-        waiting = {c.name for c in self._children}
+        waiting = {c.results: c for c in self._children}
         deadline = time.monotonic() + self.cfg.runner.start_timeout_s
         while waiting:
-            try:
-                msg = self._results.get(timeout=_POLL_S)
-            except queue.Empty:
-                self._check_startup(waiting, deadline)
-                continue
-            if isinstance(msg, Ready):
+            ready = wait(list(waiting), timeout=_POLL_S)
+            if not ready and time.monotonic() > deadline:
+                raise RunnerError(
+                    f"error: {', '.join(sorted(c.name for c in waiting.values()))} not ready "
+                    f"after {self.cfg.runner.start_timeout_s:.0f} s (stage runner start); raise "
+                    f"runner.start_timeout_s or check the device"
+                )
+            for conn in ready:
+                child = waiting.pop(conn)
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    child.process.join(timeout=1.0)
+                    raise RunnerError(
+                        f"error: {child.name} exited with code {child.process.exitcode} before "
+                        f"it was ready (stage runner start); see its log above"
+                    ) from None
+                if not isinstance(msg, Ready):
+                    raise RunnerError(f"{child.name} sent {type(msg).__name__} before Ready")
                 if msg.error is not None:
                     raise RunnerError(
                         f"error: {msg.process} failed to start (stage runner start); "
                         f"fix the stage config or environment:\n{msg.error}"
                     )
                 self.info[msg.process] = {"pid": msg.pid, **msg.info}
-                waiting.discard(msg.process)
-
-    def _check_startup(self, waiting: set[str], deadline: float) -> None:
-        dead = self._dead_child()
-        if dead is not None and dead.name in waiting:
-            # Its Ready (with the reason) may still be in flight: give it one more read.
-            try:
-                msg = self._results.get(timeout=_GRACE_S)
-            except queue.Empty:
-                raise RunnerError(
-                    f"error: {dead.name} exited with code {dead.process.exitcode} before it was "
-                    f"ready (stage runner start); see its log above"
-                ) from None
-            if isinstance(msg, Ready) and msg.error is not None:
-                raise RunnerError(
-                    f"error: {msg.process} failed to start (stage runner start); "
-                    f"fix the stage config or environment:\n{msg.error}"
-                )
-            if isinstance(msg, Ready):
-                self.info[msg.process] = {"pid": msg.pid, **msg.info}
-                waiting.discard(msg.process)
-            return
-        if time.monotonic() > deadline:
-            raise RunnerError(
-                f"error: {', '.join(sorted(waiting))} not ready after "
-                f"{self.cfg.runner.start_timeout_s:.0f} s (stage runner start); raise "
-                f"runner.start_timeout_s or check the device"
-            )
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Shut every process down (sentinel, join, terminate, kill); fail what is in flight."""
@@ -192,12 +174,11 @@ class StageRunner:
                 pass
         deadline = time.monotonic() + timeout_s
         for child in self._children:
-            # Keep reading results while joining: a child blocked flushing its queue into a
-            # full pipe would otherwise never exit.
+            # The reader keeps draining result pipes meanwhile, so no child blocks in send().
             while child.process.is_alive() and time.monotonic() < deadline:
                 child.process.join(timeout=_POLL_S)
                 if self._reader is None:
-                    self._discard_results()
+                    self._discard_results(child)
         for child in self._children:
             if child.process.is_alive():
                 if timeout_s > 0:
@@ -213,15 +194,14 @@ class StageRunner:
         for child in self._children:
             child.inbox.close()
             child.inbox.cancel_join_thread()
-        if self._results is not None:
-            self._results.close()
-            self._results.cancel_join_thread()
+            child.results.close()
 
-    def _discard_results(self) -> None:
+    @staticmethod
+    def _discard_results(child: _Child) -> None:
         try:
-            while True:
-                self._results.get_nowait()
-        except (queue.Empty, OSError, ValueError):
+            while child.results.poll():
+                child.results.recv()
+        except (EOFError, OSError):
             pass
 
     def pids(self) -> dict[str, int | None]:
@@ -308,33 +288,21 @@ class StageRunner:
     # -- the reader thread -------------------------------------------------------------------
 
     def _read_loop(self) -> None:
-        while True:
-            try:
-                msg = self._results.get(timeout=_POLL_S)
-            except queue.Empty:
-                if self._closing:
-                    if not self.alive():  # every child gone: nothing more can arrive
-                        return
+        live = {c.results: c for c in self._children}
+        while live:
+            for conn in wait(list(live), timeout=_POLL_S):
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):  # the child is gone (exited, killed, crashed)
+                    self._on_child_gone(live.pop(conn))
                     continue
-                dead = self._dead_child()
-                if dead is not None:
-                    self._drain_after_death()  # a Fatal with the reason may still be in flight
-                    self._break(f"{dead.name} exited with code {dead.process.exitcode}")
-                continue
-            except (OSError, ValueError, EOFError):  # queue closed under us
-                return
-            self._dispatch(msg)
+                self._dispatch(msg)
 
-    def _drain_after_death(self) -> None:
-        end = time.monotonic() + _GRACE_S
-        while self._broken is None and time.monotonic() < end:
-            try:
-                msg = self._results.get(timeout=_POLL_S)
-            except queue.Empty:
-                continue
-            except (OSError, ValueError, EOFError):
-                return
-            self._dispatch(msg)
+    def _on_child_gone(self, child: _Child) -> None:
+        if self._closing:
+            return
+        child.process.join(timeout=1.0)
+        self._break(f"{child.name} exited with code {child.process.exitcode}")
 
     def _dispatch(self, msg: Any) -> None:
         if isinstance(msg, ChunkReady):
@@ -384,9 +352,3 @@ class StageRunner:
             self._broken = reason
         log.error("stage runner broken: %s; failing in-flight requests", reason)
         self._fail_all(reason)
-
-    def _dead_child(self) -> _Child | None:
-        for child in self._children:
-            if child.process.exitcode is not None:
-                return child
-        return None

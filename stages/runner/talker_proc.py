@@ -99,11 +99,13 @@ class TalkerLoop:
                 )
             except Exception as exc:  # a bad request fails alone
                 log.warning("talker refused %s: %s", req.request_id, exc)
-                self.ctx.results.put(RequestError(req.request_id, f"talker: {short_error(exc)}"))
+                self.ctx.results.send(RequestError(req.request_id, f"talker: {short_error(exc)}"))
                 continue
             self.pins[req.request_id] = sub.replica
+            # The request's seed travels with its payloads: code2wav seeds its vocoder noise from
+            # it, so equal codes + seed give equal audio whatever the request is called.
             self.chunkers[req.request_id] = self.engines.make_chunker(
-                self.ctx.spec.cfg.code2wav, req.request_id
+                self.ctx.spec.cfg.code2wav, req.request_id, seed=req.seed
             )
 
     def _cancel(self, msg: Cancel) -> None:

@@ -1,0 +1,103 @@
+"""Launch accounting on the tiny stages (CPU operator counts): split scaling, talker stability."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from stages.code2wav.token2wav import Token2Wav
+from stages.config import StageConfig
+from stages.talker.engine import TalkerEngine
+from tests.stages.code2wav_tiny import single_thread, tiny_config  # noqa: F401
+from tts_bench._dataclass_yaml import load_dataclass, load_yaml_file
+from tts_bench.config import BenchConfig
+from tts_bench.errors import ConfigError
+from tts_bench.launches import count_launches
+from tts_bench.profile import (
+    count_cache_split,
+    count_talker_step,
+    profile_arms,
+    steady_split_batch,
+    steady_start,
+    with_split,
+)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+TINY = Path(__file__).resolve().parents[2] / "configs/stages/minicpmo45-tiny.yaml"
+CPU = torch.device("cpu")
+
+
+def _tiny_stages() -> StageConfig:
+    return load_dataclass(StageConfig, load_yaml_file(TINY), source=str(TINY), base_dir=TINY.parent)
+
+
+@pytest.fixture(scope="module")
+def t2w():
+    return Token2Wav(tiny_config(), device=CPU, dtype=torch.float32, init_seed=0)
+
+
+def test_views_and_allocations_are_not_launches_on_cpu():
+    x = torch.randn(6, 4)
+    assert count_launches(lambda: x[1:3].clone(), device=CPU).by_name == {"aten::clone": 1.0}
+    assert count_launches(lambda: x.new_empty(3).unsqueeze(0), device=CPU).per_call == 0.0
+    # A view-like operator that has to copy counts the copy it dispatched.
+    assert count_launches(lambda: x.t().contiguous(), device=CPU).per_call == 1.0
+
+
+def test_per_row_split_scales_with_rows_and_batched_split_does_not(t2w):
+    per_row = {b: count_cache_split(t2w, b, 2, batched=False) for b in (1, 4, 8)}
+    batched = {b: count_cache_split(t2w, b, 2, batched=True) for b in (1, 4, 8)}
+    for b in (1, 4, 8):
+        assert per_row[b]["cache_split"].per_call == 3 * b
+        assert batched[b]["cache_split"].per_call == 3
+        assert batched[b]["cache_split"].by_name == {"aten::clone": 2.0, "aten::index_select": 1.0}
+        # estimator_att is copied per request in both: the whole split differs by 3B - 3.
+        delta = per_row[b]["cache_split_total"].per_call - batched[b]["cache_split_total"].per_call
+        assert delta == 3 * b - 3
+    assert per_row[8]["cache_split_total"].per_call > per_row[1]["cache_split_total"].per_call
+
+
+def test_split_batch_has_the_steady_trimmed_shapes(t2w):
+    batch, keep = steady_split_batch(t2w, 4)
+    cfg = t2w.cfg
+    assert batch.conformer_cnn.shape[0] == 4 and batch.estimator_cnn.shape[2] == 8
+    assert batch.conformer_att.shape[3] == keep.prompt_len + cfg.prompt_keep_frames
+    # The estimator cache arrives one chunk longer than the keep, so the copy trims (2 segments).
+    assert len(keep.ranges(batch.estimator_att.shape[4])) == 2
+    assert steady_start(cfg) == 2  # 100 keep frames / 50 mel frames per chunk
+
+
+def test_talker_step_count_is_positive_and_repeatable():
+    stages = _tiny_stages()
+    engine = TalkerEngine(stages.talker, device=CPU, dtype=torch.float32, max_batch=2, max_seq_len=256)
+    first = count_talker_step(engine, 2, 2)
+    second = count_talker_step(engine, 2, 2)
+    assert first.unit == "operators" and first.per_call > 0
+    assert first.per_call == second.per_call and first.by_name == second.by_name
+    assert not engine.has_work()  # the profiled requests are cancelled afterwards
+
+
+def test_profile_arms_reports_both_arms_and_the_split_delta():
+    stages = _tiny_stages()
+    arms = {"base": BenchConfig(stages=with_split(stages, False)),
+            "test": BenchConfig(stages=with_split(stages, True))}
+    result = profile_arms(arms, rows=(1, 2), chunks=1)
+    df = result.table()
+    assert list(df["step"].unique()) == ["talker_step", "code2wav_step", "cache_split", "cache_split_total"]
+    split = df[(df["B"] == 2) & (df["step"] == "cache_split")].iloc[0]
+    assert (split["base (per-row)"], split["test (batched)"], split["delta"]) == ("6", "3", "-3")
+    # The talker does not depend on the split flag; the code2wav step carries its delta.
+    assert result.get("base", 2).counts["talker_step"].per_call == result.get("test", 2).counts["talker_step"].per_call
+    c2w = [result.get(a, 2).counts["code2wav_step"].per_call for a in ("base", "test")]
+    assert c2w[0] - c2w[1] == 3
+
+
+@pytest.mark.parametrize("rows, chunks", [((0,), 1), ((), 1), ((2,), 0)])
+def test_profile_arms_rejects_bad_workloads_before_building(rows, chunks):
+    stages = _tiny_stages()
+    arms = {"base": BenchConfig(stages=stages), "test": BenchConfig(stages=stages)}
+    with pytest.raises(ConfigError, match="^error: "):
+        profile_arms(arms, rows=rows, chunks=chunks)

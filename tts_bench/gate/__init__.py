@@ -1,0 +1,9 @@
+"""The CI perf gate: case files, baselines with provenance, and a significance-aware verdict.
+
+    tts-bench gate --run-case configs/cases/tiny-embedded.yaml --profile cpu-2core
+    tts-bench gate --baseline results/baselines/synthetic.cpu-2core.json --current results/runs/<run>
+    tts-bench baseline update --case configs/cases/synthetic.yaml --from <run> <run> <run>
+
+Modules: `case` (case YAML), `bench` (run a case), `samples` (read a run: samples + provenance),
+`baseline` (build / write baselines), `mannwhitney` (the U test), `judge` (marks and exit code).
+"""

@@ -1,0 +1,169 @@
+"""Perf baselines: built from N clean runs of a case, with provenance and dispersion.
+
+A baseline file `results/baselines/<case>.<profile>.json` is reviewed and committed. It holds:
+the case, hardware profile, backend and system-under-test hash the runs were made with; the
+commit(s), creation date and run count; and per tier and metric the per-request samples pooled
+from every run, the center of the pool, each run's own center and the std of those (run-to-run
+dispersion, the number to look at before tightening a threshold).
+
+`build_baseline` refuses runs with failed or missing requests and runs whose provenance differs
+(another case, backend, profile, config, or extra overrides): a baseline averaged over a broken
+night is how gates start crying wolf. `--tighten-only` keeps the old file unless the new
+baseline is faster on `audio_rtf` in every tier.
+
+    base = build_baseline(loaded_case, [read_run(p, profile="cpu-2core") for p in paths],
+                          profile="cpu-2core", sut="3fa9c10b22aa")
+    decision = write_baseline(base, path, tighten_only=True)
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tts_bench.errors import ConfigError, InvalidRunError
+from tts_bench.gate.samples import METRICS, RunSamples, center
+
+BASELINE_VERSION = 1
+PRIMARY_METRIC = "audio_rtf"
+
+
+def _refuse(what: str, fix: str) -> InvalidRunError:
+    return InvalidRunError(f"error: {what} (baseline update); {fix}")
+
+
+def check_clean(rs: RunSamples) -> None:
+    """A run may feed a baseline only if every planned request succeeded."""
+    for tier, t in rs.tiers.items():
+        if t.failed:
+            raise _refuse(f"{rs.path} has {t.failed} failed requests in tier {tier} ({t.failed_by_kind})",
+                          "fix the failures and rerun; a baseline is never built from a broken run")
+        if t.completed < t.expected or not t.completed:
+            raise _refuse(f"{rs.path} tier {tier} has {t.completed} of {t.expected} requests",
+                          "the run was cut short; rerun it (or --resume it) before using it")
+
+
+def check_same_provenance(runs: Sequence[RunSamples], *, case: str, profile: str, sut: str) -> None:
+    for rs in runs:
+        p = rs.provenance
+        problems = []
+        if p.case not in (None, case):
+            problems.append(f"case {p.case!r} != {case!r}")
+        if p.profile not in (None, profile):
+            problems.append(f"profile {p.profile!r} != {profile!r}")
+        if p.sut_hash != sut or p.run_sut_hash != sut:
+            problems.append(f"config hash {p.run_sut_hash} != the case's {sut}")
+        if p.extra_sets:
+            problems.append(f"extra overrides {list(p.extra_sets)}")
+        if problems:
+            raise _refuse(f"{rs.path} does not match the case: {'; '.join(problems)}",
+                          "build a baseline only from unmodified runs of this case on this profile")
+    tiers = {tuple(rs.tiers) for rs in runs}
+    if len(tiers) != 1:
+        raise _refuse(f"the runs cover different tiers {sorted(tiers)}", "use runs of one case plan")
+
+
+def _metric_doc(name: str, runs: Sequence[RunSamples], tier: str) -> dict[str, Any] | None:
+    spec = METRICS[name]
+    per_run = [rs.tiers[tier].samples.get(name, []) for rs in runs]
+    if not all(per_run):
+        return None  # e.g. memory not recorded in some run: not part of the baseline
+    pooled = [v for vals in per_run for v in vals]
+    centers = [center(v, spec.center) for v in per_run]
+    return {
+        "better": spec.better, "statistic": spec.center, "center": center(pooled, spec.center),
+        "per_run": centers, "per_run_std": float(np.std(centers, ddof=1)) if len(centers) > 1 else 0.0,
+        "n": len(pooled), "samples": pooled,
+    }
+
+
+def build_baseline(runs: Sequence[RunSamples], *, case: str, profile: str, sut: str) -> dict[str, Any]:
+    """The baseline document from N clean runs of one case (see the module docstring)."""
+    if not runs:
+        raise ConfigError("error: no runs given (baseline update --from); pass one or more run directories")
+    for rs in runs:
+        check_clean(rs)
+    check_same_provenance(runs, case=case, profile=profile, sut=sut)
+    shas = sorted({str(rs.provenance.git_sha) for rs in runs})
+    tiers = {}
+    for tier in runs[0].tiers:
+        metrics = {m: _metric_doc(m, runs, tier) for m in METRICS}
+        tiers[tier] = {m: d for m, d in metrics.items() if d is not None}
+    return {
+        "baseline_version": BASELINE_VERSION,
+        "case": case, "profile": profile, "backend": runs[0].provenance.backend, "sut_hash": sut,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": shas[0] if len(shas) == 1 else shas,
+        "dirty": any(bool(rs.provenance.git_dirty) for rs in runs),
+        "n_runs": len(runs),
+        "runs": [{"run": Path(rs.path).name, "created": rs.provenance.created,
+                  "git_sha": rs.provenance.git_sha} for rs in runs],
+        "environment": {"cpu_count": runs[0].provenance.cpu_count, "load_avg": _load_avg()},
+        "tiers": tiers,
+    }
+
+
+def _load_avg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def load_baseline(path: Path | str) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"error: no baseline at {path} (--baseline); record one with "
+                          f"tts-bench baseline update --case <case> --from <run dirs>") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"error: {path} is not valid JSON: {exc} (--baseline); restore it from git") from None
+    if doc.get("baseline_version") != BASELINE_VERSION:
+        raise ConfigError(f"error: {path} has baseline_version {doc.get('baseline_version')!r}, this "
+                          f"tts-bench reads {BASELINE_VERSION} (--baseline); re-record it")
+    return doc
+
+
+def is_faster(new: dict[str, Any], old: dict[str, Any], metric: str = PRIMARY_METRIC) -> bool:
+    """True when `new` beats `old` on `metric` (direction-aware) in every tier of `old`."""
+    for tier, metrics in old.get("tiers", {}).items():
+        o, n = metrics.get(metric), new.get("tiers", {}).get(tier, {}).get(metric)
+        if o is None or n is None:
+            return False
+        better = n["center"] < o["center"] if o["better"] == "lower" else n["center"] > o["center"]
+        if not better:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class UpdateDecision:
+    written: bool
+    path: Path
+    reason: str
+
+
+def write_baseline(doc: dict[str, Any], path: Path | str, *, tighten_only: bool = False) -> UpdateDecision:
+    """Write `doc` atomically; with `tighten_only` only when it is faster than the file there."""
+    path = Path(path)
+    if tighten_only and path.is_file():
+        old = load_baseline(path)
+        if old.get("sut_hash") != doc["sut_hash"] or old.get("backend") != doc["backend"]:
+            raise ConfigError(f"error: {path} was recorded for another config ({old.get('sut_hash')} vs "
+                              f"{doc['sut_hash']}) (--tighten-only); drop --tighten-only to replace it")
+        if not is_faster(doc, old):
+            return UpdateDecision(False, path, f"kept {path}: the new runs are not faster on "
+                                               f"{PRIMARY_METRIC} in every tier")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return UpdateDecision(True, path, f"wrote {path} ({doc['n_runs']} runs)")

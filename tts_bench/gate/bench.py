@@ -1,0 +1,94 @@
+"""Run one case's bench (one arm, every tier x repeat) into a run directory of kind `case`.
+
+The same machinery as `tts-bench ab` (fresh backend per tier and repeat, warmup excluded,
+exactly C requests in flight, every request appended to requests.jsonl as it finishes), with one
+arm instead of two. run.json's `case` section records what the gate checks: case name and file,
+hardware profile, arm, the case config's system-under-test hash, extra overrides and the plan.
+
+    run = run_case(resolve_case(load_case(path)), profile="cpu-2core", result_dir=Path("results/runs"))
+    read_run(run.path)     # -> tts_bench.gate.samples.RunSamples
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from tts_bench.ab import plan_jobs, select_ab_prompts
+from tts_bench.backends import make_backend
+from tts_bench.config import config_hash, config_to_dict
+from tts_bench.gate.case import ResolvedCase
+from tts_bench.gate.samples import sut_hash
+from tts_bench.loadgen import PhaseLabels, run_phase
+from tts_bench.results import RunDir, python_argv
+
+log = logging.getLogger(__name__)
+
+
+def _create_run(rc: ResolvedCase, profile: str, result_dir: Path) -> RunDir:
+    cfg, bench = rc.config, rc.config.bench
+    plan = {"tiers": list(bench.tiers), "num_prompts": bench.num_prompts, "repeats": bench.repeats}
+    case_doc = {
+        "name": rc.loaded.case.name, "file": str(rc.loaded.path), "profile": profile, "arm": rc.arm,
+        "sut_hash": sut_hash(config_to_dict(rc.case_config)), "extra_sets": list(rc.extra_sets),
+        "plan": plan,
+    }
+    return RunDir.create(result_dir, "case", command_line=python_argv(),
+                         configs={rc.arm: config_to_dict(cfg)},
+                         config_hashes={rc.arm: config_hash(cfg)}, extra={"case": case_doc})
+
+
+def _mem_hooks(rc: ResolvedCase, run: RunDir):
+    if not rc.loaded.case.bench.mem:
+        return None
+    from tts_bench.mem.ab_hooks import MemoryHooks
+    from tts_bench.mem.samplers import resolve_names
+
+    p = rc.config.mem
+    names = resolve_names(p.sampler_names, device_index=p.device_index)
+    return MemoryHooks(names, interval_s=p.interval_s, device_index=p.device_index, run_dir=run,
+                       arms_per_tier=1)
+
+
+async def _phase(rc: ResolvedCase, run: RunDir, prompts: list, tier, repeat: int, hooks) -> None:
+    cfg = rc.config
+    labels = PhaseLabels(rc.arm, tier.label, repeat)
+    warm, measured = plan_jobs(prompts, labels, seed=cfg.bench.seed,
+                               warmup=cfg.bench.warmup_for(tier.concurrency))
+    sink = lambda rec: run.append_request(rec.to_dict())  # noqa: E731
+    backend = make_backend(cfg)
+    try:
+        await backend.start(tier.replicas)
+        common = dict(concurrency=tier.concurrency, labels=labels, timeout_s=cfg.bench.timeout_s, sink=sink)
+        if hooks:
+            hooks.on_phase(rc.arm, tier.label, repeat, "warmup", backend)
+        await run_phase(backend, warm, **common)
+        if hooks:
+            hooks.on_phase(rc.arm, tier.label, repeat, "measure", backend)
+        await run_phase(backend, measured, **common)
+        if hooks:
+            hooks.on_phase(rc.arm, tier.label, repeat, "end", backend)
+        run.update(backends={rc.arm: backend.describe()})
+    finally:
+        await backend.stop()
+
+
+def run_case(rc: ResolvedCase, *, profile: str, result_dir: Path) -> RunDir:
+    """Run the case's bench; returns the finished run directory (status `complete`)."""
+    run = _create_run(rc, profile, Path(result_dir))
+    hooks = _mem_hooks(rc, run)
+    prompts = select_ab_prompts(rc.config, rc.config.bench.num_prompts)
+
+    async def main() -> None:
+        for tier in rc.config.bench.tier_list:
+            for repeat in range(rc.config.bench.repeats):
+                log.info("case %s: %s r%d", rc.loaded.case.name, tier.label, repeat)
+                await _phase(rc, run, prompts, tier, repeat, hooks)
+
+    try:
+        asyncio.run(main())
+    finally:
+        run.close()
+    run.update(status="complete")
+    return run
