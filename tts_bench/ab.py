@@ -234,11 +234,20 @@ def plan_jobs(prompts: Sequence[Any], labels: PhaseLabels, *, seed: int, warmup:
 @dataclass
 class _Runner:
     arms: dict[str, BenchConfig]
-    prompts: list[Any]
+    num_prompts: int
     run_dir: RunDir
     done: set
     progress: AbProgress | None
     hooks: AbHooks | None
+    _prompt_cache: dict[int, list[Any]] = field(default_factory=dict)
+
+    def prompts_for(self, tier: Tier) -> list[Any]:
+        """The tier's prompts (same for both arms): K*C with bench.prompts_per_client."""
+        base = next(iter(self.arms.values()))
+        n = base.bench.prompts_for(tier.concurrency, self.num_prompts)
+        if n not in self._prompt_cache:
+            self._prompt_cache[n] = select_ab_prompts(base, n)
+        return self._prompt_cache[n]
 
     def sink(self, rec: RequestRecord) -> None:
         d = rec.to_dict()
@@ -259,8 +268,9 @@ class _Runner:
         cfg = self.arms[arm]
         labels = PhaseLabels(arm, tier.label, repeat)
         warm, measured = plan_jobs(
-            self.prompts, labels, seed=cfg.bench.seed, warmup=cfg.bench.warmup_for(tier.concurrency)
-        )
+            self.prompts_for(tier), labels, seed=cfg.bench.seed,
+            warmup=cfg.bench.warmup_for(tier.concurrency),
+        )  # fmt: skip
         skip = {j.request.request_id for j in measured if request_key(_key_dict(labels, j)) in self.done}
         if len(skip) == len(measured):
             log.info("%s %s r%d: already complete, skipped", arm, tier.label, repeat)
@@ -310,7 +320,7 @@ def run_ab(
         raise ValueError(f"run_ab needs exactly two arms (base, test), got {list(arms)}")
     base_cfg = next(iter(arms.values()))
     done = run_dir.completed_keys() if resume else set()
-    runner = _Runner(arms, select_ab_prompts(base_cfg, num_prompts), run_dir, done, progress, hooks)
+    runner = _Runner(arms, num_prompts, run_dir, done, progress, hooks)
 
     async def main() -> None:
         for tier in tiers:

@@ -185,6 +185,9 @@ class BenchParams:
 
     tiers: tuple[str, ...] = ("2x1", "4x2")
     num_prompts: int = 8
+    # Measured prompts per client: a tier CxR sends K*C prompts (vLLM-style "2xC per tier");
+    # None -> num_prompts for every tier.
+    prompts_per_client: int | None = None
     warmup: int | None = None  # None -> max(2, C) per tier
     repeats: int = 1
     timeout_s: float = 120.0
@@ -207,6 +210,8 @@ class BenchParams:
             raise ValueError(
                 "bench.num_prompts, bench.repeats and bench.bootstrap_resamples must be >= 1"
             )
+        if self.prompts_per_client is not None and self.prompts_per_client < 1:
+            raise ValueError(f"bench.prompts_per_client must be >= 1 or null, got {self.prompts_per_client}")
         if self.warmup is not None and self.warmup < 0:
             raise ValueError(f"bench.warmup must be >= 0 or null, got {self.warmup}")
         if not self.timeout_s > 0:
@@ -221,6 +226,12 @@ class BenchParams:
     @property
     def tier_list(self) -> tuple[Tier, ...]:
         return tuple(parse_tier(t) for t in self.tiers)
+
+    def prompts_for(self, concurrency: int, num_prompts: int | None = None) -> int:
+        """Measured prompts of a tier: K*C with prompts_per_client, else num_prompts."""
+        if self.prompts_per_client is not None:
+            return self.prompts_per_client * concurrency
+        return self.num_prompts if num_prompts is None else num_prompts
 
     def warmup_for(self, concurrency: int) -> int:
         """Warmup requests for a tier: the configured count, else max(2, C)."""

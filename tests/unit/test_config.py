@@ -293,3 +293,12 @@ def test_post_init_flag_error_is_not_double_prefixed():
 
     msg = str(pytest.raises(ConfigError, load_dataclass, WithFlag, {"on": "ture"}, source="x.yaml").value)
     assert msg.startswith("error: stage flag 'on'") and "(x.yaml)" in msg
+
+
+def test_prompts_per_client_scales_each_tier_and_defaults_to_num_prompts():
+    from tts_bench.config import BenchParams
+
+    assert BenchParams(num_prompts=5).prompts_for(64) == 5
+    assert BenchParams(num_prompts=5, prompts_per_client=2).prompts_for(64) == 128
+    with pytest.raises(ValueError, match="prompts_per_client"):
+        BenchParams(prompts_per_client=0)

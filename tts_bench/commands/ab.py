@@ -29,6 +29,7 @@ def ab(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="A/B config YAML (default: configs/ab/default.yaml if present)."),
     tiers: Optional[str] = typer.Option(None, "--tiers", help="Comma-separated CxR tiers, e.g. 32x1,64x4,128x8."),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Measured requests per tier, arm and repeat."),
+    per_client: Optional[int] = typer.Option(None, "--prompts-per-client", help="Measured requests per tier = K x concurrency (overrides --num-prompts per tier)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", help="Interleaved repeats per arm (A B A B ...)."),
     sets: list[str] = typer.Option([], "--set", help="Override for both arms: dotted.key=value (repeatable)."),
     base_sets: list[str] = typer.Option([], "--base-set", help="Override for the base arm only (repeatable)."),
@@ -44,6 +45,8 @@ def ab(
 
     fmt = _check_format(fmt)
     shuffle_set = ["bench.disable_shuffle=true"] if disable_shuffle else []
+    if per_client is not None:
+        shuffle_set.append(f"bench.prompts_per_client={per_client}")
     run, plan = _open_run(resume) if resume else _new_run(
         config, tiers=tiers, num_prompts=num_prompts, repeats=repeats, sets=[*sets, *shuffle_set],
         base_sets=base_sets, test_sets=test_sets, result_dir=result_dir)

@@ -50,13 +50,17 @@ def gate(
     profile = profile or cases.default_profile()
     if run_case is not None:
         loaded = cases.load_case(run_case)
+        base_path = baseline or cases.baseline_path(loaded.case, profile)
+        base_doc = load_baseline(base_path)  # before the run: a missing baseline fails fast
         current = _run(loaded, sets, profile, result_dir)
     else:
         loaded = _case_for(case, current)
     cur = read_run(current, arm=arm, profile=profile)
     case_cfg = loaded.case if loaded else cases.Case(name=cur.provenance.case or "adhoc", config="-")
-    base_path = baseline or cases.baseline_path(case_cfg, profile)
-    report = judge(load_baseline(base_path), cur, case_cfg.thresholds, alpha=case_cfg.alpha,
+    if run_case is None:
+        base_path = baseline or cases.baseline_path(case_cfg, profile)
+        base_doc = load_baseline(base_path)
+    report = judge(base_doc, cur, case_cfg.thresholds, alpha=case_cfg.alpha,
                    min_samples=case_cfg.min_samples, wer_doc=_wer_doc(wer_run))
     sys.stdout.write(render_report(report, fmt, report_only=report_only, baseline=str(base_path)))
     status = report.exit_status(report_only=report_only)
