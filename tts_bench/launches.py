@@ -46,11 +46,16 @@ def _is_copy(name: str) -> bool:
 
 @lru_cache(maxsize=None)
 def is_view_op(name: str) -> bool:
-    """True when every tensor overload of `name` returns a read-only alias of its input."""
-    schemas = [
-        s for s in torch._C._jit_get_schemas_for_operator(name)
-        if s.arguments and str(s.arguments[0].type) == "Tensor"
-    ]  # fmt: skip
+    """True when every tensor overload of `name` returns a read-only alias of its input.
+
+    Read from the operator schema (`-> Tensor(a)`) rather than a hand list, so new view
+    operators are recognised; an operator without a schema counts as a launch.
+    """
+    try:
+        found = torch._C._jit_get_schemas_for_operator(name)
+    except RuntimeError:
+        return False
+    schemas = [s for s in found if s.arguments and str(s.arguments[0].type) == "Tensor"]
     if not schemas:
         return False
     returns = [str(s).rsplit(" -> ", 1)[1] for s in schemas]

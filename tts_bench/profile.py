@@ -36,7 +36,13 @@ import pandas as pd
 import torch
 
 from stages.code2wav.config import Code2WavConfig
-from stages.code2wav.flow_cache import AttKeep, FlowCache, split_flow_cache, split_small_caches, stack_flow_cache
+from stages.code2wav.flow_cache import (
+    AttKeep,
+    FlowCache,
+    split_flow_cache,
+    split_small_caches,
+    stack_flow_cache,
+)
 from stages.code2wav.options import Code2WavOptions
 from stages.code2wav.streaming import Chunker, CodecPayload
 from stages.code2wav.token2wav import Token2Wav
@@ -85,10 +91,16 @@ class ProfileResult:
                 ca, cb = pa.counts[step], pb.counts[step]
                 records.append({
                     "B": b, "step": step, "unit": ca.unit,
-                    f"{base} ({pa.split})": _num(ca.per_call), f"{test} ({pb.split})": _num(cb.per_call),
+                    base: _num(ca.per_call), test: _num(cb.per_call),
                     "delta": _signed(cb.per_call - ca.per_call), "delta %": _pct(ca.per_call, cb.per_call),
                 })  # fmt: skip
         return pd.DataFrame.from_records(records)
+
+    def title(self) -> str:
+        """What the table counts: device, calls per count, each arm's cache split."""
+        splits = ", ".join(f"{arm} {self.get(arm, self.rows[0]).split}" for arm in self.arms)
+        device = self.profiles[0].device
+        return f"launches per call on {device} ({self.chunks} profiled calls each; cache split: {splits})"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,7 +125,9 @@ def _signed(x: float) -> str:
 
 
 def _pct(a: float, b: float) -> str:
-    return "" if a == 0 else ("+" if b >= a else "-") + f"{abs(b - a) / a * 100:.1f}%"
+    if a == 0 or a == b:
+        return "" if a == 0 else "0.0%"
+    return ("+" if b > a else "-") + f"{abs(b - a) / a * 100:.1f}%"
 
 
 # ---------------------------------------------------------------- the library call
@@ -125,7 +139,9 @@ def profile_arms(
     """Count launches per step for both arms at each B in `rows`, `chunks` profiled calls each."""
     rows = (rows,) if isinstance(rows, int) else tuple(rows)
     if len(arms) != 2:
-        raise ConfigError(f"error: profile needs exactly two arms, got {len(arms)} (arms); give base and test")
+        raise ConfigError(
+            f"error: profile needs exactly two arms, got {len(arms)} (arms); give base and test"
+        )
     if not rows or min(rows) < 1:
         raise ConfigError(f"error: rows must be >= 1, got {list(rows)} (--rows); e.g. --rows 1,4,8")
     if chunks < 1:

@@ -79,7 +79,7 @@ class PromptSetup:
 class _Request:
     prompt_id: str
     chunk_seq: int
-    flow: FlowCache
+    flow: FlowCache | None  # None between stacking and splitting (see _decode_group)
     hift: HiFTState | None
     noise: torch.Generator  # this request's NSF noise stream (see _noise_generator)
 
@@ -247,6 +247,11 @@ class Token2Wav:
         setup = self.prompt_setup(states[0].prompt_id)
         tokens = torch.tensor([p.codes for p in items], dtype=torch.long).to(self.device)
         batch = stack_flow_cache([s.flow for s in states])
+        # The stack is a copy: drop the rows' own caches now, not after the split, so a replica
+        # holds one generation of estimator caches (~0.5 GiB per row at full size) less at its
+        # peak. A row whose decode then fails has lost its state; the request fails anyway.
+        for s in states:
+            s.flow = None
         with tf32_scope(self.options.tf32_mode, self.device, region="flow"):
             enc = self.flow.encode_chunk(
                 tokens, batch.conformer_cnn, batch.conformer_att, last_chunk=last

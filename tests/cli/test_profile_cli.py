@@ -1,4 +1,4 @@
-"""`tts-bench profile` through typer's CliRunner on the default (tiny) A/B config, B = 1."""
+"""`tts-bench profile` through typer's CliRunner on the default (tiny) A/B config, B = 1 and 2."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typer.testing import CliRunner
 
 from tts_bench.commands.profile import parse_rows, profile
 from tts_bench.errors import ConfigError, ExitStatus
+from tts_bench.profile import STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = ["--config", str(ROOT / "configs/ab/default.yaml"), "--rows", "1", "--chunks", "1"]
+FAST = ["--config", str(ROOT / "configs/ab/default.yaml"), "--rows", "1,2", "--chunks", "1"]
 
 
 def _app() -> typer.Typer:
@@ -36,18 +37,20 @@ def test_md_and_json_render_the_same_counts():
     md = invoke("--format", "md")
     assert md.return_value == ExitStatus.OK
     lines = md.stdout.splitlines()
-    assert lines[0] == "**launches per call (1 profiled calls each)**"
-    assert "| B   | step" in lines[2] and "base (per-row)" in lines[2] and "test (batched)" in lines[2]
-    split = next(line for line in lines if "| cache_split " in line)
-    cells = [c.strip() for c in split.strip("|").split("|")]
-    assert cells[0] == "1" and cells[3:6] == ["3", "3", "0"]  # B = 1: 3 -> 3
+    assert lines[0].startswith("**launches per call on ")
+    assert lines[0].endswith("(1 profiled calls each; cache split: base per-row, test batched)**")
+    header = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert header == ["B", "step", "unit", "base", "test", "delta", "delta %"]
+    splits = [[c.strip() for c in line.strip("|").split("|")] for line in lines if "| cache_split " in line]
+    assert [cells[:1] + cells[3:6] for cells in splits] == [["1", "3", "3", "0"], ["2", "6", "3", "-3"]]
 
     doc = json.loads(invoke("--format", "json").stdout)  # one document, nothing else on stdout
-    assert doc["arms"] == ["base", "test"] and doc["rows"] == [1] and doc["chunks"] == 1
+    assert doc["arms"] == ["base", "test"] and doc["rows"] == [1, 2] and doc["chunks"] == 1
     assert doc["columns"][:3] == ["B", "step", "unit"]
-    assert [r["step"] for r in doc["table"]] == ["talker_step", "code2wav_step", "cache_split", "cache_split_total"]
+    assert [(r["B"], r["step"]) for r in doc["table"]] == [(b, s) for b in ("1", "2") for s in STEPS]
     by_step = {(p["arm"], p["rows"]): p["counts"] for p in doc["profiles"]}
-    assert by_step[("base", 1)]["cache_split"]["per_call"] == by_step[("test", 1)]["cache_split"]["per_call"] == 3.0
+    split = [by_step[(arm, 2)]["cache_split"]["per_call"] for arm in ("base", "test")]
+    assert split == [6.0, 3.0]
     talker = {arm: by_step[(arm, 1)]["talker_step"]["per_call"] for arm in ("base", "test")}
     assert talker["base"] == talker["test"] > 0
 

@@ -88,9 +88,10 @@ def test_profile_arms_reports_both_arms_and_the_split_delta():
     df = result.table()
     assert list(df["step"].unique()) == ["talker_step", "code2wav_step", "cache_split", "cache_split_total"]
     split = df[(df["B"] == 2) & (df["step"] == "cache_split")].iloc[0]
-    assert (split["base (per-row)"], split["test (batched)"], split["delta"]) == ("6", "3", "-3")
+    assert (split["base"], split["test"], split["delta"], split["delta %"]) == ("6", "3", "-3", "-50.0%")
     # The talker does not depend on the split flag; the code2wav step carries its delta.
-    assert result.get("base", 2).counts["talker_step"].per_call == result.get("test", 2).counts["talker_step"].per_call
+    talker = [result.get(a, 2).counts["talker_step"].per_call for a in ("base", "test")]
+    assert talker[0] == talker[1]
     c2w = [result.get(a, 2).counts["code2wav_step"].per_call for a in ("base", "test")]
     assert c2w[0] - c2w[1] == 3
 
@@ -101,3 +102,15 @@ def test_profile_arms_rejects_bad_workloads_before_building(rows, chunks):
     arms = {"base": BenchConfig(stages=stages), "test": BenchConfig(stages=stages)}
     with pytest.raises(ConfigError, match="^error: "):
         profile_arms(arms, rows=rows, chunks=chunks)
+
+
+@pytest.mark.gpu
+def test_cuda_split_kernels_are_3b_per_row_and_3_batched():
+    device = torch.device("cuda", 0)
+    t2w = Token2Wav(tiny_config(), device=device, dtype=torch.float32, init_seed=0)
+    for b in (1, 4, 8):
+        per_row = count_cache_split(t2w, b, 3, batched=False)["cache_split"]
+        batched = count_cache_split(t2w, b, 3, batched=True)["cache_split"]
+        assert per_row.unit == batched.unit == "kernels"
+        assert (per_row.per_call, batched.per_call) == (3 * b, 3)
+        assert per_row.copies_per_call == batched.copies_per_call == 0

@@ -55,7 +55,9 @@ def parse_rows(text: str) -> tuple[int, ...]:
     except ValueError:
         rows = ()
     if not rows or min(rows) < 1:
-        raise ConfigError(f"error: bad batch sizes {text!r} (--rows); write positive integers, e.g. --rows 1,4,8")
+        raise ConfigError(
+            f"error: bad batch sizes {text!r} (--rows); write positive integers, e.g. --rows 1,4,8"
+        )
     return rows
 
 
@@ -64,7 +66,7 @@ def render_profile(result, fmt: str) -> str:
     per-arm counts (`profiles`, see `ProfileResult.to_dict`)."""
     from tts_bench.tables import render
 
-    title = f"launches per call ({result.chunks} profiled calls each)"
+    title = result.title()
     if fmt != "json":
         return render(result.table(), fmt, title=title)
     table = json.loads(render(result.table(), "json", title=title))

@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 
 def _create_run(rc: ResolvedCase, profile: str, result_dir: Path) -> RunDir:
     cfg, bench = rc.config, rc.config.bench
-    plan = {"tiers": list(bench.tiers), "num_prompts": bench.num_prompts, "repeats": bench.repeats}
+    plan = {"tiers": list(bench.tiers), "num_prompts": bench.num_prompts, "repeats": bench.repeats,
+            "per_tier": {t.label: _num_prompts(rc, t) * bench.repeats for t in bench.tier_list}}
     case_doc = {
         "name": rc.loaded.case.name, "file": str(rc.loaded.path), "profile": profile, "arm": rc.arm,
         "sut_hash": sut_hash(config_to_dict(rc.case_config)), "extra_sets": list(rc.extra_sets),
@@ -49,6 +50,12 @@ def _mem_hooks(rc: ResolvedCase, run: RunDir):
     names = resolve_names(p.sampler_names, device_index=p.device_index)
     return MemoryHooks(names, interval_s=p.interval_s, device_index=p.device_index, run_dir=run,
                        arms_per_tier=1)
+
+
+def _num_prompts(rc: ResolvedCase, tier) -> int:
+    """Measured prompts per phase: bench.num_prompts, or K*C with bench.prompts_per_client."""
+    bench = rc.config.bench
+    return bench.prompts_for(tier.concurrency, bench.num_prompts)
 
 
 async def _phase(rc: ResolvedCase, run: RunDir, prompts: list, tier, repeat: int, hooks) -> None:
@@ -78,10 +85,9 @@ def run_case(rc: ResolvedCase, *, profile: str, result_dir: Path) -> RunDir:
     """Run the case's bench; returns the finished run directory (status `complete`)."""
     run = _create_run(rc, profile, Path(result_dir))
     hooks = _mem_hooks(rc, run)
-    prompts = select_ab_prompts(rc.config, rc.config.bench.num_prompts)
-
     async def main() -> None:
         for tier in rc.config.bench.tier_list:
+            prompts = select_ab_prompts(rc.config, _num_prompts(rc, tier))
             for repeat in range(rc.config.bench.repeats):
                 log.info("case %s: %s r%d", rc.loaded.case.name, tier.label, repeat)
                 await _phase(rc, run, prompts, tier, repeat, hooks)

@@ -40,6 +40,7 @@ class CaseBench:
 
     tiers: tuple[str, ...] = ("2x1",)
     num_prompts: int = 8
+    prompts_per_client: int | None = None  # K*C prompts per tier CxR instead of num_prompts
     repeats: int = 1
     warmup: int | None = None
     mem: bool = False  # sample memory (the config's `mem:` samplers) and gate its metrics
@@ -130,6 +131,8 @@ def _bench_sets(bench: CaseBench) -> list[str]:
             f"bench.repeats={bench.repeats}"]
     if bench.warmup is not None:
         sets.append(f"bench.warmup={bench.warmup}")
+    if bench.prompts_per_client is not None:
+        sets.append(f"bench.prompts_per_client={bench.prompts_per_client}")
     return sets
 
 

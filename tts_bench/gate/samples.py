@@ -136,13 +136,16 @@ def _pick_arm(doc: dict[str, Any], arm: str | None, path: Path) -> str:
     return arm
 
 
-def _plan(doc: dict[str, Any], config: dict[str, Any]) -> tuple[list[str], int]:
+def _plan(doc: dict[str, Any], config: dict[str, Any]) -> dict[str, int]:
+    """Planned measured requests per tier (over all repeats)."""
     plan = (doc.get("case") or {}).get("plan") or doc.get("ab") or {}
+    if plan.get("per_tier"):
+        return {str(t): int(n) for t, n in plan["per_tier"].items()}
     bench = config.get("bench", {})
     tiers = list(plan.get("tiers") or bench.get("tiers") or [])
     per_tier = int(plan.get("num_prompts", bench.get("num_prompts", 0))) * int(
         plan.get("repeats", bench.get("repeats", 1)))
-    return tiers, per_tier
+    return {t: per_tier for t in tiers}
 
 
 def _provenance(doc: dict[str, Any], arm: str, profile: str | None) -> Provenance:
@@ -201,8 +204,7 @@ def read_run(path: Path | str, *, arm: str | None = None, profile: str | None = 
     run = RunDir.open(path)
     doc = run.doc
     name = _pick_arm(doc, arm, run.path)
-    tier_names, per_tier = _plan(doc, doc["configs"][name])
-    tiers = {t: TierSamples(expected=per_tier) for t in tier_names}
+    tiers = {t: TierSamples(expected=n) for t, n in _plan(doc, doc["configs"][name]).items()}
     records = [RequestRecord.from_dict(d) for d in run.iter_requests()]
     _request_samples([r for r in records if r.arm == name and not r.warmup], tiers)
     _mem_samples(doc, name, tiers)
