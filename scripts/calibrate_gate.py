@@ -9,7 +9,7 @@ load average is recorded before and after each run (shared CI machines are noisy
 
     PYTHONPATH=. python scripts/calibrate_gate.py --case configs/cases/synthetic.yaml \
         --case configs/cases/tiny-embedded.yaml --k 20 --baseline-runs 3 --profile cpu-2core \
-        --out results/baselines
+        --out results/baselines [--write-baseline]
 
 Writes `<out>/<case>.<profile>.calibration.json` and `.md` per case, and prints the tables. The
 last stdout line is one JSON document with the summary.
@@ -32,11 +32,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tts_bench.config import config_to_dict  # noqa: E402
-from tts_bench.gate.baseline import build_baseline  # noqa: E402
+from tts_bench.gate.baseline import build_baseline, write_baseline  # noqa: E402
 from tts_bench.gate.bench import run_case  # noqa: E402
 from tts_bench.gate.case import load_case, resolve_case  # noqa: E402
 from tts_bench.gate.judge import judge, mark_for  # noqa: E402
-from tts_bench.gate.samples import METRICS, read_run, sut_hash  # noqa: E402
+from tts_bench.gate.samples import read_run, sut_hash  # noqa: E402
 
 GRID = (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 60.0, 80.0, 100.0)
 
@@ -67,7 +67,8 @@ def _fp_table(rows: list[dict], alpha: float) -> dict:
     return out
 
 
-def calibrate(case_path: Path, *, k: int, baseline_runs: int, profile: str, result_dir: Path) -> dict:
+def calibrate(case_path: Path, *, k: int, baseline_runs: int, profile: str, result_dir: Path,
+              baseline_out: Path | None = None) -> dict:
     loaded = load_case(case_path)
     case = loaded.case
     rc = resolve_case(loaded)
@@ -80,6 +81,9 @@ def calibrate(case_path: Path, *, k: int, baseline_runs: int, profile: str, resu
         runs_meta.append({**meta, "role": "baseline"})
     baseline = build_baseline([read_run(p, profile=profile) for p in base_paths],
                               case=case.name, profile=profile, sut=sut)
+    if baseline_out is not None:  # the calibration's baseline doubles as the committed one
+        write_baseline({**baseline, "case_file": str(case_path)},
+                       baseline_out / f"{case.name}.{profile}.json")
     rows, exits = [], []
     for i in range(k):
         path, meta = _timed_run(rc, profile, result_dir)
@@ -143,17 +147,23 @@ def main() -> None:
     ap.add_argument("--baseline-runs", type=int, default=3)
     ap.add_argument("--profile", default=f"cpu-{os.cpu_count()}core")
     ap.add_argument("--out", type=Path, default=Path("results/baselines"))
+    ap.add_argument("--write-baseline", action="store_true",
+                    help="also write the baseline built from the first runs to <out>/<case>.<profile>.json")
     args = ap.parse_args()
+    if args.k < 10:
+        ap.error(f"--k must be >= 10 for a false-positive rate worth quoting, got {args.k}")
     summary = []
     with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
         for case_path in args.case:
             doc = calibrate(case_path, k=args.k, baseline_runs=args.baseline_runs,
-                            profile=args.profile, result_dir=Path(tmp))
+                            profile=args.profile, result_dir=Path(tmp),
+                            baseline_out=args.out if args.write_baseline else None)
             args.out.mkdir(parents=True, exist_ok=True)
-            stem = args.out / f"{doc['case']}.{doc['profile']}.calibration"
-            stem.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+            # Not Path.with_suffix: it would replace `.calibration` and overwrite the baseline.
+            stem = f"{doc['case']}.{doc['profile']}.calibration"
+            (args.out / f"{stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
             md = to_markdown(doc)
-            stem.with_suffix(".md").write_text(md)
+            (args.out / f"{stem}.md").write_text(md)
             sys.stdout.write(md + "\n")
             summary.append({k: doc[k] for k in ("case", "k", "false_positive_rate", "wall_s")})
     print(json.dumps(summary))

@@ -43,13 +43,15 @@ def _root(
 def _register() -> None:
     # Each subcommand lives in its own module; registering here keeps this file the single
     # entry point and the exception boundary.
-    from tts_bench.commands import ab, mem, profile, serve, wer
+    from tts_bench.commands import ab, baseline, gate, mem, profile, serve, wer
 
     app.command("ab")(ab.ab)
     app.command("mem")(mem.mem)
     app.command("wer")(wer.wer)
     app.command("serve")(serve.serve)
     app.command("profile")(profile.profile)
+    app.command("gate")(gate.gate)
+    app.add_typer(baseline.app, name="baseline")
 
 
 _register()

@@ -144,3 +144,32 @@ def test_baseline_update_refuses_failed_and_perturbed_runs(case, tmp_path):
     result, status = invoke("baseline", "update", "--case", str(case), "--profile", "cpu-2core",
                             "--from", str(clean.path), "--from", str(slowed.path), "--out", out)
     assert status == ExitStatus.INVALID_RUN and not Path(out).exists()
+
+
+def test_a_regressed_wer_run_exits_accuracy_regression(case, baseline, tmp_path):
+    from tts_bench.results import RunDir
+
+    wer = RunDir.create(tmp_path / "runs", "wer", command_line="tts-bench wer", configs={})
+    wer.update(wer={"verdict": "regression", "exit_status": 4, "reasons": ["test vs base: ΔWER +4.10 points"]})
+    result, status = gate(case, baseline, tmp_path, "--wer-run", str(wer.path), "--format", "md")
+    assert status == ExitStatus.ACCURACY_REGRESSION, result.output
+    assert "accuracy: wer: test vs base: ΔWER +4.10 points" in result.stdout
+    gated = json.loads((max((tmp_path / "runs").glob("*-case-*")) / "run.json").read_text())
+    assert gated["gate"]["verdict"] == "accuracy regression"
+
+
+def test_memory_is_gated_when_the_case_samples_it(tmp_path):
+    path = tmp_path / "mem.yaml"
+    path.write_text(
+        f"name: memsynth\nconfig: {ROOT / 'configs/ab/synthetic.yaml'}\n"
+        "overrides: [mem.interval_s=0.05, mem.sampler=rss]\n"
+        "bench: {tiers: [4x1], num_prompts: 16, warmup: 2, mem: true}\nmin_samples: 8\n"
+    )
+    out = tmp_path / "memsynth.cpu-2core.json"
+    _, status = invoke("baseline", "update", "--case", str(path), "--run", "1", "--profile", "cpu-2core",
+                       "--result-dir", str(tmp_path / "runs"), "--out", str(out))
+    assert status == ExitStatus.OK
+    assert {"steady_mem_mib", "peak_mem_mib"} <= set(json.loads(out.read_text())["tiers"]["4x1"])
+    result, status = gate(path, out, tmp_path, "--format", "json")
+    rows = {r["metric"]: r for r in json.loads(result.stdout)["rows"]}
+    assert rows["peak_mem_mib"]["better"] == "lower" and rows["steady_mem_mib"]["n_current"] > 0

@@ -47,6 +47,7 @@ def update(
     sut = sut_hash(config_to_dict(cases.resolve_case(loaded).case_config))
     doc = build_baseline([read_run(p, profile=profile) for p in paths],
                          case=loaded.case.name, profile=profile, sut=sut)
+    doc["case_file"] = str(case)  # lets `gate --current <ab run>` find the thresholds
     decision = write_baseline(doc, out or cases.baseline_path(loaded.case, profile), tighten_only=tighten_only)
     typer.echo(decision.reason)
     return ExitStatus.OK

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -38,8 +39,6 @@ def gate(
     result_dir: Path = typer.Option(Path("results/runs"), "--result-dir", help="Where --run-case makes its run directory."),
 ) -> ExitStatus:
     """Gate a run against a baseline: per metric Δ%, threshold, Mann-Whitney p, mark."""
-    from tts_bench.gate import case as cases
-    from tts_bench.gate.baseline import load_baseline
     from tts_bench.gate.judge import judge
     from tts_bench.gate.samples import read_run
 
@@ -47,28 +46,65 @@ def gate(
     if (run_case is None) == (current is None):
         raise ConfigError("error: give exactly one of --run-case and --current (tts-bench gate); "
                           "e.g. --run-case configs/cases/synthetic.yaml")
-    profile = profile or cases.default_profile()
-    if run_case is not None:
-        loaded = cases.load_case(run_case)
-        base_path = baseline or cases.baseline_path(loaded.case, profile)
-        base_doc = load_baseline(base_path)  # before the run: a missing baseline fails fast
-        current = _run(loaded, sets, profile, result_dir)
-    else:
-        loaded = _case_for(case, current)
-    cur = read_run(current, arm=arm, profile=profile)
-    case_cfg = loaded.case if loaded else cases.Case(name=cur.provenance.case or "adhoc", config="-")
-    if run_case is None:
-        base_path = baseline or cases.baseline_path(case_cfg, profile)
-        base_doc = load_baseline(base_path)
-    report = judge(base_doc, cur, case_cfg.thresholds, alpha=case_cfg.alpha,
-                   min_samples=case_cfg.min_samples, wer_doc=_wer_doc(wer_run))
-    sys.stdout.write(render_report(report, fmt, report_only=report_only, baseline=str(base_path)))
-    status = report.exit_status(report_only=report_only)
+    target = _target(run_case=run_case, current=current, baseline=baseline, case=case, profile=profile,
+                     sets=sets, result_dir=result_dir)
+    c = target.case
+    report = judge(target.baseline_doc, read_run(target.current, arm=arm, profile=target.profile),
+                   c.thresholds, alpha=c.alpha, min_samples=c.min_samples, wer_doc=_wer_doc(wer_run))
+    doc = {**report.to_dict(report_only=report_only), "baseline_file": str(target.baseline_path)}
+    if run_case is not None:  # the run keeps its own verdict
+        from tts_bench.results import RunDir
+
+        RunDir.open(target.current).update(gate=doc)
+    sys.stdout.write(render_report(report, fmt, report_only=report_only, baseline=str(target.baseline_path)))
     for reason in report.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
     if report_only and report.regressions:
         typer.echo(f"warning: {len(report.regressions)} perf regression(s) reported only (--report-only)", err=True)
-    return status
+    return report.exit_status(report_only=report_only)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What to gate: the run, its case (thresholds), the baseline and the hardware profile."""
+
+    current: Path
+    case: Any  # tts_bench.gate.case.Case
+    baseline_path: Path
+    baseline_doc: dict
+    profile: str
+
+
+def _target(*, run_case, current, baseline, case, profile, sets, result_dir) -> _Target:
+    """--run-case: load the baseline first (a missing one fails before the run), then run.
+    --current: the case from --case, else the run's recorded case, else the baseline's."""
+    from tts_bench.gate import case as cases
+    from tts_bench.gate.baseline import load_baseline
+
+    profile = profile or cases.default_profile()
+    if run_case is not None:
+        loaded = cases.load_case(run_case)
+        base_path = baseline or cases.baseline_path(loaded.case, profile)
+        base_doc = load_baseline(base_path)
+        return _Target(_run(loaded, sets, profile, result_dir), loaded.case, base_path, base_doc, profile)
+    loaded = _case_for(case, current)
+    recorded = (loaded.case.name if loaded else None) or _recorded(current).get("name") or "adhoc"
+    base_path = baseline or cases.baseline_path(cases.Case(name=recorded, config="-"), profile)
+    base_doc = load_baseline(base_path)
+    if loaded is None and Path(base_doc.get("case_file") or "-").is_file():
+        loaded = cases.load_case(base_doc["case_file"])  # the case the baseline was built for
+    if loaded is None:
+        typer.echo("warning: no case file (--case); using default thresholds", err=True)
+    return _Target(Path(current), loaded.case if loaded else cases.Case(name=recorded, config="-"),
+                   base_path, base_doc, profile)
+
+
+def _recorded(current: Path) -> dict:
+    """The `case` section of a run's run.json ({} for runs not made by --run-case)."""
+    try:
+        return json.loads((Path(current) / "run.json").read_text()).get("case") or {}
+    except (OSError, ValueError):
+        return {}
 
 
 def _check_format(fmt: str | None) -> str:
@@ -96,13 +132,9 @@ def _case_for(case: Path | None, current: Path):
 
     if case is not None:
         return load_case(case)
-    try:
-        recorded = (json.loads((Path(current) / "run.json").read_text()).get("case") or {}).get("file")
-    except (OSError, ValueError):
-        recorded = None
+    recorded = _recorded(current).get("file")
     if recorded and Path(recorded).is_file():
         return load_case(recorded)
-    typer.echo("warning: no case file (--case); using default thresholds", err=True)
     return None
 
 

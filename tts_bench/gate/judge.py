@@ -11,7 +11,11 @@ For each gated metric (a case threshold that is not null):
                =       within the threshold
 
 Both conditions are needed: significance alone flags harmless 1% shifts on thousands of
-samples, a threshold alone flags one noisy run. Exit status, most serious first:
+samples, a threshold alone flags one noisy run. Landmine: the U test treats requests as
+independent, but requests of one run share that run's machine state; on a shared CPU a whole
+run can shift by tens of percent and the test is then (correctly) sure the *run* is slower. Only
+an A/A calibration on the target machine (scripts/calibrate_gate.py) says whether a case can
+fail CI or must run `--report-only`. Exit status, most serious first:
 
     5 invalid run   provenance mismatch (case, backend, config hash, hardware profile), failed or
                     missing requests (all requests failing is 5, never "-100% throughput")

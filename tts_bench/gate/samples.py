@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from tts_bench.config import parse_tier
 from tts_bench.errors import ConfigError
 from tts_bench.loadgen import RequestRecord
 from tts_bench.results import RunDir
@@ -143,9 +144,11 @@ def _plan(doc: dict[str, Any], config: dict[str, Any]) -> dict[str, int]:
         return {str(t): int(n) for t, n in plan["per_tier"].items()}
     bench = config.get("bench", {})
     tiers = list(plan.get("tiers") or bench.get("tiers") or [])
-    per_tier = int(plan.get("num_prompts", bench.get("num_prompts", 0))) * int(
-        plan.get("repeats", bench.get("repeats", 1)))
-    return {t: per_tier for t in tiers}
+    repeats = int(plan.get("repeats", bench.get("repeats", 1)))
+    per_client = bench.get("prompts_per_client")  # K*C prompts per tier CxR (tts-bench ab)
+    num = int(plan.get("num_prompts", bench.get("num_prompts", 0)))
+    return {t: (int(per_client) * parse_tier(t).concurrency if per_client else num) * repeats
+            for t in tiers}
 
 
 def _provenance(doc: dict[str, Any], arm: str, profile: str | None) -> Provenance:
