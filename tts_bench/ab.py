@@ -318,7 +318,6 @@ def run_ab(
     """Run the A/B (`arms` ordered base, test) and compute the result from the run's JSONL."""
     if len(arms) != 2:
         raise ValueError(f"run_ab needs exactly two arms (base, test), got {list(arms)}")
-    base_cfg = next(iter(arms.values()))
     done = run_dir.completed_keys() if resume else set()
     runner = _Runner(arms, num_prompts, run_dir, done, progress, hooks)
 

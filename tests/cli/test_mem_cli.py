@@ -9,7 +9,6 @@ import pytest
 from typer.testing import CliRunner
 
 from tts_bench.cli import app
-from tts_bench.commands import mem as mem_cmd
 from tts_bench.errors import ConfigError, ExitStatus
 from tts_bench.results import RunDir
 

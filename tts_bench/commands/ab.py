@@ -19,10 +19,10 @@ from typing import Optional
 
 import typer
 
+from tts_bench.commands._common import check_format
 from tts_bench.errors import ExitStatus
 
 DEFAULT_CONFIG = Path("configs/ab/default.yaml")
-FORMATS = ("md", "table", "csv", "json")
 
 
 def ab(
@@ -43,7 +43,7 @@ def ab(
     """A/B two arms of a config, interleaved per tier, with bootstrap CIs and verdicts."""
     from tts_bench import ab as lib
 
-    fmt = _check_format(fmt)
+    fmt = check_format(fmt)
     shuffle_set = ["bench.disable_shuffle=true"] if disable_shuffle else []
     if per_client is not None:
         shuffle_set.append(f"bench.prompts_per_client={per_client}")
@@ -59,17 +59,6 @@ def ab(
     for reason in result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
     return result.exit_status
-
-
-def _check_format(fmt: str | None) -> str:
-    from tts_bench.errors import ConfigError
-    from tts_bench.tables import default_format
-
-    if fmt is None:
-        return default_format(sys.stdout)
-    if fmt not in FORMATS:
-        raise ConfigError(f"error: unknown format {fmt!r} (--format); valid: {', '.join(FORMATS)}")
-    return fmt
 
 
 def _new_run(config, *, tiers, num_prompts, repeats, sets, base_sets, test_sets, result_dir):

@@ -20,9 +20,8 @@ from typing import Any, Optional
 
 import typer
 
+from tts_bench.commands._common import check_format
 from tts_bench.errors import ConfigError, ExitStatus
-
-FORMATS = ("md", "table", "csv", "json")
 
 
 def gate(
@@ -42,7 +41,7 @@ def gate(
     from tts_bench.gate.judge import judge
     from tts_bench.gate.samples import read_run
 
-    fmt = _check_format(fmt)
+    fmt = check_format(fmt)
     if (run_case is None) == (current is None):
         raise ConfigError("error: give exactly one of --run-case and --current (tts-bench gate); "
                           "e.g. --run-case configs/cases/synthetic.yaml")
@@ -105,16 +104,6 @@ def _recorded(current: Path) -> dict:
         return json.loads((Path(current) / "run.json").read_text()).get("case") or {}
     except (OSError, ValueError):
         return {}
-
-
-def _check_format(fmt: str | None) -> str:
-    from tts_bench.tables import default_format
-
-    if fmt is None:
-        return default_format(sys.stdout)
-    if fmt not in FORMATS:
-        raise ConfigError(f"error: unknown format {fmt!r} (--format); valid: {', '.join(FORMATS)}")
-    return fmt
 
 
 def _run(loaded, sets, profile: str, result_dir: Path) -> Path:

@@ -23,10 +23,10 @@ from typing import Optional
 
 import typer
 
-from tts_bench.errors import ConfigError, ExitStatus
+from tts_bench.commands._common import check_format
+from tts_bench.errors import ExitStatus
 
 DEFAULT_CONFIG = Path("configs/ab/default.yaml")
-FORMATS = ("md", "table", "csv", "json")
 
 
 def mem(
@@ -47,7 +47,7 @@ def mem(
     """Sample memory over one tier for both arms: steady-state median, peak, delta, headroom."""
     from tts_bench.mem.run import run_mem
 
-    fmt = _check_format(fmt)
+    fmt = check_format(fmt)
     flag_sets = _flag_sets(tier=tier, warm_tier=warm_tier, interval=interval, sampler=sampler,
                            device_index=device_index, disable_shuffle=disable_shuffle)
     arms, plan, run = _new_run(config, [*sets, *flag_sets], base_sets, test_sets, num_prompts, result_dir)
@@ -56,16 +56,6 @@ def mem(
     for reason in result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
     return result.exit_status
-
-
-def _check_format(fmt: str | None) -> str:
-    from tts_bench.tables import default_format
-
-    if fmt is None:
-        return default_format(sys.stdout)
-    if fmt not in FORMATS:
-        raise ConfigError(f"error: unknown format {fmt!r} (--format); valid: {', '.join(FORMATS)}")
-    return fmt
 
 
 def _flag_sets(*, tier, warm_tier, interval, sampler, device_index, disable_shuffle) -> list[str]:

@@ -22,7 +22,8 @@ from typing import Optional
 
 import typer
 
-from tts_bench.commands.ab import DEFAULT_CONFIG, _check_format
+from tts_bench.commands._common import check_format
+from tts_bench.commands.ab import DEFAULT_CONFIG
 from tts_bench.errors import ConfigError, ExitStatus
 
 
@@ -39,7 +40,7 @@ def profile(
     from tts_bench.ab import load_arms
     from tts_bench.profile import profile_arms
 
-    fmt = _check_format(fmt)
+    fmt = check_format(fmt)
     if config is None and DEFAULT_CONFIG.is_file():
         config = DEFAULT_CONFIG
     arms = load_arms(config, sets, base_sets, test_sets)

@@ -19,10 +19,10 @@ from typing import Optional
 
 import typer
 
+from tts_bench.commands._common import check_format
 from tts_bench.errors import ConfigError, ExitStatus
 
 DEFAULT_CONFIG = Path("configs/wer/seed-tts-en.yaml")
-FORMATS = ("md", "table", "csv", "json")
 
 
 def wer(
@@ -46,7 +46,7 @@ def wer(
     """Seed-tts WER gate: per-arm mean/median/corpus WER, failures, paired ΔWER and a verdict."""
     from tts_bench.wer import runner
 
-    fmt = _check_format(fmt)
+    fmt = check_format(fmt)
     overrides = _overrides(meta, num_prompts, asr, asr_model, normalizer)
     if transcribe_only is not None:
         run, params = _open_run(transcribe_only, config, [*sets, *overrides])
@@ -62,16 +62,6 @@ def wer(
     sys.stdout.write(render_report(report, fmt))
     typer.echo(f"run: {run.path}", err=True)
     raise typer.Exit(int(report.gate.exit_status))
-
-
-def _check_format(fmt: str | None) -> str:
-    from tts_bench.tables import default_format
-
-    if fmt is None:
-        return default_format(sys.stdout)
-    if fmt not in FORMATS:
-        raise ConfigError(f"error: unknown format {fmt!r} (--format); valid: {', '.join(FORMATS)}")
-    return fmt
 
 
 def _overrides(meta, num_prompts, asr, asr_model, normalizer) -> list[str]:
