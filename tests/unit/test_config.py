@@ -157,28 +157,31 @@ def test_overrides_are_typed_and_routed_to_stages():
             "bench.num_prompts=4",
             "bench.tiers=[32x1, 64x4, 128x8]",
             "code2wav.extra.token2wav_device_spk=false",
-            'code2wav.extra.quoted="false"',
+            'code2wav.extra.code2wav_batched_cache_split="false"',
             "talker.sampling.temperature=1",
             "runner.weights=null",
         ],
     )
     assert cfg.bench.num_prompts == 4
     assert cfg.bench.tiers == ("32x1", "64x4", "128x8")
-    assert cfg.stages.code2wav.extra == {"token2wav_device_spk": False, "quoted": "false"}
+    # a quoted value stays a string; the stage's strict parser reads it as false
+    assert cfg.stages.code2wav.extra == {
+        "token2wav_device_spk": False, "code2wav_batched_cache_split": "false"
+    }
     assert cfg.stages.talker.sampling.temperature == 1.0
     assert isinstance(cfg.stages.talker.sampling.temperature, float)
 
 
 def test_override_into_nested_extra_mapping_keeps_other_keys():
-    cfg = apply_overrides(BenchConfig(), ["talker.extra.a=1", "talker.extra.b.c=x", "http.extra_body.k=[1, 2]"])
-    cfg = apply_overrides(cfg, ["talker.extra.b.d=true"])
-    assert cfg.stages.talker.extra == {"a": 1, "b": {"c": "x", "d": True}}
-    assert cfg.http.extra_body == {"k": [1, 2]}  # free-form: kept as parsed
+    cfg = apply_overrides(BenchConfig(), ["http.extra_body.a=1", "http.extra_body.b.c=x", "http.extra_body.k=[1, 2]"])
+    cfg = apply_overrides(cfg, ["http.extra_body.b.d=true", "talker.extra.talker_decode_graph=1"])
+    assert cfg.http.extra_body == {"a": 1, "b": {"c": "x", "d": True}, "k": [1, 2]}  # free-form
+    assert cfg.stages.talker.extra == {"talker_decode_graph": 1}  # kept as parsed, known key
 
 
 def test_overrides_never_mutate_the_input():
     base = BenchConfig()
-    new = apply_overrides(base, ["bench.num_prompts=3", "code2wav.extra.x=true"])
+    new = apply_overrides(base, ["bench.num_prompts=3", "code2wav.extra.token2wav_device_spk=true"])
     assert base == BenchConfig() and base.stages.code2wav.extra == {}
     assert new.bench.num_prompts == 3
 
@@ -201,7 +204,7 @@ def test_bad_overrides_are_config_errors(override, fragment):
 
 
 def test_config_to_dict_is_json_safe_and_round_trips():
-    cfg = load_config(None, ["bench.tiers=[2x1]", "code2wav.extra.x=false"])
+    cfg = load_config(None, ["bench.tiers=[2x1]", "code2wav.extra.token2wav_device_spk=false"])
     data = config_to_dict(cfg)
     assert data["bench"]["tiers"] == ["2x1"]
     assert isinstance(data["stages"]["code2wav"]["hift"]["resblock_dilation_sizes"][0], list)
@@ -213,7 +216,7 @@ def test_config_hash_is_stable_and_tracks_changes():
     a, b = BenchConfig(), BenchConfig()
     assert config_hash(a) == config_hash(b)
     assert len(config_hash(a)) == 12 and int(config_hash(a), 16) >= 0
-    assert config_hash(apply_overrides(a, ["code2wav.extra.x=false"])) != config_hash(a)
+    assert config_hash(apply_overrides(a, ["code2wav.extra.token2wav_device_spk=false"])) != config_hash(a)
 
 
 def test_parse_tier():
