@@ -26,6 +26,20 @@ app = typer.Typer(
 _state = {"traceback": False}
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is at emit time, not the stream seen at setup: the CLI
+    can be invoked in-process (typer's CliRunner, `tts-bench serve` tests) where the stderr of
+    an earlier invocation has been closed since."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 @app.callback()
 def _root(
     verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More logging on stderr."),
@@ -33,9 +47,9 @@ def _root(
 ) -> None:
     _state["traceback"] = traceback
     level = logging.WARNING - 10 * min(verbose, 2) if verbose else logging.INFO
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s", force=True
-    )
+    handler = _CurrentStderr()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
     # faster-whisper logs two INFO lines per utterance; keep them for -vv only.
     logging.getLogger("faster_whisper").setLevel(level if verbose >= 2 else logging.WARNING)
 

@@ -151,10 +151,13 @@ def test_a_regressed_wer_run_exits_accuracy_regression(case, baseline, tmp_path)
 
     wer = RunDir.create(tmp_path / "runs", "wer", command_line="tts-bench wer", configs={})
     wer.update(wer={"verdict": "regression", "exit_status": 4, "reasons": ["test vs base: ΔWER +4.10 points"]})
+    before = set((tmp_path / "runs").glob("*-case-*"))  # the baseline's own runs
     result, status = gate(case, baseline, tmp_path, "--wer-run", str(wer.path), "--format", "md")
     assert status == ExitStatus.ACCURACY_REGRESSION, result.output
     assert "accuracy: wer: test vs base: ΔWER +4.10 points" in result.stdout
-    gated = json.loads((max((tmp_path / "runs").glob("*-case-*")) / "run.json").read_text())
+    # Run names sort by second, then by a random suffix: find the gate's run by difference.
+    (made,) = set((tmp_path / "runs").glob("*-case-*")) - before
+    gated = json.loads((made / "run.json").read_text())
     assert gated["gate"]["verdict"] == "accuracy regression"
 
 
