@@ -2,11 +2,11 @@
 
 Measures, in ONE process, for B in {1, 8, 32, 128} rows of V = 6562 codec logits and a 16-slot
 history (both from the talker config):
-  eager        `penalty_temperature_eager` (~17 small kernels, host-bound)
+  eager        `penalty_temperature_eager` (14 small kernels on an H200, host-bound)
   fused        the dispatcher's fused path (`select_prelude(fused=True)`: one Triton launch)
   eager_graph  the eager chain captured once in a CUDA graph, replayed
   empty        an empty Triton kernel launched through `JITFunction[grid](...)`: the launch
-               floor as issue 4 defines it (acceptance is judged against this one)
+               floor the acceptance criteria name (acceptance is judged against this one)
   empty_direct the same empty kernel launched through its CompiledKernel (what the fused wrapper
                does after its first call): Triton's Python binder removed, the driver floor
 Per call = median over `--reps` timed windows of `--inner` back-to-back calls (CUDA events on
@@ -19,7 +19,7 @@ benchmark); without it they are skipped with a note. eager_graph needs a CUDA de
 
     PYTHONPATH=. python3 scripts/bench_prelude.py --out results/bench   # table, then JSON line
 
-Acceptance (issue 4), evaluated per B on CUDA: fused >= 10x faster than eager, fused <= 1.5x
+Acceptance, evaluated per B on CUDA: fused >= 10x faster than eager, fused <= 1.5x
 the empty kernel, exactly 1 kernel per fused call.
 """
 
