@@ -83,7 +83,8 @@ class TierResult:
             "delta_mean_pct": rtf.delta_mean_pct if rtf else None,
             "delta_median_pct": rtf.delta_median_pct if rtf else None,
             "ci95_pct": list(rtf.ci95_pct) if rtf else None,
-            "verdict": rtf.verdict if rtf else "invalid",
+            # A tier with too many failures has no verdict to trust, whatever its CI says.
+            "verdict": rtf.verdict if rtf and not self.invalid_reasons else "invalid",
             "ttfp": _comparison_dict(self.ttfp),
             "duration_delta_pct": self.duration_delta_pct,
             "duration_mismatch": self.duration_mismatch,

@@ -148,3 +148,15 @@ def test_plan_round_trips_through_the_run_record(tmp_path):
     plan = plan_from_run(RunDir.open(new_run(tmp_path, a).path))
     assert plan.arms == a and [t.label for t in plan.tiers] == ["2x1"]
     assert (plan.repeats, plan.num_prompts) == (1, 4)
+
+
+def test_a_tier_with_too_many_failures_has_verdict_invalid_not_a_speed_call():
+    from tts_bench.ab import TierResult
+    from tts_bench.stats import compare
+
+    slower = compare([[1.0, 1.01, 0.99] * 10], [[1.5, 1.51, 1.49] * 10], min_effect_pct=2.0)
+    assert slower.verdict == "slower"
+    tier = TierResult(tier="2x1", arms={}, rtf=slower, ttfp=None, duration_delta_pct=None,
+                      duration_mismatch=False, identical_outputs=0, paired_outputs=0,
+                      invalid_reasons=("2x1 test: 5 of 8 requests failed",))
+    assert tier.to_dict()["verdict"] == "invalid"

@@ -117,6 +117,9 @@ def render_result(result, fmt: str, *, mem=None) -> str:
         return render(rtf, "csv")
     ttfp_rows = [{**t, **{k: (t["ttfp"] or {}).get(k) for k in ("delta_mean_pct", "ci95_pct", "verdict")},
                   "duration_mismatch": False, "note": ""} for t in doc["tiers"]]
+    for row, tier in zip(ttfp_rows, doc["tiers"]):
+        if tier["invalid_reasons"]:  # as for RTF: no speed verdict on a tier with failures
+            row["verdict"] = "invalid"
     ttfp = ab_table(ttfp_rows, metric="audio_ttfp_ms", digits=1, base_label=base, test_label=test)
     identity = ", ".join(_identity_text(t) for t in doc["tiers"])
     text = (render(rtf, fmt, title="audio RTF (lower is faster)") + "\n"

@@ -26,9 +26,9 @@ def update(
     case: Path = typer.Option(..., "--case", help="The case file (configs/cases/*.yaml)."),
     runs_from: list[Path] = typer.Option([], "--from", help="Run directories (also as trailing arguments)."),
     more: Optional[list[Path]] = typer.Argument(None, help="More run directories.", show_default=False),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Hardware profile [default: cpu-<N>core]."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Hardware profile (default: cpu-<N>core)."),
     tighten_only: bool = typer.Option(False, "--tighten-only", help="Keep the old baseline unless the new one is faster."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output file [default: results/baselines/<case>.<profile>.json]."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output file (default: results/baselines/<case>.<profile>.json)."),
     run: int = typer.Option(0, "--run", help="First run the case this many times (added to --from)."),
     result_dir: Path = typer.Option(Path("results/runs"), "--result-dir", help="Where --run makes run directories."),
 ) -> ExitStatus:

@@ -27,14 +27,14 @@ from tts_bench.errors import ConfigError, ExitStatus
 def gate(
     run_case: Optional[Path] = typer.Option(None, "--run-case", help="Run this case file's bench, then gate it."),
     current: Optional[Path] = typer.Option(None, "--current", help="Gate this recorded run directory."),
-    baseline: Optional[Path] = typer.Option(None, "--baseline", help="Baseline JSON [default: results/baselines/<case>.<profile>.json]."),
-    case: Optional[Path] = typer.Option(None, "--case", help="Case file for thresholds with --current [default: the one the run recorded]."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Hardware profile, e.g. cpu-2core, h200 [default: cpu-<N>core]."),
-    arm: Optional[str] = typer.Option(None, "--arm", help="Arm of an `ab` run to gate [default: its test arm]."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="Baseline JSON (default: results/baselines/<case>.<profile>.json)."),
+    case: Optional[Path] = typer.Option(None, "--case", help="Case file for thresholds with --current (default: the one the run recorded)."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Hardware profile, e.g. cpu-2core, h200 (default: cpu-<N>core)."),
+    arm: Optional[str] = typer.Option(None, "--arm", help="Arm of an `ab` run to gate (default: its test arm)."),
     sets: list[str] = typer.Option([], "--set", help="Extra override on top of the case (recorded, reported): dotted.key=value."),
     wer_run: Optional[Path] = typer.Option(None, "--wer-run", help="A `tts-bench wer` run whose verdict is folded in (exit 4)."),
     report_only: bool = typer.Option(False, "--report-only", "--no-fail-on-perf", help="Report perf verdicts, exit 0 on them (still 4/5)."),
-    fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json [default: table on a TTY, else md]."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
     result_dir: Path = typer.Option(Path("results/runs"), "--result-dir", help="Where --run-case makes its run directory."),
 ) -> ExitStatus:
     """Gate a run against a baseline: per metric Δ%, threshold, Mann-Whitney p, mark."""

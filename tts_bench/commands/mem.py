@@ -24,25 +24,24 @@ from typing import Optional
 import typer
 
 from tts_bench.commands._common import check_format
+from tts_bench.commands.ab import DEFAULT_CONFIG
 from tts_bench.errors import ExitStatus
-
-DEFAULT_CONFIG = Path("configs/ab/default.yaml")
 
 
 def mem(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="Bench config YAML [default: configs/ab/default.yaml if present]."),
-    tier: Optional[str] = typer.Option(None, "--tier", help="The sampled tier CxR [default: mem.tier, 128x8]."),
-    warm_tier: Optional[str] = typer.Option(None, "--warm-tier", help="Tier run first, unsampled, on the same backend; 'none' to skip [default: mem.warm_tier, 4x1]."),
-    interval: Optional[float] = typer.Option(None, "--interval", help="Seconds between samples [default: mem.interval_s, 2]."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="Bench config YAML (default: configs/ab/default.yaml if present)."),
+    tier: Optional[str] = typer.Option(None, "--tier", help="The sampled tier CxR (default: mem.tier, 128x8)."),
+    warm_tier: Optional[str] = typer.Option(None, "--warm-tier", help="Tier run first, unsampled, on the same backend; 'none' to skip (default: mem.warm_tier, 4x1)."),
+    interval: Optional[float] = typer.Option(None, "--interval", help="Seconds between samples (default: mem.interval_s, 2)."),
     sampler: Optional[str] = typer.Option(None, "--sampler", help="auto | nvml | npu-smi | torch | rss; comma-separated for several, first is primary."),
-    device_index: Optional[int] = typer.Option(None, "--device-index", help="GPU (NVML index) or NPU card to sample [default: mem.device_index, 0]."),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Measured requests per arm [default: max(bench.num_prompts, 2 x C)]."),
+    device_index: Optional[int] = typer.Option(None, "--device-index", help="GPU (NVML index) or NPU card to sample (default: mem.device_index, 0)."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Measured requests per arm (default: max(bench.num_prompts, 2 x C))."),
     sets: list[str] = typer.Option([], "--set", help="Override for both arms: dotted.key=value (repeatable)."),
     base_sets: list[str] = typer.Option([], "--base-set", help="Override for the base arm only (repeatable)."),
     test_sets: list[str] = typer.Option([], "--test-set", help="Override for the test arm only (repeatable)."),
     disable_shuffle: bool = typer.Option(False, "--disable-shuffle", help="Send prompts in file order."),
     result_dir: Path = typer.Option(Path("results/runs"), "--result-dir", help="Where run directories are made."),
-    fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json [default: table on a TTY, else md]."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
 ) -> ExitStatus:
     """Sample memory over one tier for both arms: steady-state median, peak, delta, headroom."""
     from tts_bench.mem.run import run_mem

@@ -30,7 +30,7 @@ def serve(
     port: int = typer.Option(8091, "--port", help="TCP port; 0 picks a free one (see the log line)."),
     replicas: int = typer.Option(1, "--replicas", help="Stage-2 replicas the backend starts with."),
     sets: list[str] = typer.Option([], "--set", help="Config override dotted.key=value (repeatable)."),
-    arm: Optional[str] = typer.Option(None, "--arm", help="Which arm of an A/B config [default: the first]."),
+    arm: Optional[str] = typer.Option(None, "--arm", help="Which arm of an A/B config (default: the first)."),
 ) -> ExitStatus:
     """Serve a config's backend at /v1/audio/speech, /v1/models and /metrics."""
     from tts_bench.serve.app import serve_until_signalled

@@ -26,21 +26,21 @@ DEFAULT_CONFIG = Path("configs/wer/seed-tts-en.yaml")
 
 
 def wer(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="WER config YAML [default: configs/wer/seed-tts-en.yaml if present]."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="WER config YAML (default: configs/wer/seed-tts-en.yaml if present)."),
     meta: Optional[str] = typer.Option(None, "--meta", help="A seed-tts meta.lst (prompt wavs relative to it) or builtin:seed-tts-en."),
     disable_shuffle: bool = typer.Option(False, "--disable-shuffle", help="Use prompts in file order (the seed's gate does)."),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Prompts per arm [default: wer.num_prompts]."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Prompts per arm (default: wer.num_prompts)."),
     arms: str = typer.Option("base,test", "--arms", help="Arm names: two to compare, one for a single arm."),
     sets: list[str] = typer.Option([], "--set", help="Override for every arm: dotted.key=value (repeatable)."),
     base_sets: list[str] = typer.Option([], "--base-set", help="Override for the base arm only (repeatable)."),
     test_sets: list[str] = typer.Option([], "--test-set", help="Override for the test arm only (repeatable)."),
-    asr: Optional[str] = typer.Option(None, "--asr", help="faster-whisper | openai-whisper [default: wer.asr]."),
-    asr_model: Optional[str] = typer.Option(None, "--asr-model", help="tiny.en | base | <model dir or .pt> [default: wer.asr_model]."),
-    normalizer: Optional[str] = typer.Option(None, "--normalizer", help="seed-tts | whisper [default: wer.normalizer]."),
+    asr: Optional[str] = typer.Option(None, "--asr", help="faster-whisper | openai-whisper (default: wer.asr)."),
+    asr_model: Optional[str] = typer.Option(None, "--asr-model", help="tiny.en | base | <model dir or .pt> (default: wer.asr_model)."),
+    normalizer: Optional[str] = typer.Option(None, "--normalizer", help="seed-tts | whisper (default: wer.normalizer)."),
     generate_only: bool = typer.Option(False, "--generate-only", help="Only synthesize the audio (phase 1)."),
     transcribe_only: Optional[Path] = typer.Option(None, "--transcribe-only", help="Only transcribe + score this earlier WER run directory."),
     accept: bool = typer.Option(False, "--accept", "--record-history", help="Append this run to the WER history (wer.history_dir)."),
-    fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json [default: table on a TTY, else md]."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
     result_dir: Path = typer.Option(Path("results/runs"), "--result-dir", help="Where run directories are made."),
 ) -> ExitStatus:
     """Seed-tts WER gate: per-arm mean/median/corpus WER, failures, paired ΔWER and a verdict."""
