@@ -1,19 +1,21 @@
-"""Microbenchmark of the code2wav per-request cache split: per-row (3B launches) vs batched (3).
+"""Microbenchmark of the code2wav per-request cache split: per-row (3B copies) vs batched (3).
 
 Times `flow_cache.split_small_caches` — conformer_cnn, conformer_att and estimator_cnn, the part
 the two implementations differ in (estimator_att takes the same per-request copy in both) — at
 full-size cache shapes for B = 1, 4, 8, 16, plus estimator_cnn alone. Device time with CUDA
 events on CUDA (perf_counter on CPU), warmup excluded, synchronize before every clock read.
 Kernels per split are counted with torch.profiler (CUDA kernels on CUDA, top-level aten ops on
-CPU). Prints a header, a fixed-width table, and one JSON line last; with $OUT set the JSON is
+CPU): per-row is 3B aten ops on CPU but 4B kernels on CUDA (the estimator_cnn cat of two
+strided slices launches two copies; 4/16/32/64 at B = 1/4/8/16 on an H200), batched is 3 on
+both. Prints a header, a fixed-width table, and one JSON line last; with $OUT set the JSON is
 also written to $OUT/bench_split.json.
 
 Reading CPU numbers: the batched arm makes one large allocation per cache (e.g. 128 MiB of
 conformer_att at B = 8) where per-row makes B small ones; glibc serves allocations above its
 mmap threshold with fresh pages, so each batched copy pays page faults that the per-row copies
 do not (measured on a 2-core box: clone of 128 MiB 191 ms vs 8 x 16 MiB clones 30 ms). That is
-the host allocator, not the split; the claim under test (3B -> 3 launches, and its device time)
-is the CUDA one, where the caching allocator reuses blocks.
+the host allocator, not the split; the claim under test (4B -> 3 launches, and its device
+time) is the CUDA one, where the caching allocator reuses blocks.
 
     PYTHONPATH=. python3 scripts/bench_split.py                 # cuda if present, else cpu
     PYTHONPATH=. python3 scripts/bench_split.py --device cpu --iters 20 --batches 1,4

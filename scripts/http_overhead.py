@@ -141,7 +141,8 @@ def summarize(cfg: BenchConfig, args, tier, records) -> dict:
     per_rep = {arm: [np.array([r.audio_rtf for r in rep if r.ok]) for rep in reps]
                for arm, reps in records.items()}
     cmp = compare(per_rep["in-process"], per_rep["http"], min_effect_pct=cfg.bench.min_effect_pct,
-                  resamples=cfg.bench.bootstrap_resamples, seed=cfg.bench.seed)
+                  resamples=cfg.bench.bootstrap_resamples, seed=cfg.bench.seed,
+                  method=cfg.bench.bootstrap)
     # Paired by prompt and repeat: the extra seconds HTTP adds to a request's last audio byte.
     excess_ms = [(h.audio_rtf - p.audio_rtf) * p.audio_seconds * 1e3
                  for ps, hs in zip(records["in-process"], records["http"])

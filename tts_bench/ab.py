@@ -366,7 +366,7 @@ def _compare(base, test, metric: str, bench) -> Comparison | None:
     try:
         return compare(_by_repeat(base, metric), _by_repeat(test, metric),
                        min_effect_pct=bench.min_effect_pct, resamples=bench.bootstrap_resamples,
-                       seed=bench.seed)
+                       seed=bench.seed, method=bench.bootstrap)
     except InvalidRunError as exc:  # no successful requests in an arm: reported, not raised
         log.warning("%s", exc)
         return None

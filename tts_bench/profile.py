@@ -11,7 +11,8 @@ top-level non-view aten operators on CPU):
   profiled call sees the same payload and cache shapes; decode mutates per-stream state, so
   each profiled call decodes the *next* prepared chunk;
 * `cache_split`: the part of the flow-cache split the two implementations differ in
-  (`split_small_caches`: conformer cnn/att + estimator cnn; per-row 3B, batched 3);
+  (`split_small_caches`: conformer cnn/att + estimator cnn; per-row 3B aten ops on CPU and 4B
+  kernels on CUDA, where the estimator cnn cat launches two copies; batched 3 on both);
 * `cache_split_total`: the whole `split_flow_cache`, including the per-request estimator_att
   copy with its trim, which both implementations share.
 

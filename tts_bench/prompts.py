@@ -46,10 +46,6 @@ class Prompt:
     def request_id(self) -> str:
         return self.utt if self.copy == 1 else f"{self.utt}#{self.copy}"
 
-    @property
-    def num_words(self) -> int:
-        return len(self.text.split())
-
 
 def builtin_dir() -> Path:
     """Directory holding the packaged prompt sets (one sub-directory per set)."""

@@ -160,3 +160,18 @@ def test_a_tier_with_too_many_failures_has_verdict_invalid_not_a_speed_call():
                       duration_mismatch=False, identical_outputs=0, paired_outputs=0,
                       invalid_reasons=("2x1 test: 5 of 8 requests failed",))
     assert tier.to_dict()["verdict"] == "invalid"
+
+
+def test_the_configured_bootstrap_method_reaches_the_comparison(monkeypatch):
+    import tts_bench.ab as ab_mod
+    from tts_bench.config import BenchParams
+
+    seen = {}
+
+    def spy(base, test, **kw):
+        seen.update(kw)
+        raise ab_mod.InvalidRunError("stop here")
+
+    monkeypatch.setattr(ab_mod, "compare", spy)
+    assert ab_mod._compare([], [], "audio_rtf", BenchParams(bootstrap="stratified")) is None
+    assert seen["method"] == "stratified"

@@ -37,7 +37,8 @@ class AudioDecodeError(Exception):
 
 @dataclass(frozen=True)
 class AsrOptions:
-    """Decoding options. Everything here changes transcripts, so all of it is in the cache key."""
+    """Decoding options. All but `cpu_threads` change transcripts, so the provenance (and with it
+    the transcript cache key) carries them."""
 
     backend: str = "faster-whisper"
     model: str = "tiny.en"  # tiny.en | base | a model directory (CTranslate2) | a .pt checkpoint
@@ -56,11 +57,6 @@ class AsrOptions:
         if self.temperature != 0.0:
             raise ValueError("temperature must be 0.0: sampled transcripts are not reproducible")
 
-    def cache_key_fields(self) -> dict:
-        d = dataclasses.asdict(self)
-        d.pop("cpu_threads")
-        return d
-
 
 @dataclass(frozen=True)
 class AsrProvenance:
@@ -78,10 +74,6 @@ class AsrProvenance:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-    def comparable_key(self) -> dict:
-        """The fields that must match across runs for WER to be comparable."""
-        return self.to_dict()
 
 
 @runtime_checkable

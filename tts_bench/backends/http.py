@@ -18,9 +18,9 @@ Failures, all counted per request by the load generator (never a crashed run):
 
 | what happened | kind | detail starts with |
 |---|---|---|
-| server answered >= 400 | backend_error | `HTTP 500: <body>` |
-| cannot connect (closed port, DNS) | backend_error | `connection_error: cannot connect` |
-| connection dropped mid-response | backend_error | `connection_error: dropped after N bytes` |
+| server answered >= 400 | http_error | `HTTP 500: <body>` |
+| cannot connect (closed port, DNS) | connection_error | `cannot connect to <url>` |
+| connection dropped mid-response | connection_error | `dropped after N bytes` |
 | bytes do not match the declared format | backend_error | `protocol_error:` |
 | no end of audio within bench.timeout_s | timeout | `no end of audio after` |
 

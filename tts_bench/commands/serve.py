@@ -7,8 +7,9 @@
         --set http.base_url=http://127.0.0.1:8091                          # drive it
 
 An A/B config serves one of its arms (`--arm`, default: the first, e.g. `base`), with the
-arm's overrides applied, so two `serve` instances can stand for the two arms. Binds to 127.0.0.1 unless `--host` says otherwise. Serves until SIGINT/SIGTERM, then gives
-requests in flight a few seconds and stops the backend. The served model name is the config's
+arm's overrides applied, so two `serve` instances can stand for the two arms. Binds to
+127.0.0.1 unless `--host` says otherwise. Serves until SIGINT/SIGTERM, then gives requests in
+flight a few seconds and stops the backend. The served model name is the config's
 `http.model`, so a client using the same config sends the right name. Endpoints and the failure
 contract: `tts_bench.serve.app`. Logs (including the `listening on <url>` line) go to stderr.
 """

@@ -77,9 +77,6 @@ class ArmScore:
     def failed(self) -> int:
         return sum(self.failures.values())
 
-    def wer_by_id(self) -> dict[str, float]:
-        return {u["request_id"]: u["wer"] for u in self.utterances if u["wer"] is not None}
-
     def to_dict(self) -> dict:
         return asdict(self)
 
