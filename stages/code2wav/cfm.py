@@ -9,6 +9,10 @@ Noise is a fixed buffer drawn once at construction from a *seeded* generator (up
 unseeded); a chunk reads `noise[:, :, L : L + T]` with L = current estimator-cache length, so
 after the cache trim saturates, steady chunks keep reusing the same window (as upstream).
 
+Streaming decode passes `att_steps` (a `flow_cache.StepwiseAttCache`) instead of a stacked
+`att_cache`: one [depth, 2B, H, T+L, 2D] step buffer is reused by all steps (loaded from the
+request rows before the step, stored back trimmed after), so no whole-solve batch cache exists.
+
 Landmines: dt values are read to the host once per solve (no per-step sync); the uncond half
 must stay *behind* the cond half, the cache split relies on that order.
 
@@ -27,6 +31,7 @@ from torch import nn
 
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.dit import CONV_CACHE_FRAMES, DiT
+from stages.code2wav.flow_cache import StepwiseAttCache
 
 
 def cosine_t_span(n_timesteps: int) -> list[float]:
@@ -38,7 +43,7 @@ def cosine_t_span(n_timesteps: int) -> list[float]:
 class CFMOut:
     mel: torch.Tensor  # [B, 80, T]
     cnn_cache: torch.Tensor  # [n_t, depth, 2B, 2*hidden, 2]
-    att_cache: torch.Tensor  # [n_t, depth, 2B, H, T+L, 2*head_dim]
+    att_cache: torch.Tensor | None  # [n_t, depth, 2B, H, T+L, 2*head_dim]; None with att_steps
 
 
 class CausalCFM(nn.Module):
@@ -75,10 +80,15 @@ class CausalCFM(nn.Module):
         cnn_cache: torch.Tensor | None,  # [n_t, depth, 2B, 2*hidden, 2]
         att_cache: torch.Tensor | None,  # [n_t, depth, 2B, H, L, 2*head_dim]
         mask: torch.Tensor | None = None,  # [1, T, T] block-causal (reference path only)
+        att_steps: StepwiseAttCache | None = None,  # per-request caches, read/written per step
     ) -> CFMOut:
         b, _, frames = mu.shape
-        offset = 0 if att_cache is None else att_cache.shape[4]
-        x = self._noise(offset, frames, b)
+        if att_steps is not None and att_cache is not None:
+            raise ValueError("CausalCFM.solve takes att_cache or att_steps, not both")
+        cached = 0 if att_cache is None else att_cache.shape[4]
+        if att_steps is not None:
+            cached = att_steps.length
+        x = self._noise(cached, frames, b)
         # Conditioning half stays in front of the unconditional half: [cond x B | uncond x B].
         static = torch.cat(
             [
@@ -90,21 +100,30 @@ class CausalCFM(nn.Module):
         )
         t_span = cosine_t_span(self.cfg.n_timesteps)
         rate, n_t, d = self.cfg.cfg_rate, self.cfg.n_timesteps, self.cfg.dit
-        cached = 0 if att_cache is None else att_cache.shape[4]
         # Per-step caches are written in place into these buffers (no stack copies).
         cnn_out = mu.new_empty(n_t, d.depth, 2 * b, 2 * d.hidden_size, CONV_CACHE_FRAMES)
-        att_out = mu.new_empty(n_t, d.depth, 2 * b, d.num_heads, frames + cached, 2 * d.head_dim)
+        att_shape = (d.depth, 2 * b, d.num_heads, frames + cached, 2 * d.head_dim)
+        # Stepwise: ONE step buffer, reused; its tail [T:] holds the step's old cache in place.
+        att_out = mu.new_empty(att_shape if att_steps is not None else (n_t, *att_shape))
         for i in range(n_t):
+            if att_steps is not None:
+                att_steps.load(i, att_out)
+                step_in, step_out = att_out[:, :, :, frames:], att_out
+            else:
+                step_in = None if att_cache is None else att_cache[i]
+                step_out = att_out[i]
             t = mu.new_full((2 * b,), t_span[i])
             out = self.estimator.forward_chunk(
                 torch.cat([torch.cat([x, x], dim=0), static], dim=1),
                 t,
                 None if cnn_cache is None else cnn_cache[i],
-                None if att_cache is None else att_cache[i],
+                step_in,
                 mask,
                 cnn_out=cnn_out[i],
-                att_out=att_out[i],
+                att_out=step_out,
             )
+            if att_steps is not None:
+                att_steps.store(i, att_out)
             v_cond, v_uncond = out.velocity.chunk(2, dim=0)
             x = x + (t_span[i + 1] - t_span[i]) * ((1.0 + rate) * v_cond - rate * v_uncond)
-        return CFMOut(x, cnn_out, att_out)
+        return CFMOut(x, cnn_out, None if att_steps is not None else att_out)

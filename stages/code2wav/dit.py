@@ -9,7 +9,8 @@ Streaming: queries are the current chunk; keys/values are `[current | cache]` (n
 *front* of the cache, the upstream convention the trim ranges rely on). Per block caches:
 conv [rows, 2*hidden, 2] (conv1 input history | conv2 input history), attention
 [rows, H, L, 2*head_dim] (K|V). `forward_chunk` writes the new [depth, ...] caches straight
-into caller-provided buffers (the CFM's per-step arenas), so no cat/stack copies are made.
+into caller-provided buffers (the CFM's per-step arenas), so no cat/stack copies are made; a
+cache that already sits in its destination's tail (the CFM's stepwise path) is not copied.
 
 Module names follow the official checkpoint (`decoder.estimator.blocks.0.attn.to_q.weight`,
 `...conv.block.1.weight`, `...adaLN_modulation.1.weight`), so `flow.pt` loads without renames.
@@ -87,13 +88,19 @@ class Attention(nn.Module):
         # old cache: one copy instead of cat(k), cat(v), cat(k|v) and two stacks.
         out_cache[:, :, :t, : self.d] = self.k_norm(self._heads(self.to_k(x)))
         out_cache[:, :, :t, self.d :] = self._heads(self.to_v(x))
-        if cache is not None and cache.shape[2] > 0:
+        if cache is not None and cache.shape[2] > 0 and not _is_view_of(cache, out_cache[:, :, t:]):
             out_cache[:, :, t:] = cache
         k, v = out_cache[..., : self.d], out_cache[..., self.d :]
         attn_mask = None if mask is None else mask.unsqueeze(1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         b = out.shape[0]
         return self.proj(out.transpose(1, 2).reshape(b, t, self.h * self.d))
+
+
+def _is_view_of(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same memory, shape and strides: the cache already sits in the destination's tail (the
+    CFM's stepwise path loads it there), so the copy would be a no-op memcpy of the whole cache."""
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
 
 
 class Transpose(nn.Module):

@@ -26,6 +26,12 @@ estimator_att is always split per request, with the trim applied during the copy
 (`copy_att_rows`): segments [0, prompt_len) and [L - keep, L) are written back to back into a
 preallocated tensor, never materialising a trimmed batch.
 
+Streaming decode skips the stack/split of estimator_att altogether (`StepwiseAttCache`): the CFM
+reads each request's step-i cache straight into one reused step buffer, runs step i, and writes
+the trimmed step-i result back per request — in place once the cache is saturated (same
+shape). No B-row copy of the whole [n_t, ...] cache ever exists, so a decode's transient peak is
+one step's buffer instead of ~3 generations (stacked input + untrimmed output + split rows).
+
     batch = stack_flow_cache(states)
     rows = split_flow_cache(new_batch, len(states), batched=True, att_keep=keep)
 """
@@ -42,7 +48,7 @@ class FlowCache:
     conformer_cnn: torch.Tensor
     conformer_att: torch.Tensor
     estimator_cnn: torch.Tensor
-    estimator_att: torch.Tensor
+    estimator_att: torch.Tensor | None  # None only in a stack built without it
 
 
 @dataclass(frozen=True)
@@ -59,16 +65,78 @@ class AttKeep:
         return [(0, self.prompt_len), (length - self.keep_frames, self.keep_frames)]
 
 
-def stack_flow_cache(states: list[FlowCache]) -> FlowCache:
-    """Per-request caches -> one B-row batch (estimator caches in [cond x B | uncond x B])."""
+def stack_flow_cache(states: list[FlowCache], *, include_estimator_att: bool = True) -> FlowCache:
+    """Per-request caches -> one B-row batch (estimator caches in [cond x B | uncond x B]).
+
+    `include_estimator_att=False` leaves it None (the caller feeds it by `StepwiseAttCache`)."""
     ecnn = [s.estimator_cnn for s in states]
-    eatt = [s.estimator_att for s in states]
+    eatt = None
+    if include_estimator_att:
+        rows = [s.estimator_att for s in states]
+        eatt = torch.cat([e[:, :, 0:1] for e in rows] + [e[:, :, 1:2] for e in rows], 2)
     return FlowCache(
         conformer_cnn=torch.cat([s.conformer_cnn for s in states], dim=0),
         conformer_att=torch.cat([s.conformer_att for s in states], dim=1),
         estimator_cnn=torch.cat([e[:, :, 0:1] for e in ecnn] + [e[:, :, 1:2] for e in ecnn], 2),
-        estimator_att=torch.cat([e[:, :, 0:1] for e in eatt] + [e[:, :, 1:2] for e in eatt], 2),
+        estimator_att=eatt,
     )
+
+
+class StepwiseAttCache:
+    """Per-request estimator attention caches, fed to the CFM one Euler step at a time.
+
+    rows[r]: [n_t, depth, 2, H, L, 2D] (cond, uncond). Step i reads only rows[r][i], so
+    `load(i, buf)` copies those into the step buffer's tail and `store(i, buf)` writes the step's
+    trimmed new cache into rows' destination slice i. A destination is the source row itself when
+    `owned[r]` (no one else holds it) and the trimmed length equals L (saturated steady state):
+    slice i was consumed by `load(i)` and later steps read only later slices, so overwriting it
+    is safe. Otherwise a fresh row is allocated. Bytes equal `copy_att_rows` of the batch output.
+
+    LANDMINE: the in-place update mutates a request's previous estimator_att; never pass
+    `owned=True` for a tensor shared with anything else (the prompt setup cache, a test's copy).
+    """
+
+    def __init__(
+        self, rows: list[torch.Tensor], *, keep: AttKeep | None, store: bool, owned: list[bool]
+    ) -> None:
+        assert len(rows) == len(owned) and rows, "one ownership flag per row"
+        self._src: list[torch.Tensor] = list(rows)
+        self._owned = list(owned)
+        self._keep, self._store = keep, store
+        self._dst: list[torch.Tensor | None] = [None] * len(rows)
+        self.length = rows[0].shape[4]
+
+    def load(self, step: int, buf: torch.Tensor) -> None:
+        # buf: [depth, 2B, H, T+L, 2D]; fills [..., T:, :] in the [cond x B | uncond x B] order
+        b, frames = len(self._src), buf.shape[3] - self.length
+        for r, src in enumerate(self._src):
+            buf[:, r, :, frames:].copy_(src[step, :, 0])
+            buf[:, b + r, :, frames:].copy_(src[step, :, 1])
+
+    def store(self, step: int, buf: torch.Tensor) -> None:
+        # buf: [depth, 2B, H, T+L, 2D] holding step `step`'s new caches
+        if not self._store:
+            return
+        b, length = len(self._src), buf.shape[3]
+        segments = [(0, length)] if self._keep is None else self._keep.ranges(length)
+        kept = sum(n for _, n in segments)
+        for r, src in enumerate(self._src):
+            dst = self._dst[r]
+            if dst is None:
+                in_place = self._owned[r] and src.shape[4] == kept
+                dst = src if in_place else src.new_empty(*src.shape[:4], kept, src.shape[5])
+                self._dst[r] = dst
+            pos = 0
+            for start, n in segments:
+                dst[step, :, 0, :, pos : pos + n].copy_(buf[:, r, :, start : start + n])
+                dst[step, :, 1, :, pos : pos + n].copy_(buf[:, b + r, :, start : start + n])
+                pos += n
+
+    def finish(self) -> list[torch.Tensor]:
+        """The per-request new caches; drops the references to the old ones."""
+        assert self._store and all(d is not None for d in self._dst), "store() ran every step"
+        self._src = []
+        return self._dst  # type: ignore[return-value]
 
 
 _ORDERS: dict[tuple[str, int, torch.device], torch.Tensor] = {}

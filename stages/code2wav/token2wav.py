@@ -10,7 +10,10 @@ Batching: payloads of one `decode` call are grouped by (token count, last_chunk,
 shapes); each group runs one encoder, one CFM solve (2B rows) and one HiFT call, groups run one
 after another. After a non-final group the caches are trimmed (prompt + `prompt_keep_frames`) and
 split back per request (`flow_cache.split_flow_cache`, batched or per-row by the strict flag
-`code2wav_batched_cache_split`).
+`code2wav_batched_cache_split`). The estimator attention cache (~0.5 GiB per request at full size)
+is never stacked: the CFM reads and writes it per request and Euler step (`StepwiseAttCache`), in
+place once saturated, so a decode's transient peak is one step buffer rather than ~3 copies of
+the B-row cache. `Token2Wav.stepwise_att_cache = False` selects the stack/solve/split reference.
 
 A steady 28-code payload gives exactly 50 mel frames = 24000 samples (1.0 s). Stage flags are
 parsed once in __init__ (`options.Code2WavOptions`); TF32 is applied on CUDA only.
@@ -23,7 +26,6 @@ parsed once in __init__ (`options.Code2WavOptions`); TF32 is applied on CUDA onl
 from __future__ import annotations
 
 import hashlib
-
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,7 +38,9 @@ from stages.code2wav.flow import FlowModel
 from stages.code2wav.flow_cache import (
     AttKeep,
     FlowCache,
+    StepwiseAttCache,
     split_flow_cache,
+    split_small_caches,
     stack_flow_cache,
     trim_conformer_att,
 )
@@ -82,6 +86,9 @@ class _Request:
     flow: FlowCache | None  # None between stacking and splitting (see _decode_group)
     hift: HiFTState | None
     noise: torch.Generator  # this request's NSF noise stream (see _noise_generator)
+    # True once flow.estimator_att is this request's own tensor (made by _store_caches), so the
+    # stepwise CFM may update it in place; False while it is the shared prompt setup cache.
+    att_owned: bool = False
 
 
 def _noise_generator(init_seed: int, request_seed: int, device: torch.device) -> torch.Generator:
@@ -105,6 +112,10 @@ def _seeded(seed: int, build):
 
 
 class Token2Wav:
+    # False = the reference path (stack the whole estimator_att, solve, split per row): same bytes,
+    # ~3x the transient memory. Kept for the equality test (tests/stages/test_decode_memory.py).
+    stepwise_att_cache: bool = True
+
     def __init__(
         self,
         cfg: Code2WavConfig,
@@ -246,12 +257,22 @@ class Token2Wav:
         rows, last = len(items), items[0].last_chunk
         setup = self.prompt_setup(states[0].prompt_id)
         tokens = torch.tensor([p.codes for p in items], dtype=torch.long).to(self.device)
-        batch = stack_flow_cache([s.flow for s in states])
-        # The stack is a copy: drop the rows' own caches now, not after the split, so a replica
-        # holds one generation of estimator caches (~0.5 GiB per row at full size) less at its
-        # peak. A row whose decode then fails has lost its state; the request fails anyway.
+        keep = AttKeep(setup.prompt_len, self.cfg.prompt_keep_frames)
+        stepwise = self.stepwise_att_cache
+        batch = stack_flow_cache([s.flow for s in states], include_estimator_att=not stepwise)
+        att_steps = None
+        if stepwise:
+            # A row may be updated in place only if nothing else holds it: the prompt setup's
+            # cache is shared by every new request of that prompt.
+            att_steps = StepwiseAttCache(
+                [s.flow.estimator_att for s in states], keep=keep, store=not last,
+                owned=[s.att_owned for s in states],
+            )  # fmt: skip
+        # Drop the rows' own references now (the stack copied the small caches; att_steps holds
+        # estimator_att), so the old caches die as soon as the solve no longer needs them. A row
+        # whose decode then fails has lost its state; the request fails anyway.
         for s in states:
-            s.flow = None
+            s.flow, s.att_owned = None, False
         with tf32_scope(self.options.tf32_mode, self.device, region="flow"):
             enc = self.flow.encode_chunk(
                 tokens, batch.conformer_cnn, batch.conformer_att, last_chunk=last
@@ -259,10 +280,13 @@ class Token2Wav:
             spk = setup.spk.expand(rows, -1)
             solved = self.flow.decoder.solve(
                 enc.mu, spk, torch.zeros_like(enc.mu),
-                cnn_cache=batch.estimator_cnn, att_cache=batch.estimator_att,
+                cnn_cache=batch.estimator_cnn, att_cache=batch.estimator_att, att_steps=att_steps,
             )  # fmt: skip
+        del batch
         if not last:  # a finished stream's caches are dropped, never split
-            self._store_caches(items, states, enc, solved, setup)
+            att_rows = None if att_steps is None else att_steps.finish()
+            self._store_caches(states, enc, solved, keep, att_rows)
+        del att_steps
         mel = solved.mel.float()
         with tf32_scope(self.options.tf32_mode, self.device, region="hift"):
             audio, hift_states = self._stream.decode(
@@ -278,17 +302,23 @@ class Token2Wav:
             out.append(DecodedAudio(p.request_id, p.chunk_seq, audio[r].cpu().numpy(), last, row_mel))
         return out
 
-    def _store_caches(self, items, states, enc, solved, setup: PromptSetup) -> None:
-        keep = AttKeep(setup.prompt_len, self.cfg.prompt_keep_frames)
+    def _store_caches(
+        self, states, enc, solved, keep: AttKeep, att_rows: list[torch.Tensor] | None
+    ) -> None:
+        """Trim + split the new caches per request; `att_rows` = stepwise estimator_att rows
+        (already trimmed), None = split them from the batch output (reference path)."""
         conformer_att = trim_conformer_att(
             enc.att_cache, keep, self.cfg.flow.up_rate, self.cfg.flow.num_blocks
         )
         new = FlowCache(enc.cnn_cache, conformer_att, solved.cnn_cache, solved.att_cache)
-        rows = split_flow_cache(
-            new, len(items), batched=self.options.batched_cache_split, att_keep=keep
-        )
-        for s, cache in zip(states, rows):
-            s.flow = cache
+        batched = self.options.batched_cache_split
+        if att_rows is None:
+            caches = split_flow_cache(new, len(states), batched=batched, att_keep=keep)
+        else:
+            parts = split_small_caches(new, len(states), batched=batched)
+            caches = [FlowCache(c, a, e, att) for (c, a, e), att in zip(parts, att_rows)]
+        for s, cache in zip(states, caches):
+            s.flow, s.att_owned = cache, True  # both paths make fresh per-request tensors
 
     # -- non-streaming reference -----------------------------------------------------------------
 

@@ -1,0 +1,109 @@
+"""Peak transient memory of one steady-state `Token2Wav.decode` of B rows, stepwise vs reference.
+
+Streams B requests until their estimator caches are saturated (prompt + prompt_keep_frames),
+then measures the next decode's peak of live allocator bytes above what was live before it
+(`torch.profiler` memory events, CPU or CUDA), for both estimator-attention paths:
+`stepwise` (default) and `reference` (stack the whole cache, solve, split per row).
+`A` = one request's estimator_att bytes; the reference path peaks near 3 * B * A.
+
+    PYTHONPATH=. python3 scripts/decode_memory.py --rows 4 --dit full       # CPU, ~1 min
+    PYTHONPATH=. python3 scripts/decode_memory.py --rows 8 --device cuda --dit full --full
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import replace
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from stages.code2wav.config import (
+    Code2WavConfig,
+    DiTConfig,
+    FlowEncoderConfig,
+    HiFTConfig,
+)
+from stages.code2wav.streaming import Chunker
+from stages.code2wav.token2wav import Token2Wav
+
+
+def peak_bytes(fn, device: torch.device) -> int:
+    """Peak live bytes above those live before `fn` on `device` (CUDA: the allocator's peak
+    counter; CPU: profiler memory events, where frees of blocks allocated before `fn` are not
+    seen, so the CPU figure is an upper bound by at most those blocks)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events = [e for e in events if e.device_type().name.lower() == "cpu"]
+    cur = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        cur += e.nbytes()
+        peak = max(peak, cur)
+    return peak
+
+
+def build_config(dit: str, full: bool) -> Code2WavConfig:
+    if full:
+        return Code2WavConfig()
+    flow = FlowEncoderConfig(input_size=32, attention_heads=2, linear_units=64, num_blocks=2, num_up_blocks=1)
+    small = DiTConfig(hidden_size=32, depth=2, num_heads=2, head_dim=16)
+    hift = HiFTConfig(base_channels=16, f0_predictor_channels=16)
+    return Code2WavConfig(flow=flow, dit=DiTConfig() if dit == "full" else small, hift=hift)
+
+
+def measure(cfg: Code2WavConfig, *, rows: int, stepwise: bool, device: torch.device) -> dict:
+    t2w = Token2Wav(cfg, device=device, dtype=torch.float32, init_seed=0)
+    t2w.stepwise_att_cache = stepwise
+    gen = torch.Generator().manual_seed(0)
+    streams = []
+    for r in range(rows):
+        codes = torch.randint(0, cfg.flow.vocab_size, (200,), generator=gen).tolist()
+        streams.append(Chunker(cfg, f"r{r}", seed=r).push(codes))
+    for step in range(3):  # chunk 0, growth, first trim: caches saturated afterwards
+        t2w.decode([s[step] for s in streams])
+    att = t2w._requests["r0"].flow.estimator_att
+    per_request = att.numel() * att.element_size()
+    batch = [s[3] for s in streams]
+    peak = peak_bytes(lambda: t2w.decode(batch), device)
+    return {
+        "path": "stepwise" if stepwise else "reference",
+        "rows": rows,
+        "att_cache_shape": list(att.shape),
+        "att_bytes_per_request": per_request,
+        "peak_bytes": peak,
+        "peak_over_B_times_A": round(peak / (rows * per_request), 3),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--dit", choices=("tiny", "full"), default="full")
+    ap.add_argument("--full", action="store_true", help="full-size encoder and HiFT too")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    cfg = replace(build_config(args.dit, args.full))
+    device = torch.device(args.device)
+    results = [measure(cfg, rows=args.rows, stepwise=s, device=device) for s in (False, True)]
+    text = json.dumps(results, indent=1)
+    sys.stdout.write(text + "\n")
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "decode_memory.json"), "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
