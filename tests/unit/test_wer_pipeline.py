@@ -164,3 +164,51 @@ def test_every_load_generator_failure_kind_has_a_wer_failure_kind():
 
     assert set(_LOADGEN_TO_WER) == set(FAILURE_KINDS)
     assert set(_LOADGEN_TO_WER.values()) <= set(GEN_FAILURES)
+
+
+def test_parallel_transcription_keeps_record_order_and_loads_the_model_once(tmp_path):
+    import threading
+    import time as _time
+
+    from tts_bench.asr.base import AsrOptions
+    from tts_bench.wer.generate import GenRecord
+    from tts_bench.wer.transcribe import AsrSession, TranscriptCache, transcribe_records
+    from tts_bench.wer.testing import fake_provenance
+
+    loads, active, peak = [], [0], [0]
+    lock = threading.Lock()
+
+    class SlowByLength:
+        parallel = 2
+
+        def __init__(self, options):
+            loads.append(1)
+            self.options = options
+
+        def provenance(self):
+            return fake_provenance(self.options)
+
+        def transcribe(self, audio):
+            with lock:
+                active[0] += 1
+                peak[0] = max(peak[0], active[0])
+            _time.sleep(0.02 * (1 + len(audio) % 3))  # out-of-order finishing
+            with lock:
+                active[0] -= 1
+            return f"len {len(audio)}"
+
+    from tts_bench.asr.base import write_wav
+    import numpy as np
+
+    records = []
+    for i in range(6):
+        rel = f"wavs/u{i}.wav"
+        (tmp_path / "wavs").mkdir(exist_ok=True)
+        write_wav(tmp_path / rel, np.zeros(1600 * (i + 1), np.float32), 16000)
+        records.append(GenRecord(arm="base", request_id=f"u{i}", text="x", wav=rel))
+    opts = AsrOptions(workers=2)
+    session = AsrSession(opts, fake_provenance(opts), SlowByLength, TranscriptCache(None, "k"))
+    out = transcribe_records(records, tmp_path, session)
+    assert [r.gen.request_id for r in out] == [f"u{i}" for i in range(6)]
+    assert [r.transcript for r in out] == [f"len {1600 * (i + 1)}" for i in range(6)]
+    assert loads == [1] and peak[0] == 2

@@ -25,6 +25,7 @@ __all__ = [
     "AudioDecodeError",
     "Transcriber",
     "load_wav_16k",
+    "backend_parallelism",
     "describe_asr",
     "make_transcriber",
 ]
@@ -71,6 +72,12 @@ def describe_asr(options: AsrOptions) -> AsrProvenance:
         beam_size=o.beam_size, vad=o.vad, language=o.language, temperature=o.temperature,
         library_versions=versions,
     )
+
+
+def backend_parallelism(options: AsrOptions) -> int:
+    """Concurrent `transcribe` calls a backend supports: faster-whisper runs `workers` (its
+    `num_workers`); the openai-whisper reference runs one at a time."""
+    return options.workers if options.backend == "faster-whisper" else 1
 
 
 def make_transcriber(options: AsrOptions) -> Transcriber:

@@ -48,10 +48,16 @@ class AsrOptions:
     language: str = "en"
     temperature: float = 0.0  # a single value: no fallback sampling
     cpu_threads: int = 0  # 0 = library default; does not change transcripts, not in the key
+    # Concurrent transcriptions (faster-whisper `num_workers`). Each short clip pays Whisper's
+    # fixed 30 s window, so two clips decoded at once on two cores roughly double throughput;
+    # transcripts are per clip and unchanged, so this is not in the key either.
+    workers: int = 2
 
     def __post_init__(self) -> None:
         if self.backend not in ASR_BACKENDS:
             raise ValueError(f"asr backend must be one of {', '.join(ASR_BACKENDS)}, got {self.backend!r}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.beam_size < 1:
             raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
         if self.temperature != 0.0:
@@ -82,6 +88,7 @@ class Transcriber(Protocol):
     (segments joined, stripped); it raises on a decoding failure."""
 
     options: AsrOptions
+    parallel: int  # how many `transcribe` calls may run at once from different threads
 
     def provenance(self) -> AsrProvenance: ...
 

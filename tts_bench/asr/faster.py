@@ -12,6 +12,7 @@ pinned: one temperature (0.0, no fallback ladder), language "en", the bundled Si
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 
@@ -35,11 +36,17 @@ class FasterWhisperTranscriber:
             ) from None
         self.options = options
         self.model_dir = resolve_ct2_model(options.model)
+        self.parallel = options.workers
+        # Split the cores between the workers unless told otherwise: 2 workers x 1 thread ran
+        # 16x real time on 2 cores where 1 worker x 2 threads ran 9.7x (short clips).
+        threads = options.cpu_threads or (max(1, (os.cpu_count() or 1) // options.workers)
+                                           if options.workers > 1 else 0)
         self._model = WhisperModel(
             str(self.model_dir),
             device="cpu",
             compute_type=options.compute_type,
-            cpu_threads=options.cpu_threads,
+            cpu_threads=threads,
+            num_workers=options.workers,
             local_files_only=True,
         )
 

@@ -22,6 +22,7 @@ class WerParams:
     beam_size: int = 5
     vad: bool = True
     cpu_threads: int = 0  # ASR threads; 0 = library default (does not change transcripts)
+    asr_workers: int = 2  # clips transcribed at once (faster-whisper); transcripts unchanged
     normalizer: Literal["seed-tts", "whisper"] = "seed-tts"
     num_prompts: int = 20
     concurrency: int = 4  # requests in flight while generating (phase 1)
@@ -40,6 +41,8 @@ class WerParams:
             raise ValueError(f"wer.beam_size must be >= 1, got {self.beam_size}")
         if self.concurrency < 1 or self.replicas < 1:
             raise ValueError("wer.concurrency and wer.replicas must be >= 1")
+        if self.asr_workers < 1:
+            raise ValueError(f"wer.asr_workers must be >= 1, got {self.asr_workers}")
         if self.cpu_threads < 0:
             raise ValueError(f"wer.cpu_threads must be >= 0, got {self.cpu_threads}")
         if self.tolerance_points < 0:

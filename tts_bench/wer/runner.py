@@ -52,7 +52,8 @@ class WerArm:
 
 def asr_options(params: WerParams) -> AsrOptions:
     return AsrOptions(backend=params.asr, model=params.asr_model, compute_type=params.compute_type,
-                      beam_size=params.beam_size, vad=params.vad, cpu_threads=params.cpu_threads)
+                      beam_size=params.beam_size, vad=params.vad, cpu_threads=params.cpu_threads,
+                      workers=params.asr_workers)
 
 
 def selection_doc(prompts: Sequence, *, num_prompts: int, shuffle: bool) -> dict:

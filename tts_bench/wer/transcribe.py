@@ -25,8 +25,10 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -99,12 +101,16 @@ class AsrSession:
     cache: TranscriptCache
     load_seconds: float = 0.0
     _model: Transcriber | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def model(self) -> Transcriber:
-        if self._model is None:
-            t0 = time.perf_counter()
-            self._model = self.factory(self.options)
-            self.load_seconds = time.perf_counter() - t0
+        # Loaded on the first cache miss (a fully cached run never loads it), once, even when
+        # several transcription threads miss at the same time.
+        with self._lock:
+            if self._model is None:
+                t0 = time.perf_counter()
+                self._model = self.factory(self.options)
+                self.load_seconds = time.perf_counter() - t0
         return self._model
 
 
@@ -144,14 +150,30 @@ def transcribe_records(
     *,
     progress: Callable[[UttTranscript], None] | None = None,
 ) -> list[UttTranscript]:
-    """Transcribe every record in order; the cache is saved even when interrupted."""
+    """Transcribe every record, results in record order; the cache is saved even when
+    interrupted. Up to `options.workers` clips are decoded at once when the backend allows it
+    (its `parallel`); each clip's transcript does not depend on the others."""
+    workers = min(session.options.workers, _backend_parallelism(session))
     out = []
     try:
-        for gen in records:
-            result = _transcribe_one(gen, run_path, session)
-            out.append(result)
-            if progress is not None:
-                progress(result)
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            # map() yields in submission order, so progress and results keep the record order.
+            for result in pool.map(lambda gen: _transcribe_one(gen, run_path, session), records):
+                out.append(result)
+                if progress is not None:
+                    progress(result)
     finally:
         session.cache.save()
     return out
+
+
+def _backend_parallelism(session: AsrSession) -> int:
+    """How many threads may call the model at once, known before it is loaded: a Transcriber
+    class passed as the factory declares `parallel`; the real factory decides by backend; any
+    other callable gets 1 (not known to be thread-safe)."""
+    from tts_bench.asr import backend_parallelism, make_transcriber
+
+    declared = getattr(session.factory, "parallel", None)
+    if isinstance(declared, int):
+        return declared
+    return backend_parallelism(session.options) if session.factory is make_transcriber else 1
