@@ -179,8 +179,6 @@ def test_parallel_transcription_keeps_record_order_and_loads_the_model_once(tmp_
     lock = threading.Lock()
 
     class SlowByLength:
-        parallel = 2
-
         def __init__(self, options):
             loads.append(1)
             self.options = options
@@ -207,7 +205,7 @@ def test_parallel_transcription_keeps_record_order_and_loads_the_model_once(tmp_
         write_wav(tmp_path / rel, np.zeros(1600 * (i + 1), np.float32), 16000)
         records.append(GenRecord(arm="base", request_id=f"u{i}", text="x", wav=rel))
     opts = AsrOptions(workers=2)
-    session = AsrSession(opts, fake_provenance(opts), SlowByLength, TranscriptCache(None, "k"))
+    session = AsrSession(opts, fake_provenance(opts), SlowByLength, TranscriptCache(None, "k"), parallel=2)
     out = transcribe_records(records, tmp_path, session)
     assert [r.gen.request_id for r in out] == [f"u{i}" for i in range(6)]
     assert [r.transcript for r in out] == [f"len {1600 * (i + 1)}" for i in range(6)]

@@ -88,7 +88,6 @@ class Transcriber(Protocol):
     (segments joined, stripped); it raises on a decoding failure."""
 
     options: AsrOptions
-    parallel: int  # how many `transcribe` calls may run at once from different threads
 
     def provenance(self) -> AsrProvenance: ...
 

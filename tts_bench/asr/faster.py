@@ -36,7 +36,6 @@ class FasterWhisperTranscriber:
             ) from None
         self.options = options
         self.model_dir = resolve_ct2_model(options.model)
-        self.parallel = options.workers
         # Split the cores between the workers unless told otherwise: 2 workers x 1 thread ran
         # 16x real time on 2 cores where 1 worker x 2 threads ran 9.7x (short clips).
         threads = options.cpu_threads or (max(1, (os.cpu_count() or 1) // options.workers)

@@ -84,8 +84,6 @@ def vad_speech(audio: np.ndarray) -> np.ndarray:
 class OpenAIWhisperTranscriber:
     """A loaded openai-whisper model on CPU, fp32."""
 
-    parallel = 1  # the torch model is driven from one thread (it sets its own thread count)
-
     def __init__(self, options: AsrOptions) -> None:
         whisper = _import_whisper()
         self.options = options

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tts_bench.asr import AsrOptions, AsrProvenance, Transcriber, describe_asr, make_transcriber
+from tts_bench.asr import (
+    AsrOptions, AsrProvenance, Transcriber, backend_parallelism, describe_asr, make_transcriber,
+)
 from tts_bench.asr.models import cache_root
 from tts_bench.backends.base import Backend
 from tts_bench.errors import InvalidRunError
@@ -138,7 +140,11 @@ def _transcribe_all(gen, run: RunDir, params: WerParams, factory, provenance) ->
     options = asr_options(params)
     provenance = provenance or describe_asr(options)
     cache_dir = Path(params.cache_dir) if params.cache_dir else cache_root() / "transcripts"
-    session = AsrSession(options, provenance, factory, TranscriptCache(cache_dir, setup_key(provenance)))
+    # The real models decode `backend_parallelism` clips at once; an injected factory (tests)
+    # is not known to be thread-safe, so it gets one.
+    parallel = 1 if factory else backend_parallelism(options)
+    session = AsrSession(options, provenance, factory or make_transcriber,
+                         TranscriptCache(cache_dir, setup_key(provenance)), parallel=parallel)
     t0 = time.perf_counter()
     results = {arm: transcribe_records(recs, run.path, session) for arm, recs in gen.items()}
     return results, session, time.perf_counter() - t0
@@ -154,7 +160,7 @@ def evaluate(
     `factory` / `provenance` default to the real ASR (`make_transcriber`, `describe_asr`); tests
     pass fakes."""
     gen = read_generation(run)
-    results, session, asr_wall = _transcribe_all(gen, run, params, factory or make_transcriber, provenance)
+    results, session, asr_wall = _transcribe_all(gen, run, params, factory, provenance)
     normalize = get_normalizer(params.normalizer)
     arms = [score_arm(arm, res, normalize) for arm, res in results.items()]
     base = arms[0]

@@ -85,8 +85,6 @@ class TextCodeBackend:
 class TextCodeTranscriber:
     """A Transcriber that decodes TextCodeBackend audio; counts calls (for cache tests)."""
 
-    parallel = 1  # sequential: `calls` is counted without a lock
-
     def __init__(self, options: AsrOptions) -> None:
         self.options = options
         self.calls = 0

@@ -15,7 +15,8 @@ Failures (each counted, never dropped):
 
 Generation failures (`request_failed`, `no_audio`) pass through unchanged.
 
-    session = AsrSession(options, provenance, factory=make_transcriber, cache=TranscriptCache(dir, key))
+    session = AsrSession(options, provenance, factory=make_transcriber, cache=TranscriptCache(dir, key),
+                         parallel=backend_parallelism(options))
     results = transcribe_records(records, run_path, session)
 """
 
@@ -99,6 +100,7 @@ class AsrSession:
     provenance: AsrProvenance
     factory: Callable[[AsrOptions], Transcriber]
     cache: TranscriptCache
+    parallel: int = 1  # clips the model may decode at once (asr.backend_parallelism for real ones)
     load_seconds: float = 0.0
     _model: Transcriber | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -151,9 +153,9 @@ def transcribe_records(
     progress: Callable[[UttTranscript], None] | None = None,
 ) -> list[UttTranscript]:
     """Transcribe every record, results in record order; the cache is saved even when
-    interrupted. Up to `options.workers` clips are decoded at once when the backend allows it
-    (its `parallel`); each clip's transcript does not depend on the others."""
-    workers = min(session.options.workers, _backend_parallelism(session))
+    interrupted. Up to `session.parallel` clips are decoded at once; each clip's transcript does
+    not depend on the others."""
+    workers = max(1, session.parallel)
     out = []
     try:
         with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -166,14 +168,3 @@ def transcribe_records(
         session.cache.save()
     return out
 
-
-def _backend_parallelism(session: AsrSession) -> int:
-    """How many threads may call the model at once, known before it is loaded: a Transcriber
-    class passed as the factory declares `parallel`; the real factory decides by backend; any
-    other callable gets 1 (not known to be thread-safe)."""
-    from tts_bench.asr import backend_parallelism, make_transcriber
-
-    declared = getattr(session.factory, "parallel", None)
-    if isinstance(declared, int):
-        return declared
-    return backend_parallelism(session.options) if session.factory is make_transcriber else 1
