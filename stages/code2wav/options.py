@@ -23,12 +23,13 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from stages import flags
 from stages.flags import FlagError, read_bool_flag
+
+if TYPE_CHECKING:  # torch only for annotations: config loading (harness) parses these flags
+    import torch
 
 Tf32Mode = Literal["off", "flow", "all"]
 TF32_ENV = "MINICPMO_CODE2WAV_TF32"
@@ -105,6 +106,8 @@ def tf32_scope(mode: Tf32Mode, device: torch.device, *, region: Literal["flow", 
     if device.type != "cuda":
         yield
         return
+    import torch
+
     want = mode == "all" or (mode == "flow" and region == "flow")
     before = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = want
