@@ -2,13 +2,20 @@
 
 Measures, in ONE process, for B in {1, 8, 32, 128} rows of V = 6562 codec logits and a 16-slot
 history (both from the talker config):
-  eager        `penalty_temperature_eager` (14 small kernels on an H200, host-bound)
-  fused        the dispatcher's fused path (`select_prelude(fused=True)`: one Triton launch)
+  eager        `penalty_temperature_eager` (14 small kernels on an H200, host-bound), called as
+               the sampler calls it: `out=` rows [:B] of a buffer allocated once (slice included)
+  fused        the dispatcher's fused path (`select_prelude(fused=True)`: one Triton launch),
+               called the same way as eager: exactly the talker sampler's call
+  fused_alloc  the fused path without `out=`: each call allocates its [B, V] output
+               (~3 us on an H200); informational, not the acceptance
   eager_graph  the eager chain captured once in a CUDA graph, replayed
   empty        an empty Triton kernel launched through `JITFunction[grid](...)`: the launch
                floor the acceptance criteria name (acceptance is judged against this one)
-  empty_direct the same empty kernel launched through its CompiledKernel (what the fused wrapper
-               does after its first call): Triton's Python binder removed, the driver floor
+  empty_direct the same empty kernel launched through `CompiledKernel[grid](...)`: Triton's
+               Python binder removed
+  empty_raw    the same empty kernel through `prelude_triton.direct_launch` (what the fused
+               wrapper does after its first call: the C launcher called directly, no hook
+               plumbing while no launch hook is registered): the floor of the fused path
 Per call = median over `--reps` timed windows of `--inner` back-to-back calls (CUDA events on
 CUDA, a wall clock on CPU); warmup calls are excluded; raw window samples are kept in the JSON.
 Kernels per call come from the torch profiler (CUDA kernel activities; CPU: aten operators).
@@ -38,15 +45,25 @@ from pathlib import Path
 
 import torch
 
+# Runnable as `python scripts/bench_prelude.py` from the repo root, PYTHONPATH or not.
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
 from stages.talker import prelude
 from stages.talker.config import SamplingConfig, TalkerConfig
-from stages.talker.prelude import penalty_pow_table, penalty_temperature_eager, select_prelude
+from stages.talker.prelude import (
+    penalty_pow_table,
+    penalty_temperature_eager,
+    select_prelude,
+)
 from tts_bench.launches import count_launches
 
 SCHEMA = "tts-bench/bench-prelude/1"
 MIN_SPEEDUP = 10.0  # fused vs eager, every B
 MAX_FLOOR_RATIO = 1.5  # fused vs empty Triton kernel, every B
-IMPLS = ("eager", "fused", "eager_graph", "empty", "empty_direct")
+MAX_ROWS = 128  # the talker's max_batch at full size: rows of the sampler's prelude buffer
+IMPLS = ("eager", "fused", "fused_alloc", "eager_graph", "empty", "empty_direct", "empty_raw")
 
 
 @dataclass
@@ -125,23 +142,36 @@ def time_windows(fn: Callable[[], object], device: torch.device, *, reps: int, i
 
 def build_impls(device: torch.device, args: tuple[torch.Tensor, ...]) -> tuple[dict, dict]:
     """name -> zero-arg callable, and name -> note for the ones that cannot run here."""
-    impls: dict[str, Callable[[], object]] = {"eager": lambda: penalty_temperature_eager(*args)}
+    # The sampler's buffer has max_batch rows and each step passes its first B: slice per call.
+    rows = args[0].shape[0]
+    buffer = torch.empty(max(rows, MAX_ROWS), args[0].shape[1], device=device)
+    impls: dict[str, Callable[[], object]] = {
+        "eager": lambda: penalty_temperature_eager(*args, out=buffer[:rows])
+    }
     notes: dict[str, str] = {}
     fused = select_prelude(fused=True, device=device)
     if fused is prelude.penalty_temperature_fused:
-        impls["fused"] = lambda: fused(*args)
-        from stages.talker.prelude_triton import _empty_kernel, kernel_for
+        impls["fused"] = lambda: fused(*args, out=buffer[:rows])
+        impls["fused_alloc"] = lambda: fused(*args)
+        from stages.talker.prelude_triton import (
+            _empty_kernel,
+            direct_launch,
+            kernel_for,
+        )
 
         empty = kernel_for(_empty_kernel, device)
         impls["empty"] = lambda: empty[(1,)](args[0])
         compiled = empty[(1,)](args[0])  # JITFunction.run returns the CompiledKernel
         if device.type != "cpu" and callable(getattr(compiled, "__getitem__", None)):
             impls["empty_direct"] = lambda: compiled[(1, 1, 1)](args[0])
+            raw = direct_launch(compiled)
+            impls["empty_raw"] = lambda: raw(1, 1, 1, args[0])
         else:
-            notes["empty_direct"] = "needs a compiled (device) kernel"
+            notes["empty_direct"] = notes["empty_raw"] = "needs a compiled (device) kernel"
     else:
         why = "no fused path here (CPU needs TRITON_INTERPRET=1, or triton is missing)"
-        notes["fused"] = notes["empty"] = notes["empty_direct"] = why
+        for impl in ("fused", "fused_alloc", "empty", "empty_direct", "empty_raw"):
+            notes[impl] = why
     if device.type == "cuda":
         impls["eager_graph"] = capture_eager(device, args)
     else:
@@ -168,10 +198,11 @@ def check_bit_exact(impls: dict, device: torch.device, args: tuple[torch.Tensor,
     """Fused == eager bit for bit on these inputs (exits otherwise); None: no fused path."""
     if "fused" not in impls:
         return None
-    fused = impls["fused"]()
+    fused, fused_alloc = impls["fused"]().clone(), impls["fused_alloc"]()
     eager = penalty_temperature_eager(*args)
     synchronize(device)
-    same = torch.equal(fused.view(torch.int32), eager.view(torch.int32))
+    bits = eager.view(torch.int32)
+    same = all(torch.equal(x.view(torch.int32), bits) for x in (fused, fused_alloc))
     if not same or prelude._latch_tripped:
         raise SystemExit("error: fused prelude is not bit-exact with eager here (bench_prelude)")
     return True
@@ -200,8 +231,9 @@ def acceptance(cells: list[Cell], device: torch.device) -> dict:
     by = {(c.impl, c.batch): c for c in cells}
     rows = {}
     for batch in sorted({c.batch for c in cells}):
-        eager, fused, empty, direct = (
-            by.get((i, batch)) for i in ("eager", "fused", "empty", "empty_direct")
+        eager, fused, fused_alloc, empty, direct, raw = (
+            by.get((i, batch))
+            for i in ("eager", "fused", "fused_alloc", "empty", "empty_direct", "empty_raw")
         )
         if not (fused and fused.us_per_call and empty and empty.us_per_call):
             continue
@@ -212,6 +244,10 @@ def acceptance(cells: list[Cell], device: torch.device) -> dict:
             "ratio_to_empty_kernel": round(floor_ratio, 3),
             "ratio_to_empty_direct": round(fused.us_per_call / direct.us_per_call, 3)
             if direct and direct.us_per_call else None,
+            "ratio_to_empty_raw": round(fused.us_per_call / raw.us_per_call, 3)
+            if raw and raw.us_per_call else None,
+            "fused_alloc_speedup_vs_eager": round(eager.us_per_call / fused_alloc.us_per_call, 2)
+            if fused_alloc and fused_alloc.us_per_call else None,
             "fused_kernels_per_call": fused.kernels_per_call,
             "pass": speedup >= MIN_SPEEDUP and floor_ratio <= MAX_FLOOR_RATIO
             and fused.kernels_per_call == 1.0,
@@ -250,16 +286,18 @@ def render_table(cells: list[Cell], batches: list[int]) -> str:
         c = by.get((impl, b))
         return f"{c.kernels_per_call:g}" if c and c.kernels_per_call is not None else "-"
 
-    head = (f"{'B':>5} {'eager us':>10} {'fused us':>10} {'graph us':>10} {'empty us':>10} "
-            f"{'direct us':>10} {'x eager':>8} {'/ empty':>8}  kernels e/f/g")
+    head = (f"{'B':>5} {'eager us':>10} {'fused us':>10} {'f+alloc us':>10} {'graph us':>10} "
+            f"{'empty us':>10} {'direct us':>10} {'raw us':>10} {'x eager':>8} {'/ empty':>8}"
+            f"  kernels e/f/g")
     lines = [head, "-" * len(head)]
     for b in batches:
         e, f, m = (getattr(by.get((i, b)), "us_per_call", None)
                    for i in ("eager", "fused", "empty"))
         speed = f"{e / f:8.1f}" if e and f else f"{'-':>8}"
         ratio = f"{f / m:8.2f}" if f and m else f"{'-':>8}"
-        lines.append(f"{b:>5} {us('eager', b)} {us('fused', b)} {us('eager_graph', b)} "
-                     f"{us('empty', b)} {us('empty_direct', b)} {speed} {ratio}  "
+        lines.append(f"{b:>5} {us('eager', b)} {us('fused', b)} {us('fused_alloc', b)} "
+                     f"{us('eager_graph', b)} {us('empty', b)} {us('empty_direct', b)} "
+                     f"{us('empty_raw', b)} {speed} {ratio}  "
                      f"{k('eager', b)}/{k('fused', b)}/{k('eager_graph', b)}")
     return "\n".join(lines)
 

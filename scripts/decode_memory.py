@@ -4,7 +4,9 @@ Streams B requests until their estimator caches are saturated (prompt + prompt_k
 then measures the next decode's peak of live allocator bytes above what was live before it
 (`torch.profiler` memory events, CPU or CUDA), for both estimator-attention paths:
 `stepwise` (default) and `reference` (stack the whole cache, solve, split per row).
-`A` = one request's estimator_att bytes; the reference path peaks near 3 * B * A.
+`A` = one request's estimator_att bytes; the reference path peaks near 3 * B * A. Each record
+also gives A per mel frame of the saturated cache (`att_bytes_per_frame`; the spec's figure for
+the full-size DiT in fp32 is 10 steps x 16 blocks x K|V x 8 heads x 128 x 4 B = 1.25 MiB).
 
     PYTHONPATH=. python3 scripts/decode_memory.py --rows 4 --dit full       # CPU, ~1 min
     PYTHONPATH=. python3 scripts/decode_memory.py --rows 8 --device cuda --dit full --full
@@ -72,8 +74,9 @@ def measure(cfg: Code2WavConfig, *, rows: int, stepwise: bool, device: torch.dev
         streams.append(Chunker(cfg, f"r{r}", seed=r).push(codes))
     for step in range(3):  # chunk 0, growth, first trim: caches saturated afterwards
         t2w.decode([s[step] for s in streams])
-    att = t2w._requests["r0"].flow.estimator_att
+    att = t2w._requests["r0"].flow.estimator_att  # [n_t, depth, 2, H, L, 2D]
     per_request = att.numel() * att.element_size()
+    frames = att.shape[4]
     batch = [s[3] for s in streams]
     peak = peak_bytes(lambda: t2w.decode(batch), device)
     return {
@@ -81,6 +84,9 @@ def measure(cfg: Code2WavConfig, *, rows: int, stepwise: bool, device: torch.dev
         "rows": rows,
         "att_cache_shape": list(att.shape),
         "att_bytes_per_request": per_request,
+        "att_frames": frames,
+        "att_bytes_per_frame": per_request // frames,
+        "att_mib_per_frame": round(per_request / frames / 2**20, 4),
         "peak_bytes": peak,
         "peak_over_B_times_A": round(peak / (rows * per_request), 3),
     }

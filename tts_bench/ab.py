@@ -1,7 +1,9 @@
 """Same-day A/B of audio RTF: arms interleaved per tier on fresh backends, with statistics.
 
-For each tier `CxR`, for each of K repeats, each arm in order (base, test: A B A B ...) gets a
-fresh backend: `start(R)`, `max(2, C)` warmup requests (recorded, flagged, excluded from stats),
+For each tier `CxR`, for each of K repeats, each arm gets a fresh backend, in counterbalanced
+order (`phase_order`: A B, then B A, then A B ...: with an even K each arm runs first as often as
+second, so a drift within the session, e.g. the first phase on a cold machine running slower,
+cannot pose as an effect of either arm): `start(R)`, `max(2, C)` warmup requests (recorded, flagged, excluded from stats),
 the measured requests with exactly C in flight, `stop()`. Both arms send the same prompts in the
 same order with the same per-request seeds. Per tier the result holds both arms' aggregates
 (`tts_bench.metrics`), a bootstrap comparison of per-request `audio_rtf` grouped by repeat
@@ -101,6 +103,12 @@ class AbResult:
     run_dir: str
     arm_names: tuple[str, str]
     invalid_reasons: tuple[str, ...] = field(default=())
+    repeats: int = 1  # measured repeats found in the record (the fewest of any tier and arm)
+
+    @property
+    def single_repeat(self) -> bool:
+        """One repeat: the CI sees request-to-request noise only, not run-to-run drift."""
+        return self.repeats < 2
 
     @property
     def valid(self) -> bool:
@@ -116,6 +124,7 @@ class AbResult:
             "arms": list(self.arm_names),
             "valid": self.valid,
             "invalid_reasons": list(self.invalid_reasons),
+            "repeats": self.repeats,
             "tiers": [t.to_dict() for t in self.tiers],
         }
 
@@ -305,6 +314,14 @@ def select_ab_prompts(cfg: BenchConfig, num_prompts: int) -> list[Any]:
                                seed=cfg.prompts.shuffle_seed))
 
 
+def phase_order(arms: Sequence[str], repeat: int) -> list[str]:
+    """The arms' order within one repeat: as given on even repeats, reversed on odd ones (A B B A).
+
+    Why: on an H200 the second of two arms ran 12-15% faster at 32x1 in two unrelated A/Bs with
+    one repeat each; with plain A B A B that position effect always favours the test arm."""
+    return list(arms) if repeat % 2 == 0 else list(arms)[::-1]
+
+
 def run_ab(
     arms: dict[str, BenchConfig],
     tiers: Sequence[Tier],
@@ -325,7 +342,7 @@ def run_ab(
     async def main() -> None:
         for tier in tiers:
             for repeat in range(repeats):
-                for arm in arms:
+                for arm in phase_order(list(arms), repeat):
                     await runner.phase(arm, tier, repeat)
 
     asyncio.run(main())
@@ -351,7 +368,8 @@ def summarize_ab(
         for tier in tiers
     ]
     reasons = tuple(reason for t in results for reason in t.invalid_reasons)
-    return AbResult(results, run_dir, names, reasons)
+    repeats = min((len({r.repeat for r in rs}) for rs in by_tier_arm.values()), default=0)
+    return AbResult(results, run_dir, names, reasons, repeats)
 
 
 def _by_repeat(records: Sequence[RequestRecord], metric: str) -> list[list[float]]:

@@ -20,21 +20,35 @@ The split runs on a B-row batch at the arm's steady cache shapes (the prompt's c
 to prompt + keep frames for the conformer and prompt + keep + one chunk for the estimator). The
 split mode is the arm's own (`code2wav.extra.code2wav_batched_cache_split`).
 
+The same profiler run also times named ranges (`tts_bench.launches.measure`): the talker step
+(`talker.decode_step`, wrapped here), the whole decode (`code2wav.decode`, wrapped here) and its
+parts (`code2wav.flow_encoder`, `code2wav.cfm`, `code2wav.hift`, annotated in
+stages/code2wav/token2wav.py): device ms on CUDA, host cpu_ms on CPU. With `tier=CxR` the talker
+is also measured at B = C and code2wav at b = min(max_num_seqs, ceil(C / R)), and
+`tts_bench.profile_split.TierSplit` turns those into time per second of audio per component.
+
+Cost: each arm's stages are built once (talker slots = the largest B, cache positions = what
+the workload needs, not runner.max_seq_len); each B then re-feeds fresh streams to the steady
+cache shape. Phases log their wall time at INFO.
+
     arms = load_arms(Path("configs/ab/default.yaml"))
-    result = profile_arms(arms, rows=(1, 4, 8), chunks=3)
+    result = profile_arms(arms, rows=(1, 4, 8), chunks=3, tier=parse_tier("128x8"))
     print(render(result.table(), "md"))
+    print(render(result.split.table(), "md", title=result.split.title()))
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pandas as pd
 import torch
+from torch.profiler import record_function
 
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.flow_cache import (
@@ -49,10 +63,11 @@ from stages.code2wav.streaming import Chunker, CodecPayload
 from stages.code2wav.token2wav import Token2Wav
 from stages.config import StageConfig
 from stages.platform import dtype_from_name, resolve_device
-from stages.talker.engine import TalkerEngine, TalkerRequest
-from tts_bench.config import BenchConfig
+from stages.talker.engine import KV_LEN_BUCKET, TalkerEngine, TalkerRequest
+from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import ConfigError
-from tts_bench.launches import LaunchCount, count_launches
+from tts_bench.launches import LaunchCount, Measured, RangeTimes, count_launches, measure
+from tts_bench.profile_split import DECODE_RANGE, RANGES, TALKER_RANGE, TierPlan, TierSplit
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +85,18 @@ class ArmProfile:
     device: str
     split: str  # "batched" | "per-row"
     counts: dict[str, LaunchCount]  # by step name (STEPS)
+    # Time inside the step's ranges (RANGES), from the same profiler run as the counts.
+    times: dict[str, RangeTimes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """One arm's range times for one step at one B (tier runs at a B outside `rows` too)."""
+
+    arm: str
+    step: str  # "talker_step" | "code2wav_step"
+    rows: int
+    times: RangeTimes
 
 
 @dataclass(frozen=True)
@@ -78,6 +105,8 @@ class ProfileResult:
     rows: tuple[int, ...]
     chunks: int
     profiles: list[ArmProfile]
+    timings: list[StageTiming] = field(default_factory=list)
+    split: TierSplit | None = None  # with profile_arms(..., tier=...)
 
     def get(self, arm: str, rows: int) -> ArmProfile:
         return next(p for p in self.profiles if p.arm == arm and p.rows == rows)
@@ -111,9 +140,12 @@ class ProfileResult:
             "chunks": self.chunks,
             "profiles": [
                 {"arm": p.arm, "rows": p.rows, "device": p.device, "split": p.split,
-                 "counts": {k: asdict(v) for k, v in p.counts.items()}}
+                 "counts": {k: asdict(v) for k, v in p.counts.items()},
+                 "times": {k: asdict(v) for k, v in p.times.items()}}
                 for p in self.profiles
             ],  # fmt: skip
+            "timings": [asdict(t) for t in self.timings],
+            "tier_split": None if self.split is None else self.split.to_dict(),
         }
 
 
@@ -135,10 +167,38 @@ def _pct(a: float, b: float) -> str:
 
 
 def profile_arms(
-    arms: Mapping[str, BenchConfig], rows: int | Sequence[int] = 8, chunks: int = 3
+    arms: Mapping[str, BenchConfig], rows: int | Sequence[int] = 8, chunks: int = 3, *,
+    tier: Tier | None = None, talker_context: int = 0,
 ) -> ProfileResult:
-    """Count launches per step for both arms at each B in `rows`, `chunks` profiled calls each."""
+    """Count launches per step for both arms at each B in `rows`, `chunks` profiled calls each.
+
+    With `tier` (C x R), also time the talker step at B = C and the code2wav decode at
+    B = min(max_num_seqs, ceil(C / R)) and derive the per-second-of-audio split (TierSplit).
+    `talker_context`: cache positions each talker row holds before the profiled steps (its
+    condition length); attention reads the cache up to the longest row, so this sets kv_len.
+    """
     rows = (rows,) if isinstance(rows, int) else tuple(rows)
+    _check_args(arms, rows, chunks, talker_context)
+    profiles: list[ArmProfile] = []
+    timings: list[StageTiming] = []
+    for name, cfg in arms.items():
+        p, t = profile_stages(
+            cfg.stages, rows=rows, chunks=chunks, arm=name, tier=tier, talker_context=talker_context
+        )
+        profiles += p
+        timings += t
+    names = (*arms,)
+    split = None
+    if tier is not None:  # the base arm's max_num_seqs and rates (arms differ in flags, not dims)
+        base = arms[names[0]].stages
+        plan = TierPlan.of(tier, base.runner.max_num_seqs, base.code2wav)
+        split = TierSplit.build(plan, (names[0], names[1]), timings)
+    return ProfileResult((names[0], names[1]), rows, chunks, profiles, timings, split)
+
+
+def _check_args(
+    arms: Mapping[str, BenchConfig], rows: tuple[int, ...], chunks: int, context: int
+) -> None:
     if len(arms) != 2:
         raise ConfigError(
             f"error: profile needs exactly two arms, got {len(arms)} (arms); give base and test"
@@ -147,33 +207,108 @@ def profile_arms(
         raise ConfigError(f"error: rows must be >= 1, got {list(rows)} (--rows); e.g. --rows 1,4,8")
     if chunks < 1:
         raise ConfigError(f"error: chunks must be >= 1, got {chunks} (--chunks); e.g. --chunks 3")
-    profiles = []
-    for name, cfg in arms.items():
-        profiles += profile_stages(cfg.stages, rows=rows, chunks=chunks, arm=name)
-    names = tuple(arms)
-    return ProfileResult((names[0], names[1]), rows, chunks, profiles)
+    if context < 0:
+        raise ConfigError(
+            f"error: talker context must be >= 0, got {context} (--talker-context); e.g. 256"
+        )
 
 
-def profile_stages(stages: StageConfig, *, rows: Sequence[int], chunks: int, arm: str) -> list[ArmProfile]:
-    """One arm: build talker + code2wav once (max B rows), then count at each B."""
+def profile_stages(
+    stages: StageConfig, *, rows: Sequence[int], chunks: int, arm: str,
+    tier: Tier | None = None, talker_context: int = 0,
+) -> tuple[list[ArmProfile], list[StageTiming]]:
+    """One arm: build talker + code2wav once (the largest B needed), then measure at each B.
+
+    Phases are logged with their wall time (stderr), so a run cut short by a timeout still
+    shows where its time went.
+    """
     runner = stages.runner
     device, dtype = resolve_device(runner.device), dtype_from_name(runner.dtype)
     split = "batched" if Code2WavOptions.from_extra(stages.code2wav.extra).batched_cache_split else "per-row"
-    log.info("profile %s: building stages on %s (%s), split %s", arm, device, runner.dtype, split)
-    talker = TalkerEngine(
-        stages.talker, device=device, dtype=dtype, max_batch=max(rows),
-        max_seq_len=runner.max_seq_len, init_seed=runner.seed,
-    )  # fmt: skip
-    t2w = Token2Wav(stages.code2wav, device=device, dtype=dtype, init_seed=runner.seed)
-    out = []
+    plan = None if tier is None else TierPlan.of(tier, runner.max_num_seqs, stages.code2wav)
+    talker_rows = max(rows) if plan is None else max(*rows, plan.talker_rows)
+    text = profile_text(talker_context)
+    with _phase(f"profile {arm}: build talker ({talker_rows} slots) on {device} ({runner.dtype})"):
+        talker = TalkerEngine(
+            stages.talker, device=device, dtype=dtype, max_batch=talker_rows,
+            max_seq_len=_talker_seq_len(stages, text, chunks), init_seed=runner.seed,
+        )  # fmt: skip
+    with _phase(f"profile {arm}: build code2wav (split {split})"):
+        t2w = Token2Wav(stages.code2wav, device=device, dtype=dtype, init_seed=runner.seed)
+    with _phase(f"profile {arm}: prompt setup"):
+        t2w.prompt_setup()
+    profiles, timings = [], []
     for b in rows:
-        counts = {
-            "talker_step": count_talker_step(talker, b, chunks),
-            "code2wav_step": count_code2wav_step(t2w, b, chunks, tag=arm),
-            **count_cache_split(t2w, b, chunks),
-        }
-        out.append(ArmProfile(arm, b, str(device), split, counts))
+        with _phase(f"profile {arm}: B={b}"):
+            talk = measure_talker_step(talker, b, chunks, text=text)
+            dec = measure_code2wav_step(t2w, b, chunks, tag=arm)
+            counts = {"talker_step": talk.launches, "code2wav_step": dec.launches,
+                      **count_cache_split(t2w, b, chunks)}  # fmt: skip
+        times = {"talker_step": talk.times, "code2wav_step": dec.times}
+        profiles.append(ArmProfile(arm, b, str(device), split, counts, times))
+        timings += [StageTiming(arm, step, b, t) for step, t in times.items()]
+    if plan is not None:
+        timings += _tier_timings(plan, talker, t2w, chunks, arm=arm, rows=rows, text=text)
+    return profiles, timings
+
+
+def _tier_timings(
+    plan: TierPlan, talker: TalkerEngine, t2w: Token2Wav, chunks: int, *, arm: str,
+    rows: Sequence[int], text: str,
+) -> list[StageTiming]:
+    """Range times at the tier's B for the steps the `rows` loop did not already measure."""
+    out = []
+    if plan.talker_rows not in rows:
+        with _phase(f"profile {arm}: tier talker B={plan.talker_rows}"):
+            m = measure_talker_step(talker, plan.talker_rows, chunks, text=text)
+        out.append(StageTiming(arm, "talker_step", plan.talker_rows, m.times))
+    if plan.code2wav_rows not in rows:
+        with _phase(f"profile {arm}: tier code2wav B={plan.code2wav_rows}"):
+            m = measure_code2wav_step(t2w, plan.code2wav_rows, chunks, tag=arm)
+        out.append(StageTiming(arm, "code2wav_step", plan.code2wav_rows, m.times))
     return out
+
+
+class _phase:
+    """Log a phase's wall time at INFO when it ends."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        log.info("%s: %.1f s", self.what, time.perf_counter() - self.t0)
+
+
+def profile_text(context: int) -> str:
+    """The profile request's text: PROFILE_TEXT, or its words repeated so the condition holds
+    about `context` rows (the stand-in tokenizer gives one id per word, plus text_eos and
+    audio_bos)."""
+    words = PROFILE_TEXT.rstrip(".").split()
+    if context <= len(words) + 3:
+        return PROFILE_TEXT
+    return " ".join(words[i % len(words)] for i in range(context - 2))
+
+
+def _talker_seq_len(stages: StageConfig, text: str, chunks: int) -> int:
+    """KV positions the profile needs (condition + every step), rounded up to the decode's
+    kv_len bucket so the profiled attention reads what a full-length cache would read. Far
+    fewer than runner.max_seq_len: at 128 slots the full cache is 15 GiB fp32 (CPU RAM too)."""
+    need = len(text.split()) + 8 + _talker_budget(chunks)  # + text_eos, audio_bos, punctuation
+    padded = -(-need // KV_LEN_BUCKET) * KV_LEN_BUCKET
+    limit = stages.runner.max_seq_len
+    if need > limit:
+        raise ConfigError(
+            f"error: talker context needs {need} positions but max_seq_len is {limit} "
+            "(--talker-context / runner.max_seq_len); lower --talker-context"
+        )
+    return min(padded, limit)
+
+
+def _talker_budget(chunks: int) -> int:
+    return 1 + WARMUP + chunks + 1  # prefill step + warmup + profiled steps, never finishing
 
 
 # ---------------------------------------------------------------- the three workloads
@@ -181,13 +316,26 @@ def profile_stages(stages: StageConfig, *, rows: Sequence[int], chunks: int, arm
 
 def count_talker_step(engine: TalkerEngine, rows: int, chunks: int) -> LaunchCount:
     """Launches of one steady talker decode step with `rows` active rows."""
-    budget = 1 + WARMUP + chunks + 1  # prefill step + warmup + profiled steps, never finishing
+    return measure_talker_step(engine, rows, chunks).launches
+
+
+def measure_talker_step(
+    engine: TalkerEngine, rows: int, chunks: int, *, text: str = PROFILE_TEXT
+) -> Measured:
+    """Launches and TALKER_RANGE time of one steady talker decode step with `rows` active rows."""
+    budget = _talker_budget(chunks)
     ids = [f"profile-talker-{rows}-{r}" for r in range(rows)]
     for r, rid in enumerate(ids):
-        engine.add(TalkerRequest(rid, PROFILE_TEXT, seed=r, max_codes=budget))
+        engine.add(TalkerRequest(rid, text, seed=r, max_codes=budget))
     engine.step()  # admission: every row prefilled, code #0 sampled
+
+    def step() -> None:
+        with record_function(TALKER_RANGE):
+            engine.step()
+
     try:
-        return count_launches(engine.step, device=engine.device, repeats=chunks, warmup=WARMUP)
+        return measure(step, device=engine.device, repeats=chunks, warmup=WARMUP,
+                       ranges=RANGES["talker_step"])  # fmt: skip
     finally:
         for rid in ids:
             engine.cancel(rid)
@@ -214,18 +362,26 @@ def prepare_streams(cfg: Code2WavConfig, rows: int, chunks: int, tag: str) -> li
 
 def count_code2wav_step(t2w: Token2Wav, rows: int, chunks: int, *, tag: str = "") -> LaunchCount:
     """Launches of one code2wav decode of `rows` streams' steady payloads."""
+    return measure_code2wav_step(t2w, rows, chunks, tag=tag).launches
+
+
+def measure_code2wav_step(t2w: Token2Wav, rows: int, chunks: int, *, tag: str = "") -> Measured:
+    """Launches and range times (DECODE_RANGE + COMPONENT_RANGES) of one code2wav decode of
+    `rows` streams' steady payloads."""
     start = steady_start(t2w.cfg)
     streams = prepare_streams(t2w.cfg, rows, start + WARMUP + chunks, tag)
     step = iter(range(len(streams[0])))
 
     def decode_next() -> None:
         i = next(step)
-        t2w.decode([s[i] for s in streams])
+        with record_function(DECODE_RANGE):
+            t2w.decode([s[i] for s in streams])
 
     for _ in range(start):
         decode_next()
     try:
-        return count_launches(decode_next, device=t2w.device, repeats=chunks, warmup=WARMUP)
+        return measure(decode_next, device=t2w.device, repeats=chunks, warmup=WARMUP,
+                       ranges=RANGES["code2wav_step"])  # fmt: skip
     finally:
         for s in streams:
             t2w.drop(s[0].request_id)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.flow import FlowModel
@@ -273,22 +274,29 @@ class Token2Wav:
         # whose decode then fails has lost its state; the request fails anyway.
         for s in states:
             s.flow, s.att_owned = None, False
+        # Profiler ranges (read by `tts-bench profile`; keep the names, its tests read them).
+        # record_function is platform-neutral: with no profiler running, enter/exit dispatch one
+        # profiler op pair that records nothing (torch 2.13 adds a cached CUPTI-monitor lookup),
+        # ~6 us per range on the host measured on a slow CPU, no device work, no sync.
         with tf32_scope(self.options.tf32_mode, self.device, region="flow"):
-            enc = self.flow.encode_chunk(
-                tokens, batch.conformer_cnn, batch.conformer_att, last_chunk=last
-            )
+            with record_function("code2wav.flow_encoder"):
+                enc = self.flow.encode_chunk(
+                    tokens, batch.conformer_cnn, batch.conformer_att, last_chunk=last
+                )
             spk = setup.spk.expand(rows, -1)
-            solved = self.flow.decoder.solve(
-                enc.mu, spk, torch.zeros_like(enc.mu),
-                cnn_cache=batch.estimator_cnn, att_cache=batch.estimator_att, att_steps=att_steps,
-            )  # fmt: skip
+            with record_function("code2wav.cfm"):
+                solved = self.flow.decoder.solve(
+                    enc.mu, spk, torch.zeros_like(enc.mu), cnn_cache=batch.estimator_cnn,
+                    att_cache=batch.estimator_att, att_steps=att_steps,
+                )  # fmt: skip
         del batch
         if not last:  # a finished stream's caches are dropped, never split
             att_rows = None if att_steps is None else att_steps.finish()
             self._store_caches(states, enc, solved, keep, att_rows)
         del att_steps
         mel = solved.mel.float()
-        with tf32_scope(self.options.tf32_mode, self.device, region="hift"):
+        hift_scope = tf32_scope(self.options.tf32_mode, self.device, region="hift")
+        with hift_scope, record_function("code2wav.hift"):
             audio, hift_states = self._stream.decode(
                 self.hift, mel, [s.hift for s in states], [last] * rows,
                 generator=[s.noise for s in states],

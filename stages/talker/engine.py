@@ -143,7 +143,9 @@ class TalkerEngine:
         if prelude is None:  # the stage config decides (seed item 1)
             prelude = select_prelude(fused=fused, device=device)
         self.sampler = CodecSampler(cfg.sampling, eos_id=cfg.eos_token_id, prelude=prelude)
-        self.state = SamplerState.allocate(max_batch, cfg.sampling.history_window, device)
+        self.state = SamplerState.allocate(
+            max_batch, cfg.sampling.history_window, device, vocab=cfg.num_audio_tokens
+        )
         self.random_weights = weights_dir is None
         self.graphs = self._decode_graphs(device) if use_graphs else None
         self._active = torch.zeros(max_batch, dtype=torch.bool, device=device)

@@ -57,7 +57,7 @@ _eager_notes_logged: set[str] = set()
 _kernels: types.ModuleType | None = None  # stages.talker.prelude_triton once imported
 
 # (logits [B, V] fp32, history [B, W] int32, history_len [B] int32, pow_table [B, W + 1] fp32,
-#  temperature [B] fp32) -> [B, V] fp32
+#  temperature [B] fp32, *, out: [B, V] fp32 contiguous | None) -> [B, V] fp32 (`out` if given)
 Prelude = Callable[..., torch.Tensor]
 
 
@@ -87,17 +87,20 @@ def penalty_temperature_eager(
     history_len: torch.Tensor,
     pow_table: torch.Tensor,
     temperature: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Eager penalty + temperature.
 
     logits: [B, V] fp32, history: [B, W] int32, history_len: [B] int32,
     pow_table: [B, W + 1] fp32 (rows from `penalty_pow_table`), temperature: [B] fp32
-    -> [B, V] fp32 (a new tensor; inputs untouched).
+    -> [B, V] fp32 (a new tensor, or `out` if given; inputs untouched). The last division
+    writes into `out` directly: the same kernel, no extra copy, so both paths stay the same.
     """
     counts = history_counts(history, history_len, logits.shape[1])  # [B, V]
     alpha = torch.gather(pow_table, 1, counts)  # [B, V]
     x = torch.where(logits < 0, logits * alpha, logits / alpha)
-    return x / temperature[:, None]
+    return torch.div(x, temperature[:, None], out=out)
 
 
 def _kernel_module() -> types.ModuleType:
@@ -126,7 +129,9 @@ def penalty_temperature_fused(
     global _latch_tripped
     if not _latch_tripped:
         try:
-            return _kernel_module().rep_pen_temp(
+            # `_kernels or ...`: one truth test instead of a call per step once imported.
+            kernels = _kernels or _kernel_module()
+            return kernels.rep_pen_temp(
                 logits, history, history_len, pow_table, temperature, out=out
             )
         except Exception as exc:  # compile errors, launch errors, missing driver: all latch
@@ -137,10 +142,9 @@ def penalty_temperature_fused(
                 type(exc).__name__,
                 exc,
             )
-    result = penalty_temperature_eager(logits, history, history_len, pow_table, temperature)
-    if out is None:
-        return result
-    return out.copy_(result)
+    return penalty_temperature_eager(
+        logits, history, history_len, pow_table, temperature, out=out
+    )
 
 
 def _fused_unavailable_reason(device: torch.device) -> str | None:

@@ -13,7 +13,12 @@ What a newcomer needs to know:
   choice is made per launch from the tensor's device, not from the environment at import time,
   so one process can test both (the kernel tests run CPU and CUDA cases side by side).
 * Launch cost: only pointers are runtime arguments, and after the first call the compiled kernel
-  is launched directly (`DirectLaunches`), skipping Triton's per-call Python binder.
+  is launched directly (`DirectLaunches`, `direct_launch`): no Triton binder, no per-call closure
+  or hook plumbing while no launch hook is registered, int pointers on NVIDIA. The steady state
+  is one inline branch of identity tests in `rep_pen_temp`; the kernel is launch-bound, so every
+  line there is the metric (scripts/bench_prelude.py). Triton internals this relies on, each
+  verified once per compiled kernel or read from the 3.6 and 3.9 sources, are listed at
+  `_raw_launch` and `_INT_POINTER_LAUNCHERS`; anything unexpected falls back to Triton's own path.
 * Graph capture: the launch allocates nothing when `out=` is given, reads no tensor value on the
   host and derives the grid from shapes only, so it records into a CUDA/NPU graph as one node.
   The FIRST call in a process compiles: make it outside any capture (one eager call).
@@ -23,9 +28,15 @@ What a newcomer needs to know:
 
 from __future__ import annotations
 
+import logging
+import types
+from collections.abc import Callable, Hashable
+
 import torch
 import triton
 import triton.language as tl
+
+log = logging.getLogger(__name__)
 
 # Vocab elements per program. 1024 fp32 = 4 KiB per row block; V = 6562 -> 7 programs per row.
 # The kernel is launch-bound at every B we serve (<= 128 rows), so the block size barely matters
@@ -119,36 +130,161 @@ def kernel_for(kernel, device: torch.device):
     return launcher
 
 
+def _closure_launch(compiled) -> Callable[..., None]:
+    """Launch through `CompiledKernel[grid](*args)`: Triton's own per-call path (always right)."""
+
+    def launch(grid0: int, grid1: int, grid2: int, *args) -> None:
+        compiled[(grid0, grid1, grid2)](*args)
+
+    return launch
+
+
+def _probe_getitem_convention(compiled) -> bool:
+    """True if `CompiledKernel.__getitem__` calls `run` exactly as `_raw_launch` will.
+
+    Runs the INSTALLED `__getitem__` against a stand-in object (never the real kernel, so no
+    launch can be lost and no handle is touched) and checks the positional layout it hands to
+    `run`: (grid0, grid1, grid2, stream, function, packed_metadata, launch_metadata,
+    enter_hook, exit_hook, *kernel_args). Identical in triton 3.6 and 3.9 (compiler.py).
+    """
+    from triton import knobs
+
+    record: list[tuple] = []
+    metadata = object()
+    stand_in = types.SimpleNamespace(
+        _init_handles=lambda: None,
+        launch_metadata=lambda grid, stream, *args: metadata,
+        run=lambda *call: record.append(call),
+        function=object(),
+        packed_metadata=object(),
+    )
+    args, stream = (object(), object()), object()
+    type(compiled).__getitem__(stand_in, (2, 3, 1))(*args, stream=stream)
+    rt = knobs.runtime
+    expected = (2, 3, 1, stream, stand_in.function, stand_in.packed_metadata, metadata,
+                rt.launch_enter_hook, rt.launch_exit_hook, *args)  # fmt: skip
+    return len(record) == 1 and len(record[0]) == len(expected) and all(
+        a is b for a, b in zip(record[0], expected, strict=True)
+    )
+
+
+def _current_device_fn(driver_active) -> Callable[[], int]:
+    """Triton's "current device" query, minus torch's lazy-init wrapper when it is torch's.
+
+    `torch.cuda.current_device()` is `_lazy_init(); torch._C._cuda_getDevice()`: three Python
+    frames per launch. By the time a raw launch exists CUDA is initialised (the first launch
+    went through Triton), so the C getter alone returns the same index.
+    """
+    get_device = driver_active.get_current_device
+    cuda_get_device = getattr(torch._C, "_cuda_getDevice", None)
+    if get_device is getattr(torch.cuda, "current_device", None) and cuda_get_device is not None:
+        return cuda_get_device
+    return get_device
+
+
+def _raw_launch(compiled) -> Callable[..., None] | None:
+    """A launch that calls `compiled.run` (the C launcher) directly, or None if unsafe here.
+
+    What `CompiledKernel[grid](*args)` costs per call and this skips: a fresh closure, a Python
+    `launch_metadata` that builds a LazyDict whenever a hook object exists (the default
+    `knobs.runtime.launch_*_hook` is an EMPTY `HookChain`, never None, in triton 3.6 and 3.9),
+    and the C launcher calling both empty chains back into Python. With no hook registered we
+    pass None for launch_metadata and both hooks, which the launcher treats as "no hook"; with
+    any hook registered (e.g. a profiler) each call takes the closure path instead, so hooks
+    always fire. Constexpr args are still passed: 3.6's launcher parses one "O" per constexpr.
+    Landmines: keep `compiled` referenced (3.9's CompiledKernel.__del__ unloads the module the
+    raw `function` handle lives in); `run` is fixed once handles are initialised (the property
+    only swaps it for a raising stub when initialisation fails, and ours already succeeded).
+    """
+    try:
+        from triton import knobs
+        from triton.runtime.driver import driver
+
+        run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+        if function is None or not callable(run) or not _probe_getitem_convention(compiled):
+            raise TypeError("unexpected CompiledKernel layout")
+        runtime, chain = knobs.runtime, getattr(knobs, "HookChain", None)
+        current_device = _current_device_fn(driver.active)
+        current_stream = driver.active.get_current_stream
+    except Exception as exc:  # any surprise: Triton's own per-call path, same results
+        log.debug("fused prelude: direct launch unavailable (%s: %s)", type(exc).__name__, exc)
+        return None
+    closure = _closure_launch(compiled)
+
+    def launch(grid0: int, grid1: int, grid2: int, *args) -> None:
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        if (enter is None or (type(enter) is chain and not enter.calls)) and (
+            leave is None or (type(leave) is chain and not leave.calls)
+        ):
+            stream = current_stream(current_device())
+            run(grid0, grid1, grid2, stream, function, packed, None, None, None, *args)
+        else:
+            closure(grid0, grid1, grid2, *args)
+
+    launch.compiled = compiled  # the reference that keeps `function` loaded (see above)
+    launch.pointers_as_ints = _launcher_takes_int_pointers(run)
+    return launch
+
+
+# Launcher classes whose C code takes a Python int as a pointer argument AS IS (read in the
+# source of triton 3.6 `getPointer` and 3.9 `extractPointer`: `if (PyLong_Check(obj))` returns
+# the value). A tensor instead costs a `data_ptr()` call from C plus `cuPointerGetAttribute`
+# per pointer, a driver query (~1 us each by old cutorch measurements) that only validates the
+# pointer is device memory. Other backends (NPU, HIP) keep receiving tensors.
+_INT_POINTER_LAUNCHERS = frozenset({"triton.backends.nvidia.driver.CudaLauncher"})
+
+
+def _launcher_takes_int_pointers(run) -> bool:
+    cls = type(run)
+    return f"{cls.__module__}.{cls.__qualname__}" in _INT_POINTER_LAUNCHERS
+
+
+def direct_launch(compiled) -> Callable[..., None]:
+    """`launch(grid0, grid1, grid2, *args)` for a CompiledKernel: raw if verified, else closure.
+
+    `launch.pointers_as_ints` (default False) says the caller may pass `tensor.data_ptr()`
+    ints for pointer arguments, if IT has checked that every such tensor is on the kernel's
+    device (the launcher no longer asks the driver).
+    """
+    launch = _raw_launch(compiled) or _closure_launch(compiled)
+    if not hasattr(launch, "pointers_as_ints"):
+        launch.pointers_as_ints = False
+    return launch
+
+
 class DirectLaunches:
-    """Launch a jitted kernel; after the first launch for a key, call its compiled kernel.
+    """Launch a jitted kernel; after the first launch for a key, launch its compiled kernel.
 
     `JITFunction.__getitem__(grid)(...)` re-binds and re-specializes every argument and formats
     its options on each call: several microseconds of Python per launch, as much as the launch.
     The first call per key goes through it (compiling if needed) and keeps the CompiledKernel it
-    returns; later calls use `CompiledKernel[grid](*args)`, the same C launcher on the current
-    stream (so graph capture still records it). `key` must pin everything the compiled variant
-    depends on: device, dtypes and constexpr values (alignment is not specialized, see above).
+    returns as a `direct_launch`: the same C launcher on the current stream (so graph capture
+    still records it). `key` must pin everything the compiled variant depends on: device,
+    dtypes and constexpr values (alignment is not specialized, see `_build_launcher`).
     Never take the first launch for a key inside a graph capture: that would compile there.
     """
 
     def __init__(self, jit_fn):
         self.jit_fn = jit_fn
-        self.compiled: dict[tuple, object] = {}
+        self.compiled: dict[Hashable, Callable[..., None]] = {}  # key -> launch(g0, g1, g2, *a)
 
-    def __call__(self, key: tuple, grid: tuple[int, ...], *args) -> None:
-        kernel = self.compiled.get(key)
-        if kernel is not None:
-            kernel[grid](*args)
-            return
+    def __call__(self, key: Hashable, grid: tuple[int, int, int], *args) -> None:
+        launch = self.compiled.get(key)
+        if launch is not None:
+            launch(*grid, *args)
+        else:
+            self.first(key, grid, *args)
+
+    def first(self, key: Hashable, grid: tuple[int, int, int], *args) -> None:
+        """Launch through Triton's binder (compiling if needed); remember the compiled kernel."""
         kernel = self.jit_fn[grid](*args)
         if callable(getattr(kernel, "__getitem__", None)):  # a CompiledKernel (triton 3.x)
-            self.compiled[key] = kernel
+            self.compiled[key] = direct_launch(kernel)
 
 
-# Built once at import (pure Python: no device, no compile yet); the hot path reaches it with
-# one attribute test, not a cache lookup: every microsecond here is launch overhead, the very
-# quantity this kernel exists to remove.
+# Built once at import (pure Python: no device, no compile yet).
 _REP_PEN_TEMP_DEVICE = DirectLaunches(_build_launcher(_rep_pen_temp_kernel, "cuda"))
+_F32, _I32 = torch.float32, torch.int32  # dtype objects are singletons: `is` tests are exact
 
 
 def rep_pen_temp(
@@ -168,8 +304,75 @@ def rep_pen_temp(
     is contiguous by construction and not re-checked here; strided logits are copied first.
 
     Host cost is the point: no .item(), no host sync, no tensor created except the output (and
-    not even that with `out=`); the grid comes from shapes only.
+    not even that with `out=`); the grid comes from shapes only. The steady state (device
+    tensors, canonical dtypes, a kernel already compiled for this device, V and W) is the
+    inline branch below: identity tests and one dict lookup, then the raw launch. Everything
+    else (first call, CPU, other dtypes, strided logits, errors) goes through `_rep_pen_temp_slow`.
     """
+    batch, vocab = logits.shape
+    window = history.shape[1]
+    # get_device(): an int (-1 on CPU, never a key here), unlike `.device`, which builds an object.
+    device = logits.get_device()
+    launch = _REP_PEN_TEMP_DEVICE.compiled.get((device, vocab, window))
+    if (
+        launch is not None
+        and batch
+        and logits.dtype is _F32
+        and history.dtype is _I32
+        and history_len.dtype is _I32
+        and pow_table.dtype is _F32
+        and temperature.dtype is _F32
+        and pow_table.shape[1] == window + 1
+        and logits.is_contiguous()
+    ):
+        if out is None:
+            out = torch.empty_like(logits)
+        elif not (
+            out.dtype is _F32
+            and out.shape == logits.shape
+            and out.is_contiguous()
+            and out.get_device() == device
+        ):
+            raise _out_error(out, logits)
+        blocks = (vocab + BLOCK_V - 1) // BLOCK_V
+        if (
+            launch.pointers_as_ints
+            # Int pointers skip the launcher's own check that each one is device memory: a
+            # host pointer would fault on the device and poison the context instead of
+            # raising. Same device for all six is what makes them safe; else pass tensors.
+            and history.get_device() == device
+            and history_len.get_device() == device
+            and pow_table.get_device() == device
+            and temperature.get_device() == device
+        ):
+            launch(batch, blocks, 1, logits.data_ptr(), history.data_ptr(),
+                   history_len.data_ptr(), pow_table.data_ptr(), temperature.data_ptr(),
+                   out.data_ptr(), vocab, window, BLOCK_V)  # fmt: skip
+        else:  # tensors: the launcher checks each pointer itself
+            launch(batch, blocks, 1, logits, history, history_len, pow_table, temperature, out,
+                   vocab, window, BLOCK_V)  # fmt: skip
+        return out
+    return _rep_pen_temp_slow(logits, history, history_len, pow_table, temperature, out=out)
+
+
+def _out_error(out: torch.Tensor, logits: torch.Tensor) -> ValueError:
+    return ValueError(
+        f"error: out buffer {tuple(out.shape)} {out.dtype} on {out.device} must be contiguous "
+        f"and shaped like logits {tuple(logits.shape)} {logits.dtype} on {logits.device} "
+        f"(rep_pen_temp); allocate it with torch.empty_like(logits)"
+    )
+
+
+def _rep_pen_temp_slow(
+    logits: torch.Tensor,
+    history: torch.Tensor,
+    history_len: torch.Tensor,
+    pow_table: torch.Tensor,
+    temperature: torch.Tensor,
+    *,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """Checked path: validation, CPU interpreter, first (compiling) launch, unusual dtypes."""
     batch, vocab = logits.shape
     window = history.shape[1]
     if logits.dtype != torch.float32:
@@ -186,12 +389,13 @@ def rep_pen_temp(
         logits = logits.contiguous()  # correct, one extra copy; the sampler passes contiguous
     if out is None:
         out = torch.empty_like(logits)
-    elif out.shape != logits.shape or out.dtype != logits.dtype or not out.is_contiguous():
-        raise ValueError(
-            f"error: out buffer {tuple(out.shape)} {out.dtype} must be contiguous and shaped like "
-            f"logits {tuple(logits.shape)} {logits.dtype} (rep_pen_temp); allocate it with "
-            f"torch.empty_like(logits)"
-        )
+    elif (
+        out.shape != logits.shape
+        or out.dtype != logits.dtype
+        or not out.is_contiguous()
+        or out.device != logits.device
+    ):
+        raise _out_error(out, logits)
     if batch == 0:  # no active rows: nothing to launch (a zero grid is an error on some drivers)
         return out
     # Plain integer ceil-div: triton.cdiv is a constexpr-aware wrapper costing microseconds.
@@ -200,9 +404,15 @@ def rep_pen_temp(
     args = (logits, history, history_len, pow_table, temperature, out, vocab, window, BLOCK_V)
     if logits.is_cpu:
         kernel_for(_rep_pen_temp_kernel, logits.device)[grid](*args)
-    else:
-        key = (logits.device, vocab, window, logits.dtype, history.dtype, history_len.dtype,
-               pow_table.dtype, temperature.dtype)  # fmt: skip
-        _REP_PEN_TEMP_DEVICE(key, grid, *args)
+    elif _canonical_dtypes(history, history_len, pow_table, temperature):
+        # The fast path's key: its dtype tests stand in for dtypes in the key.
+        _REP_PEN_TEMP_DEVICE((logits.get_device(), vocab, window), grid, *args)
+    else:  # e.g. int64 history: correct through Triton's binder, just not the fast path
+        _REP_PEN_TEMP_DEVICE.jit_fn[grid](*args)
     return out
 
+
+def _canonical_dtypes(history, history_len, pow_table, temperature) -> bool:
+    return (history.dtype, history_len.dtype, pow_table.dtype, temperature.dtype) == (
+        _I32, _I32, _F32, _F32,
+    )  # fmt: skip

@@ -55,6 +55,16 @@ def test_markdown_table_is_shaped_like_the_seed(tmp_path):
     assert "\x1b[" not in result.stdout  # NO_COLOR, not a TTY
 
 
+def test_one_repeat_says_its_ci_misses_run_to_run_noise_and_two_do_not(tmp_path):
+    one = invoke(tmp_path, "--tiers", "2x1", "--num-prompts", "4", "--format", "md")
+    assert one.stdout.splitlines()[-2].startswith("note: 1 repeat: the CI covers request-to-request")
+    two = invoke(tmp_path, "--tiers", "2x1", "--num-prompts", "4", "--format", "md", "--repeats", "2")
+    assert "note: 1 repeat" not in two.stdout
+    doc = json.loads(invoke(tmp_path, "--tiers", "2x1", "--num-prompts", "4", "--repeats", "2",
+                            "--format", "json").stdout)
+    assert doc["repeats"] == 2
+
+
 def test_json_is_one_document_with_the_documented_keys(tmp_path):
     result = invoke(tmp_path, "--tiers", "2x1", "--num-prompts", "4", "--format", "json",
                     "--test-set", "synthetic.delay_scale=1.1")

@@ -62,3 +62,45 @@ def test_bad_rows_and_format_are_usage_errors():
             parse_rows(text)
     with pytest.raises(ConfigError, match="--format"):
         invoke("--format", "xml")
+
+
+def test_tier_split_rows_shares_and_ranges():
+    # --tier 4x2: talker at B = 4 (an extra run), code2wav at b = min(8, ceil(4 / 2)) = 2 (reused).
+    doc = json.loads(invoke("--tier", "4x2", "--format", "json").stdout)
+    split = doc["tier_split"]
+    assert split["unit"] == "cpu_ms" and split["tier"] == "4x2"
+    rows = {r["component"]: r for r in split["rows"]}
+    assert list(rows) == ["talker", "flow encoder", "CFM", "HiFT", "code2wav other"]
+    assert [rows[c]["rows"] for c in rows] == [4, 2, 2, 2, 2]
+    for arm in ("base", "test"):
+        assert sum(r["percent"][arm] for r in rows.values()) == pytest.approx(100.0)
+        for c in ("talker", "flow encoder", "CFM", "HiFT"):
+            assert rows[c]["per_call_ms"][arm] > 0
+            assert rows[c]["per_audio_s_ms"][arm] == pytest.approx(
+                rows[c]["per_call_ms"][arm] * rows[c]["calls_per_s"]
+            )
+    # Every range ran exactly once per profiled call: a renamed range reads 0 here.
+    seen = {(t["arm"], t["step"], t["rows"]): t["times"]["occurrences"] for t in doc["timings"]}
+    assert set(seen[("base", "talker_step", 4)].items()) == {("talker.decode_step", 1.0)}
+    assert seen[("test", "code2wav_step", 2)] == {
+        "code2wav.decode": 1.0, "code2wav.flow_encoder": 1.0, "code2wav.cfm": 1.0, "code2wav.hift": 1.0,
+    }
+    assert [r["component"] for r in doc["split_table"]][-1] == "total"
+    assert doc["split_title"].startswith("cpu_ms per second of audio for all streams at tier 4x2")
+    assert doc["table"] and doc["profiles"][0]["counts"]["talker_step"]["per_call"] > 0
+
+
+def test_tier_split_renders_after_the_launch_table_in_md():
+    lines = invoke("--rows", "1", "--tier", "1x1", "--format", "md").stdout.splitlines()
+    titles = [line for line in lines if line.startswith("**")]
+    assert len(titles) == 2 and titles[0].startswith("**launches per call on ")
+    assert "at tier 1x1: talker 25 steps of B=1; code2wav C/b = 1 decodes" in titles[1]
+    header = [c.strip() for c in lines[lines.index(titles[1]) + 2].strip("|").split("|")]
+    assert header[:3] == ["component", "B", "calls/s"] and header[-1] == "test %"
+
+
+def test_bad_tier_and_context_are_usage_errors():
+    with pytest.raises(ConfigError, match=r"^error: bad tier '12y8' \(--tier\)"):
+        invoke("--tier", "12y8")
+    with pytest.raises(ConfigError, match=r"\(--talker-context / runner.max_seq_len\)"):
+        invoke("--talker-context", "5000")

@@ -198,38 +198,6 @@ def test_cached_compiled_kernel_handles_unaligned_and_new_shapes():
     assert len(pt._REP_PEN_TEMP_DEVICE.compiled) >= 1  # the direct path was taken
 
 
-def test_direct_launches_reuse_the_compiled_kernel_per_key():
-    """CPU unit test of the launch cache with fakes standing in for Triton's objects."""
-    pytest.importorskip("triton")
-    from stages.talker.prelude_triton import DirectLaunches
-
-    log = []
-
-    class FakeCompiled:
-        def __getitem__(self, grid):
-            return lambda *args: log.append(("direct", grid, args))
-
-    class FakeJit:
-        def __getitem__(self, grid):
-            def run(*args):
-                log.append(("jit", grid, args))
-                return FakeCompiled()
-
-            return run
-
-    launches = DirectLaunches(FakeJit())
-    launches(("k1",), (2, 7), "a", 1)
-    launches(("k1",), (3, 7), "b", 2)
-    launches(("k2",), (3, 7), "c", 3)
-    launches(("k2",), (1, 7), "d", 4)
-    assert log == [
-        ("jit", (2, 7), ("a", 1)),
-        ("direct", (3, 7), ("b", 2)),
-        ("jit", (3, 7), ("c", 3)),
-        ("direct", (1, 7), ("d", 4)),
-    ]
-
-
 def test_compiled_kernel_uses_ieee_division_and_no_transcendentals():
     """Landmine guard, no GPU needed: compile for sm_90 and read the PTX. `/` would give the
     approximate div.full.f32, exp2/log2 the approximate ex2/lg2, `.ftz` would flush subnormals."""

@@ -150,9 +150,9 @@ def test_engine_logits_match_an_uncached_forward_over_the_emitted_codes():
 
     seen = []
 
-    def recording(logits, *args):
+    def recording(logits, *args, out=None):
         seen.append(logits[0].clone())  # row 0 == slot 0 == request "a"
-        return penalty_temperature_eager(logits, *args)
+        return penalty_temperature_eager(logits, *args, out=out)
 
     eng = engine(prelude=recording)
     codes, _ = drain(eng, {0: [TalkerRequest("a", TEXT_C, max_codes=12)],

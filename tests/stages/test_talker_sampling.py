@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from stages.talker.config import SamplingConfig
+from stages.talker.prelude import penalty_pow_table, penalty_temperature_eager
 from stages.talker.sampling import (
     CodecSampler,
     SamplerState,
@@ -18,7 +19,7 @@ V, EOS = 6562, 6561
 
 
 def state_for(rows: int, sampler: CodecSampler, *, limit: int, ignore_eos: bool = False):
-    state = SamplerState.allocate(rows, sampler.cfg.history_window, torch.device("cpu"))
+    state = SamplerState.allocate(rows, sampler.cfg.history_window, torch.device("cpu"), vocab=V)
     for r in range(rows):
         sampler.admit(state, r, limit=limit, ignore_eos=ignore_eos)
     return state
@@ -93,9 +94,9 @@ def test_inactive_rows_do_not_move():
 def test_prelude_is_one_swappable_attribute():
     calls = []
 
-    def recording(logits, history, history_len, pow_table, temperature):
+    def recording(logits, history, history_len, pow_table, temperature, *, out=None):
         calls.append((logits.shape, history.shape, pow_table.shape))
-        return logits / temperature[:, None]
+        return torch.div(logits, temperature[:, None], out=out)
 
     sampler = CodecSampler(SamplingConfig(), eos_id=EOS, prelude=recording)
     state = state_for(2, sampler, limit=100)
@@ -130,3 +131,34 @@ def test_batched_draw_equals_torch_multinomial_row_by_row():
     assert torch.equal(ours, ref)
     skipped = draw_rows(probs, [None, torch.Generator().manual_seed(7), None])
     assert skipped[1] == ref[1]
+
+
+def test_eager_prelude_writes_into_out_bit_for_bit():
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, V, generator=gen) * 8
+    history = torch.randint(0, V, (4, 16), generator=gen, dtype=torch.int32)
+    lens = torch.tensor([0, 5, 16, 16], dtype=torch.int32)
+    table = penalty_pow_table(1.05).expand(4, -1).contiguous()
+    temperature = torch.full((4,), 0.8)
+    buffer = torch.full((6, V), float("nan"))
+    got = penalty_temperature_eager(logits, history, lens, table, temperature, out=buffer[:4])
+    assert got.data_ptr() == buffer.data_ptr()
+    want = penalty_temperature_eager(logits, history, lens, table, temperature)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert buffer[4:].isnan().all()  # rows past R untouched
+
+
+def test_sampler_hands_the_prelude_rows_of_its_own_buffer():
+    sampler = CodecSampler(SamplingConfig(), eos_id=EOS)
+    seen = []
+
+    def recording(logits, *args, out=None):
+        seen.append(out)
+        return penalty_temperature_eager(logits, *args, out=out)
+
+    sampler.prelude = recording
+    state = state_for(3, sampler, limit=80)
+    logits = torch.randn(2, V, generator=torch.Generator().manual_seed(0))
+    run(sampler, state, logits, [torch.Generator().manual_seed(i) for i in range(2)], 2)
+    assert [o.shape for o in seen] == [(2, V), (2, V)]
+    assert all(o.data_ptr() == state.prelude_out.data_ptr() for o in seen)

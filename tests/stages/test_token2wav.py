@@ -153,9 +153,22 @@ def test_cuda_decode_matches_contract_and_cpu_mel():
         assert (g.mel - c.mel).abs().max().item() < 1e-2
 
 
+@pytest.fixture
+def deterministic_cuda(monkeypatch):
+    # Without deterministic algorithms the LAST chunk of this test differed in its low bits on
+    # an H200 in 2 of 3 runs, in a different row each run: some kernel on the final-chunk path
+    # is nondeterministic run to run (not yet identified). With them it passed; the comparison
+    # is about the cache split, so pin the kernels, not the tolerance.
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(previous)
+
+
 @pytest.mark.gpu
 @pytest.mark.slow
-def test_full_size_steady_chunks_on_cuda_batched_equals_per_row():
+def test_full_size_steady_chunks_on_cuda_batched_equals_per_row(deterministic_cuda):
     from stages.code2wav.config import Code2WavConfig
 
     arms = [

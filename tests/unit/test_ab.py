@@ -59,12 +59,14 @@ def test_twenty_percent_more_delay_is_slower_with_a_ci_excluding_zero(tmp_path):
     assert 10 < tier.rtf.delta_mean_pct < 30
 
 
-def test_arms_interleave_per_tier_on_fresh_backends(tmp_path):
+def test_arms_alternate_first_position_per_repeat_on_fresh_backends(tmp_path):
     a, hooks = arms(), Recorder()
-    run_ab(a, parse_tiers("2x1,4x1"), repeats=2, num_prompts=4, run_dir=new_run(tmp_path, a), hooks=hooks)
+    run_ab(a, parse_tiers("2x1,4x1"), repeats=3, num_prompts=4, run_dir=new_run(tmp_path, a), hooks=hooks)
     measured = [c[:3] for c in hooks.calls if c[3] == "measure"]
-    assert measured == [("base", "2x1", 0), ("test", "2x1", 0), ("base", "2x1", 1), ("test", "2x1", 1),
-                        ("base", "4x1", 0), ("test", "4x1", 0), ("base", "4x1", 1), ("test", "4x1", 1)]
+    assert measured == [("base", "2x1", 0), ("test", "2x1", 0), ("test", "2x1", 1), ("base", "2x1", 1),
+                        ("base", "2x1", 2), ("test", "2x1", 2),
+                        ("base", "4x1", 0), ("test", "4x1", 0), ("test", "4x1", 1), ("base", "4x1", 1),
+                        ("base", "4x1", 2), ("test", "4x1", 2)]
     assert [c[3] for c in hooks.calls[:3]] == ["warmup", "measure", "end"]
 
 

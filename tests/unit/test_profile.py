@@ -105,12 +105,15 @@ def test_profile_arms_rejects_bad_workloads_before_building(rows, chunks):
 
 
 @pytest.mark.gpu
-def test_cuda_split_kernels_are_3b_per_row_and_3_batched():
+def test_cuda_split_launches_are_4b_per_row_and_3_batched():
+    # Device launches = kernels + memcpys: a contiguous row (or whole-batch) clone is a memcpy,
+    # a strided one a copy kernel, and the per-row estimator cat copies each CFG half with its
+    # own kernel, so per-row issues 4 per row (H200: results/h200/bench_split.json), batched 3.
     device = torch.device("cuda", 0)
     t2w = Token2Wav(tiny_config(), device=device, dtype=torch.float32, init_seed=0)
     for b in (1, 4, 8):
         per_row = count_cache_split(t2w, b, 3, batched=False)["cache_split"]
         batched = count_cache_split(t2w, b, 3, batched=True)["cache_split"]
         assert per_row.unit == batched.unit == "kernels"
-        assert (per_row.per_call, batched.per_call) == (3 * b, 3)
-        assert per_row.copies_per_call == batched.copies_per_call == 0
+        totals = [c.per_call + c.copies_per_call for c in (per_row, batched)]
+        assert totals == [4 * b, 3], (b, per_row, batched)

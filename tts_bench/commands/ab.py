@@ -30,7 +30,7 @@ def ab(
     tiers: Optional[str] = typer.Option(None, "--tiers", help="Comma-separated CxR tiers, e.g. 32x1,64x4,128x8."),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Measured requests per tier, arm and repeat."),
     per_client: Optional[int] = typer.Option(None, "--prompts-per-client", help="Measured requests per tier = K x concurrency (overrides --num-prompts per tier)."),
-    repeats: Optional[int] = typer.Option(None, "--repeats", help="Interleaved repeats per arm (A B A B ...)."),
+    repeats: Optional[int] = typer.Option(None, "--repeats", help="Interleaved repeats per arm, counterbalanced (A B, B A, ...)."),
     sets: list[str] = typer.Option([], "--set", help="Override for both arms: dotted.key=value (repeatable)."),
     base_sets: list[str] = typer.Option([], "--base-set", help="Override for the base arm only (repeatable)."),
     test_sets: list[str] = typer.Option([], "--test-set", help="Override for the test arm only (repeatable)."),
@@ -101,6 +101,14 @@ def _mem_hooks(plan, run):
     return make_ab_hooks(next(iter(plan.arms.values())), run)
 
 
+# Measured: a fused-prelude A/B at 128x8 on an H200 read "slower, +8.9% [+4.4%, +13.7%]" with one
+# repeat and "+0.2% [-4.2%, +5.0%], within noise" with two (results/h200/README.md).
+SINGLE_REPEAT_NOTE = (
+    "note: 1 repeat: the CI covers request-to-request noise only, not run-to-run drift, so a "
+    "verdict can be wrong; rerun with --repeats 2 or more (order A B, B A)"
+)
+
+
 def render_result(result, fmt: str, *, mem=None) -> str:
     """The A/B result as text: RTF table (+ TTFP table, output-identity line and, with --mem,
     one memory table per tier and sampler) or one JSON doc."""
@@ -125,6 +133,8 @@ def render_result(result, fmt: str, *, mem=None) -> str:
     text = (render(rtf, fmt, title="audio RTF (lower is faster)") + "\n"
             + render(ttfp, fmt, title="audio TTFP ms") + "\n"
             + f"identical outputs ({test} vs {base}): {identity}\n")
+    if result.single_repeat:
+        text += SINGLE_REPEAT_NOTE + "\n"
     if mem is not None:
         from tts_bench.mem.summary import mem_table, table_title
 
