@@ -6,8 +6,10 @@ history (both from the talker config):
                the sampler calls it: `out=` rows [:B] of a buffer allocated once (slice included)
   fused        the dispatcher's fused path (`select_prelude(fused=True)`: one Triton launch),
                called the same way as eager: exactly the talker sampler's call
-  fused_alloc  the fused path without `out=`: each call allocates its [B, V] output
-               (~3 us on an H200); informational, not the acceptance
+  fused_alloc  the fused path without `out=`: each call allocates its [B, V] output;
+               informational, not the acceptance
+  eager_alloc  the eager chain without `out=` (its last division allocates); informational:
+               shows how much of the eager/fused ratio the call form itself moves
   eager_graph  the eager chain captured once in a CUDA graph, replayed
   empty        an empty Triton kernel launched through `JITFunction[grid](...)`: the launch
                floor the acceptance criteria name (acceptance is judged against this one)
@@ -17,7 +19,9 @@ history (both from the talker config):
                wrapper does after its first call: the C launcher called directly, no hook
                plumbing while no launch hook is registered): the floor of the fused path
 Per call = median over `--reps` timed windows of `--inner` back-to-back calls (CUDA events on
-CUDA, a wall clock on CPU); warmup calls are excluded; raw window samples are kept in the JSON.
+CUDA, a wall clock on CPU), the impls of one B timed round-robin (window r of every impl, in an
+order rotated by r) so host drift cancels out of the ratios; warmup calls are excluded; raw
+window samples are kept in the JSON.
 Kernels per call come from the torch profiler (CUDA kernel activities; CPU: aten operators).
 The fused output is checked bit for bit against eager before anything is timed.
 
@@ -63,7 +67,8 @@ SCHEMA = "tts-bench/bench-prelude/1"
 MIN_SPEEDUP = 10.0  # fused vs eager, every B
 MAX_FLOOR_RATIO = 1.5  # fused vs empty Triton kernel, every B
 MAX_ROWS = 128  # the talker's max_batch at full size: rows of the sampler's prelude buffer
-IMPLS = ("eager", "fused", "fused_alloc", "eager_graph", "empty", "empty_direct", "empty_raw")
+IMPLS = ("eager", "eager_alloc", "fused", "fused_alloc", "eager_graph", "empty", "empty_direct",
+         "empty_raw")
 
 
 @dataclass
@@ -115,29 +120,43 @@ def make_inputs(batch: int, device: torch.device, seed: int) -> tuple[torch.Tens
     return tuple(t.to(device) for t in tensors)
 
 
-def time_windows(fn: Callable[[], object], device: torch.device, *, reps: int, inner: int,
-                 warmup: int) -> list[float]:
-    """Per-call µs for each of `reps` windows of `inner` calls (warmup excluded)."""
-    for _ in range(warmup):
-        fn()
+def time_interleaved(fns: dict[str, Callable[[], object]], inner: dict[str, int],
+                     device: torch.device, *, reps: int, warmup: int) -> dict[str, list[float]]:
+    """Per-call µs of `reps` windows per impl, `inner[name]` back-to-back calls each.
+
+    Round-robin: repetition r times every impl once, in an order rotated by r, so a drift of
+    the host (other tenants, clocks) lands on all impls alike. Timing them one block after
+    another let such a drift pose as a ratio: on an H200 the fused/empty ratio at B = 32 read
+    1.71 in one run and 1.02 in the next, with the eager row moving 190 -> 320 us mid-run.
+    """
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
     synchronize(device)
-    if device.type == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(reps)]
-        for start, end in events:
-            start.record()
-            for _ in range(inner):
-                fn()
-            end.record()
-        torch.cuda.synchronize(device)
-        return [start.elapsed_time(end) * 1e3 / inner for start, end in events]
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter_ns()
-        for _ in range(inner):
-            fn()
-        samples.append((time.perf_counter_ns() - t0) / 1e3 / inner)
-    return samples
+    cuda = device.type == "cuda"
+    marks: dict[str, list] = {name: [] for name in names}
+    for r in range(reps):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            fn, n = fns[name], inner[name]
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(n):
+                    fn()
+                end.record()
+                marks[name].append((start, end))
+            else:
+                t0 = time.perf_counter_ns()
+                for _ in range(n):
+                    fn()
+                marks[name].append((time.perf_counter_ns() - t0) / 1e3)
+    synchronize(device)
+    if not cuda:
+        return {name: [us / inner[name] for us in marks[name]] for name in names}
+    return {name: [a.elapsed_time(b) * 1e3 / inner[name] for a, b in marks[name]]
+            for name in names}  # fmt: skip
 
 
 def build_impls(device: torch.device, args: tuple[torch.Tensor, ...]) -> tuple[dict, dict]:
@@ -146,7 +165,8 @@ def build_impls(device: torch.device, args: tuple[torch.Tensor, ...]) -> tuple[d
     rows = args[0].shape[0]
     buffer = torch.empty(max(rows, MAX_ROWS), args[0].shape[1], device=device)
     impls: dict[str, Callable[[], object]] = {
-        "eager": lambda: penalty_temperature_eager(*args, out=buffer[:rows])
+        "eager": lambda: penalty_temperature_eager(*args, out=buffer[:rows]),
+        "eager_alloc": lambda: penalty_temperature_eager(*args),
     }
     notes: dict[str, str] = {}
     fused = select_prelude(fused=True, device=device)
@@ -208,22 +228,36 @@ def check_bit_exact(impls: dict, device: torch.device, args: tuple[torch.Tensor,
     return True
 
 
-def measure(impl: str, fn: Callable[[], object], batch: int, device: torch.device,
-            opts: argparse.Namespace) -> Cell:
-    reps, inner, warmup = opts.reps, opts.inner, opts.warmup
-    if device.type == "cpu":  # wall clock, possibly the interpreter: fit a time budget
-        t0 = time.perf_counter()
-        fn()
-        one = max(time.perf_counter() - t0, 1e-6)
-        inner = max(1, min(inner, int(opts.cpu_budget_s / 10 / one)))
-        reps = max(3, min(reps, int(opts.cpu_budget_s / (one * inner))))
-        warmup = min(warmup, inner)
-    samples = time_windows(fn, device, reps=reps, inner=inner, warmup=warmup)
-    q = statistics.quantiles(samples, n=10) if len(samples) >= 2 else [samples[0]] * 9
-    launches = count_launches(fn, device=device, repeats=3)
-    return Cell(impl=impl, batch=batch, us_per_call=statistics.median(samples), us_p10=q[0],
-                us_p90=q[-1], kernels_per_call=launches.per_call, launch_unit=launches.unit,
-                samples_us=[round(s, 3) for s in samples])
+def window_plan(fn: Callable[[], object], device: torch.device, opts: argparse.Namespace
+                ) -> tuple[int, int]:
+    """(inner, reps) for one impl: the options on a device; on CPU (possibly the interpreter,
+    ~35 ms a call) shrunk to fit `--cpu-budget-s` per cell."""
+    if device.type != "cpu":
+        return opts.inner, opts.reps
+    t0 = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t0, 1e-6)
+    inner = max(1, min(opts.inner, int(opts.cpu_budget_s / 10 / one)))
+    return inner, max(3, min(opts.reps, int(opts.cpu_budget_s / (one * inner))))
+
+
+def measure_batch(impls: dict[str, Callable[[], object]], batch: int, device: torch.device,
+                  opts: argparse.Namespace) -> list[Cell]:
+    """One Cell per impl at `batch`, timed interleaved (see `time_interleaved`)."""
+    plans = {name: window_plan(fn, device, opts) for name, fn in impls.items()}
+    reps = min(r for _, r in plans.values())
+    inner = {name: i for name, (i, _) in plans.items()}
+    warmup = opts.warmup if device.type != "cpu" else min(opts.warmup, *inner.values())
+    samples = time_interleaved(impls, inner, device, reps=reps, warmup=warmup)
+    cells = []
+    for name, fn in impls.items():
+        xs = samples[name]
+        q = statistics.quantiles(xs, n=10) if len(xs) >= 2 else [xs[0]] * 9
+        launches = count_launches(fn, device=device, repeats=3)
+        cells.append(Cell(impl=name, batch=batch, us_per_call=statistics.median(xs), us_p10=q[0],
+                          us_p90=q[-1], kernels_per_call=launches.per_call,
+                          launch_unit=launches.unit, samples_us=[round(x, 3) for x in xs]))
+    return cells
 
 
 def acceptance(cells: list[Cell], device: torch.device) -> dict:
@@ -286,7 +320,7 @@ def render_table(cells: list[Cell], batches: list[int]) -> str:
         c = by.get((impl, b))
         return f"{c.kernels_per_call:g}" if c and c.kernels_per_call is not None else "-"
 
-    head = (f"{'B':>5} {'eager us':>10} {'fused us':>10} {'f+alloc us':>10} {'graph us':>10} "
+    head = (f"{'B':>5} {'eager us':>10} {'e+alloc us':>10} {'fused us':>10} {'f+alloc us':>10} {'graph us':>10} "
             f"{'empty us':>10} {'direct us':>10} {'raw us':>10} {'x eager':>8} {'/ empty':>8}"
             f"  kernels e/f/g")
     lines = [head, "-" * len(head)]
@@ -295,7 +329,7 @@ def render_table(cells: list[Cell], batches: list[int]) -> str:
                    for i in ("eager", "fused", "empty"))
         speed = f"{e / f:8.1f}" if e and f else f"{'-':>8}"
         ratio = f"{f / m:8.2f}" if f and m else f"{'-':>8}"
-        lines.append(f"{b:>5} {us('eager', b)} {us('fused', b)} {us('fused_alloc', b)} "
+        lines.append(f"{b:>5} {us('eager', b)} {us('eager_alloc', b)} {us('fused', b)} {us('fused_alloc', b)} "
                      f"{us('eager_graph', b)} {us('empty', b)} {us('empty_direct', b)} "
                      f"{us('empty_raw', b)} {speed} {ratio}  "
                      f"{k('eager', b)}/{k('fused', b)}/{k('eager_graph', b)}")
@@ -333,13 +367,12 @@ def main(argv: list[str] | None = None) -> int:
         impls, skipped = build_impls(device, args)
         notes.update(skipped)
         exact[str(batch)] = check_bit_exact(impls, device, args)
+        timed = {c.impl: c for c in measure_batch(impls, batch, device, opts)}
         for impl in IMPLS:
-            if impl in impls:
-                cells.append(measure(impl, impls[impl], batch, device, opts))
-                print(f"  B={batch:<4} {impl:<12} {cells[-1].us_per_call:10.2f} us/call",
-                      file=sys.stderr)
-            else:
-                cells.append(Cell(impl=impl, batch=batch, note=skipped.get(impl)))
+            cell = timed.get(impl) or Cell(impl=impl, batch=batch, note=skipped.get(impl))
+            cells.append(cell)
+            if cell.us_per_call is not None:
+                print(f"  B={batch:<4} {impl:<12} {cell.us_per_call:10.2f} us/call", file=sys.stderr)
     print(render_table(cells, batches))
     for impl, why in sorted(notes.items()):
         print(f"note: {impl}: {why}")
