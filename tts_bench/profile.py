@@ -112,18 +112,24 @@ class ProfileResult:
         return next(p for p in self.profiles if p.arm == arm and p.rows == rows)
 
     def table(self) -> pd.DataFrame:
-        """One row per (B, step): unit, both arms' launches per call, and the delta."""
+        """One row per (B, step): unit, both arms' launches per call, and the delta. On a device
+        the memcpy/memset launches (a contiguous clone is a memcpy, not a kernel) get their own
+        column, `copies base / test`, so kernels + copies is every launch the step issued."""
         base, test = self.arms
+        with_copies = any(c.copies_per_call for p in self.profiles for c in p.counts.values())
         records = []
         for b in self.rows:
             pa, pb = self.get(base, b), self.get(test, b)
             for step in STEPS:
                 ca, cb = pa.counts[step], pb.counts[step]
-                records.append({
+                record = {
                     "B": b, "step": step, "unit": ca.unit,
                     base: _num(ca.per_call), test: _num(cb.per_call),
                     "delta": _signed(cb.per_call - ca.per_call), "delta %": _pct(ca.per_call, cb.per_call),
-                })  # fmt: skip
+                }  # fmt: skip
+                if with_copies:
+                    record["copies base / test"] = f"{_num(ca.copies_per_call)} / {_num(cb.copies_per_call)}"
+                records.append(record)
         return pd.DataFrame.from_records(records)
 
     def title(self) -> str:

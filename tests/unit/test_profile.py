@@ -117,3 +117,19 @@ def test_cuda_split_launches_are_4b_per_row_and_3_batched():
         assert per_row.unit == batched.unit == "kernels"
         totals = [c.per_call + c.copies_per_call for c in (per_row, batched)]
         assert totals == [4 * b, 3], (b, per_row, batched)
+
+
+def test_device_tables_show_memcpy_launches_beside_the_kernels():
+    from tts_bench.launches import LaunchCount
+    from tts_bench.profile import STEPS, ArmProfile, ProfileResult
+
+    def counts(kernels: float, copies: float) -> dict:
+        return {step: LaunchCount("kernels", kernels, copies, 2) for step in STEPS}
+
+    result = ProfileResult(("base", "test"), (8,), 2, [
+        ArmProfile("base", 8, "cuda:0", "per-row", counts(24, 8)),
+        ArmProfile("test", 8, "cuda:0", "batched", counts(1, 2)),
+    ])  # fmt: skip
+    row = result.table().iloc[2]
+    assert (row["step"], row["base"], row["test"], row["copies base / test"]) == (
+        "cache_split", "24", "1", "8 / 2")
