@@ -4,8 +4,8 @@ Times `flow_cache.split_small_caches` — conformer_cnn, conformer_att and estim
 the two implementations differ in (estimator_att takes the same per-request copy in both) — at
 full-size cache shapes for B = 1, 4, 8, 16, plus estimator_cnn alone. Device time with CUDA
 events on CUDA (perf_counter on CPU), warmup excluded, synchronize before every clock read.
-Kernels per split are counted with torch.profiler (CUDA kernels on CUDA, top-level aten ops on
-CPU): per-row is 3B aten ops on CPU but 4B kernels on CUDA (the estimator_cnn cat of two
+Launches per split are counted with `tts_bench.launches.count_launches` (CUDA kernels plus
+memcpys on CUDA, top-level non-view aten ops on CPU): per-row is 3B aten ops on CPU but 4B kernels on CUDA (the estimator_cnn cat of two
 strided slices launches two copies; 4/16/32/64 at B = 1/4/8/16 on an H200), batched is 3 on
 both. Prints a header, a fixed-width table, and one JSON line last; with $OUT set the JSON is
 also written to $OUT/bench_split.json.
@@ -32,17 +32,10 @@ import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.flow_cache import FlowCache, cfg_interleaved_order, split_small_caches
-
-
-_VIEW_OPS = frozenset(
-    f"aten::{n}"
-    for n in ("slice", "select", "view", "as_strided", "alias", "narrow", "unsqueeze", "expand",
-              "transpose", "t", "reshape", "_reshape_alias", "permute", "split", "chunk")
-)  # fmt: skip
+from tts_bench.launches import count_launches
 
 
 def full_size_batch(rows: int, conformer_frames: int, device, dtype) -> FlowCache:
@@ -93,22 +86,10 @@ def time_us(fn, device: torch.device, iters: int, warmup: int) -> float:
     return (time.perf_counter() - t0) * 1e6 / iters
 
 
-def count_launches(fn, device: torch.device) -> int:
-    fn()  # warm (allocator, order-tensor cache)
-    _sync(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        fn()
-        _sync(device)
-    events = prof.events()
-    if device.type == "cuda":
-        return sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
-    # CPU: top-level aten operators that move data (views such as slice/select cost no kernel).
-    return sum(
-        1
-        for e in events
-        if e.name.startswith("aten::") and e.cpu_parent is None and e.name not in _VIEW_OPS
-    )
+def launches(fn, device: torch.device) -> int:
+    """Device launches per call, memcpys included (kernels + copies; aten ops on CPU)."""
+    count = count_launches(fn, device=device, repeats=1)
+    return round(count.per_call + count.copies_per_call)
 
 
 def run(args) -> dict:
@@ -125,7 +106,7 @@ def run(args) -> dict:
             for arm, batched in (("per_row", False), ("batched", True)):
                 fn = fn_of(batched)
                 rec[f"{label}_{arm}_us"] = round(time_us(fn, device, args.iters, args.warmup), 2)
-                rec[f"{label}_{arm}_launches"] = count_launches(fn, device)
+                rec[f"{label}_{arm}_launches"] = launches(fn, device)
             rec[f"{label}_speedup"] = round(rec[f"{label}_per_row_us"] / rec[f"{label}_batched_us"], 2)
         rows_out.append(rec)
         del batch

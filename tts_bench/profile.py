@@ -42,7 +42,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -275,17 +276,14 @@ def _tier_timings(
     return out
 
 
-class _phase:
-    """Log a phase's wall time at INFO when it ends."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-
-    def __enter__(self) -> None:
-        self.t0 = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        log.info("%s: %.1f s", self.what, time.perf_counter() - self.t0)
+@contextmanager
+def _phase(what: str) -> Iterator[None]:
+    """Log a phase's wall time at INFO when it ends (also when it raises)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        log.info("%s: %.1f s", what, time.perf_counter() - t0)
 
 
 def profile_text(context: int) -> str:
@@ -318,11 +316,6 @@ def _talker_budget(chunks: int) -> int:
 
 
 # ---------------------------------------------------------------- the three workloads
-
-
-def count_talker_step(engine: TalkerEngine, rows: int, chunks: int) -> LaunchCount:
-    """Launches of one steady talker decode step with `rows` active rows."""
-    return measure_talker_step(engine, rows, chunks).launches
 
 
 def measure_talker_step(
@@ -364,11 +357,6 @@ def prepare_streams(cfg: Code2WavConfig, rows: int, chunks: int, tag: str) -> li
         assert len(payloads) == chunks, "one payload per codec_chunk_frames codes"
         streams.append(payloads)
     return streams
-
-
-def count_code2wav_step(t2w: Token2Wav, rows: int, chunks: int, *, tag: str = "") -> LaunchCount:
-    """Launches of one code2wav decode of `rows` streams' steady payloads."""
-    return measure_code2wav_step(t2w, rows, chunks, tag=tag).launches
 
 
 def measure_code2wav_step(t2w: Token2Wav, rows: int, chunks: int, *, tag: str = "") -> Measured:

@@ -295,8 +295,10 @@ class Token2Wav:
             self._store_caches(states, enc, solved, keep, att_rows)
         del att_steps
         mel = solved.mel.float()
-        hift_scope = tf32_scope(self.options.tf32_mode, self.device, region="hift")
-        with hift_scope, record_function("code2wav.hift"):
+        with (
+            tf32_scope(self.options.tf32_mode, self.device, region="hift"),
+            record_function("code2wav.hift"),
+        ):
             audio, hift_states = self._stream.decode(
                 self.hift, mel, [s.hift for s in states], [last] * rows,
                 generator=[s.noise for s in states],

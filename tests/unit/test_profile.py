@@ -17,7 +17,7 @@ from tts_bench.errors import ConfigError
 from tts_bench.launches import count_launches
 from tts_bench.profile import (
     count_cache_split,
-    count_talker_step,
+    measure_talker_step,
     profile_arms,
     steady_split_batch,
     steady_start,
@@ -73,8 +73,8 @@ def test_split_batch_has_the_steady_trimmed_shapes(t2w):
 def test_talker_step_count_is_positive_and_repeatable():
     stages = _tiny_stages()
     engine = TalkerEngine(stages.talker, device=CPU, dtype=torch.float32, max_batch=2, max_seq_len=256)
-    first = count_talker_step(engine, 2, 2)
-    second = count_talker_step(engine, 2, 2)
+    first = measure_talker_step(engine, 2, 2).launches
+    second = measure_talker_step(engine, 2, 2).launches
     assert first.unit == "operators" and first.per_call > 0
     assert first.per_call == second.per_call and first.by_name == second.by_name
     assert not engine.has_work()  # the profiled requests are cancelled afterwards
