@@ -3,19 +3,20 @@
 Measures, in ONE process, for B in {1, 8, 32, 128} rows of V = 6562 codec logits and a 16-slot
 history (both from the talker config):
   eager        `penalty_temperature_eager` (14 small kernels on an H200, host-bound), called as
-               the sampler calls it: `out=` rows [:B] of a buffer allocated once (slice included)
+               the talker's sampler calls it: bound to slot buffers of 128 rows (`bind_prelude`),
+               `step(logits)` for their first B rows, under torch.inference_mode()
   fused        the dispatcher's fused path (`select_prelude(fused=True)`: one Triton launch),
-               called the same way as eager: exactly the talker sampler's call
-  fused_alloc  the fused path without `out=`: each call allocates its [B, V] output;
-               informational, not the acceptance
-  eager_alloc  the eager chain without `out=` (its last division allocates); informational:
-               shows how much of the eager/fused ratio the call form itself moves
+               bound and called the same way: exactly the sampler's call
+  fused_alloc  the fused function called per call on [B] tensors without `out=` (each call
+               allocates its [B, V] output); informational, not the acceptance
+  eager_alloc  the eager function the same way; informational: shows how much of the
+               eager/fused ratio the call form itself moves
   eager_graph  the eager chain captured once in a CUDA graph, replayed
   empty        an empty Triton kernel launched through `JITFunction[grid](...)`: the launch
                floor the acceptance criteria name (acceptance is judged against this one)
   empty_direct the same empty kernel launched through `CompiledKernel[grid](...)`: Triton's
                Python binder removed
-  empty_raw    the same empty kernel through `prelude_triton.direct_launch` (what the fused
+  empty_raw    the same empty kernel through `triton_launch.direct_launch` (what the fused
                wrapper does after its first call: the C launcher called directly, no hook
                plumbing while no launch hook is registered): the floor of the fused path
 Per call = median over `--reps` timed windows of `--inner` back-to-back calls (CUDA events on
@@ -57,6 +58,7 @@ if str(ROOT) not in sys.path:
 from stages.talker import prelude
 from stages.talker.config import SamplingConfig, TalkerConfig
 from stages.talker.prelude import (
+    bind_prelude,
     penalty_pow_table,
     penalty_temperature_eager,
     select_prelude,
@@ -160,25 +162,35 @@ def time_interleaved(fns: dict[str, Callable[[], object]], inner: dict[str, int]
             for name in names}  # fmt: skip
 
 
+def slot_buffers(args: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+    """The sampler's slot buffers (MAX_ROWS rows, allocated once) with `args` in the first rows."""
+    rows = args[0].shape[0]
+    slots = max(rows, MAX_ROWS)
+    state = {}
+    for name, t in zip(("history", "history_len", "pow_table", "temperature"), args[1:],
+                       strict=True):  # fmt: skip
+        state[name] = t.new_zeros((slots, *t.shape[1:]))
+        state[name][:rows] = t
+    state["out"] = args[0].new_empty((slots, args[0].shape[1]))
+    return state
+
+
 def build_impls(device: torch.device, args: tuple[torch.Tensor, ...]) -> tuple[dict, dict]:
     """name -> zero-arg callable, and name -> note for the ones that cannot run here."""
-    # The sampler's buffer has max_batch rows and each step passes its first B: slice per call.
-    rows = args[0].shape[0]
-    buffer = torch.empty(max(rows, MAX_ROWS), args[0].shape[1], device=device)
+    logits, state = args[0], slot_buffers(args)
+    eager = bind_prelude(penalty_temperature_eager, **state)
     impls: dict[str, Callable[[], object]] = {
-        "eager": lambda: penalty_temperature_eager(*args, out=buffer[:rows]),
+        "eager": lambda: eager(logits),
         "eager_alloc": lambda: penalty_temperature_eager(*args),
     }
     notes: dict[str, str] = {}
     fused = select_prelude(fused=True, device=device)
     if fused is prelude.penalty_temperature_fused:
-        impls["fused"] = lambda: fused(*args, out=buffer[:rows])
+        fused_step = bind_prelude(fused, **state)
+        impls["fused"] = lambda: fused_step(logits)
         impls["fused_alloc"] = lambda: fused(*args)
-        from stages.talker.prelude_triton import (
-            _empty_kernel,
-            direct_launch,
-            kernel_for,
-        )
+        from stages.talker.prelude_triton import _empty_kernel
+        from stages.talker.triton_launch import direct_launch, kernel_for
 
         empty = kernel_for(_empty_kernel, device)
         impls["empty"] = lambda: empty[(1,)](args[0])
@@ -365,10 +377,12 @@ def main(argv: list[str] | None = None) -> int:
     cells, notes, exact = [], {}, {}
     for batch in batches:
         args = make_inputs(batch, device, opts.seed + batch)
-        impls, skipped = build_impls(device, args)
+        impls, skipped = build_impls(device, args)  # buffers built as the engine builds them
         notes.update(skipped)
-        exact[str(batch)] = check_bit_exact(impls, device, args)
-        timed = {c.impl: c for c in measure_batch(impls, batch, device, opts)}
+        # inference_mode: the talker's decode step runs under it (cheaper views and dispatch).
+        with torch.inference_mode():
+            exact[str(batch)] = check_bit_exact(impls, device, args)
+            timed = {c.impl: c for c in measure_batch(impls, batch, device, opts)}
         for impl in IMPLS:
             cell = timed.get(impl) or Cell(impl=impl, batch=batch, note=skipped.get(impl))
             cells.append(cell)

@@ -35,6 +35,7 @@ import logging
 import os
 import types
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -126,7 +127,6 @@ def penalty_temperature_fused(
     path. On the first compile/launch failure this logs ONE warning, trips the process latch and
     returns the eager result; later calls go straight to eager.
     """
-    global _latch_tripped
     if not _latch_tripped:
         try:
             # `_kernels or ...`: one truth test instead of a call per step once imported.
@@ -135,16 +135,93 @@ def penalty_temperature_fused(
                 logits, history, history_len, pow_table, temperature, out=out
             )
         except Exception as exc:  # compile errors, launch errors, missing driver: all latch
-            _latch_tripped = True
-            log.warning(
-                "fused sampling prelude failed (%s: %s); using the eager penalty + temperature "
-                "chain for the rest of this process",
-                type(exc).__name__,
-                exc,
-            )
+            _trip_latch(exc)
     return penalty_temperature_eager(
         logits, history, history_len, pow_table, temperature, out=out
     )
+
+
+def _trip_latch(exc: Exception) -> None:
+    """Log ONE warning and switch every fused call of this process to the eager chain."""
+    global _latch_tripped
+    _latch_tripped = True
+    log.warning(
+        "fused sampling prelude failed (%s: %s); using the eager penalty + temperature chain "
+        "for the rest of this process",
+        type(exc).__name__,
+        exc,
+    )
+
+
+class PreludeStep(Protocol):
+    """A prelude bound to a sampler's slot buffers: logits [R, V] -> rows [:R] of its `out`."""
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor: ...
+
+
+class _BoundRows:
+    """Any prelude function called on rows [:R] of the slot buffers (views made once per R)."""
+
+    def __init__(self, fn: Prelude, state: tuple[torch.Tensor, ...]):
+        self.fn, self._state = fn, state
+        self._rows: dict[int, tuple[torch.Tensor, ...]] = {}
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        rows = logits.shape[0]
+        views = self._rows.get(rows)
+        if views is None:
+            views = self._rows[rows] = tuple(t[:rows] for t in self._state)
+        history, history_len, pow_table, temperature, out = views
+        return self.fn(logits, history, history_len, pow_table, temperature, out=out)
+
+
+class _BoundFused:
+    """The fused kernel bound to the slot buffers, behind the same process latch."""
+
+    def __init__(self, kernel_step: PreludeStep, eager: _BoundRows):
+        self.fn = penalty_temperature_fused  # what runs, for run records and tests
+        self._kernel, self._eager = kernel_step, eager
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if not _latch_tripped:
+            try:
+                return self._kernel(logits)
+            except Exception as exc:  # same contract as penalty_temperature_fused
+                _trip_latch(exc)
+        return self._eager(logits)
+
+
+def bind_prelude(
+    fn: Prelude,
+    *,
+    history: torch.Tensor,
+    history_len: torch.Tensor,
+    pow_table: torch.Tensor,
+    temperature: torch.Tensor,
+    out: torch.Tensor,
+) -> PreludeStep:
+    """`fn` bound to a sampler's slot buffers ([S, ...], allocated once, written in place).
+
+    `step(logits [R, V])` == `fn(logits, history[:R], history_len[:R], pow_table[:R],
+    temperature[:R], out=out[:R])`, bit for bit, on rows R <= S. The fused function binds
+    to `prelude_triton.RepPenTempStep` (pointers resolved once; a step checks only the logits);
+    any other function gets its row views cached per R. Bind once per state, not per step.
+    """
+    state = (history, history_len, pow_table, temperature, out)
+    rows = _BoundRows(fn, state)
+    if fn is not penalty_temperature_fused:
+        return rows
+    eager = _BoundRows(penalty_temperature_eager, state)
+    if _latch_tripped:
+        return eager
+    try:
+        kernel_step = (_kernels or _kernel_module()).RepPenTempStep(*state)
+    except ValueError:  # mismatched buffers: the caller's bug, not a kernel failure
+        raise
+    except Exception as exc:  # triton fails to import here: the latch contract applies
+        _trip_latch(exc)
+        return eager
+    return _BoundFused(kernel_step, eager)
 
 
 def _fused_unavailable_reason(device: torch.device) -> str | None:

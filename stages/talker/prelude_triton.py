@@ -13,12 +13,11 @@ What a newcomer needs to know:
   choice is made per launch from the tensor's device, not from the environment at import time,
   so one process can test both (the kernel tests run CPU and CUDA cases side by side).
 * Launch cost: only pointers are runtime arguments, and after the first call the compiled kernel
-  is launched directly (`DirectLaunches`, `direct_launch`): no Triton binder, no per-call closure
-  or hook plumbing while no launch hook is registered, int pointers on NVIDIA. The steady state
-  is one inline branch of identity tests in `rep_pen_temp`; the kernel is launch-bound, so every
-  line there is the metric (scripts/bench_prelude.py). Triton internals this relies on, each
-  verified once per compiled kernel or read from the 3.6 and 3.9 sources, are listed at
-  `_raw_launch` and `_INT_POINTER_LAUNCHERS`; anything unexpected falls back to Triton's own path.
+  is launched directly (`stages.talker.triton_launch`): no Triton binder, no per-call closure or
+  hook plumbing while no launch hook is registered, int pointers on NVIDIA. The sampler calls
+  `RepPenTempStep`, the kernel bound to its static row state: per step only the logits are
+  checked and passed, the other five pointers were resolved at binding. The kernel is
+  launch-bound, so every line on that path is the metric (scripts/bench_prelude.py).
 * Graph capture: the launch allocates nothing when `out=` is given, reads no tensor value on the
   host and derives the grid from shapes only, so it records into a CUDA/NPU graph as one node.
   The FIRST call in a process compiles: make it outside any capture (one eager call).
@@ -28,15 +27,11 @@ What a newcomer needs to know:
 
 from __future__ import annotations
 
-import logging
-import types
-from collections.abc import Callable, Hashable
-
 import torch
 import triton
 import triton.language as tl
 
-log = logging.getLogger(__name__)
+from stages.talker.triton_launch import DirectLaunches, _build_launcher, kernel_for
 
 # Vocab elements per program. 1024 fp32 = 4 KiB per row block; V = 6562 -> 7 programs per row.
 # The kernel is launch-bound at every B we serve (<= 128 rows), so the block size barely matters
@@ -102,184 +97,6 @@ def _rep_pen_temp_kernel(
 def _empty_kernel(x_ptr):
     """Does nothing: its launch cost is the floor the fused prelude is judged against."""
     pass
-
-
-# (id(kernel), device type) -> launchable: interpreted twin for "cpu", compiled otherwise.
-_launchers: dict[tuple[int, str], object] = {}
-
-
-def _build_launcher(kernel, device_type: str):
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    if device_type == "cpu":
-        return kernel if isinstance(kernel, InterpretedFunction) else InterpretedFunction(kernel.fn)
-    # No pointer-alignment specialization: then a compiled variant depends only on dtypes and
-    # constexprs, which is what lets `DirectLaunches` reuse it without re-running Triton's
-    # binder (scalar instead of 16-byte loads costs nothing measurable: launch-bound kernel).
-    pointers = [name for name in kernel.arg_names if name.endswith("_ptr")]
-    return JITFunction(kernel.fn, do_not_specialize_on_alignment=pointers)
-
-
-def kernel_for(kernel, device: torch.device):
-    """`kernel` as it must run on `device`: interpreted on CPU, compiled elsewhere (cached)."""
-    key = (id(kernel), device.type)
-    launcher = _launchers.get(key)
-    if launcher is None:
-        launcher = _launchers[key] = _build_launcher(kernel, device.type)
-    return launcher
-
-
-def _closure_launch(compiled) -> Callable[..., None]:
-    """Launch through `CompiledKernel[grid](*args)`: Triton's own per-call path (always right)."""
-
-    def launch(grid0: int, grid1: int, grid2: int, *args) -> None:
-        compiled[(grid0, grid1, grid2)](*args)
-
-    return launch
-
-
-def _probe_getitem_convention(compiled) -> bool:
-    """True if `CompiledKernel.__getitem__` calls `run` exactly as `_raw_launch` will.
-
-    Runs the INSTALLED `__getitem__` against a stand-in object (never the real kernel, so no
-    launch can be lost and no handle is touched) and checks the positional layout it hands to
-    `run`: (grid0, grid1, grid2, stream, function, packed_metadata, launch_metadata,
-    enter_hook, exit_hook, *kernel_args). Identical in triton 3.6 and 3.9 (compiler.py).
-    """
-    from triton import knobs
-
-    record: list[tuple] = []
-    metadata = object()
-    stand_in = types.SimpleNamespace(
-        _init_handles=lambda: None,
-        launch_metadata=lambda grid, stream, *args: metadata,
-        run=lambda *call: record.append(call),
-        function=object(),
-        packed_metadata=object(),
-    )
-    args, stream = (object(), object()), object()
-    type(compiled).__getitem__(stand_in, (2, 3, 1))(*args, stream=stream)
-    rt = knobs.runtime
-    expected = (2, 3, 1, stream, stand_in.function, stand_in.packed_metadata, metadata,
-                rt.launch_enter_hook, rt.launch_exit_hook, *args)  # fmt: skip
-    return len(record) == 1 and len(record[0]) == len(expected) and all(
-        a is b for a, b in zip(record[0], expected, strict=True)
-    )
-
-
-def _current_device_fn(driver_active) -> Callable[[], int]:
-    """Triton's "current device" query, minus torch's lazy-init wrapper when it is torch's.
-
-    `torch.cuda.current_device()` is `_lazy_init(); torch._C._cuda_getDevice()`: three Python
-    frames per launch. By the time a raw launch exists CUDA is initialised (the first launch
-    went through Triton), so the C getter alone returns the same index.
-    """
-    get_device = driver_active.get_current_device
-    cuda_get_device = getattr(torch._C, "_cuda_getDevice", None)
-    if get_device is getattr(torch.cuda, "current_device", None) and cuda_get_device is not None:
-        return cuda_get_device
-    return get_device
-
-
-def _raw_launch(compiled) -> Callable[..., None] | None:
-    """A launch that calls `compiled.run` (the C launcher) directly, or None if unsafe here.
-
-    What `CompiledKernel[grid](*args)` costs per call and this skips: a fresh closure, a Python
-    `launch_metadata` that builds a LazyDict whenever a hook object exists (the default
-    `knobs.runtime.launch_*_hook` is an EMPTY `HookChain`, never None, in triton 3.6 and 3.9),
-    and the C launcher calling both empty chains back into Python. With no hook registered we
-    pass None for launch_metadata and both hooks, which the launcher treats as "no hook"; with
-    any hook registered (e.g. a profiler) each call takes the closure path instead, so hooks
-    always fire. Constexpr args are still passed: 3.6's launcher parses one "O" per constexpr.
-    Landmines: keep `compiled` referenced (3.9's CompiledKernel.__del__ unloads the module the
-    raw `function` handle lives in); `run` is fixed once handles are initialised (the property
-    only swaps it for a raising stub when initialisation fails, and ours already succeeded).
-    """
-    try:
-        from triton import knobs
-        from triton.runtime.driver import driver
-
-        run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
-        if function is None or not callable(run) or not _probe_getitem_convention(compiled):
-            raise TypeError("unexpected CompiledKernel layout")
-        runtime, chain = knobs.runtime, getattr(knobs, "HookChain", None)
-        current_device = _current_device_fn(driver.active)
-        current_stream = driver.active.get_current_stream
-    except Exception as exc:  # any surprise: Triton's own per-call path, same results
-        log.debug("fused prelude: direct launch unavailable (%s: %s)", type(exc).__name__, exc)
-        return None
-    closure = _closure_launch(compiled)
-
-    def launch(grid0: int, grid1: int, grid2: int, *args) -> None:
-        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
-        if (enter is None or (type(enter) is chain and not enter.calls)) and (
-            leave is None or (type(leave) is chain and not leave.calls)
-        ):
-            stream = current_stream(current_device())
-            run(grid0, grid1, grid2, stream, function, packed, None, None, None, *args)
-        else:
-            closure(grid0, grid1, grid2, *args)
-
-    launch.compiled = compiled  # the reference that keeps `function` loaded (see above)
-    launch.pointers_as_ints = _launcher_takes_int_pointers(run)
-    return launch
-
-
-# Launcher classes whose C code takes a Python int as a pointer argument AS IS (read in the
-# source of triton 3.6 `getPointer` and 3.9 `extractPointer`: `if (PyLong_Check(obj))` returns
-# the value). A tensor instead costs a `data_ptr()` call from C plus `cuPointerGetAttribute`
-# per pointer, a driver query (~1 us each by old cutorch measurements) that only validates the
-# pointer is device memory. Other backends (NPU, HIP) keep receiving tensors.
-_INT_POINTER_LAUNCHERS = frozenset({"triton.backends.nvidia.driver.CudaLauncher"})
-
-
-def _launcher_takes_int_pointers(run) -> bool:
-    cls = type(run)
-    return f"{cls.__module__}.{cls.__qualname__}" in _INT_POINTER_LAUNCHERS
-
-
-def direct_launch(compiled) -> Callable[..., None]:
-    """`launch(grid0, grid1, grid2, *args)` for a CompiledKernel: raw if verified, else closure.
-
-    `launch.pointers_as_ints` (default False) says the caller may pass `tensor.data_ptr()`
-    ints for pointer arguments, if IT has checked that every such tensor is on the kernel's
-    device (the launcher no longer asks the driver).
-    """
-    launch = _raw_launch(compiled) or _closure_launch(compiled)
-    if not hasattr(launch, "pointers_as_ints"):
-        launch.pointers_as_ints = False
-    return launch
-
-
-class DirectLaunches:
-    """Launch a jitted kernel; after the first launch for a key, launch its compiled kernel.
-
-    `JITFunction.__getitem__(grid)(...)` re-binds and re-specializes every argument and formats
-    its options on each call: several microseconds of Python per launch, as much as the launch.
-    The first call per key goes through it (compiling if needed) and keeps the CompiledKernel it
-    returns as a `direct_launch`: the same C launcher on the current stream (so graph capture
-    still records it). `key` must pin everything the compiled variant depends on: device,
-    dtypes and constexpr values (alignment is not specialized, see `_build_launcher`).
-    Never take the first launch for a key inside a graph capture: that would compile there.
-    """
-
-    def __init__(self, jit_fn):
-        self.jit_fn = jit_fn
-        self.compiled: dict[Hashable, Callable[..., None]] = {}  # key -> launch(g0, g1, g2, *a)
-
-    def __call__(self, key: Hashable, grid: tuple[int, int, int], *args) -> None:
-        launch = self.compiled.get(key)
-        if launch is not None:
-            launch(*grid, *args)
-        else:
-            self.first(key, grid, *args)
-
-    def first(self, key: Hashable, grid: tuple[int, int, int], *args) -> None:
-        """Launch through Triton's binder (compiling if needed); remember the compiled kernel."""
-        kernel = self.jit_fn[grid](*args)
-        if callable(getattr(kernel, "__getitem__", None)):  # a CompiledKernel (triton 3.x)
-            self.compiled[key] = direct_launch(kernel)
 
 
 # Built once at import (pure Python: no device, no compile yet).
@@ -416,3 +233,88 @@ def _canonical_dtypes(history, history_len, pow_table, temperature) -> bool:
     return (history.dtype, history_len.dtype, pow_table.dtype, temperature.dtype) == (
         _I32, _I32, _F32, _F32,
     )  # fmt: skip
+
+
+class RepPenTempStep:
+    """`rep_pen_temp` bound to a sampler's static row state: `step(logits)` per decode step.
+
+    history [S, W] int32, history_len [S] int32, pow_table [S, W + 1] fp32, temperature [S]
+    fp32 and out [S, V] fp32 are the sampler's slot buffers, allocated once and only ever
+    written in place, so their pointers hold for the life of this object (which keeps them
+    referenced). `step(logits [R, V])` with R <= S computes rows [:R] into `out[:R]` and
+    returns that view: exactly `rep_pen_temp(logits, history[:R], ..., out=out[:R])`.
+
+    Why bind: the per-call form checks six tensors and slices five state buffers per step, about
+    as much host time as the launch itself; bound, one branch checks the logits and launches.
+    Anything else (first, compiling call; CPU; odd logits) takes `rep_pen_temp` itself.
+    """
+
+    def __init__(self, history, history_len, pow_table, temperature, out):
+        slots, self._vocab = out.shape
+        self._window = history.shape[1]
+        self._slots, self._device = slots, out.get_device()
+        self._blocks = (self._vocab + BLOCK_V - 1) // BLOCK_V
+        self._state = (history, history_len, pow_table, temperature, out)
+        self._rows: dict[int, torch.Tensor] = {}  # R -> out[:R], made once per R
+        self._launch = None  # set after the first launch compiled for this device
+        self._pointers: tuple = ()
+        self._ints = False
+        shapes_ok = (
+            tuple(history.shape) == (slots, self._window)
+            and tuple(history_len.shape) == (slots,)
+            and tuple(pow_table.shape) == (slots, self._window + 1)
+            and tuple(temperature.shape) == (slots,)
+        )
+        if not shapes_ok:
+            raise ValueError(
+                f"error: sampler state shapes history {tuple(history.shape)}, history_len "
+                f"{tuple(history_len.shape)}, pow_table {tuple(pow_table.shape)}, temperature "
+                f"{tuple(temperature.shape)} do not match out {tuple(out.shape)} "
+                f"(RepPenTempStep); allocate them together (SamplerState.allocate)"
+            )
+        self._bindable = _canonical_dtypes(history, history_len, pow_table, temperature) and all(
+            t.is_contiguous() and t.get_device() == self._device for t in self._state
+        ) and out.dtype is _F32  # fmt: skip
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        rows, vocab = logits.shape
+        launch = self._launch
+        if (
+            launch is not None
+            and 0 < rows <= self._slots
+            and vocab == self._vocab
+            and logits.dtype is _F32
+            and logits.get_device() == self._device
+            and logits.is_contiguous()
+        ):
+            out = self._rows.get(rows)
+            if out is None:
+                out = self._rows[rows] = self._state[4][:rows]
+            # Int pointers are safe: logits were just checked to live on the state's device.
+            launch(rows, self._blocks, 1, logits.data_ptr() if self._ints else logits,
+                   *self._pointers)  # fmt: skip
+            return out
+        return self._checked(logits)
+
+    def _checked(self, logits: torch.Tensor) -> torch.Tensor:
+        """The per-call form (validation, compile, interpreter); arms the bound launch."""
+        rows = logits.shape[0]
+        if rows > self._slots:
+            raise ValueError(
+                f"error: {rows} logit rows for a sampler state of {self._slots} slots "
+                f"(RepPenTempStep); a step samples at most max_batch rows"
+            )
+        history, history_len, pow_table, temperature, out = (t[:rows] for t in self._state)
+        result = rep_pen_temp(logits, history, history_len, pow_table, temperature, out=out)
+        if self._launch is None and self._bindable:
+            key = (self._device, self._vocab, self._window)
+            self._arm(_REP_PEN_TEMP_DEVICE.compiled.get(key))
+        return result
+
+    def _arm(self, launch) -> None:
+        if launch is None:  # not compiled for this device (CPU, or the binder path was taken)
+            return
+        self._ints = launch.pointers_as_ints
+        state = tuple(t.data_ptr() for t in self._state) if self._ints else self._state
+        self._pointers = (*state, self._vocab, self._window, BLOCK_V)
+        self._launch = launch

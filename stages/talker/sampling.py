@@ -3,6 +3,7 @@
 One step for rows 0..R-1 (row == cache slot), all on the device, no host sync:
 
     x = prelude(logits, history, history_len, pow_table, temperature, out=prelude_out)  # penalty, 1/T
+        (bound once to the slot buffers: `CodecSampler.prelude_step`)
     x[EOS] = -inf where step < min_tokens or the row ignores EOS        # stop censoring
     top-k: keep = min(V, max(top_k, min_tokens_to_keep)) largest
     top-p: sort ascending, cumsum of softmax, drop where cum <= 1 - top_p, never the last
@@ -20,6 +21,8 @@ Row state lives in `SamplerState` (device tensors sized max_batch); `admit` writ
 The prelude writes into rows of `SamplerState.prelude_out`, a buffer allocated once: on an H200
 allocating a fresh [R, V] output cost the fused prelude ~3 us of its ~13 us per step
 (results/h200/bench_prelude.json), and the rest of the step only reads it or edits it in place.
+The sampler binds the prelude to these slot buffers once (`bind_prelude`): slicing five state
+tensors and checking six per step cost about as much host time as the fused launch itself.
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ from dataclasses import dataclass
 import torch
 
 from stages.talker.config import SamplingConfig
-from stages.talker.prelude import Prelude, penalty_pow_table, penalty_temperature_eager
+from stages.talker.prelude import (
+    Prelude,
+    PreludeStep,
+    bind_prelude,
+    penalty_pow_table,
+    penalty_temperature_eager,
+)
+
 
 @dataclass
 class SamplerState:
@@ -76,7 +86,28 @@ class CodecSampler:
     def __init__(self, cfg: SamplingConfig, *, eos_id: int, prelude: Prelude | None = None):
         self.cfg = cfg
         self.eos_id = eos_id
-        self.prelude: Prelude = prelude or penalty_temperature_eager
+        self.prelude = prelude or penalty_temperature_eager
+
+    @property
+    def prelude(self) -> Prelude:
+        """The penalty + temperature function; assigning one re-binds it on the next step."""
+        return self._prelude
+
+    @prelude.setter
+    def prelude(self, fn: Prelude) -> None:
+        self._prelude = fn
+        self._bound: tuple[SamplerState, PreludeStep] | None = None
+
+    def prelude_step(self, state: SamplerState) -> PreludeStep:
+        """The prelude bound to `state`'s slot buffers (bound on first use per state)."""
+        bound = self._bound
+        if bound is None or bound[0] is not state:
+            step = bind_prelude(
+                self._prelude, history=state.history, history_len=state.history_len,
+                pow_table=state.pow_table, temperature=state.temperature, out=state.prelude_out,
+            )  # fmt: skip
+            bound = self._bound = (state, step)
+        return bound[1]
 
     def admit(self, state: SamplerState, slot: int, *, limit: int, ignore_eos: bool) -> None:
         """Reset row `slot` for a new request; the pow table is computed here, once."""
@@ -95,10 +126,7 @@ class CodecSampler:
     def filter(self, logits: torch.Tensor, state: SamplerState) -> torch.Tensor:
         """logits: [R, V] fp32 -> filtered fp32 [R, V] (-inf where removed)."""
         r = logits.shape[0]
-        x = self.prelude(
-            logits, state.history[:r], state.history_len[:r], state.pow_table[:r],
-            state.temperature[:r], out=state.prelude_out[:r],
-        )
+        x = self.prelude_step(state)(logits)  # rows [:r] of state.prelude_out
         x = mask_eos(x, eos_id=self.eos_id, censor=(state.step[:r] < self.cfg.min_tokens)
                      | state.ignore_eos[:r])
         x = top_k_filter(x, max(self.cfg.top_k, self.cfg.min_tokens_to_keep))

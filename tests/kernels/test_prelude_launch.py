@@ -1,18 +1,16 @@
-"""The fused prelude's launch path: the direct launcher and the steady-state branch, on the CPU.
+"""The fused prelude's steady-state branches (`rep_pen_temp`, `RepPenTempStep`), on the CPU.
 
-`stages.talker.prelude_triton` launches its compiled kernel by calling `CompiledKernel.run` (the
-C launcher) itself, after checking Triton's calling convention once. These tests pin that
-contract without a GPU: a real `CompiledKernel` object built without compiling (its `_run`
-records instead of launching), a stand-in Triton driver, and a fake launcher registered for the
-CPU "device key" so `rep_pen_temp`'s steady-state branch runs on CPU tensors. The compiled path
-itself (bit-exact, graph capture) is covered by the `gpu` tests in the sibling modules.
+After its first (compiling) launch the fused prelude launches the compiled kernel directly
+(`stages.talker.triton_launch`, tested in test_triton_launch.py). Here a fake launcher is
+registered for the CPU "device key", so the steady-state branches run on CPU tensors and what
+they hand the launcher is asserted; odd inputs must leave them for the checked path. The
+compiled path itself (bit-exact, graph capture) is covered by the `gpu` tests here and in the
+sibling modules.
 
 Run: python -m pytest tests/kernels/test_prelude_launch.py -q
 """
 
 from __future__ import annotations
-
-import types
 
 import pytest
 import torch
@@ -24,7 +22,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
     pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION:UserWarning"),
 ]
-STREAM_OF_DEVICE_3 = 0x7E57
 
 
 @pytest.fixture
@@ -33,116 +30,6 @@ def pt():
     from stages.talker import prelude_triton
 
     return prelude_triton
-
-
-@pytest.fixture
-def fake_driver(monkeypatch):
-    """Triton's active driver replaced by one whose current device is 3 (no GPU needed)."""
-    from triton.runtime.driver import driver
-
-    fake = types.SimpleNamespace(
-        get_current_device=lambda: 3,
-        get_current_stream=lambda index: STREAM_OF_DEVICE_3 if index == 3 else None,
-    )
-    monkeypatch.setattr(driver, "_active", fake)
-    return fake
-
-
-@pytest.fixture
-def launch_hook():
-    """Registers a launch-enter hook on Triton's knobs for one test; yields what it saw."""
-    from triton import knobs
-
-    seen = []
-    hook = seen.append
-    knobs.runtime.launch_enter_hook.add(hook)
-    yield seen
-    knobs.runtime.launch_enter_hook.remove(hook)
-
-
-def recording_kernel(calls: list):
-    """A real CompiledKernel, never compiled: handles look initialised, `run` records."""
-    from triton.compiler.compiler import CompiledKernel
-
-    kernel = CompiledKernel.__new__(CompiledKernel)
-    kernel.module, kernel._module_pid = object(), None  # _init_handles: nothing to do
-    kernel.function, kernel.packed_metadata = 0xF00, (4, 1, 0)
-    kernel.name, kernel.src = "recording", None
-
-    def run(*call):  # like the C launcher: it calls the hooks it is given
-        calls.append(call)
-        if call[7] is not None:
-            call[7](call[6])
-
-    kernel._run = run
-    return kernel
-
-
-def test_direct_launch_calls_the_c_launcher_with_tritons_convention(pt, fake_driver):
-    calls = []
-    launch = pt.direct_launch(recording_kernel(calls))
-    assert launch.pointers_as_ints is False  # only Triton's NVIDIA launcher is known to
-    launch(5, 7, 1, "logits", "out", 6562)
-    # grid, stream of the CURRENT device, function, packed metadata, no metadata, no hooks, args
-    assert calls == [(5, 7, 1, STREAM_OF_DEVICE_3, 0xF00, (4, 1, 0), None, None, None,
-                      "logits", "out", 6562)]  # fmt: skip
-
-
-def test_direct_launch_defers_to_triton_while_a_launch_hook_is_registered(
-    pt, fake_driver, launch_hook
-):
-    calls = []
-    pt.direct_launch(recording_kernel(calls))(2, 7, 1, "logits")
-    assert len(calls) == 1 and calls[0][:6] == (2, 7, 1, STREAM_OF_DEVICE_3, 0xF00, (4, 1, 0))
-    assert calls[0][7] is not None  # Triton's own path handed the hook chain to the launcher
-    assert len(launch_hook) == 1 and launch_hook[0].get()["name"] == "recording"
-
-
-def test_unrecognised_compiled_kernel_launches_through_its_getitem(pt):
-    log = []
-
-    class OnlyGetitem:
-        def __getitem__(self, grid):
-            return lambda *args: log.append((grid, args))
-
-    pt.direct_launch(OnlyGetitem())(3, 7, 1, "a", 1)
-    assert log == [((3, 7, 1), ("a", 1))]
-
-
-def test_direct_launches_reuse_the_compiled_kernel_per_key(pt):
-    log = []
-
-    class FakeCompiled:
-        def __getitem__(self, grid):
-            return lambda *args: log.append(("direct", grid, args))
-
-    class FakeJit:
-        def __getitem__(self, grid):
-            def run(*args):
-                log.append(("jit", grid, args))
-                return FakeCompiled()
-
-            return run
-
-    launches = pt.DirectLaunches(FakeJit())
-    launches(("k1",), (2, 7, 1), "a", 1)
-    launches(("k1",), (3, 7, 1), "b", 2)
-    launches(("k2",), (3, 7, 1), "c", 3)
-    launches(("k2",), (1, 7, 1), "d", 4)
-    assert log == [
-        ("jit", (2, 7, 1), ("a", 1)),
-        ("direct", (3, 7, 1), ("b", 2)),
-        ("jit", (3, 7, 1), ("c", 3)),
-        ("direct", (1, 7, 1), ("d", 4)),
-    ]
-
-
-def test_only_tritons_nvidia_launcher_gets_int_pointers(pt):
-    """Guards the class name the int-pointer shortcut is keyed on against a Triton rename."""
-    from triton.backends.nvidia.driver import CudaLauncher
-
-    assert pt._launcher_takes_int_pointers(CudaLauncher.__new__(CudaLauncher))
-    assert not pt._launcher_takes_int_pointers(lambda *args: None)
 
 
 def register_fake_launch(pt, monkeypatch, *, pointers_as_ints: bool) -> list:
@@ -219,6 +106,10 @@ def test_cuda_launches_directly_and_still_fires_registered_hooks(pt):
     assert_bitwise_equal(pt.rep_pen_temp(*case.args()).cpu(), expected)  # may compile
     launch = pt._REP_PEN_TEMP_DEVICE.compiled[(device.index, VOCAB, HISTORY_WINDOW)]
     assert getattr(launch, "compiled", None) is not None, "direct launch not verified here"
+    import triton
+
+    if triton.__version__.startswith("3.6."):  # the layout _probe_launcher_call was read from
+        assert launch.calls_c_directly, "triton 3.6's launcher __call__ was not skipped"
     assert_bitwise_equal(pt.rep_pen_temp(*case.args()).cpu(), expected)  # the raw launch
     seen = []
     hook = seen.append
@@ -234,3 +125,56 @@ def test_cuda_launches_directly_and_still_fires_registered_hooks(pt):
     with pytest.raises(ValueError, match="cpu tensor"):
         pt.rep_pen_temp(case.logits, case.history.cpu(), *case.args()[2:])
     assert_bitwise_equal(pt.rep_pen_temp(*case.args()).cpu(), expected)
+
+
+def slot_state(slots: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """Sampler-like slot buffers [S, ...] filled from a seeded case, plus a NaN output buffer."""
+    case = random_inputs(slots, seed=seed)
+    return (*case.args()[1:], torch.full((slots, VOCAB), float("nan")))
+
+
+@pytest.mark.parametrize("pointers_as_ints", [False, True])
+def test_bound_step_resolves_state_pointers_once_and_passes_only_logits(
+    pt, monkeypatch, pointers_as_ints
+):
+    launches = register_fake_launch(pt, monkeypatch, pointers_as_ints=pointers_as_ints)
+    state = slot_state(6, seed=30)
+    step = pt.RepPenTempStep(*state)
+    logits = random_inputs(3, seed=31).logits
+    first = step(logits)  # checked path (rep_pen_temp's own fast branch here); arms the step
+    second = step(logits)
+    assert first.data_ptr() == second.data_ptr() == state[4].data_ptr()
+    assert second.shape == (3, VOCAB) and step(logits) is second  # one view per R, reused
+    assert len(launches) == 3
+    bound = launches[1]
+    assert bound[:3] == (3, -(-VOCAB // pt.BLOCK_V), 1)
+    if pointers_as_ints:  # full slot buffers: rows [:R] start at the same address
+        assert bound[3:9] == (logits.data_ptr(), *(t.data_ptr() for t in state))
+    else:
+        assert bound[3] is logits and all(a is b for a, b in zip(bound[4:9], state, strict=True))
+    assert bound[9:] == (VOCAB, HISTORY_WINDOW, pt.BLOCK_V)
+
+
+def test_bound_step_sends_odd_logits_to_the_checked_path(pt, monkeypatch):
+    launches = register_fake_launch(pt, monkeypatch, pointers_as_ints=True)
+    state = slot_state(4, seed=32)
+    step = pt.RepPenTempStep(*state)
+    logits = random_inputs(2, seed=33).logits
+    step(logits)  # arms
+    launches.clear()
+    with pytest.raises(ValueError, match=r"^error: logits are torch.float16"):
+        step(logits.half())
+    with pytest.raises(ValueError, match=r"^error: 5 logit rows for a sampler state of 4 slots"):
+        step(torch.zeros(5, VOCAB))
+    # Strided logits: copied contiguous by the checked path, then run (CPU: the interpreter).
+    strided = torch.cat([logits, logits], dim=1)[:, :VOCAB]
+    got = step(strided)
+    assert launches == []  # none of the three reached the bound launch
+    rows = [t[:2] for t in state[:4]]
+    assert_bitwise_equal(got, penalty_temperature_eager(logits, *rows))
+
+
+def test_bound_step_rejects_slot_buffers_of_different_sizes(pt):
+    history, history_len, pow_table, temperature, out = slot_state(4, seed=34)
+    with pytest.raises(ValueError, match=r"^error: sampler state shapes .*SamplerState.allocate"):
+        pt.RepPenTempStep(history[:3], history_len, pow_table, temperature, out)

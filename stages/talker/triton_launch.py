@@ -1,0 +1,262 @@
+"""Launching a compiled Triton kernel for the price of the launch, not of Triton's Python.
+
+`JITFunction[grid](*args)` re-binds and re-specializes every argument and formats its options on
+each call; `CompiledKernel[grid](*args)` still builds a closure and launch metadata per call; the
+launcher object behind it (`CompiledKernel.run`, triton's `CudaLauncher`) is itself Python that
+allocates scratch before calling the C function. For a kernel that exists to cost one launch
+(the sampling prelude, `stages.talker.prelude_triton`) each of those layers is a visible share
+of the step (scripts/bench_prelude.py measures them: `empty`, `empty_direct`, `empty_raw`).
+
+What a newcomer needs to know:
+* `DirectLaunches(jit_fn)`: the first launch per key goes through Triton (compiling if needed);
+  later ones call `direct_launch(compiled)`: the C launcher itself, on the current stream, so a
+  graph capture still records it.
+* Every shortcut is taken only after checking, once per compiled kernel and against the
+  INSTALLED triton, that it does exactly what Triton's own path does: `CompiledKernel.__getitem__`
+  is run on a stand-in and its call to `run` compared (`_probe_getitem_convention`); the
+  launcher's `__call__` likewise (`_probe_launcher_call`). Anything unexpected, or any launch hook
+  registered (a profiler), means Triton's own path, with the same results.
+* Triton internals relied on (read in the 3.6 and 3.9 sources) are named at each function.
+* `kernel_for(kernel, device)`: the interpreted twin on CPU (TRITON_INTERPRET tests), a compiled
+  variant without pointer-alignment specialization elsewhere.
+
+    >>> launches = DirectLaunches(kernel_for(my_kernel, torch.device("cuda")))  # doctest: +SKIP
+    >>> launches((device_index, vocab), (rows, blocks, 1), x_ptr, out_ptr, VOCAB)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from collections.abc import Callable, Hashable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# (id(kernel), device type) -> launchable: interpreted twin for "cpu", compiled otherwise.
+_launchers: dict[tuple[int, str], object] = {}
+
+
+def _build_launcher(kernel, device_type: str):
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    if device_type == "cpu":
+        return kernel if isinstance(kernel, InterpretedFunction) else InterpretedFunction(kernel.fn)
+    # No pointer-alignment specialization: then a compiled variant depends only on dtypes and
+    # constexprs, which is what lets `DirectLaunches` reuse it without re-running Triton's
+    # binder (scalar instead of 16-byte loads costs nothing measurable: launch-bound kernels).
+    pointers = [name for name in kernel.arg_names if name.endswith("_ptr")]
+    return JITFunction(kernel.fn, do_not_specialize_on_alignment=pointers)
+
+
+def kernel_for(kernel, device: torch.device):
+    """`kernel` as it must run on `device`: interpreted on CPU, compiled elsewhere (cached)."""
+    key = (id(kernel), device.type)
+    launcher = _launchers.get(key)
+    if launcher is None:
+        launcher = _launchers[key] = _build_launcher(kernel, device.type)
+    return launcher
+
+
+def _closure_launch(compiled) -> Callable[..., None]:
+    """Launch through `CompiledKernel[grid](*args)`: Triton's own per-call path (always right)."""
+
+    def launch(grid0: int, grid1: int, grid2: int, *args) -> None:
+        compiled[(grid0, grid1, grid2)](*args)
+
+    return launch
+
+
+def _probe_getitem_convention(compiled) -> bool:
+    """True if `CompiledKernel.__getitem__` calls `run` exactly as `_raw_launch` will.
+
+    Runs the INSTALLED `__getitem__` against a stand-in object (never the real kernel, so no
+    launch can be lost and no handle is touched) and checks the positional layout it hands to
+    `run`: (grid0, grid1, grid2, stream, function, packed_metadata, launch_metadata,
+    enter_hook, exit_hook, *kernel_args). Identical in triton 3.6 and 3.9 (compiler.py).
+    """
+    from triton import knobs
+
+    record: list[tuple] = []
+    metadata = object()
+    stand_in = types.SimpleNamespace(
+        _init_handles=lambda: None,
+        launch_metadata=lambda grid, stream, *args: metadata,
+        run=lambda *call: record.append(call),
+        function=object(),
+        packed_metadata=object(),
+    )
+    args, stream = (object(), object()), object()
+    type(compiled).__getitem__(stand_in, (2, 3, 1))(*args, stream=stream)
+    rt = knobs.runtime
+    expected = (2, 3, 1, stream, stand_in.function, stand_in.packed_metadata, metadata,
+                rt.launch_enter_hook, rt.launch_exit_hook, *args)  # fmt: skip
+    return _same_call(record, expected)
+
+
+def _same_call(record: list[tuple], expected: tuple) -> bool:
+    """One recorded call whose arguments are, one by one, the very objects expected."""
+    return len(record) == 1 and len(record[0]) == len(expected) and all(
+        a is b for a, b in zip(record[0], expected, strict=True)
+    )
+
+
+def _probe_launcher_call(run) -> bool:
+    """True if, for this launcher, `run(g0, g1, g2, stream, function, *rest)` is exactly
+    `run.launch(g0, g1, g2, stream, function, coop, pdl, None, None, *rest)`.
+
+    That is triton 3.6's `CudaLauncher.__call__` when the kernel needs no global or profile
+    scratch (its `allocate_scratch` returns None for size 0): a Python frame, a closure and two
+    calls per launch around the C function. Checked by running the INSTALLED `__call__` on a
+    stand-in that records what reaches `launch`; 3.9's launcher hands `launch` a different
+    layout (annotations, signature, args as a tuple), fails this check and keeps `run`.
+    """
+    if getattr(run, "global_scratch_size", None) != 0 or getattr(run, "profile_scratch_size", None) != 0:
+        return False
+    if not callable(getattr(run, "launch", None)):
+        return False
+    record: list[tuple] = []
+    coop, pdl = object(), object()
+    stand_in = types.SimpleNamespace(
+        num_ctas=1, global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
+        profile_scratch_align=1, launch_cooperative_grid=coop, launch_pdl=pdl,
+        gsan_enabled=False, launch=lambda *call: record.append(call),
+    )  # fmt: skip
+    head, rest = (object(), object()), tuple(object() for _ in range(5))
+    type(run).__call__(stand_in, 2, 3, 1, *head, *rest)
+    return _same_call(record, (2, 3, 1, *head, coop, pdl, None, None, *rest))
+
+
+def _current_device_fn(driver_active) -> Callable[[], int]:
+    """Triton's "current device" query, minus torch's lazy-init wrapper when it is torch's.
+
+    `torch.cuda.current_device()` is `_lazy_init(); torch._C._cuda_getDevice()`: three Python
+    frames per launch. By the time a raw launch exists CUDA is initialised (the first launch
+    went through Triton), so the C getter alone returns the same index.
+    """
+    get_device = driver_active.get_current_device
+    cuda_get_device = getattr(torch._C, "_cuda_getDevice", None)
+    if get_device is getattr(torch.cuda, "current_device", None) and cuda_get_device is not None:
+        return cuda_get_device
+    return get_device
+
+
+def _c_function(run) -> tuple | None:
+    """(run.launch, coop, pdl) when calling the C function directly is what `run` does, else
+    None: see `_probe_launcher_call`."""
+    try:
+        if _probe_launcher_call(run):
+            return run.launch, run.launch_cooperative_grid, run.launch_pdl
+    except Exception as exc:  # a launcher we do not know: keep calling it as Triton does
+        log.debug("triton launch: launcher call kept (%s: %s)", type(exc).__name__, exc)
+    return None
+
+
+def _raw_launch(compiled) -> Callable[..., None] | None:
+    """A launch that calls the C launcher directly, or None if unsafe here.
+
+    What `CompiledKernel[grid](*args)` costs per call and this skips: a fresh closure, a Python
+    `launch_metadata` that builds a LazyDict whenever a hook object exists (the default
+    `knobs.runtime.launch_*_hook` is an EMPTY `HookChain`, never None, in triton 3.6 and 3.9),
+    the C launcher calling both empty chains back into Python, and (3.6, no scratch) the
+    launcher's own Python `__call__`. With no hook registered we pass None for launch_metadata
+    and both hooks, which the C launcher treats as "no hook"; with any hook registered (e.g. a
+    profiler) each call takes the closure path instead, so hooks always fire. Constexpr args are
+    still passed: 3.6's launcher parses one "O" per constexpr.
+    Landmines: keep `compiled` referenced (3.9's CompiledKernel.__del__ unloads the module the
+    raw `function` handle lives in); `run` is fixed once handles are initialised (the property
+    only swaps it for a raising stub when initialisation fails, and ours already succeeded).
+    """
+    try:
+        from triton import knobs
+        from triton.runtime.driver import driver
+
+        run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+        if function is None or not callable(run) or not _probe_getitem_convention(compiled):
+            raise TypeError("unexpected CompiledKernel layout")
+        runtime, chain = knobs.runtime, getattr(knobs, "HookChain", None)
+        current_device = _current_device_fn(driver.active)
+        current_stream = driver.active.get_current_stream
+    except Exception as exc:  # any surprise: Triton's own per-call path, same results
+        log.debug("triton launch: direct launch unavailable (%s: %s)", type(exc).__name__, exc)
+        return None
+    closure = _closure_launch(compiled)
+    c_function = _c_function(run)
+    c_launch, coop, pdl = c_function or (None, None, None)
+
+    def launch(grid0: int, grid1: int, grid2: int, *args) -> None:
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        if (enter is None or (type(enter) is chain and not enter.calls)) and (
+            leave is None or (type(leave) is chain and not leave.calls)
+        ):
+            stream = current_stream(current_device())
+            if c_launch is not None:  # what `run` would do, minus its Python frame
+                c_launch(grid0, grid1, grid2, stream, function, coop, pdl, None, None, packed,
+                         None, None, None, *args)  # fmt: skip
+            else:
+                run(grid0, grid1, grid2, stream, function, packed, None, None, None, *args)
+        else:
+            closure(grid0, grid1, grid2, *args)
+
+    launch.compiled = compiled  # the reference that keeps `function` loaded (see above)
+    launch.pointers_as_ints = _launcher_takes_int_pointers(run)
+    launch.calls_c_directly = c_launch is not None
+    return launch
+
+
+# Launcher classes whose C code takes a Python int as a pointer argument AS IS (read in the
+# source of triton 3.6 `getPointer` and 3.9 `extractPointer`: `if (PyLong_Check(obj))` returns
+# the value). A tensor instead costs a `data_ptr()` call from C plus `cuPointerGetAttribute`
+# per pointer, a driver query (~1 us each by old cutorch measurements) that only validates the
+# pointer is device memory. Other backends (NPU, HIP) keep receiving tensors.
+_INT_POINTER_LAUNCHERS = frozenset({"triton.backends.nvidia.driver.CudaLauncher"})
+
+
+def _launcher_takes_int_pointers(run) -> bool:
+    cls = type(run)
+    return f"{cls.__module__}.{cls.__qualname__}" in _INT_POINTER_LAUNCHERS
+
+
+def direct_launch(compiled) -> Callable[..., None]:
+    """`launch(grid0, grid1, grid2, *args)` for a CompiledKernel: raw if verified, else closure.
+
+    `launch.pointers_as_ints` (default False) says the caller may pass `tensor.data_ptr()`
+    ints for pointer arguments, if IT has checked that every such tensor is on the kernel's
+    device (the launcher no longer asks the driver). `launch.calls_c_directly` says the
+    launcher's Python `__call__` is skipped too (see `_probe_launcher_call`).
+    """
+    launch = _raw_launch(compiled) or _closure_launch(compiled)
+    if not hasattr(launch, "pointers_as_ints"):
+        launch.pointers_as_ints = False
+        launch.calls_c_directly = False
+    return launch
+
+
+class DirectLaunches:
+    """Launch a jitted kernel; after the first launch for a key, launch its compiled kernel.
+
+    The first call per key goes through `jit_fn[grid](*args)` (compiling if needed) and keeps
+    the CompiledKernel it returns as a `direct_launch`. `key` must pin everything the compiled
+    variant depends on: device, dtypes and constexpr values (alignment is not specialized, see
+    `_build_launcher`). Never take the first launch for a key inside a graph capture: that
+    would compile there.
+    """
+
+    def __init__(self, jit_fn):
+        self.jit_fn = jit_fn
+        self.compiled: dict[Hashable, Callable[..., None]] = {}  # key -> launch(g0, g1, g2, *a)
+
+    def __call__(self, key: Hashable, grid: tuple[int, int, int], *args) -> None:
+        launch = self.compiled.get(key)
+        if launch is not None:
+            launch(*grid, *args)
+        else:
+            self.first(key, grid, *args)
+
+    def first(self, key: Hashable, grid: tuple[int, int, int], *args) -> None:
+        """Launch through Triton's binder (compiling if needed); remember the compiled kernel."""
+        kernel = self.jit_fn[grid](*args)
+        if callable(getattr(kernel, "__getitem__", None)):  # a CompiledKernel (triton 3.x)
+            self.compiled[key] = direct_launch(kernel)
