@@ -4,6 +4,9 @@ Two implementations of one function, and the dispatcher that picks between them 
 * `penalty_temperature_eager`: the plain-torch reference (14 small kernels per call on an H200);
 * the fused Triton twin (`stages.talker.prelude_triton.rep_pen_temp`, `_rep_pen_temp_kernel`):
   one launch for the whole [B, V] batch, bit for bit equal to the reference.
+The sampler does not call either per step: it binds the chosen one to its slot buffers once
+(`bind_prelude`) and hands the bound step only the logits; for the fused kernel that removes
+per-step slicing and checks that cost as much host time as the launch (scripts/bench_prelude.py).
 
 Numerics contract shared by every implementation (so fused == eager bit for bit):
 * counts[b, v] = number of valid history slots (slot < history_len[b]) holding code v; integers.

@@ -18,11 +18,11 @@ Each request owns a `torch.Generator` seeded from its seed, so its codes do not 
 other requests share the batch; only the Exp(1) draw of the multinomial loops over rows.
 
 Row state lives in `SamplerState` (device tensors sized max_batch); `admit` writes one row.
-The prelude writes into rows of `SamplerState.prelude_out`, a buffer allocated once: on an H200
-allocating a fresh [R, V] output cost the fused prelude ~3 us of its ~13 us per step
-(results/h200/bench_prelude.json), and the rest of the step only reads it or edits it in place.
-The sampler binds the prelude to these slot buffers once (`bind_prelude`): slicing five state
-tensors and checking six per step cost about as much host time as the fused launch itself.
+The prelude writes into rows of `SamplerState.prelude_out`, a buffer allocated once (the rest of
+the step only reads it or edits it in place), and the sampler binds the prelude to the slot
+buffers once (`bind_prelude`), so a step hands it only the logits. On an H200 the fused prelude
+costs 6-11 us per step called this way and 10-17 us when it allocates its output per call
+(results/h200/bench_prelude_bound_r*.json, `fused` vs `fused_alloc`).
 """
 
 from __future__ import annotations
