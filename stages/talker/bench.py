@@ -4,10 +4,13 @@ Full-size dims (or `--tiny`), seeded random weights, every request decoding for 
 measurement (fixed `max_codes`). For decode graphs off/on (stage extra `talker_decode_graph`;
 on is eager where the platform has no graphs), each prelude (eager reference, and whatever
 `select_prelude(fused=True)` picks on this device) and each batch size B, after one discarded
-pass that captures the graphs the timed pass needs:
-prefill B requests, warm up, then time `--steps` engine steps (synchronize before each clock
-read; `step()` itself reads the sampled ids back once per step), and count the device kernels
-of one step with `torch.profiler`. Prints a header, a fixed-width table, and one JSON document as
+pass that captures the graphs the timed pass needs: prefill B requests once, warm up, then time
+`--reps` windows of `--steps` engine steps per prelude, the preludes alternating window by window
+(A B, B A, ...) on the same running requests (synchronize before each clock read; `step()`
+itself reads the sampled ids back once per step); report the median window per prelude, the
+selected/eager ratio, and the device kernels of one step (`torch.profiler`). Timing the
+preludes one after another instead let host drift pose as a prelude effect (the eager-mode
+step at B = 128 read 26.5 ms with one and 38.7 ms with the other, run after it). Prints a header, a fixed-width table, and one JSON document as
 the last stdout line; `--out DIR` also writes `DIR/talker_bench.json`.
 
     PYTHONPATH=. python3 -m stages.talker.bench --device cuda --out "$OUT"
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -51,8 +55,50 @@ def kernels_per_step(engine: TalkerEngine, device: torch.device) -> int:
         e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
 
 
-def measure(engine: TalkerEngine, device, *, batch: int, steps: int, warmup: int) -> dict:
-    budget = warmup + steps + 4
+@dataclasses.dataclass
+class Cell:
+    """One (decode graph, prelude, B) measurement; step times per timed window."""
+
+    decode_graph: bool
+    prelude: str
+    impl: str
+    batch: int
+    prefill_ms: float
+    windows_ms: list[float]  # ms per step, one entry per timed window
+    kernels_per_step: int
+
+    @property
+    def step_ms(self) -> float:
+        return statistics.median(self.windows_ms)
+
+    def row(self) -> dict:
+        return {"decode_graph": self.decode_graph, "prelude": self.prelude, "impl": self.impl,
+                "batch": self.batch, "prefill_ms": self.prefill_ms, "step_ms": self.step_ms,
+                "codes_per_s": self.batch * 1e3 / self.step_ms,
+                "kernels_per_step": self.kernels_per_step,
+                "windows_ms": [round(x, 4) for x in self.windows_ms]}  # fmt: skip
+
+
+def time_steps(engine: TalkerEngine, device, steps: int) -> float:
+    """ms per `step()` over `steps` back-to-back steps (synchronized at both ends)."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    synchronize(device)
+    return (time.perf_counter() - t0) * 1e3 / steps
+
+
+def measure(engine: TalkerEngine, device, preludes: dict, *, batch: int, steps: int, warmup: int,
+            reps: int) -> list[Cell]:
+    """B requests decoding; windows of `steps` steps per prelude, round-robin (A B, B A, ...).
+
+    All preludes share one prefill and one set of running requests, and alternate window by
+    window with the order reversed every repetition, so host drift and the slowly growing KV
+    length land on every prelude alike: their ratio is the measurement, not the cells' order.
+    """
+    names = list(preludes)
+    budget = warmup + reps * len(names) * steps + 4
     for i in range(batch):
         engine.add(TalkerRequest(f"b{batch}-{i}", TEXT, seed=i, max_codes=budget))
     synchronize(device)
@@ -60,19 +106,50 @@ def measure(engine: TalkerEngine, device, *, batch: int, steps: int, warmup: int
     engine.step()  # admits and prefills all B requests, samples code #0
     synchronize(device)
     prefill_ms = (time.perf_counter() - t0) * 1e3
-    for _ in range(warmup):
-        engine.step()
-    synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    synchronize(device)
-    step_ms = (time.perf_counter() - t0) * 1e3 / steps
-    kernels = kernels_per_step(engine, device)
+    for name in names:
+        engine.prelude = preludes[name]
+        time_steps(engine, device, max(1, warmup // len(names)))
+    windows: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(reps):
+        for name in names if r % 2 == 0 else names[::-1]:
+            engine.prelude = preludes[name]
+            windows[name].append(time_steps(engine, device, steps))
+    cells = []
+    for name in names:
+        engine.prelude = preludes[name]
+        cells.append(Cell(decode_graph=engine.graphs is not None, prelude=name,
+                          impl=preludes[name].__name__, batch=batch, prefill_ms=prefill_ms,
+                          windows_ms=windows[name],
+                          kernels_per_step=kernels_per_step(engine, device)))  # fmt: skip
     for i in range(batch):
         engine.cancel(f"b{batch}-{i}")
-    return {"batch": batch, "prefill_ms": prefill_ms, "step_ms": step_ms,
-            "codes_per_s": batch * 1e3 / step_ms, "kernels_per_step": kernels}
+    return cells
+
+
+def ratios(cells: list[Cell]) -> list[dict]:
+    """selected / eager step time per (decode graph, B): < 1 means the selected prelude is
+    faster; from medians of windows timed round-robin in one pass."""
+    by = {(c.decode_graph, c.batch, c.prelude): c for c in cells}
+    out = []
+    for (graph, batch, name), cell in by.items():
+        eager = by.get((graph, batch, "eager"))
+        if name != "eager" and eager is not None:
+            out.append({"decode_graph": graph, "batch": batch, "prelude": name,
+                        "step_ratio_vs_eager": round(cell.step_ms / eager.step_ms, 4),
+                        "kernels_saved": eager.kernels_per_step - cell.kernels_per_step})  # fmt: skip
+    return out
+
+
+def render(cells: list[Cell], compared: list[dict]) -> str:
+    ratio = {(r["decode_graph"], r["batch"]): r["step_ratio_vs_eager"] for r in compared}
+    lines = [f"{'graph':<6}{'prelude':<28}{'B':>5}{'prefill ms':>12}{'step ms':>10}"
+             f"{'codes/s':>11}{'kernels':>9}{'vs eager':>10}"]  # fmt: skip
+    for c in cells:
+        vs = ratio.get((c.decode_graph, c.batch)) if c.prelude != "eager" else None
+        lines.append(f"{str(c.decode_graph):<6}{c.impl:<28}{c.batch:>5}{c.prefill_ms:>12.2f}"
+                     f"{c.step_ms:>10.3f}{c.batch * 1e3 / c.step_ms:>11.0f}"
+                     f"{c.kernels_per_step:>9}{'' if vs is None else f'{vs:.3f}':>10}")  # fmt: skip
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,7 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--batches", default="1,8,32,64,128")
-    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=20, help="steps per timed window")
+    ap.add_argument("--reps", type=int, default=6, help="timed windows per prelude")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--max-seq-len", type=int, default=1024)
     ap.add_argument("--tiny", action="store_true")
@@ -89,32 +167,30 @@ def main(argv: list[str] | None = None) -> None:
     device, dtype = resolve_device(args.device), dtype_from_name(args.dtype)
     batches = [int(b) for b in args.batches.split(",")]
     base = tiny_config() if args.tiny else TalkerConfig()
-    rows = []
+    preludes = {"eager": penalty_temperature_eager,
+                "selected": select_prelude(fused=True, device=device)}  # fmt: skip
+    cells: list[Cell] = []
     for graph in (False, True):
         cfg = dataclasses.replace(base, extra={"talker_decode_graph": graph})
         engine = TalkerEngine(cfg, device=device, dtype=dtype, max_batch=max(batches),
                               max_seq_len=args.max_seq_len, prelude=penalty_temperature_eager)
+        if graph and engine.graphs is None:  # no graph API here: the same pass as graph off
+            print(f"talker bench | decode graphs unavailable on {device.type}: one pass only")
+            break
         print(f"talker bench | {describe_device(device)} | {args.dtype} | {engine.describe()}")
-        for name, prelude in (("eager", penalty_temperature_eager),
-                              ("selected", select_prelude(fused=True, device=device))):
-            engine.prelude = prelude
-            for b in batches:
-                # The first pass captures graphs / warms caches for every (rows, kv_len) bucket
-                # the timed pass will meet; only the second pass is reported.
-                measure(engine, device, batch=b, steps=args.steps, warmup=args.warmup)
-                row = measure(engine, device, batch=b, steps=args.steps, warmup=args.warmup)
-                rows.append({"decode_graph": engine.graphs is not None, "prelude": name,
-                             "impl": prelude.__name__, **row})
+        for b in batches:
+            # The first pass captures graphs / warms caches for every (rows, kv_len) bucket
+            # the timed pass will meet; only the second pass is reported.
+            opts = {"batch": b, "steps": args.steps, "warmup": args.warmup, "reps": args.reps}
+            measure(engine, device, preludes, **opts)
+            cells += measure(engine, device, preludes, **opts)
         del engine
-    print(f"{'graph':<6}{'prelude':<28}{'B':>5}{'prefill ms':>12}{'step ms':>10}"
-          f"{'codes/s':>11}{'kernels':>9}")
-    for r in rows:
-        print(f"{str(r['decode_graph']):<6}{r['impl']:<28}{r['batch']:>5}"
-              f"{r['prefill_ms']:>12.2f}{r['step_ms']:>10.3f}"
-              f"{r['codes_per_s']:>11.0f}{r['kernels_per_step']:>9}")
-    doc = {"schema": "talker-bench/1", "device": describe_device(device), "dtype": args.dtype,
+    compared = ratios(cells)
+    print(render(cells, compared))
+    doc = {"schema": "talker-bench/2", "device": describe_device(device), "dtype": args.dtype,
            "config": "tiny" if args.tiny else "full", "max_seq_len": args.max_seq_len,
-           "rows": rows}
+           "steps_per_window": args.steps, "windows": args.reps, "timing": "round_robin",
+           "rows": [c.row() for c in cells], "ratios": compared}  # fmt: skip
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "talker_bench.json").write_text(json.dumps(doc, indent=2))
