@@ -8,7 +8,7 @@ pass that captures the graphs the timed pass needs: prefill B requests once, war
 `--reps` windows of `--steps` engine steps per prelude, the preludes alternating window by window
 (A B, B A, ...) on the same running requests (synchronize before each clock read; `step()`
 itself reads the sampled ids back once per step); report the median window per prelude, the
-selected/eager ratio, and the device kernels of one step (`torch.profiler`). Timing the
+selected/eager ratio (median of per-repetition pairs), and the device kernels of one step (`torch.profiler`). Timing the
 preludes one after another instead let host drift pose as a prelude effect (the eager-mode
 step at B = 128 read 26.5 ms with one and 38.7 ms with the other, run after it). Prints a header, a fixed-width table, and one JSON document as
 the last stdout line; `--out DIR` also writes `DIR/talker_bench.json`.
@@ -127,16 +127,26 @@ def measure(engine: TalkerEngine, device, preludes: dict, *, batch: int, steps: 
 
 
 def ratios(cells: list[Cell]) -> list[dict]:
-    """selected / eager step time per (decode graph, B): < 1 means the selected prelude is
-    faster; from medians of windows timed round-robin in one pass."""
+    """selected / eager step time per (decode graph, B): < 1 means the selected prelude is faster.
+
+    Paired by repetition: window r of each prelude ran back to back, so each pair's ratio is
+    free of the slow drift along the run (the KV length grows by every window; with decode
+    graphs at B = 128 the step time rose ~60% from first to last window on an H200). The
+    median of the pair ratios is the estimate; the ratio of the two medians is kept beside it.
+    """
     by = {(c.decode_graph, c.batch, c.prelude): c for c in cells}
     out = []
     for (graph, batch, name), cell in by.items():
         eager = by.get((graph, batch, "eager"))
-        if name != "eager" and eager is not None:
-            out.append({"decode_graph": graph, "batch": batch, "prelude": name,
-                        "step_ratio_vs_eager": round(cell.step_ms / eager.step_ms, 4),
-                        "kernels_saved": eager.kernels_per_step - cell.kernels_per_step})  # fmt: skip
+        if name == "eager" or eager is None:
+            continue
+        pairs = [a / b for a, b in zip(cell.windows_ms, eager.windows_ms, strict=True)]
+        out.append({"decode_graph": graph, "batch": batch, "prelude": name,
+                    "step_ratio_vs_eager": round(statistics.median(pairs), 4),
+                    "pair_ratio_min": round(min(pairs), 4),
+                    "pair_ratio_max": round(max(pairs), 4),
+                    "ratio_of_medians": round(cell.step_ms / eager.step_ms, 4),
+                    "kernels_saved": eager.kernels_per_step - cell.kernels_per_step})  # fmt: skip
     return out
 
 
@@ -157,8 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--batches", default="1,8,32,64,128")
-    ap.add_argument("--steps", type=int, default=20, help="steps per timed window")
-    ap.add_argument("--reps", type=int, default=6, help="timed windows per prelude")
+    ap.add_argument("--steps", type=int, default=10, help="steps per timed window")
+    ap.add_argument("--reps", type=int, default=12, help="timed windows per prelude")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--max-seq-len", type=int, default=1024)
     ap.add_argument("--tiny", action="store_true")
