@@ -8,10 +8,11 @@ pass that captures the graphs the timed pass needs: prefill B requests once, war
 `--reps` windows of `--steps` engine steps per prelude, the preludes alternating window by window
 (A B, B A, ...) on the same running requests (synchronize before each clock read; `step()`
 itself reads the sampled ids back once per step); report the median window per prelude, the
-selected/eager ratio (median of per-repetition pairs), and the device kernels of one step (`torch.profiler`). Timing the
-preludes one after another instead let host drift pose as a prelude effect (the eager-mode
-step at B = 128 read 26.5 ms with one and 38.7 ms with the other, run after it). Prints a header, a fixed-width table, and one JSON document as
-the last stdout line; `--out DIR` also writes `DIR/talker_bench.json`.
+selected/eager ratio (median of per-repetition pairs), and the device kernels of one step
+(`torch.profiler`). Timing the preludes one after another instead let host drift pose as a
+prelude effect (the eager-mode step at B = 128 read 26.5 ms with one and 38.7 ms with the
+other, run after it). Prints a header, a fixed-width table, and one JSON document as the last
+stdout line; `--out DIR` also writes `DIR/talker_bench.json`.
 
     PYTHONPATH=. python3 -m stages.talker.bench --device cuda --out "$OUT"
     PYTHONPATH=. python3 -m stages.talker.bench --device cpu --tiny --batches 1,4 --steps 5

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from stages.talker.triton_launch import DirectLaunches, _build_launcher, kernel_for
+from stages.talker.triton_launch import DirectLaunches, build_launcher, kernel_for
 
 # Vocab elements per program. 1024 fp32 = 4 KiB per row block; V = 6562 -> 7 programs per row.
 # The kernel is launch-bound at every B we serve (<= 128 rows), so the block size barely matters
@@ -100,7 +100,7 @@ def _empty_kernel(x_ptr):
 
 
 # Built once at import (pure Python: no device, no compile yet).
-_REP_PEN_TEMP_DEVICE = DirectLaunches(_build_launcher(_rep_pen_temp_kernel, "cuda"))
+_REP_PEN_TEMP_DEVICE = DirectLaunches(build_launcher(_rep_pen_temp_kernel, "cuda"))
 _F32, _I32 = torch.float32, torch.int32  # dtype objects are singletons: `is` tests are exact
 
 

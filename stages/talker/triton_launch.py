@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 _launchers: dict[tuple[int, str], object] = {}
 
 
-def _build_launcher(kernel, device_type: str):
+def build_launcher(kernel, device_type: str):
+    """A fresh launchable for `kernel` on `device_type` (uncached; `kernel_for` caches it)."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
@@ -56,7 +57,7 @@ def kernel_for(kernel, device: torch.device):
     key = (id(kernel), device.type)
     launcher = _launchers.get(key)
     if launcher is None:
-        launcher = _launchers[key] = _build_launcher(kernel, device.type)
+        launcher = _launchers[key] = build_launcher(kernel, device.type)
     return launcher
 
 
@@ -113,9 +114,8 @@ def _probe_launcher_call(run) -> bool:
     stand-in that records what reaches `launch`; 3.9's launcher hands `launch` a different
     layout (annotations, signature, args as a tuple), fails this check and keeps `run`.
     """
-    if getattr(run, "global_scratch_size", None) != 0 or getattr(run, "profile_scratch_size", None) != 0:
-        return False
-    if not callable(getattr(run, "launch", None)):
+    sizes = (getattr(run, "global_scratch_size", None), getattr(run, "profile_scratch_size", None))
+    if sizes != (0, 0) or not callable(getattr(run, "launch", None)):
         return False
     record: list[tuple] = []
     coop, pdl = object(), object()
@@ -240,7 +240,7 @@ class DirectLaunches:
     The first call per key goes through `jit_fn[grid](*args)` (compiling if needed) and keeps
     the CompiledKernel it returns as a `direct_launch`. `key` must pin everything the compiled
     variant depends on: device, dtypes and constexpr values (alignment is not specialized, see
-    `_build_launcher`). Never take the first launch for a key inside a graph capture: that
+    `build_launcher`). Never take the first launch for a key inside a graph capture: that
     would compile there.
     """
 

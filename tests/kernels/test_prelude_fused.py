@@ -206,6 +206,7 @@ def test_compiled_kernel_uses_ieee_division_and_no_transcendentals():
     from triton.compiler import ASTSource
 
     from stages.talker import prelude_triton as pt
+    from stages.talker.triton_launch import build_launcher
 
     signature = {
         "logits_ptr": "*fp32",
@@ -217,7 +218,7 @@ def test_compiled_kernel_uses_ieee_division_and_no_transcendentals():
         **dict.fromkeys(["VOCAB", "WINDOW", "BLOCK"], "constexpr"),
     }
     source = ASTSource(
-        fn=pt._build_launcher(pt._rep_pen_temp_kernel, "cuda"),
+        fn=build_launcher(pt._rep_pen_temp_kernel, "cuda"),
         signature=signature,
         constexprs={"VOCAB": VOCAB, "WINDOW": HISTORY_WINDOW, "BLOCK": pt.BLOCK_V},
     )

@@ -49,8 +49,10 @@ def bound_step(static: PreludeInputs, device: torch.device):
     for slot, row in zip(slots, static.args()[1:], strict=True):
         slot[:batch] = row
     out = torch.empty(SLOTS, static.logits.shape[1], device=device)
-    step = bind_prelude(select_prelude(fused=True, device=device), history=slots[0],
-                        history_len=slots[1], pow_table=slots[2], temperature=slots[3], out=out)  # fmt: skip
+    history, history_len, pow_table, temperature = slots
+    step = bind_prelude(select_prelude(fused=True, device=device), history=history,
+                        history_len=history_len, pow_table=pow_table, temperature=temperature,
+                        out=out)  # fmt: skip
     # New inputs are copied into the returned views: the slots' first rows, in place.
     views = PreludeInputs(static.logits, *(slot[:batch] for slot in slots))
     return (lambda: step(static.logits)), out[:batch], views
