@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from tts_bench._records import from_known_fields
 from tts_bench.backends.base import Backend, RequestFailed, SynthesisRequest
 
 log = logging.getLogger(__name__)
@@ -88,8 +89,7 @@ class RequestRecord:
 
     @classmethod
     def from_dict(cls, data: dict) -> RequestRecord:
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return from_known_fields(cls, data)
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,6 @@ class _BoundFused:
     """The fused kernel bound to the slot buffers, behind the same process latch."""
 
     def __init__(self, kernel_step: PreludeStep, eager: _BoundRows):
-        self.fn = penalty_temperature_fused  # what runs, for run records and tests
         self._kernel, self._eager = kernel_step, eager
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
@@ -211,9 +210,8 @@ def bind_prelude(
     any other function gets its row views cached per R. Bind once per state, not per step.
     """
     state = (history, history_len, pow_table, temperature, out)
-    rows = _BoundRows(fn, state)
     if fn is not penalty_temperature_fused:
-        return rows
+        return _BoundRows(fn, state)
     eager = _BoundRows(penalty_temperature_eager, state)
     if _latch_tripped:
         return eager

@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tts_bench._records import from_known_fields
 from tts_bench.mem.samplers import MemorySampler
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class MemSample:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MemSample:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        return from_known_fields(cls, d)
 
 
 @dataclass

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tts_bench._records import from_known_fields
 from tts_bench.asr.base import write_wav
 from tts_bench.backends.base import AudioChunk, Backend, SynthesisRequest
 from tts_bench.loadgen import Job, PhaseLabels, RequestRecord, run_phase
@@ -70,8 +71,7 @@ class GenRecord:
 
     @classmethod
     def from_json(cls, data: dict) -> GenRecord:
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return from_known_fields(cls, data)
 
 
 def file_sha256(path: Path) -> str:
