@@ -1,21 +1,16 @@
-"""Microbenchmark of the code2wav per-request cache split: per-row (3B copies) vs batched (3).
+"""Microbenchmark of the code2wav per-request cache split: per-row (4B stores) vs batched (3).
 
-Times `flow_cache.split_small_caches` — conformer_cnn, conformer_att and estimator_cnn, the part
-the two implementations differ in (estimator_att takes the same per-request copy in both) — at
-full-size cache shapes for B = 1, 4, 8, 16, plus estimator_cnn alone. Device time with CUDA
-events on CUDA (perf_counter on CPU), warmup excluded, synchronize before every clock read.
-Launches per split are counted with `tts_bench.launches.count_launches` (CUDA kernels plus
-memcpys on CUDA, top-level non-view aten ops on CPU): per-row is 3B aten ops on CPU but 4B kernels on CUDA (the estimator_cnn cat of two
-strided slices launches two copies; 4/16/32/64 at B = 1/4/8/16 on an H200), batched is 3 on
-both. Prints a header, a fixed-width table, and one JSON line last; with $OUT set the JSON is
-also written to $OUT/bench_split.json.
-
-Reading CPU numbers: the batched arm makes one large allocation per cache (e.g. 128 MiB of
-conformer_att at B = 8) where per-row makes B small ones; glibc serves allocations above its
-mmap threshold with fresh pages, so each batched copy pays page faults that the per-row copies
-do not (measured on a 2-core box: clone of 128 MiB 191 ms vs 8 x 16 MiB clones 30 ms). That is
-the host allocator, not the split; the claim under test (4B -> 3 launches, and its device
-time) is the CUDA one, where the caching allocator reuses blocks.
+Times `chunk_decode.store_small_caches` — a chunk's conformer_cnn, conformer_att and
+estimator_cnn caches written into the rows' slots of the replica's slot pool, the part the two
+implementations differ in (the estimator_att stores are batched in both) — at full-size cache
+shapes for B = 1, 4, 8, 16, plus the estimator_cnn store alone. Device time with CUDA events on
+CUDA (perf_counter on CPU), warmup excluded, synchronize before every clock read. Launches per
+split are counted with `tts_bench.launches.count_launches` (CUDA kernels plus memcpys on CUDA,
+top-level non-view aten ops on CPU): per-row is 4B (one `index_copy_` per row for each conformer
+cache, one per CFG half of each row for the estimator cnn), batched is 3. Prints a header, a
+fixed-width table, and one JSON line last; with $OUT set the JSON is also written to
+$OUT/bench_split.json. The rows go to the odd slots of a pool of 2B slots, so neither arm
+writes one contiguous block.
 
     PYTHONPATH=. python3 scripts/bench_split.py                 # cuda if present, else cpu
     PYTHONPATH=. python3 scripts/bench_split.py --device cpu --iters 20 --batches 1,4
@@ -29,38 +24,62 @@ import os
 import platform
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from stages.code2wav.config import Code2WavConfig
-from stages.code2wav.flow_cache import FlowCache, cfg_interleaved_order, split_small_caches
+from stages.code2wav.chunk_decode import store_small_caches
+from stages.code2wav.slots import SlotPool
 from tts_bench.launches import count_launches
 
 
-def full_size_batch(rows: int, conformer_frames: int, device, dtype) -> FlowCache:
-    """Stacked caches at the real dims (spec §4.3/4.4); estimator_att omitted (not timed)."""
+@dataclass
+class SplitInputs:
+    pool: dict[str, torch.Tensor]  # the three pool tensors the split writes (2B slots)
+    slots: torch.Tensor
+    pairs: torch.Tensor
+    conformer_cnn: torch.Tensor
+    conformer_att: torch.Tensor
+    estimator_cnn: torch.Tensor
+
+
+def full_size_inputs(rows: int, conformer_frames: int, device, dtype) -> SplitInputs:
+    """A B-row chunk's new caches and the pool tensors they go to, at the real dims."""
     c = Code2WavConfig()
     f, d = c.flow, c.dit
-    layers = f.num_blocks + f.num_up_blocks
-    return FlowCache(
-        conformer_cnn=torch.randn(rows, f.input_size, 2 + 2 * f.up_rate, device=device, dtype=dtype),
-        conformer_att=torch.randn(
-            layers, rows, f.attention_heads, conformer_frames, 2 * f.head_dim, device=device, dtype=dtype
-        ),
-        estimator_cnn=torch.randn(
-            c.n_timesteps, d.depth, 2 * rows, 2 * d.hidden_size, 2, device=device, dtype=dtype
-        ),
-        estimator_att=torch.empty(0, device=device),
+    layers, cap = f.num_blocks + f.num_up_blocks, 2 * rows
+
+    def rand(*shape):
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    slots = torch.arange(1, cap, 2, device=device)
+    return SplitInputs(
+        pool={
+            "conformer_cnn": rand(cap, f.input_size, 2 + 2 * f.up_rate),
+            "conformer_att": rand(layers, cap, f.attention_heads, conformer_frames, 2 * f.head_dim),
+            "estimator_cnn": rand(c.n_timesteps, d.depth, 2 * cap, 2 * d.hidden_size, 2),
+        },
+        slots=slots,
+        pairs=SlotPool.pair_index(slots),
+        conformer_cnn=rand(rows, f.input_size, 2 + 2 * f.up_rate),
+        conformer_att=rand(layers, rows, f.attention_heads, conformer_frames, 2 * f.head_dim),
+        estimator_cnn=rand(c.n_timesteps, d.depth, 2 * rows, 2 * d.hidden_size, 2),
     )
 
 
-def estimator_cnn_only(batch: FlowCache, rows: int, batched: bool):
-    e = batch.estimator_cnn
+def split(x: SplitInputs, batched: bool) -> None:
+    store_small_caches(x.pool, x.slots, x.pairs, x.conformer_cnn, x.conformer_att, x.estimator_cnn, batched=batched)
+
+
+def estimator_cnn_only(x: SplitInputs, batched: bool) -> None:
+    dst = x.pool["estimator_cnn"]
     if batched:
-        sel = e.index_select(2, cfg_interleaved_order(rows, e.device))
-        return [sel[:, :, 2 * r : 2 * r + 2] for r in range(rows)]
-    return [torch.cat([e[:, :, r : r + 1], e[:, :, rows + r : rows + r + 1]], dim=2) for r in range(rows)]
+        dst.index_copy_(2, x.pairs, x.estimator_cnn)
+        return
+    for half in range(x.pairs.shape[0]):
+        dst.index_copy_(2, x.pairs[half : half + 1], x.estimator_cnn.narrow(2, half, 1))
 
 
 def _sync(device: torch.device) -> None:
@@ -97,11 +116,11 @@ def run(args) -> dict:
     dtype = torch.float32
     rows_out = []
     for rows in args.batches:
-        batch = full_size_batch(rows, args.conformer_frames, device, dtype)
+        x = full_size_inputs(rows, args.conformer_frames, device, dtype)
         rec = {"B": rows}
         for label, fn_of in (
-            ("split", lambda b: lambda: split_small_caches(batch, rows, batched=b)),
-            ("ecnn", lambda b: lambda: estimator_cnn_only(batch, rows, b)),
+            ("split", lambda b: lambda: split(x, b)),
+            ("ecnn", lambda b: lambda: estimator_cnn_only(x, b)),
         ):
             for arm, batched in (("per_row", False), ("batched", True)):
                 fn = fn_of(batched)
@@ -109,10 +128,10 @@ def run(args) -> dict:
                 rec[f"{label}_{arm}_launches"] = launches(fn, device)
             rec[f"{label}_speedup"] = round(rec[f"{label}_per_row_us"] / rec[f"{label}_batched_us"], 2)
         rows_out.append(rec)
-        del batch
+        del x
     return {
         "bench": "code2wav_cache_split",
-        "schema_version": 1,
+        "schema_version": 2,  # 2: stores into slot-pool tensors (1: split into new tensors)
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
         "dtype": str(dtype),

@@ -1,12 +1,13 @@
-"""Peak transient memory of one steady-state `Token2Wav.decode` of B rows, stepwise vs reference.
+"""Peak transient memory of one steady-state `Token2Wav.decode` of B rows.
 
 Streams B requests until their estimator caches are saturated (prompt + prompt_keep_frames),
 then measures the next decode's peak of live allocator bytes above what was live before it
-(`torch.profiler` memory events, CPU or CUDA), for both estimator-attention paths:
-`stepwise` (default) and `reference` (stack the whole cache, solve, split per row).
-`A` = one request's estimator_att bytes; the reference path peaks near 3 * B * A. Each record
-also gives A per mel frame of the saturated cache (`att_bytes_per_frame`; the spec's figure for
-the full-size DiT in fp32 is 10 steps x 16 blocks x K|V x 8 heads x 128 x 4 B = 1.25 MiB).
+(`torch.profiler` memory events on CPU, the allocator's peak on CUDA). The caches live in the
+replica's slot pool, so a decode only adds its activations and one Euler step's attention
+buffers (the gathered rows and the step buffer, each about B * A / n_timesteps), where
+`A` = one request's estimator_att bytes. Each record also gives A per mel frame of the saturated
+cache (`att_bytes_per_frame`; the spec's figure for the full-size DiT in fp32 is
+10 steps x 16 blocks x K|V x 8 heads x 128 x 4 B = 1.25 MiB).
 
     PYTHONPATH=. python3 scripts/decode_memory.py --rows 4 --dit full       # CPU, ~1 min
     PYTHONPATH=. python3 scripts/decode_memory.py --rows 8 --device cuda --dit full --full
@@ -64,9 +65,8 @@ def build_config(dit: str, full: bool) -> Code2WavConfig:
     return Code2WavConfig(flow=flow, dit=DiTConfig() if dit == "full" else small, hift=hift)
 
 
-def measure(cfg: Code2WavConfig, *, rows: int, stepwise: bool, device: torch.device) -> dict:
-    t2w = Token2Wav(cfg, device=device, dtype=torch.float32, init_seed=0)
-    t2w.stepwise_att_cache = stepwise
+def measure(cfg: Code2WavConfig, *, rows: int, device: torch.device) -> dict:
+    t2w = Token2Wav(cfg, device=device, dtype=torch.float32, init_seed=0, slots=rows)
     gen = torch.Generator().manual_seed(0)
     streams = []
     for r in range(rows):
@@ -74,15 +74,15 @@ def measure(cfg: Code2WavConfig, *, rows: int, stepwise: bool, device: torch.dev
         streams.append(Chunker(cfg, f"r{r}", seed=r).push(codes))
     for step in range(3):  # chunk 0, growth, first trim: caches saturated afterwards
         t2w.decode([s[step] for s in streams])
-    att = t2w._requests["r0"].flow.estimator_att  # [n_t, depth, 2, H, L, 2D]
-    per_request = att.numel() * att.element_size()
-    frames = att.shape[4]
+    att = t2w.pool["estimator_att"]  # [n_t, depth, 2S, H, F, 2D]
+    per_request = 2 * att[:, :, 0].numel() * att.element_size()
+    frames = t2w._requests["r0"].caches.estimator_len
+    assert frames == att.shape[4], "the caches are saturated"
     batch = [s[3] for s in streams]
     peak = peak_bytes(lambda: t2w.decode(batch), device)
     return {
-        "path": "stepwise" if stepwise else "reference",
         "rows": rows,
-        "att_cache_shape": list(att.shape),
+        "att_cache_shape": [att.shape[0], att.shape[1], 2, *att.shape[3:]],
         "att_bytes_per_request": per_request,
         "att_frames": frames,
         "att_bytes_per_frame": per_request // frames,
@@ -101,7 +101,7 @@ def main() -> int:
     args = ap.parse_args()
     cfg = replace(build_config(args.dit, args.full))
     device = torch.device(args.device)
-    results = [measure(cfg, rows=args.rows, stepwise=s, device=device) for s in (False, True)]
+    results = [measure(cfg, rows=args.rows, device=device)]
     text = json.dumps(results, indent=1)
     sys.stdout.write(text + "\n")
     out = os.environ.get("OUT")

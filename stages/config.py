@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+EXECUTIONS = ("auto", "processes", "threads")
+
 from stages.code2wav.config import Code2WavConfig
 from stages.talker.config import TalkerConfig
 
@@ -35,6 +37,17 @@ class RunnerConfig:
     weights: str | None = None  # official MiniCPM-o 4.5 directory; None -> seeded random init
     torch_threads: int = 0  # intra-op threads per stage process; 0 = cores / (1 + replicas)
     start_timeout_s: float = 600.0  # building every stage's model must finish within this
+    # How the R code2wav replicas run: one process each ("processes"), or threads of one
+    # process with a device stream each ("threads"; shared weights, one device context).
+    # "auto": processes, until the H200 A/B (configs/ab/execution.yaml) decides otherwise.
+    execution: Literal["auto", "processes", "threads"] = "auto"
+    # Accelerator indices for the talker (first) and the replicas (round-robin), "auto" for
+    # every visible device, or null: everything on device 0 (stages.runner.placement).
+    devices: tuple[int, ...] | Literal["auto"] | None = None
+    # Run-to-run deterministic kernels in every stage process (stages.platform
+    # .deterministic_kernels): replayed graphs then equal eager chunks, and A/B arms that
+    # compute the same thing give the same audio. false trades that for any faster kernels.
+    deterministic: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.talker_max_batch < 1:
@@ -45,6 +58,10 @@ class RunnerConfig:
             raise ValueError(f"runner.torch_threads must be >= 0, got {self.torch_threads}")
         if not self.start_timeout_s > 0:
             raise ValueError(f"runner.start_timeout_s must be > 0, got {self.start_timeout_s}")
+        if self.execution not in EXECUTIONS:
+            raise ValueError(f"runner.execution must be one of {', '.join(EXECUTIONS)}, got {self.execution!r}")
+        if isinstance(self.devices, tuple) and (not self.devices or min(self.devices) < 0):
+            raise ValueError(f"runner.devices must list device indices >= 0, got {list(self.devices)}")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,9 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)
+    # cuBLAS reads this when its first handle is made: set before any test touches CUDA, so
+    # tests that turn on deterministic kernels (as stage processes do) get them.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def _has_cuda() -> bool:

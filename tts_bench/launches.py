@@ -44,6 +44,18 @@ class LaunchCount:
     copies_per_call: float
     repeats: int
     by_name: dict[str, float] = field(default_factory=dict)
+    # Launch calls the host made (CUDA runtime/driver: kernel launches, graph launches, async
+    # copies and memsets). Equal to per_call + copies_per_call when nothing is graphed; a
+    # replayed graph is one host launch however many kernels it runs. None on CPU.
+    host_per_call: float | None = None
+
+
+# Host-side calls that put work on a CUDA stream (runtime and driver API names).
+_HOST_LAUNCHES = frozenset({
+    "cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+    "cudaGraphLaunch", "cuGraphLaunch", "cudaMemcpyAsync", "cudaMemsetAsync", "cudaMemcpy",
+    "cudaMemset",
+})  # fmt: skip
 
 
 def _is_copy(name: str) -> bool:
@@ -151,8 +163,11 @@ def measure(
 
 def _launches(events, on_device: bool, repeats: int) -> LaunchCount:
     names: Counter[str] = Counter()
-    copies = 0
+    copies = host = 0
     for event in events:
+        if on_device and event.device_type == torch.autograd.DeviceType.CPU and event.name in _HOST_LAUNCHES:
+            host += 1
+            continue
         if not on_device:
             if event.name.startswith("aten::") and not _under_aten(event):
                 names += _cpu_launches(event)
@@ -168,6 +183,7 @@ def _launches(events, on_device: bool, repeats: int) -> LaunchCount:
         copies_per_call=copies / repeats,
         repeats=repeats,
         by_name={name: n / repeats for name, n in names.most_common()},
+        host_per_call=host / repeats if on_device else None,
     )
 
 

@@ -10,15 +10,16 @@ top-level non-view aten operators on CPU):
   their first chunks untimed until the flow caches reach the steady (trimmed) shape, so every
   profiled call sees the same payload and cache shapes; decode mutates per-stream state, so
   each profiled call decodes the *next* prepared chunk;
-* `cache_split`: the part of the flow-cache split the two implementations differ in
-  (`split_small_caches`: conformer cnn/att + estimator cnn; per-row 3B aten ops on CPU and 4B
-  kernels on CUDA, where the estimator cnn cat launches two copies; batched 3 on both);
-* `cache_split_total`: the whole `split_flow_cache`, including the per-request estimator_att
-  copy with its trim, which both implementations share.
+* `cache_split`: the part of the flow-cache split the two implementations differ in: storing a
+  B-row chunk's conformer cnn/att and estimator cnn caches into the rows' pool slots (one
+  `index_copy_` per row and tensor, 4 per row with the estimator's cond and uncond halves, or
+  3 in all when batched);
+* `cache_split_total`: that plus the estimator attention stores of all Euler steps (trimmed to
+  prompt + keep frames), which both implementations share.
 
-The split runs on a B-row batch at the arm's steady cache shapes (the prompt's caches, grown
-to prompt + keep frames for the conformer and prompt + keep + one chunk for the estimator). The
-split mode is the arm's own (`code2wav.extra.code2wav_batched_cache_split`).
+The split runs on B rows at the arm's steady cache shapes (the prompt's caches grown one chunk
+past prompt + keep frames, so every store trims). The split mode is the arm's own
+(`code2wav.extra.code2wav_batched_cache_split`).
 
 The same profiler run also times named ranges (`tts_bench.launches.measure`): the talker step
 (`talker.decode_step`, wrapped here), the whole decode (`code2wav.decode`, wrapped here) and its
@@ -52,13 +53,9 @@ import torch
 from torch.profiler import record_function
 
 from stages.code2wav.config import Code2WavConfig
-from stages.code2wav.flow_cache import (
-    AttKeep,
-    FlowCache,
-    split_flow_cache,
-    split_small_caches,
-    stack_flow_cache,
-)
+from stages.code2wav.chunk_decode import ChunkDecoder, PooledAttSteps
+from stages.code2wav.flow import EncodedChunk
+from stages.code2wav.flow_cache import trim_conformer_att
 from stages.code2wav.options import Code2WavOptions
 from stages.code2wav.streaming import Chunker, CodecPayload
 from stages.code2wav.token2wav import Token2Wav
@@ -381,18 +378,35 @@ def measure_code2wav_step(t2w: Token2Wav, rows: int, chunks: int, *, tag: str = 
             t2w.drop(s[0].request_id)
 
 
-def steady_split_batch(t2w: Token2Wav, rows: int) -> tuple[FlowCache, AttKeep]:
-    """A `rows`-row batch at the steady split shapes, and the trim the split applies."""
+@dataclass
+class _StoreInputs:
+    """A steady B-row chunk's new caches, as the flow and CFM hand them to the slot pool."""
+
+    decoder: ChunkDecoder
+    slots: torch.Tensor  # [B] pool slots (taken for the measurement, released after)
+    pairs: torch.Tensor  # [2B] estimator rows of those slots
+    encoded: EncodedChunk  # conformer caches, one chunk longer than the keep (so they trim)
+    estimator_cnn: torch.Tensor  # [n_t, depth, 2B, 2*hidden, 2]
+    step_buffer: torch.Tensor  # [depth, 2B, H, prompt + keep + chunk, 2D]: one Euler step's
+
+
+def steady_store_inputs(t2w: Token2Wav, rows: int, *, batched: bool) -> _StoreInputs:
+    """The inputs of the cache split at the steady shapes, from the prompt's caches grown by
+    one chunk past prompt + keep frames (so the stores trim to two segments, as in steady
+    state). The split mode is `batched`."""
     setup = t2w.prompt_setup()
     cfg, one = t2w.cfg, setup.cache
-    keep = AttKeep(setup.prompt_len, cfg.prompt_keep_frames)
-    grown = FlowCache(
-        conformer_cnn=one.conformer_cnn,
-        conformer_att=_grow(one.conformer_att, 3, setup.prompt_len + keep.keep_frames),
-        estimator_cnn=one.estimator_cnn,
-        estimator_att=_grow(one.estimator_att, 4, setup.prompt_len + keep.keep_frames + cfg.chunk_mel_frames),
-    )
-    return stack_flow_cache([grown] * rows), keep
+    full = setup.prompt_len + cfg.prompt_keep_frames + cfg.chunk_mel_frames
+    pool = t2w.pool
+    slot_list = [pool.acquire() for _ in range(rows)]
+    slots = torch.tensor(slot_list, device=t2w.device)
+    att = _grow(one.conformer_att, 3, full).expand(-1, rows, -1, -1, -1).contiguous()
+    cnn = one.conformer_cnn.expand(rows, -1, -1).contiguous()
+    ecnn = one.estimator_cnn.repeat_interleave(rows, dim=2)  # [cond x B | uncond x B]
+    step = _grow(one.estimator_att[0], 3, full).repeat_interleave(rows, dim=1)
+    options = replace(t2w.options, batched_cache_split=batched)
+    decoder = ChunkDecoder(t2w.flow, t2w.hift, pool, cfg, options, prompt_len=setup.prompt_len)
+    return _StoreInputs(decoder, slots, pool.pair_index(slots), EncodedChunk(None, cnn, att), ecnn, step)
 
 
 def _grow(t: torch.Tensor, dim: int, length: int) -> torch.Tensor:
@@ -409,15 +423,34 @@ def _grow(t: torch.Tensor, dim: int, length: int) -> torch.Tensor:
 def count_cache_split(
     t2w: Token2Wav, rows: int, chunks: int, *, batched: bool | None = None
 ) -> dict[str, LaunchCount]:
-    """Launches of the flow-cache split of `rows` rows; `batched=None`: the arm's split mode."""
-    batch, keep = steady_split_batch(t2w, rows)
+    """Launches of the flow-cache split of `rows` rows into the slot pool (`batched=None`: the
+    arm's split mode): `cache_split` = the part the two modes differ in (conformer cnn/att and
+    estimator cnn: 4 per row, or 3 in all), `cache_split_total` = that plus the estimator
+    attention stores of every Euler step, which both modes share."""
     batched = t2w.options.batched_cache_split if batched is None else batched
-    small = _inference(lambda: split_small_caches(batch, rows, batched=batched))
-    total = _inference(lambda: split_flow_cache(batch, rows, batched=batched, att_keep=keep))
-    return {
-        "cache_split": count_launches(small, device=t2w.device, repeats=chunks, warmup=WARMUP),
-        "cache_split_total": count_launches(total, device=t2w.device, repeats=chunks, warmup=WARMUP),
-    }
+    x = steady_store_inputs(t2w, rows, batched=batched)
+    att = PooledAttSteps(t2w.pool["estimator_att"], x.pairs, x.step_buffer.shape[3] - t2w.cfg.chunk_mel_frames,
+                         x.decoder.keep, store=True)
+
+    f = t2w.cfg.flow
+    trimmed = trim_conformer_att(x.encoded.att_cache, x.decoder.keep, f.up_rate, f.num_blocks)
+
+    def small() -> None:
+        x.decoder.store_small_caches(x.slots, x.pairs, x.encoded.cnn_cache, trimmed, x.estimator_cnn)
+
+    def total() -> None:
+        small()
+        for i in range(t2w.cfg.n_timesteps):
+            att.store(i, x.step_buffer)
+
+    try:
+        return {
+            "cache_split": count_launches(_inference(small), device=t2w.device, repeats=chunks, warmup=WARMUP),
+            "cache_split_total": count_launches(_inference(total), device=t2w.device, repeats=chunks, warmup=WARMUP),
+        }
+    finally:
+        for s in x.slots.tolist():
+            t2w.pool.release(s)
 
 
 def _inference(fn: Callable[[], object]) -> Callable[[], object]:

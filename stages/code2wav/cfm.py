@@ -9,9 +9,10 @@ Noise is a fixed buffer drawn once at construction from a *seeded* generator (up
 unseeded); a chunk reads `noise[:, :, L : L + T]` with L = current estimator-cache length, so
 after the cache trim saturates, steady chunks keep reusing the same window (as upstream).
 
-Streaming decode passes `att_steps` (a `flow_cache.StepwiseAttCache`) instead of a stacked
-`att_cache`: one [depth, 2B, H, T+L, 2D] step buffer is reused by all steps (loaded from the
-request rows before the step, stored back trimmed after), so no whole-solve batch cache exists.
+Streaming decode passes `att_steps` (a `chunk_decode.PooledAttSteps`: `length`, `load(i, buf)`,
+`store(i, buf)`) instead of a stacked `att_cache`: one [depth, 2B, H, T+L, 2D] step buffer is
+reused by all steps (loaded from the rows' pool slots before the step, stored back trimmed
+after), so no whole-solve batch cache exists.
 
 Landmines: dt values are read to the host once per solve (no per-step sync); the uncond half
 must stay *behind* the cond half, the cache split relies on that order.
@@ -25,13 +26,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from stages.code2wav.config import Code2WavConfig
-from stages.code2wav.dit import CONV_CACHE_FRAMES, DiT
-from stages.code2wav.flow_cache import StepwiseAttCache
+from stages.code2wav.dit import CONV_CACHE_FRAMES, DiT, StepModulation
+
+
+class AttSteps(Protocol):
+    """Per-step estimator attention caches fed to `solve` (see chunk_decode.PooledAttSteps)."""
+
+    length: int  # cached frames L
+
+    def load(self, step: int, buf: torch.Tensor) -> None: ...
+
+    def store(self, step: int, buf: torch.Tensor) -> None: ...
 
 
 def cosine_t_span(n_timesteps: int) -> list[float]:
@@ -52,6 +63,24 @@ class CausalCFM(nn.Module):
         self.cfg = cfg
         self.estimator = DiT(cfg.dit)
         self.noise: torch.Tensor | None = None  # not a parameter: never in the checkpoint
+        self._mods: tuple[tuple, list[StepModulation]] | None = None  # (key, per-step rows)
+
+    def step_modulations(self, like: torch.Tensor) -> list[StepModulation]:
+        """The estimator's adaLN rows of every Euler step, computed once and reused.
+
+        The cosine schedule's t values are fixed, so the rows are a function of the weights,
+        dtype, device and TF32 setting; the key checks all four (weights by their storage and
+        version counter, so a reload recomputes them)."""
+        est = self.estimator
+        params = [*est.t_embedder.parameters(), *est.final_layer.parameters(),
+                  *(p for b in est.blocks for p in b.adaLN_modulation.parameters())]
+        tf32 = like.is_cuda and torch.backends.cuda.matmul.allow_tf32
+        key = (self.cfg.n_timesteps, like.dtype, like.device, tf32,
+               tuple((p.data_ptr(), p._version) for p in params))
+        if self._mods is None or self._mods[0] != key:
+            t_span = cosine_t_span(self.cfg.n_timesteps)
+            self._mods = (key, [est.step_modulation(t, like) for t in t_span[:-1]])
+        return self._mods[1]
 
     def init_noise(self, *, seed: int, device: torch.device, dtype: torch.dtype) -> None:
         """Draw the fixed noise buffer [1, mel, noise_frames] on the CPU (same bytes everywhere)."""
@@ -80,7 +109,7 @@ class CausalCFM(nn.Module):
         cnn_cache: torch.Tensor | None,  # [n_t, depth, 2B, 2*hidden, 2]
         att_cache: torch.Tensor | None,  # [n_t, depth, 2B, H, L, 2*head_dim]
         mask: torch.Tensor | None = None,  # [1, T, T] block-causal (reference path only)
-        att_steps: StepwiseAttCache | None = None,  # per-request caches, read/written per step
+        att_steps: AttSteps | None = None,  # per-request caches, read/written per step
     ) -> CFMOut:
         b, _, frames = mu.shape
         if att_steps is not None and att_cache is not None:
@@ -98,13 +127,18 @@ class CausalCFM(nn.Module):
             ],
             dim=1,
         )
+        # The estimator may run in a lower precision than the flow (code2wav_dit_dtype): its
+        # inputs, modulation rows and caches take its dtype; the Euler state x stays in the
+        # flow's (no-op casts when they agree).
+        static = static.to(self.estimator.in_proj.weight.dtype)
         t_span = cosine_t_span(self.cfg.n_timesteps)
+        mods = self.step_modulations(static)
         rate, n_t, d = self.cfg.cfg_rate, self.cfg.n_timesteps, self.cfg.dit
         # Per-step caches are written in place into these buffers (no stack copies).
-        cnn_out = mu.new_empty(n_t, d.depth, 2 * b, 2 * d.hidden_size, CONV_CACHE_FRAMES)
+        cnn_out = static.new_empty(n_t, d.depth, 2 * b, 2 * d.hidden_size, CONV_CACHE_FRAMES)
         att_shape = (d.depth, 2 * b, d.num_heads, frames + cached, 2 * d.head_dim)
         # Stepwise: ONE step buffer, reused; its tail [T:] holds the step's old cache in place.
-        att_out = mu.new_empty(att_shape if att_steps is not None else (n_t, *att_shape))
+        att_out = static.new_empty(att_shape if att_steps is not None else (n_t, *att_shape))
         for i in range(n_t):
             if att_steps is not None:
                 att_steps.load(i, att_out)
@@ -112,18 +146,18 @@ class CausalCFM(nn.Module):
             else:
                 step_in = None if att_cache is None else att_cache[i]
                 step_out = att_out[i]
-            t = mu.new_full((2 * b,), t_span[i])
             out = self.estimator.forward_chunk(
-                torch.cat([torch.cat([x, x], dim=0), static], dim=1),
-                t,
+                torch.cat([torch.cat([x, x], dim=0).to(static.dtype), static], dim=1),
+                None,  # t: the step's modulation rows are precomputed
                 None if cnn_cache is None else cnn_cache[i],
                 step_in,
                 mask,
                 cnn_out=cnn_out[i],
                 att_out=step_out,
+                mod=mods[i],
             )
             if att_steps is not None:
                 att_steps.store(i, att_out)
-            v_cond, v_uncond = out.velocity.chunk(2, dim=0)
+            v_cond, v_uncond = out.velocity.to(x.dtype).chunk(2, dim=0)
             x = x + (t_span[i + 1] - t_span[i]) * ((1.0 + rate) * v_cond - rate * v_uncond)
         return CFMOut(x, cnn_out, None if att_steps is not None else att_out)

@@ -24,7 +24,9 @@ Landmines:
 * The source is SineGen2 (frame-rate phase integration), which upstream selects for every
   sample rate other than 22050 Hz; the 22.05 kHz per-sample SineGen is not implemented.
 
-Streaming (`HiFTStream` over per-row `HiFTState`) is at the bottom of this file.
+Streaming: `chunk_decode.ChunkDecoder` vocodes batches against the slot pool; `HiFTStream`
+(over per-row `HiFTState`, bottom of this file) is the plain per-row reference of the same
+contract, which the tests hold the pooled path to byte for byte.
 
     hift = HiFTGenerator(HiFTConfig()).eval()
     speech, source = hift.inference(mel, torch.zeros(1, 1, 0))   # mel [1, 80, T] -> [1, T*480]
@@ -42,6 +44,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
+from stages.code2wav import noise
 from stages.code2wav.config import HiFTConfig
 
 
@@ -103,14 +106,30 @@ class ConvRNNF0Predictor(nn.Module):
         return torch.abs(self.classifier(x).squeeze(-1))
 
 
-# One generator for the whole batch, or one per row. Per-row generators make a row's NSF noise
-# independent of which other requests share its batch, so a request's audio does not change
-# with scheduling (the A/B output-identity check depends on that).
-Generators = torch.Generator | Sequence[torch.Generator] | None
+@dataclass(frozen=True)
+class NoiseKeys:
+    """Counter-based noise (`stages.code2wav.noise`): one int64 key per row, derived from the
+    request's seed and chunk number. Draws are pure functions of the key and the element index,
+    so they are graph-capturable and independent of batch company."""
+
+    keys: torch.Tensor  # [B] int64
+
+
+# One generator for the whole batch, one per row, or counter-based keys. Per-row generators and
+# keys make a row's NSF noise independent of which other requests share its batch, so a request's
+# audio does not change with scheduling (the A/B output-identity check depends on that); keys
+# also replay inside a device graph.
+Generators = torch.Generator | Sequence[torch.Generator] | NoiseKeys | None
+
+# Counter streams of the two NSF draws (distinct, so the phases and the noise never correlate).
+_PHASE_STREAM, _NOISE_STREAM = 1, 3
 
 
 def _draw(fn, shape: tuple[int, ...], like: torch.Tensor, generator: Generators) -> torch.Tensor:
-    """fn (torch.rand / torch.randn) of `shape` [B, ...], from one generator or one per row."""
+    """fn (torch.rand / torch.randn) of `shape` [B, ...], from one generator, one per row, or keys."""
+    if isinstance(generator, NoiseKeys):
+        draw, stream = (noise.uniform, _PHASE_STREAM) if fn is torch.rand else (noise.normal, _NOISE_STREAM)
+        return draw(generator.keys, stream=stream, shape=shape[1:], dtype=like.dtype)
     if generator is None or isinstance(generator, torch.Generator):
         return fn(shape, device=like.device, dtype=like.dtype, generator=generator)
     assert len(generator) == shape[0], "one generator per batch row"
@@ -156,6 +175,59 @@ class SourceModuleHnNSF2(nn.Module):
             noise = noise_amp * _draw(torch.randn, tuple(sines.shape), sines, generator)
             sines = sines * uv + noise
         return torch.tanh(self.l_linear(sines))
+
+
+def overlap_add(frames: torch.Tensor, hop: int) -> torch.Tensor:
+    """[B, F, n_fft] frames -> [B, n_fft + hop * (F - 1)] summed where they overlap.
+
+    n_fft is a multiple of hop, so each output block of `hop` samples is the sum of n_fft / hop
+    frame segments: that many shifted adds, always in the same order. (aten's overlap-add,
+    `unfold_backward`, accumulates with atomics on CUDA: on an H200 the same chunk's audio
+    differed in its low bits from run to run at a batch of one.)
+    """
+    b, count, n_fft = frames.shape
+    k = n_fft // hop
+    assert k * hop == n_fft, "n_fft must be a multiple of hop"
+    segments = frames.view(b, count, k, hop)
+    out = frames.new_zeros(b, count + k - 1, hop)
+    for m in range(k):
+        out[:, m : m + count] += segments[:, :, m]
+    return out.view(b, -1)
+
+
+_ENVELOPES: dict[tuple[int, int, int, torch.device], torch.Tensor] = {}
+
+
+def _envelope(window: torch.Tensor, hop: int, frames: int) -> torch.Tensor:
+    """Overlap-added window**2 over `frames` frames ([1, n_fft + hop*(frames-1)]), cached."""
+    n_fft = window.shape[0]
+    key = (n_fft, hop, frames, window.device)
+    env = _ENVELOPES.get(key)
+    if env is None:
+        env = overlap_add(window.pow(2).view(1, 1, n_fft).expand(1, frames, n_fft).contiguous(), hop)
+        length = env.shape[1]
+        if env[:, n_fft // 2 : length - n_fft // 2].abs().min().item() < 1e-11:
+            raise ValueError(f"istft: window overlap-add is zero somewhere (n_fft {n_fft}, hop {hop})")
+        _ENVELOPES[key] = env
+    return env
+
+
+def istft(spec: torch.Tensor, n_fft: int, hop: int, window: torch.Tensor) -> torch.Tensor:
+    """`torch.istft(spec, n_fft, hop, n_fft, window=window)` (center=True) without its host sync
+    and with a deterministic overlap-add (equal to torch.istft to float rounding).
+
+    torch.istft checks the window envelope with `.item()`, which a device graph cannot capture;
+    this runs the same steps (irfft, window, overlap-add, trim, divide by the envelope) and
+    checks the envelope once per frame count on the host instead.
+    spec: [B, n_fft // 2 + 1, F] complex -> [B, hop * (F - 1)].
+    """
+    frames = spec.shape[2]
+    y = torch.fft.irfft(spec, n=n_fft, dim=1) * window.view(n_fft, 1)  # [B, n_fft, F]
+    y = overlap_add(y.transpose(1, 2).contiguous(), hop)
+    env = _envelope(window, hop, frames)
+    length = y.shape[1]
+    start, end = n_fft // 2, length - n_fft // 2
+    return y[:, start:end] / env[:, start:end]
 
 
 class HiFTGenerator(nn.Module):
@@ -216,10 +288,9 @@ class HiFTGenerator(nn.Module):
         return torch.cat([spec[..., 0], spec[..., 1]], dim=1)
 
     def _istft(self, magnitude: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
-        n_fft, hop = self.cfg.istft_n_fft, self.cfg.istft_hop_len
         magnitude = torch.clip(magnitude, max=1e2)
         spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
-        return torch.istft(spec, n_fft, hop, n_fft, window=self.stft_window)
+        return istft(spec, self.cfg.istft_n_fft, self.cfg.istft_hop_len, self.stft_window)
 
     def decode(self, mel: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
         # mel: [B, 80, T], source: [B, 1, T*480] -> speech [B, T*480]
@@ -285,7 +356,8 @@ class HiFTState:
 
 
 class HiFTStream:
-    """Per-row streaming around `HiFTGenerator.inference` (spec §4.5).
+    """Per-row streaming around `HiFTGenerator.inference` (spec §4.5): the reference of the
+    pooled vocoder step in `chunk_decode` (tests compare them byte for byte).
 
     Each chunk decodes [cached 8 mel frames | new frames]; the first 3840 samples are cross-faded
     with the previous chunk's held-back tail (Hamming 7680: rising half x new + falling half x

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -46,10 +47,28 @@ _TF32_TOKENS: dict[str, Tf32Mode] = {
 BOOL_FLAGS: dict[str, bool] = {
     "code2wav_batched_cache_split": True,
     "token2wav_device_spk": True,
+    # Replay whole chunks as device graphs on CUDA/NPU (no effect on CPU); false = eager.
+    "code2wav_device_graph": True,
 }
 # Non-boolean keys read elsewhere in stage 2: `prompt_wav` (default voice path, prompt builder).
 OTHER_KEYS = frozenset({"prompt_wav"})
-KNOWN_KEYS = frozenset(BOOL_FLAGS) | {TF32_KEY, TF32_ALIAS} | OTHER_KEYS
+# The CFM estimator's (DiT's) precision, with its caches: float32 (default) or bfloat16.
+DIT_DTYPE_KEY = "code2wav_dit_dtype"
+DIT_DTYPES = ("float32", "bfloat16")
+KNOWN_KEYS = frozenset(BOOL_FLAGS) | {TF32_KEY, TF32_ALIAS, DIT_DTYPE_KEY} | OTHER_KEYS
+
+
+def parse_dit_dtype(value: Any) -> str:
+    if value is None:
+        return "float32"
+    name = value.strip().lower() if isinstance(value, str) else value
+    aliases = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+    if name not in aliases:
+        raise FlagError(
+            f"error: {DIT_DTYPE_KEY} must be float32 or bfloat16, got {value!r} (code2wav stage "
+            "extra); write float32 (default) or bfloat16"
+        )
+    return aliases[name]
 
 
 def parse_tf32(value: Any, *, key: str) -> Tf32Mode:
@@ -85,7 +104,9 @@ def check_known_keys(extra: Mapping[str, Any], known: frozenset[str] = KNOWN_KEY
 class Code2WavOptions:
     batched_cache_split: bool = True
     device_spk: bool = True
+    device_graph: bool = True
     tf32_mode: Tf32Mode = "off"
+    dit_dtype: str = "float32"  # the CFM estimator's dtype (its caches too)
 
     @classmethod
     def from_extra(
@@ -96,22 +117,39 @@ class Code2WavOptions:
         return cls(
             batched_cache_split=read_bool_flag(extra, "code2wav_batched_cache_split", True),
             device_spk=read_bool_flag(extra, "token2wav_device_spk", True),
+            device_graph=read_bool_flag(extra, "code2wav_device_graph", True),
             tf32_mode=resolve_tf32_mode(extra, env),
+            dit_dtype=parse_dit_dtype(extra.get(DIT_DTYPE_KEY)),
         )
+
+
+# torch's TF32 switch is one process-wide flag. "flow" flips it between regions, so replicas on
+# threads of one process take turns through those regions; "off" / "all" never flip it.
+_TF32_REGIONS = threading.RLock()
 
 
 @contextlib.contextmanager
 def tf32_scope(mode: Tf32Mode, device: torch.device, *, region: Literal["flow", "hift"]) -> Iterator[None]:
-    """Set TF32 matmuls for `region` from the resolved mode; restore after. CUDA only."""
+    """TF32 matmuls for `region` from the resolved mode. CUDA only.
+
+    "off" / "all": the flag is set (the same value for every region) and left set, so threads
+    never see each other's value. "flow": set for the region and restored after, under a lock.
+    Device graphs bake the flag in at capture; replays do not enter this scope.
+    """
     if device.type != "cuda":
         yield
         return
     import torch
 
     want = mode == "all" or (mode == "flow" and region == "flow")
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = want
-    try:
+    if mode != "flow":
+        torch.backends.cuda.matmul.allow_tf32 = want
         yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+        return
+    with _TF32_REGIONS:
+        before = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = want
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = before

@@ -1,19 +1,20 @@
 """Batched streaming token2wav: codec payloads in, 24 kHz float32 audio chunks out (stage 2).
 
-Per request, state lives between payloads: flow caches (conformer + per-Euler-step estimator
-caches), the HiFT stream state, and the prompt it speaks with. chunk_seq 0 creates it from the
-shared prompt setup; `last_chunk` drops it. The prompt setup (prompt tokens + 3 lookahead silence
-tokens through the encoder, then one CFM solve with cond = prompt mel whose output is discarded)
-runs once per prompt id and is shared read-only by every request of that prompt.
+Per request, streaming state lives in a slot of the replica's `SlotPool` between payloads: flow
+caches (conformer + per-Euler-step estimator caches), the HiFT caches and the speaker row of its
+voice. chunk_seq 0 takes a slot and copies the voice's prompt setup into it; `last_chunk` (or
+`drop`) frees it. The prompt setup (prompt tokens + 3 lookahead silence tokens through the
+encoder, then one CFM solve with cond = prompt mel whose output is discarded) runs once per
+prompt id and is shared read-only by every request of that prompt.
 
-Batching: payloads of one `decode` call are grouped by (token count, last_chunk, prompt, cache
-shapes); each group runs one encoder, one CFM solve (2B rows) and one HiFT call, groups run one
-after another. After a non-final group the caches are trimmed (prompt + `prompt_keep_frames`) and
-split back per request (`flow_cache.split_flow_cache`, batched or per-row by the strict flag
-`code2wav_batched_cache_split`). The estimator attention cache (~0.5 GiB per request at full size)
-is never stacked: the CFM reads and writes it per request and Euler step (`StepwiseAttCache`), in
-place once saturated, so a decode's transient peak is one step buffer rather than ~3 copies of
-the B-row cache. `Token2Wav.stepwise_att_cache = False` selects the stack/solve/split reference.
+Batching: payloads of one `decode` call are grouped by `BatchShape` (token count, last_chunk and
+cache lengths; rows of different voices batch together, since every prompt is normalised to the
+same length); each group is one `ChunkDecoder.run`: gather the rows' caches, encoder, CFM on 2B
+rows, HiFT, store the new caches back (trimmed to prompt + `prompt_keep_frames`). On CUDA/NPU
+a non-final group replays a device graph captured for its shape (`ChunkGraphs`, stage flag
+`code2wav_device_graph`, default true); the first chunk of a shape and every last chunk run
+eagerly. Graph replay and eager run the same kernels, so outputs are equal bit for bit for the
+same batch composition.
 
 A steady 28-code payload gives exactly 50 mel frames = 24000 samples (1.0 s). Stage flags are
 parsed once in __init__ (`options.Code2WavOptions`); TF32 is applied on CUDA only.
@@ -27,28 +28,23 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-from torch.profiler import record_function
 
+from stages.code2wav.chunk_decode import META_EXTRA, BatchShape, ChunkDecoder
+from stages.code2wav.chunk_graphs import ChunkGraphs
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.flow import FlowModel
-from stages.code2wav.flow_cache import (
-    AttKeep,
-    FlowCache,
-    StepwiseAttCache,
-    split_flow_cache,
-    split_small_caches,
-    stack_flow_cache,
-    trim_conformer_att,
-)
-from stages.code2wav.hift import HiFTGenerator, HiFTState, HiFTStream, fold_weight_norm
+from stages.code2wav.flow_cache import FlowCache
+from stages.code2wav.hift import HiFTGenerator, fold_weight_norm
 from stages.code2wav.hift_weights import find_hift_checkpoint, load_hift
 from stages.code2wav.options import Code2WavOptions, tf32_scope
 from stages.code2wav.prompt import PromptBuilder, PromptFeatures
+from stages.code2wav.slots import SlotPool
 from stages.code2wav.streaming import (
     DEFAULT_PROMPT_ID,
     Code2WavPayloadError,
@@ -56,6 +52,7 @@ from stages.code2wav.streaming import (
     validate_payload,
 )
 from stages.code2wav.weights import load_flow_weights
+from stages.platform.graphs import graph_api
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +68,7 @@ class DecodedAudio:
 
 @dataclass
 class PromptSetup:
-    """Shared, read-only per prompt id: never written in place (stacking copies it)."""
+    """Shared, read-only per prompt id: copied into a request's slot, never written."""
 
     features: PromptFeatures
     spk: torch.Tensor  # [1, 80] projected speaker row
@@ -81,28 +78,27 @@ class PromptSetup:
 
 
 @dataclass
-class _Request:
+class _Stream:
+    """Host-side facts of one live request; its tensors live in pool slot `slot`."""
+
     prompt_id: str
     chunk_seq: int
-    flow: FlowCache | None  # None between stacking and splitting (see _decode_group)
-    hift: HiFTState | None
-    noise: torch.Generator  # this request's NSF noise stream (see _noise_generator)
-    # True once flow.estimator_att is this request's own tensor (made by _store_caches), so the
-    # stepwise CFM may update it in place; False while it is the shared prompt setup cache.
-    att_owned: bool = False
+    slot: int
+    noise_seed: int  # seeds its vocoder noise (see vocoder_seed)
+    caches: BatchShape  # cache lengths before its next chunk (rows/tokens/last unused)
 
 
-def _noise_generator(init_seed: int, request_seed: int, device: torch.device) -> torch.Generator:
-    """A generator for one request's vocoder (NSF) noise, seeded from its sampling seed.
+def vocoder_seed(init_seed: int, request_seed: int) -> int:
+    """A request's NSF noise seed (63 bits), from the replica seed and its sampling seed.
 
-    Why per request: with one generator per replica, a row's noise would depend on which
-    requests happened to share its batches and in what order, so the same codes could give
-    different audio from run to run and across A/B arms. Seeding from the request's own seed
-    (not its id, which differs between arms) makes its audio a function of its codes and seed,
-    up to batch-size-dependent GEMM rounding.
+    Why per request: with one stream per replica, a row's noise would depend on which requests
+    happened to share its batches and in what order, so the same codes could give different
+    audio from run to run and across A/B arms. Deriving it from the request's own seed (not its
+    id, which differs between arms) makes its audio a function of its codes and seed, up to
+    batch-size-dependent GEMM rounding.
     """
     digest = hashlib.blake2b(f"{init_seed}:{request_seed}".encode(), digest_size=8).digest()
-    return torch.Generator(device=device).manual_seed(int.from_bytes(digest, "little") >> 1)
+    return int.from_bytes(digest, "little") >> 1
 
 
 def _seeded(seed: int, build):
@@ -113,10 +109,6 @@ def _seeded(seed: int, build):
 
 
 class Token2Wav:
-    # False = the reference path (stack the whole estimator_att, solve, split per row): same bytes,
-    # ~3x the transient memory. Kept for the equality test (tests/stages/test_decode_memory.py).
-    stepwise_att_cache: bool = True
-
     def __init__(
         self,
         cfg: Code2WavConfig,
@@ -126,35 +118,57 @@ class Token2Wav:
         init_seed: int = 0,
         weights_dir: str | None = None,
         keep_mel: bool = False,
+        slots: int = 1,
+        shared: Token2Wav | None = None,
     ) -> None:
+        """`slots`: initial slot-pool capacity (it doubles when more requests are live).
+        `shared`: another replica on the same device whose modules, prompt builder and prompt
+        setups this one reuses (replicas on threads of one process); state stays per replica."""
         self.cfg = cfg
         self.options = Code2WavOptions.from_extra(cfg.extra)  # parsed once; typos raise here
         self.device, self.dtype = torch.device(device), dtype
         self.keep_mel = keep_mel
-        self.flow = _seeded(init_seed, lambda: FlowModel(cfg))
+        self._init_seed = init_seed
+        if shared is not None:
+            self._share(shared)
+        else:
+            self._build(weights_dir)
+        self._requests: dict[str, _Stream] = {}
+        self._initial_slots = max(1, slots)
+        self.pool: SlotPool | None = None  # made with the first prompt setup (it fixes the length)
+        self._decoder: ChunkDecoder | None = None
+        api = graph_api(self.device) if self.options.device_graph else None
+        self.graphs = ChunkGraphs(api) if api is not None else None
+        self._graph_generation = 0
+        log.info(
+            "token2wav ready: cache split %s, tf32 %s, device graphs %s",
+            "batched" if self.options.batched_cache_split else "per-row",
+            self.options.tf32_mode,
+            "on" if self.graphs is not None else "off",
+        )
+
+    def _build(self, weights_dir: str | None) -> None:
+        cfg, seed = self.cfg, self._init_seed
+        self.flow = _seeded(seed, lambda: FlowModel(cfg))
         if weights_dir is not None:
             load_flow_weights(self.flow, weights_dir)
-        self.flow.to(device=self.device, dtype=dtype).eval()
-        self.flow.decoder.init_noise(seed=init_seed, device=self.device, dtype=dtype)
-        self.hift = self._build_hift(init_seed, weights_dir)
-        self._stream = HiFTStream(cfg.hift)
-        self._init_seed = init_seed
+        self.flow.to(device=self.device, dtype=self.dtype).eval()
+        if self.options.dit_dtype != "float32":  # the estimator alone (and its caches)
+            self.flow.decoder.estimator.to(getattr(torch, self.options.dit_dtype))
+        self.flow.decoder.init_noise(seed=seed, device=self.device, dtype=self.dtype)
+        self.hift = self._build_hift(seed, weights_dir)
         self._prompts = PromptBuilder(
-            cfg,
-            device=self.device,
-            dtype=dtype,
-            extra=cfg.extra,
-            weights_dir=weights_dir,
-            init_seed=init_seed,
+            cfg, device=self.device, dtype=self.dtype, extra=cfg.extra, weights_dir=weights_dir, init_seed=seed
         )
         self._prompt_wavs: dict[str, str | None] = {DEFAULT_PROMPT_ID: None}
         self._setups: dict[str, PromptSetup] = {}
-        self._requests: dict[str, _Request] = {}
-        log.info(
-            "token2wav ready: cache split %s, tf32 %s",
-            "batched" if self.options.batched_cache_split else "per-row",
-            self.options.tf32_mode,
-        )
+        self._prompt_lock = threading.Lock()
+
+    def _share(self, other: Token2Wav) -> None:
+        if (other.cfg, other.device, other.dtype, other._init_seed) != (self.cfg, self.device, self.dtype, self._init_seed):
+            raise ValueError("Token2Wav(shared=...) needs the same config, device, dtype and seed")
+        self.flow, self.hift, self._prompts = other.flow, other.hift, other._prompts
+        self._prompt_wavs, self._setups, self._prompt_lock = other._prompt_wavs, other._setups, other._prompt_lock
 
     def _build_hift(self, seed: int, weights_dir: str | None) -> HiFTGenerator:
         hift = _seeded(seed + 1, lambda: HiFTGenerator(self.cfg.hift))
@@ -166,6 +180,19 @@ class Token2Wav:
         hift.init_buffers()
         return hift
 
+    def describe(self) -> dict:
+        """Facts for the run record (the replica's Ready)."""
+        graphs = self.graphs
+        return {
+            "batched_cache_split": self.options.batched_cache_split,
+            "device_spk": self.options.device_spk,
+            "tf32_mode": self.options.tf32_mode,
+            "dit_dtype": self.options.dit_dtype,
+            "device_graph": graphs is not None and graphs.disabled is None,
+            "graph_disabled_reason": None if graphs is None else graphs.disabled,
+            "slots": 0 if self.pool is None else self.pool.capacity,
+        }
+
     # -- prompts ---------------------------------------------------------------------------------
 
     def register_prompt(self, prompt_id: str, wav_path: str) -> None:
@@ -176,13 +203,17 @@ class Token2Wav:
     def prompt_setup(self, prompt_id: str = DEFAULT_PROMPT_ID) -> PromptSetup:
         setup = self._setups.get(prompt_id)
         if setup is None:
-            if prompt_id not in self._prompt_wavs:
-                raise ValueError(
-                    f"error: unknown prompt id {prompt_id!r} (code2wav payload); call "
-                    "Token2Wav.register_prompt first"
-                )
-            setup = self._build_setup(self._prompts.build(self._prompt_wavs[prompt_id]))
-            self._setups[prompt_id] = setup
+            with self._prompt_lock:  # replicas sharing setups build each one once
+                setup = self._setups.get(prompt_id)
+                if setup is None:
+                    if prompt_id not in self._prompt_wavs:
+                        raise ValueError(
+                            f"error: unknown prompt id {prompt_id!r} (code2wav payload); call "
+                            "Token2Wav.register_prompt first"
+                        )
+                    setup = self._build_setup(self._prompts.build(self._prompt_wavs[prompt_id]))
+                    self._setups[prompt_id] = setup
+        self._ensure_pool(setup.prompt_len)
         return setup
 
     @torch.inference_mode()
@@ -197,10 +228,27 @@ class Token2Wav:
         cache = FlowCache(enc.cnn_cache, enc.att_cache, solved.cnn_cache, solved.att_cache)
         return PromptSetup(pf, spk, mel, mel.shape[2], cache)
 
+    def _ensure_pool(self, prompt_len: int) -> None:
+        if self.pool is None:
+            frames = prompt_len + self.cfg.prompt_keep_frames
+            self.pool = SlotPool(self.cfg, device=self.device, dtype=self.dtype, frames=frames,
+                                 capacity=self._initial_slots,
+                                 estimator_dtype=self.flow.decoder.estimator.in_proj.weight.dtype)
+            self._decoder = ChunkDecoder(self.flow, self.hift, self.pool, self.cfg, self.options,
+                                         prompt_len=prompt_len)
+        elif self._decoder.keep.prompt_len != prompt_len:
+            raise ValueError(
+                f"error: a prompt of {prompt_len} mel frames, the others have "
+                f"{self._decoder.keep.prompt_len} (code2wav prompt setup); every reference is "
+                "normalised to ref_audio_max_seconds, so this is a bug"
+            )
+
     # -- streaming -------------------------------------------------------------------------------
 
     def drop(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
+        stream = self._requests.pop(request_id, None)
+        if stream is not None:
+            self.pool.release(stream.slot)
 
     @property
     def active_requests(self) -> int:
@@ -210,14 +258,16 @@ class Token2Wav:
         """Decode one step's payloads (at most one per request); output in input order."""
         for p in payloads:  # validate everything before touching any state
             self._validate(p, payloads)
-        states = [self._admit(p) for p in payloads]
-        groups: dict[tuple, list[int]] = {}
-        for i, (p, s) in enumerate(zip(payloads, states)):
-            groups.setdefault(self._group_key(p, s), []).append(i)
+        streams = [self._admit(p) for p in payloads]
+        groups: dict[BatchShape, list[int]] = {}
+        for i, (p, s) in enumerate(zip(payloads, streams)):
+            key = replace(s.caches, tokens=len(p.codes), last=p.last_chunk)
+            groups.setdefault(key, []).append(i)
         out: list[DecodedAudio | None] = [None] * len(payloads)
-        for idx in groups.values():
-            for i, audio in zip(idx, self._decode_group([payloads[i] for i in idx],
-                                                         [states[i] for i in idx])):
+        for shape, idx in groups.items():
+            decoded = self._decode_group(replace(shape, rows=len(idx)), [payloads[i] for i in idx],
+                                         [streams[i] for i in idx])
+            for i, audio in zip(idx, decoded):
                 out[i] = audio
         return out  # type: ignore[return-value]
 
@@ -238,97 +288,54 @@ class Token2Wav:
                 "keep one prompt per stream",
             )  # fmt: skip
 
-    def _admit(self, p: CodecPayload) -> _Request:
-        if p.chunk_seq == 0:  # new stream (or a new epoch of an old one): fresh state
-            setup = self.prompt_setup(p.prompt_id)
-            noise = _noise_generator(self._init_seed, p.seed, self.device)
-            self._requests[p.request_id] = _Request(p.prompt_id, -1, setup.cache, None, noise)
-        return self._requests[p.request_id]
-
-    @staticmethod
-    def _group_key(p: CodecPayload, s: _Request) -> tuple:
-        hift_len = -1 if s.hift is None else s.hift.mel_cache.shape[1]
-        return (
-            len(p.codes), p.last_chunk, s.prompt_id,
-            s.flow.conformer_att.shape[3], s.flow.estimator_att.shape[4], hift_len,
-        )  # fmt: skip
+    def _admit(self, p: CodecPayload) -> _Stream:
+        if p.chunk_seq != 0:
+            return self._requests[p.request_id]
+        self.drop(p.request_id)  # a new epoch of a live stream starts from scratch
+        setup = self.prompt_setup(p.prompt_id)
+        slot = self.pool.acquire()
+        self._load_setup(slot, setup)
+        length = setup.prompt_len
+        caches = BatchShape(0, 0, False, conformer_len=length, estimator_len=length,
+                            hift_frames=0, tail_samples=0)
+        stream = _Stream(p.prompt_id, -1, slot, vocoder_seed(self._init_seed, p.seed), caches)
+        self._requests[p.request_id] = stream
+        return stream
 
     @torch.inference_mode()
-    def _decode_group(self, items: list[CodecPayload], states: list[_Request]) -> list[DecodedAudio]:
-        rows, last = len(items), items[0].last_chunk
-        setup = self.prompt_setup(states[0].prompt_id)
-        tokens = torch.tensor([p.codes for p in items], dtype=torch.long).to(self.device)
-        keep = AttKeep(setup.prompt_len, self.cfg.prompt_keep_frames)
-        stepwise = self.stepwise_att_cache
-        batch = stack_flow_cache([s.flow for s in states], include_estimator_att=not stepwise)
-        att_steps = None
-        if stepwise:
-            # A row may be updated in place only if nothing else holds it: the prompt setup's
-            # cache is shared by every new request of that prompt.
-            att_steps = StepwiseAttCache(
-                [s.flow.estimator_att for s in states], keep=keep, store=not last,
-                owned=[s.att_owned for s in states],
-            )  # fmt: skip
-        # Drop the rows' own references now (the stack copied the small caches; att_steps holds
-        # estimator_att), so the old caches die as soon as the solve no longer needs them. A row
-        # whose decode then fails has lost its state; the request fails anyway.
-        for s in states:
-            s.flow, s.att_owned = None, False
-        # Profiler ranges (read by `tts-bench profile`; keep the names, its tests read them).
-        # record_function is platform-neutral: with no profiler running, enter/exit dispatch one
-        # profiler op pair that records nothing (torch 2.13 adds a cached CUPTI-monitor lookup),
-        # ~6 us per range on the host measured on a slow CPU, no device work, no sync.
-        with tf32_scope(self.options.tf32_mode, self.device, region="flow"):
-            with record_function("code2wav.flow_encoder"):
-                enc = self.flow.encode_chunk(
-                    tokens, batch.conformer_cnn, batch.conformer_att, last_chunk=last
-                )
-            spk = setup.spk.expand(rows, -1)
-            with record_function("code2wav.cfm"):
-                solved = self.flow.decoder.solve(
-                    enc.mu, spk, torch.zeros_like(enc.mu), cnn_cache=batch.estimator_cnn,
-                    att_cache=batch.estimator_att, att_steps=att_steps,
-                )  # fmt: skip
-        del batch
-        if not last:  # a finished stream's caches are dropped, never split
-            att_rows = None if att_steps is None else att_steps.finish()
-            self._store_caches(states, enc, solved, keep, att_rows)
-        del att_steps
-        mel = solved.mel.float()
-        with (
-            tf32_scope(self.options.tf32_mode, self.device, region="hift"),
-            record_function("code2wav.hift"),
-        ):
-            audio, hift_states = self._stream.decode(
-                self.hift, mel, [s.hift for s in states], [last] * rows,
-                generator=[s.noise for s in states],
-            )  # fmt: skip
-        out = []
-        for r, (p, s) in enumerate(zip(items, states)):
-            s.hift, s.chunk_seq = hift_states[r], p.chunk_seq
-            if last:
-                self._requests.pop(p.request_id, None)
-            row_mel = mel[r].cpu() if self.keep_mel else None
-            out.append(DecodedAudio(p.request_id, p.chunk_seq, audio[r].cpu().numpy(), last, row_mel))
-        return out
+    def _load_setup(self, slot: int, setup: PromptSetup) -> None:
+        """A fresh stream's state: the voice's prompt caches and speaker row (HiFT starts empty)."""
+        pool, c, length = self.pool, setup.cache, setup.prompt_len
+        pool["conformer_cnn"][slot].copy_(c.conformer_cnn[0])
+        pool["conformer_att"][:, slot, :, :length].copy_(c.conformer_att[:, 0])
+        pool["estimator_cnn"][:, :, 2 * slot : 2 * slot + 2].copy_(c.estimator_cnn)
+        pool["estimator_att"][:, :, 2 * slot : 2 * slot + 2, :, :length].copy_(c.estimator_att)
+        pool["spk"][slot].copy_(setup.spk[0])
 
-    def _store_caches(
-        self, states, enc, solved, keep: AttKeep, att_rows: list[torch.Tensor] | None
-    ) -> None:
-        """Trim + split the new caches per request; `att_rows` = stepwise estimator_att rows
-        (already trimmed), None = split them from the batch output (reference path)."""
-        conformer_att = trim_conformer_att(
-            enc.att_cache, keep, self.cfg.flow.up_rate, self.cfg.flow.num_blocks
+    def _decode_group(self, shape: BatchShape, items: list[CodecPayload], streams: list[_Stream]) -> list[DecodedAudio]:
+        meta = torch.tensor(
+            [[*p.codes, s.slot, s.noise_seed, p.chunk_seq] for p, s in zip(items, streams)], dtype=torch.long
         )
-        new = FlowCache(enc.cnn_cache, conformer_att, solved.cnn_cache, solved.att_cache)
-        batched = self.options.batched_cache_split
-        if att_rows is None:
-            caches = split_flow_cache(new, len(states), batched=batched, att_keep=keep)
+        assert meta.shape[1] == shape.tokens + META_EXTRA
+        if self.pool.generation != self._graph_generation and self.graphs is not None:
+            self.graphs.invalidate()  # the pool grew: captured addresses are stale
+            self._graph_generation = self.pool.generation
+        if self.graphs is None or shape.last:
+            out = self._decoder.run(meta.to(self.device), shape)
         else:
-            parts = split_small_caches(new, len(states), batched=batched)
-            caches = [FlowCache(c, a, e, att) for (c, a, e), att in zip(parts, att_rows)]
-        for s, cache in zip(states, caches):
-            s.flow, s.att_owned = cache, True  # both paths make fresh per-request tensors
+            out = self.graphs.run(shape, meta, lambda m: self._decoder.run(m, shape))
+        audio = out.audio.cpu().numpy()  # one copy for the whole batch
+        mel = out.mel.cpu() if self.keep_mel else None
+        return [self._advance(p, s, r, audio, mel, out.mel.shape[2]) for r, (p, s) in enumerate(zip(items, streams))]
+
+    def _advance(self, p: CodecPayload, s: _Stream, row: int, audio, mel, frames: int) -> DecodedAudio:
+        s.chunk_seq = p.chunk_seq
+        if p.last_chunk:
+            self.drop(p.request_id)
+        else:
+            s.caches = self._decoder.next_shape(s.caches, frames)
+        row_mel = mel[row] if mel is not None else None
+        return DecodedAudio(p.request_id, p.chunk_seq, np.ascontiguousarray(audio[row]), p.last_chunk, row_mel)
 
     # -- non-streaming reference -----------------------------------------------------------------
 

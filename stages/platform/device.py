@@ -117,8 +117,18 @@ def is_npu(device: torch.device | str) -> bool:
     return torch.device(device).type == "npu"
 
 
-def resolve_device(kind: str = "auto") -> torch.device:
-    """`auto|cuda|npu|cpu` -> a torch.device (index 0 for accelerators); raises PlatformError.
+def device_count(kind: str = "auto") -> int:
+    """Visible accelerators of `kind` (`auto`: CUDA, else NPU); 0 on a CPU-only machine."""
+    if kind in ("auto", "cuda") and cuda_available():
+        # A forced answer (tests) stands for one device even where there is none.
+        return max(torch.cuda.device_count(), int(_OVERRIDE.cuda is True))
+    if kind in ("auto", "npu") and npu_available():
+        return max(torch.npu.device_count() if _torch_npu() else 0, int(_OVERRIDE.npu is True))
+    return 0
+
+
+def resolve_device(kind: str = "auto", index: int = 0) -> torch.device:
+    """`auto|cuda|npu|cpu` -> a torch.device (`index` for accelerators); raises PlatformError.
 
     `auto` picks cuda if available, else npu if torch_npu imports and reports a device, else cpu.
     Asking explicitly for a device that is absent is an error, never a silent CPU fallback.
@@ -135,7 +145,56 @@ def resolve_device(kind: str = "auto") -> torch.device:
         raise PlatformError(
             "error: no Ascend NPU (runner.device: npu); install torch_npu with CANN, or use auto"
         )
-    return torch.device(kind, 0) if kind != "cpu" else torch.device("cpu")
+    if kind == "cpu":
+        return torch.device("cpu")
+    if not 0 <= index < device_count(kind):
+        raise PlatformError(
+            f"error: no {kind} device {index} ({device_count(kind)} visible) (runner.devices); "
+            "list visible device indices, or use auto"
+        )
+    return torch.device(kind, index)
+
+
+def deterministic_kernels() -> None:
+    """Run-to-run deterministic kernels: call before any CUDA work (a value the user set in
+    CUBLAS_WORKSPACE_CONFIG is kept).
+
+    Measured on an H200 (torch 2.11, full-size code2wav at a batch of one): the same chunk's
+    mel was equal from run to run but its audio differed in the low bits in 2 of 6 chunks, so a
+    replayed device graph could not be compared with its eager chunk, nor two A/B arms' audio.
+    Under `torch.use_deterministic_algorithms(True)` eager == eager and graph == eager held in
+    6 of 6 chunks, captures included. cuBLAS needs a fixed workspace configuration for that
+    (~24 MiB per stream); ops without a deterministic implementation warn rather than fail.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def set_current_device(device: torch.device) -> None:
+    """Make `device` the calling thread's current device (no-op on CPU): library calls that
+    take no device argument (graph pools, handles) then land on it."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    elif device.type == "npu":
+        _torch_npu()
+        torch.npu.set_device(device)
+
+
+@contextlib.contextmanager
+def thread_stream(device: torch.device) -> Iterator[None]:
+    """A new device stream, current for the calling thread inside the block (no-op on CPU).
+
+    Replicas on threads of one process each run on their own stream, so their kernels and
+    graph replays can overlap on the device instead of queueing on the default stream."""
+    if device.type == "cuda":
+        with torch.cuda.stream(torch.cuda.Stream(device=device)):
+            yield
+    elif device.type == "npu":
+        _torch_npu()
+        with torch.npu.stream(torch.npu.Stream(device=device)):
+            yield
+    else:
+        yield
 
 
 def synchronize(device: torch.device) -> None:

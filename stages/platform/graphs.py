@@ -18,8 +18,9 @@ outputs cloned before the next replay overwrites them.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,6 +38,27 @@ class GraphAPI:
     pool: Callable[[], Any]  # graph_pool_handle: share memory between graphs
     stream: Callable[[], Any]  # a side stream for warmup / capture
     use_stream: Callable[[Any], Any]  # context manager that makes a stream current
+    current_stream: Callable[[], Any]  # the calling thread's current stream
+    # Extra keyword arguments of `capture`. CUDA: "thread_local" error mode, so a capture in one
+    # thread does not fail because another thread (a replica) allocates or syncs meanwhile.
+    capture_options: dict = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def _cuda_capture(graph: Any, pool: Any = None, stream: Any = None, capture_error_mode: str = "global"):
+    """`torch.cuda.graph` without its entry ritual (device-wide sync, gc.collect, empty_cache).
+
+    That ritual frees memory for the capture; with replicas on threads of one process it
+    stalls every other replica at each capture (a runner at 128x8 captures ~24 shapes per
+    replica) and empties their allocator caches. The capture stream must already wait for the
+    work its inputs come from (callers make it wait on their stream)."""
+    stream = stream if stream is not None else torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool, capture_error_mode=capture_error_mode)
+        try:
+            yield
+        finally:
+            graph.capture_end()
 
 
 def graph_api(device: torch.device) -> GraphAPI | None:
@@ -45,10 +67,12 @@ def graph_api(device: torch.device) -> GraphAPI | None:
         return GraphAPI(
             platform="cuda",
             graph=torch.cuda.CUDAGraph,
-            capture=torch.cuda.graph,
+            capture=_cuda_capture,
             pool=torch.cuda.graph_pool_handle,
             stream=lambda: torch.cuda.Stream(device=device),
             use_stream=torch.cuda.stream,
+            current_stream=lambda: torch.cuda.current_stream(device),
+            capture_options={"capture_error_mode": "thread_local"},
         )
     if device.type == "npu":
         if _torch_npu() is None:
@@ -61,5 +85,6 @@ def graph_api(device: torch.device) -> GraphAPI | None:
             pool=npu.graph_pool_handle,
             stream=lambda: npu.Stream(device=device),
             use_stream=npu.stream,
+            current_stream=lambda: npu.current_stream(device),
         )
     return None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -163,7 +164,8 @@ class FakeToken2Wav:
     def __init__(self, cfg: Code2WavConfig, *, device: Any, dtype: Any, init_seed: int = 0,
                  weights_dir: str | None = None, decode_s: float = 0.0,
                  fail_start: str | None = None, crash_after_decodes: int | None = None,
-                 fail_decode_seq: int | None = None, log_dir: str | None = None) -> None:
+                 fail_decode_seq: int | None = None, log_dir: str | None = None,
+                 slots: int = 1, shared: Any = None) -> None:
         if fail_start is not None:
             raise RuntimeError(fail_start)
         self.cfg = cfg
@@ -184,8 +186,9 @@ class FakeToken2Wav:
             os._exit(3)  # a hard crash: no exception, no message
         if self.log is not None:
             with self.log.open("a") as f:
-                f.write(json.dumps({"pid": os.getpid(), "rows": [p.request_id for p in payloads]})
-                        + "\n")
+                # "pid": the replica's identity (process and thread: replicas may be threads)
+                who = f"{os.getpid()}-{threading.get_ident()}"
+                f.write(json.dumps({"pid": who, "rows": [p.request_id for p in payloads]}) + "\n")
         if self.decode_s:
             time.sleep(self.decode_s)
         return [self._one(p) for p in payloads]

@@ -27,9 +27,18 @@ from typing import Any
 import torch
 
 from stages.config import StageConfig
-from stages.platform import describe_device, dtype_from_name, memory_stats, resolve_device
+from stages.platform import (
+    describe_device,
+    deterministic_kernels,
+    device_count,
+    dtype_from_name,
+    memory_stats,
+    resolve_device,
+    set_current_device,
+)
 from stages.runner.factories import StageFactories
 from stages.runner.messages import Fatal, MemoryReport, Ready
+from stages.runner.placement import Placement, place, resolve_devices
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +52,25 @@ _MAX_TRACE_CHARS = 4000
 class ProcessSpec:
     """Everything a stage process needs, pickled into it at start."""
 
-    name: str  # "talker" | "code2wav-<r>"
+    name: str  # "talker" | "code2wav-<r>" | "code2wav" (the replica threads' host)
     cfg: StageConfig
     factories: StageFactories
     threads: int  # torch intra-op threads for this process
+    replica_ids: tuple[int, ...] = ()  # code2wav replicas it runs (none: the talker)
+    replicas_total: int = 1  # R of the tier: placement spreads replicas over runner.devices
+
+    def placement(self) -> Placement:
+        """Where every stage goes (needs the device count: call in the child)."""
+        runner = self.cfg.runner
+        devices = resolve_devices(runner.devices, device_count(runner.device))
+        return place(devices, self.replicas_total)
+
+    def device_indices(self) -> tuple[int, ...]:
+        """The accelerator index of each engine this process builds (talker: one)."""
+        plan = self.placement()
+        if not self.replica_ids:
+            return (plan.talker,)
+        return tuple(plan.replicas[r] for r in self.replica_ids)
 
 
 def threads_per_process(configured: int, replicas: int, cores: int | None = None) -> int:
@@ -94,12 +118,14 @@ def run_stage_process(
 
     `build` may add facts to `ctx.info` (they reach the client in Ready, then `describe()`).
     """
-    # R replicas plus the talker share one device: expandable segments let each process's
-    # caching allocator give back what fragmentation would otherwise strand (measured on an
-    # H200 at 128x8: 6.5 GiB reserved-but-unallocated in one replica when another hit OOM).
-    # Read by the allocator at its first CUDA allocation, which happens after this line; a
-    # value the user set is kept.
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    # No allocator setting is forced. Earlier runs set expandable segments against
+    # fragmentation of per-request caches; the slot pool keeps those in fixed tensors now, and
+    # with whole-chunk device graphs in replica processes that setting was the one difference
+    # from the in-process benchmark when replicas hit illegal memory accesses on an H200
+    # (torch 2.11; graph pools and expandable segments were re-enabled together upstream only
+    # later). A PYTORCH_CUDA_ALLOC_CONF the user sets is passed through as before.
+    if spec.cfg.runner.deterministic:  # replay == eager and A/B identity need equal kernels
+        deterministic_kernels()
     try:
         torch.set_num_threads(spec.threads)
         try:
@@ -108,7 +134,8 @@ def run_stage_process(
             pass
         runner = spec.cfg.runner
         torch.manual_seed(runner.seed)  # module constructors draw from the global generator
-        device = resolve_device(runner.device)
+        device = resolve_device(runner.device, spec.device_indices()[0])
+        set_current_device(device)
         ctx = StageContext(spec, device, dtype_from_name(runner.dtype), results)
         ctx.info.update(device=describe_device(device), torch=torch.__version__,
                         dtype=str(ctx.dtype).removeprefix("torch."), threads=spec.threads)

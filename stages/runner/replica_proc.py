@@ -28,18 +28,20 @@ log = logging.getLogger(__name__)
 
 def replica_main(spec: ProcessSpec, inbox: Any, results: Any) -> None:
     """Process target (spawn): build Token2Wav and serve payloads until the shutdown sentinel."""
-    run_stage_process(spec, results, _build, lambda ctx, t2w: ReplicaLoop(ctx, t2w).run(inbox))
+    run_stage_process(spec, results, build_token2wav, lambda ctx, t2w: ReplicaLoop(ctx, t2w).run(inbox))
 
 
-def _build(ctx: StageContext) -> Any:
+def build_token2wav(ctx: StageContext, shared: Any = None) -> Any:
+    """The replica's engine on `ctx.device`; `shared`: a replica on the same device (threads of
+    one process) whose modules and prompt setups it reuses. Adds the engine's facts to ctx.info."""
     cfg, runner = ctx.spec.cfg, ctx.spec.cfg.runner
-    t2w = ctx.spec.factories.token2wav(
-        cfg.code2wav,
-        device=ctx.device,
-        dtype=ctx.dtype,
-        init_seed=runner.seed,
-        weights_dir=runner.weights,
-    )
+    # Two batches' worth of slots up front: growing the pool reallocates every cache and drops
+    # the captured graphs, so a replica should rarely need to (it still grows when it must).
+    kwargs = dict(device=ctx.device, dtype=ctx.dtype, init_seed=runner.seed, weights_dir=runner.weights,
+                  slots=2 * runner.max_num_seqs)
+    if shared is not None:
+        kwargs["shared"] = shared
+    t2w = ctx.spec.factories.token2wav(cfg.code2wav, **kwargs)
     # Build the default voice's prompt state now, so "ready" means the first request does not
     # pay for it (it is computed once per prompt id and shared by every request).
     prompt_setup = getattr(t2w, "prompt_setup", None)

@@ -7,7 +7,9 @@
     runner.memory_snapshot()                          #   called on the runner's reader thread
     runner.stop()
 
-Topology (DESIGN.md §3): one talker process, R replica processes sharing the device; a request
+Topology (DESIGN.md §3): one talker process and R code2wav replicas, either R processes
+(`runner.execution: processes`) or R threads of one process with a device stream each
+(`threads`; `auto` is processes until the H200 A/B decides), placed on `runner.devices`; a request
 is pinned at admission to the replica with the fewest requests in flight (ties: lowest index),
 so its chunks decode in order on one replica and come back straight from it. Each child has its
 own one-way result pipe whose only write end lives in that child; one reader thread waits on all
@@ -19,7 +21,8 @@ leaves a torn message that blocks the reader forever, and other writers keep the
 
 `on_event` runs on the reader thread and must not block (the asyncio backend hands events over
 with `loop.call_soon_threadsafe`). Every request ends with exactly one of: a ChunkReady with
-`last_chunk`, or a RequestError. Nothing here imports torch, so the client process stays light.
+`last_chunk`, or a RequestError. Nothing here touches a device: the client process never
+initialises CUDA.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from stages.config import StageConfig
+from stages.config import RunnerConfig, StageConfig
 from stages.runner.factories import StageFactories
 from stages.runner.messages import (
     Cancel,
@@ -49,6 +52,7 @@ from stages.runner.messages import (
     Submit,
 )
 from stages.runner.process import ProcessSpec, threads_per_process
+from stages.runner.replica_host import replica_host_main
 from stages.runner.replica_proc import replica_main
 from stages.runner.talker_proc import talker_main
 
@@ -56,6 +60,16 @@ log = logging.getLogger(__name__)
 
 _POLL_S = 0.1  # wait granularity (seconds) while waiting for Ready or joining children
 _MEMORY_TIMEOUT_S = 10.0
+
+
+def resolve_execution(runner: RunnerConfig) -> str:
+    """`processes` or `threads` for `runner.execution`.
+
+    `auto` is processes everywhere for now: threads scaled code2wav alone 1.5x over one replica
+    on an H200 (8 threads x 8 rows: 121 vs 81 audio s/s, results/h200/README.md), but the one
+    runner-level A/B at 128x8 (configs/ab/execution.yaml) was not valid yet, so the measured
+    topology stays the default until that A/B says otherwise."""
+    return "processes" if runner.execution == "auto" else runner.execution
 
 
 class RunnerError(RuntimeError):
@@ -86,6 +100,7 @@ class StageRunner:
         self.cfg = cfg
         self.replicas = replicas
         self.factories = factories or StageFactories()
+        self.execution = resolve_execution(cfg.runner)
         self.info: dict[str, dict] = {}  # process name -> facts from its Ready
         self._children: list[_Child] = []
         self._lock = threading.Lock()
@@ -105,31 +120,41 @@ class StageRunner:
         if self._children:
             raise RunnerError("error: stage runner started twice (start); use a fresh StageRunner")
         ctx = mp.get_context("spawn")
-        threads = threads_per_process(self.cfg.runner.torch_threads, self.replicas)
-        inboxes = [ctx.Queue() for _ in range(1 + self.replicas)]  # talker, replicas...
-        names = ["talker"] + [f"code2wav-{r}" for r in range(self.replicas)]
+        threaded = self.execution == "threads"
+        threads = threads_per_process(self.cfg.runner.torch_threads, 1 if threaded else self.replicas)
+        replica_inboxes = [ctx.Queue() for _ in range(self.replicas)]
         t0 = time.perf_counter()
-        for i, (name, inbox) in enumerate(zip(names, inboxes)):
-            read_end, write_end = ctx.Pipe(duplex=False)
-            spec = ProcessSpec(name, self.cfg, self.factories, threads)
-            if i == 0:
-                target, args = talker_main, (spec, inbox, inboxes[1:], write_end)
-            else:
-                target, args = replica_main, (spec, inbox, write_end)
-            process = ctx.Process(target=target, args=args, name=f"tts-{name}", daemon=True)
-            process.start()
-            write_end.close()  # the child holds the only write end: its death means EOF here
-            self._children.append(_Child(name, process, inbox, read_end))
+        talker_inbox = ctx.Queue()
+        self._spawn(ctx, "talker", talker_inbox, talker_main,
+                    lambda write: (self._spec("talker", threads, ()), talker_inbox, replica_inboxes, write))
+        if threaded:  # one process hosts every replica; its own inbox carries control only
+            control = ctx.Queue()
+            self._spawn(ctx, "code2wav", control, replica_host_main, lambda write: (
+                self._spec("code2wav", threads, tuple(range(self.replicas))), control, replica_inboxes, write))
+        else:
+            for r, inbox in enumerate(replica_inboxes):
+                self._spawn(ctx, f"code2wav-{r}", inbox, replica_main,
+                            lambda write, r=r, inbox=inbox: (self._spec(f"code2wav-{r}", threads, (r,)), inbox, write))
         try:
             self._await_ready()
         except BaseException:
             self.stop(timeout_s=0.0)  # the others are still building: nothing to wait for
             raise
-        log.info("runner ready: talker + %d replica(s) in %.1f s, %d torch thread(s) each",
-                 self.replicas, time.perf_counter() - t0, threads)
+        log.info("runner ready: talker + %d replica(s) as %s in %.1f s, %d torch thread(s) per process",
+                 self.replicas, self.execution, time.perf_counter() - t0, threads)
         self._reader = threading.Thread(target=self._read_loop, name="stage-runner-reader",
                                          daemon=True)
         self._reader.start()
+
+    def _spec(self, name: str, threads: int, replica_ids: tuple[int, ...]) -> ProcessSpec:
+        return ProcessSpec(name, self.cfg, self.factories, threads, replica_ids, self.replicas)
+
+    def _spawn(self, ctx, name: str, inbox, target, args) -> None:
+        read_end, write_end = ctx.Pipe(duplex=False)
+        process = ctx.Process(target=target, args=args(write_end), name=f"tts-{name}", daemon=True)
+        process.start()
+        write_end.close()  # the child holds the only write end: its death means EOF here
+        self._children.append(_Child(name, process, inbox, read_end))
 
     def _await_ready(self) -> None:
         waiting = {c.results: c for c in self._children}

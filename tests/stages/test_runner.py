@@ -80,11 +80,12 @@ def decode_log(log_dir: Path, prefix: str) -> list[dict]:
     return [r for r in rows if any(rid.startswith(prefix) for rid in r["rows"])]
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    """One talker + 2 replicas (max_num_seqs 3) with a slow-ish fake decoder, for several tests."""
+@pytest.fixture(scope="module", params=["processes", "threads"])
+def shared(request, tmp_path_factory):
+    """One talker + 2 replicas (max_num_seqs 3) with a slow-ish fake decoder, for several tests;
+    once with the replicas as processes, once as threads of one process."""
     log_dir = tmp_path_factory.mktemp("decode-log")
-    runner = StageRunner(cpu_config(max_num_seqs=3), replicas=2,
+    runner = StageRunner(cpu_config(max_num_seqs=3, execution=request.param), replicas=2,
                          factories=fake_factories(decode_s=0.15, log_dir=str(log_dir)))
     runner.start()
     yield runner, log_dir
@@ -160,7 +161,8 @@ def test_replicas_decode_concurrently(shared):
 def test_memory_snapshot_reports_every_stage_process(shared):
     runner, _ = shared
     snap = runner.memory_snapshot()
-    assert [s["process"] for s in snap] == ["talker", "code2wav-0", "code2wav-1"]
+    names = ["talker", "code2wav"] if runner.execution == "threads" else ["talker", "code2wav-0", "code2wav-1"]
+    assert [s["process"] for s in snap] == names
     assert {s["pid"] for s in snap} == set(runner.pids().values())
     for s in snap:
         assert s["source"] == "rss"
@@ -211,19 +213,21 @@ def test_failures_of_one_request_leave_the_others_running():
         runner.stop()
 
 
-def test_a_child_that_fails_at_startup_makes_start_raise_with_its_message():
-    runner = StageRunner(cpu_config(), replicas=2,
+@pytest.mark.parametrize("execution", ["processes", "threads"])
+def test_a_child_that_fails_at_startup_makes_start_raise_with_its_message(execution):
+    runner = StageRunner(cpu_config(execution=execution), replicas=2,
                          factories=fake_factories(fail_start="no such weights: flow.pt"))
     t0 = time.perf_counter()
-    with pytest.raises(RunnerError, match=r"code2wav-\d failed to start") as info:
+    with pytest.raises(RunnerError, match=r"code2wav(-\d)? failed to start") as info:
         runner.start()
     assert "no such weights: flow.pt" in str(info.value)
     assert time.perf_counter() - t0 < WAIT_S
     assert runner.alive() == []
 
 
-def test_a_child_that_crashes_fails_in_flight_requests_and_ends_the_run():
-    runner = StageRunner(cpu_config(), replicas=2,
+@pytest.mark.parametrize("execution", ["processes", "threads"])
+def test_a_child_that_crashes_fails_in_flight_requests_and_ends_the_run(execution):
+    runner = StageRunner(cpu_config(execution=execution), replicas=2,
                          factories=fake_factories(decode_s=0.05, crash_after_decodes=2))
     runner.start()
     try:

@@ -29,7 +29,13 @@ def test_full_yaml_spells_out_exactly_the_real_defaults():
     full, real = load_stage(FULL), StageConfig()
     assert without_extra(full.talker) == real.talker
     assert without_extra(full.code2wav) == real.code2wav
-    assert full.talker.extra == {"talker_codec_fused_prelude": True}
+    # Every flag it writes out is the default (and the file names every talker flag).
+    from stages.code2wav.options import Code2WavOptions
+    from stages.talker.options import KNOWN_KEYS, TalkerOptions
+
+    assert TalkerOptions.from_extra(full.talker.extra) == TalkerOptions()
+    assert set(full.talker.extra) == KNOWN_KEYS
+    assert Code2WavOptions.from_extra(full.code2wav.extra, env={}) == Code2WavOptions()
 
 
 def test_tiny_yaml_shrinks_widths_but_keeps_vocab_ids_chunking_steps_and_rates():

@@ -65,10 +65,10 @@ def test_trimmed_caches_saturate_at_prompt_plus_keep_frames():
     payloads = _payloads(t2w.cfg, "r", _codes(125, 3))
     for p in payloads[:-1]:
         t2w.decode([p])
-    state = t2w._requests["r"]
+    caches = t2w._requests["r"].caches
     limit = t2w.prompt_setup().prompt_len + t2w.cfg.prompt_keep_frames
-    assert state.flow.estimator_att.shape[4] == limit
-    assert state.flow.conformer_att.shape[3] == limit
+    assert caches.estimator_len == limit and caches.conformer_len == limit
+    assert t2w.pool.frames == limit  # the pool holds exactly the saturated length
 
 
 def test_two_instances_with_the_same_seed_give_identical_audio():
@@ -116,10 +116,11 @@ def test_batched_cache_split_is_byte_identical_to_per_row_with_ragged_groups():
         for x, y in zip(*outs):
             assert x.request_id == y.request_id
             assert torch.equal(torch.from_numpy(x.audio), torch.from_numpy(y.audio))
-        for rid, s in arms[0]._requests.items():
-            t = arms[1]._requests[rid].flow
-            for f in ("conformer_cnn", "conformer_att", "estimator_cnn", "estimator_att"):
-                assert torch.equal(getattr(s.flow, f), getattr(t, f))
+        assert {r: s.slot for r, s in arms[0]._requests.items()} == {
+            r: s.slot for r, s in arms[1]._requests.items()
+        }
+        for name, tensor in arms[0].pool.tensors.items():
+            assert torch.equal(tensor, arms[1].pool[name]), name
         group_sizes.add(len(batch))
     assert max(group_sizes) >= 4 and arms[0].active_requests == 0
 
@@ -133,7 +134,7 @@ def test_state_lifecycle_and_errors():
     with pytest.raises(Code2WavPayloadError, match="two payloads"):
         t2w.decode([p[1], p[1]])
     t2w.drop("r")
-    assert t2w.active_requests == 0
+    assert t2w.active_requests == 0 and t2w.pool.in_use == 0
     with pytest.raises(Code2WavPayloadError, match="expected 0"):
         t2w.decode([p[1]])
     t2w.decode([p[0]])  # chunk_seq 0 restarts a stream
@@ -215,3 +216,25 @@ def test_audio_follows_the_request_seed_not_its_id():
 
     assert np.array_equal(audio("base:x", 5), audio("test:x", 5))
     assert not np.array_equal(audio("base:x", 5), audio("base:x", 6))
+
+
+def test_pooled_vocoder_equals_the_per_row_reference_stream():
+    # ChunkDecoder vocodes a batch against the slot pool; HiFTStream is the plain per-row
+    # reference of the same streaming contract (cache, cross-fade, hold-back). Same mel, same
+    # counter noise: same bytes.
+    from stages.code2wav import noise
+    from stages.code2wav.hift import HiFTStream, NoiseKeys
+    from stages.code2wav.token2wav import vocoder_seed
+
+    t2w = _t2w()
+    seeds = {"a": 3, "b": 4}
+    streams = {rid: _payloads(t2w.cfg, rid, _codes(70, 20 + k), seed=seeds[rid]) for k, rid in enumerate(seeds)}
+    ref, states = HiFTStream(t2w.cfg.hift), [None, None]
+    request_seeds = torch.tensor([vocoder_seed(0, s) for s in seeds.values()])
+    for step in range(len(streams["a"])):
+        outs = t2w.decode([streams[rid][step] for rid in seeds])  # one batch of two rows
+        keys = NoiseKeys(noise.row_keys(request_seeds, torch.tensor([o.chunk_seq for o in outs])))
+        audio, states = ref.decode(t2w.hift, torch.stack([o.mel for o in outs]), states,
+                                   [o.last_chunk for o in outs], generator=keys)
+        for out, want in zip(outs, audio):
+            assert torch.equal(torch.from_numpy(out.audio), want), (out.request_id, step)

@@ -19,7 +19,7 @@ from tts_bench.profile import (
     count_cache_split,
     measure_talker_step,
     profile_arms,
-    steady_split_batch,
+    steady_store_inputs,
     steady_start,
     with_split,
 )
@@ -51,23 +51,27 @@ def test_per_row_split_scales_with_rows_and_batched_split_does_not(t2w):
     per_row = {b: count_cache_split(t2w, b, 2, batched=False) for b in (1, 4, 8)}
     batched = {b: count_cache_split(t2w, b, 2, batched=True) for b in (1, 4, 8)}
     for b in (1, 4, 8):
-        assert per_row[b]["cache_split"].per_call == 3 * b
+        assert per_row[b]["cache_split"].per_call == 4 * b  # cond and uncond estimator rows apart
         assert batched[b]["cache_split"].per_call == 3
-        assert batched[b]["cache_split"].by_name == {"aten::clone": 2.0, "aten::index_select": 1.0}
-        # estimator_att is copied per request in both: the whole split differs by 3B - 3.
+        assert batched[b]["cache_split"].by_name == {"aten::index_copy_": 3.0}
+        # The estimator_att stores (2 trimmed segments x 10 steps) are batched in both: the whole
+        # split differs by 4B - 3 and its shared part does not grow with B.
         delta = per_row[b]["cache_split_total"].per_call - batched[b]["cache_split_total"].per_call
-        assert delta == 3 * b - 3
-    assert per_row[8]["cache_split_total"].per_call > per_row[1]["cache_split_total"].per_call
+        assert delta == 4 * b - 3
+        assert batched[b]["cache_split_total"].per_call == batched[1]["cache_split_total"].per_call
 
 
-def test_split_batch_has_the_steady_trimmed_shapes(t2w):
-    batch, keep = steady_split_batch(t2w, 4)
-    cfg = t2w.cfg
-    assert batch.conformer_cnn.shape[0] == 4 and batch.estimator_cnn.shape[2] == 8
-    assert batch.conformer_att.shape[3] == keep.prompt_len + cfg.prompt_keep_frames
-    # The estimator cache arrives one chunk longer than the keep, so the copy trims (2 segments).
-    assert len(keep.ranges(batch.estimator_att.shape[4])) == 2
+def test_split_inputs_have_the_steady_shapes_and_trim(t2w):
+    x = steady_store_inputs(t2w, 4, batched=True)
+    cfg, keep = t2w.cfg, x.decoder.keep
+    assert x.encoded.cnn_cache.shape[0] == 4 and x.estimator_cnn.shape[2] == 8
+    # Caches arrive one chunk longer than the keep, so every store trims (2 segments).
+    full = keep.prompt_len + cfg.prompt_keep_frames + cfg.chunk_mel_frames
+    assert x.encoded.att_cache.shape[3] == x.step_buffer.shape[3] == full
+    assert len(keep.ranges(full)) == 2
     assert steady_start(cfg) == 2  # 100 keep frames / 50 mel frames per chunk
+    for s in x.slots.tolist():
+        t2w.pool.release(s)
 
 
 def test_talker_step_count_is_positive_and_repeatable():
@@ -88,12 +92,12 @@ def test_profile_arms_reports_both_arms_and_the_split_delta():
     df = result.table()
     assert list(df["step"].unique()) == ["talker_step", "code2wav_step", "cache_split", "cache_split_total"]
     split = df[(df["B"] == 2) & (df["step"] == "cache_split")].iloc[0]
-    assert (split["base"], split["test"], split["delta"], split["delta %"]) == ("6", "3", "-3", "-50.0%")
+    assert (split["base"], split["test"], split["delta"], split["delta %"]) == ("8", "3", "-5", "-62.5%")
     # The talker does not depend on the split flag; the code2wav step carries its delta.
     talker = [result.get(a, 2).counts["talker_step"].per_call for a in ("base", "test")]
     assert talker[0] == talker[1]
     c2w = [result.get(a, 2).counts["code2wav_step"].per_call for a in ("base", "test")]
-    assert c2w[0] - c2w[1] == 3
+    assert c2w[0] - c2w[1] == 4 * 2 - 3  # per-row: 4 stores per row; batched: 3
 
 
 @pytest.mark.parametrize("rows, chunks", [((0,), 1), ((), 1), ((2,), 0)])
@@ -106,9 +110,8 @@ def test_profile_arms_rejects_bad_workloads_before_building(rows, chunks):
 
 @pytest.mark.gpu
 def test_cuda_split_launches_are_4b_per_row_and_3_batched():
-    # Device launches = kernels + memcpys: a contiguous row (or whole-batch) clone is a memcpy,
-    # a strided one a copy kernel, and the per-row estimator cat copies each CFG half with its
-    # own kernel, so per-row issues 4 per row (H200: results/h200/bench_split.json), batched 3.
+    # One index_copy_ kernel per store: per-row 4 per row (conformer cnn, conformer att, the
+    # estimator cnn's cond and uncond rows), batched 3.
     device = torch.device("cuda", 0)
     t2w = Token2Wav(tiny_config(), device=device, dtype=torch.float32, init_seed=0)
     for b in (1, 4, 8):

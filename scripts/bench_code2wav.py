@@ -1,0 +1,224 @@
+"""One steady code2wav chunk (1 s of audio per row): eager vs device graphs, side by side.
+
+For each B, two full-size replicas (graphs on, graphs off) decode the same B streams' payloads;
+streams are first fed until their caches are saturated (the steady shape), then `--reps` chunks
+are timed, the two arms alternating in A B / B A order so host drift cancels out of the ratio.
+A chunk's time is host wall time from `decode()` call to its audio on the host (what a replica
+loop waits for). Also reported per chunk: device kernels and host launch calls (a replayed graph
+is one launch), and whether the two arms' audio was identical (graph replay == eager, bit for
+bit, for the same batch composition).
+
+    PYTHONPATH=. python3 scripts/bench_code2wav.py --rows 1,4,8,16 --reps 10
+    PYTHONPATH=. python3 scripts/bench_code2wav.py --rows 1,8 --tf32 off,flow --out $OUT
+
+The last stdout line is one JSON document; a fixed-width table precedes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from stages.code2wav.config import Code2WavConfig
+from stages.code2wav.streaming import Chunker
+from stages.code2wav.token2wav import Token2Wav
+from stages.platform import deterministic_kernels, resolve_device, synchronize
+from tts_bench.launches import count_launches
+
+WARM_CHUNKS = 3  # chunk 0, growth, first trim: steady shapes afterwards
+
+
+def _streams(cfg: Code2WavConfig, rows: int, chunks: int, tag: str) -> list[list]:
+    gen = torch.Generator().manual_seed(rows)
+    out = []
+    for r in range(rows):
+        codes = torch.randint(0, cfg.flow.vocab_size, (chunks * cfg.codec_chunk_frames,), generator=gen)
+        out.append(Chunker(cfg, f"{tag}-{rows}-{r}", seed=r).push(codes.tolist()))
+    return out
+
+
+def _timed(t2w: Token2Wav, batch: list) -> tuple[float, list[np.ndarray]]:
+    synchronize(t2w.device)
+    t0 = time.perf_counter()
+    outs = t2w.decode(batch)
+    return (time.perf_counter() - t0) * 1000.0, [o.audio for o in outs]
+
+
+def bench_rows(arms: dict[str, Token2Wav], rows: int, reps: int) -> dict:
+    cfg = next(iter(arms.values())).cfg
+    streams = _streams(cfg, rows, WARM_CHUNKS + 1 + reps + 1, "bench")
+    for step in range(WARM_CHUNKS + 1):  # + 1: the graph arm captures its steady graph here
+        for t2w in arms.values():
+            t2w.decode([s[step] for s in streams])
+    names = list(arms)
+    times = {n: [] for n in names}
+    identical = 0
+    for k in range(reps):
+        step = WARM_CHUNKS + 1 + k
+        order = names if k % 2 == 0 else names[::-1]
+        audio = {}
+        for n in order:
+            ms, audio[n] = _timed(arms[n], [s[step] for s in streams])
+            times[n].append(ms)
+        identical += all(np.array_equal(a, b) for a, b in zip(audio[names[0]], audio[names[1]]))
+    counts = {}
+    step = WARM_CHUNKS + 1 + reps
+    for n, t2w in arms.items():
+        batch = [s[step] for s in streams]
+        counts[n] = count_launches(lambda t=t2w, b=batch: t.decode(b), device=t2w.device, repeats=1, warmup=0)
+    for n, t2w in arms.items():
+        for s in streams:
+            t2w.drop(s[0].request_id)
+    out = {"rows": rows, "reps": reps, "identical_chunks": identical}
+    for n in names:
+        out[n] = {
+            "median_ms": statistics.median(times[n]),
+            "p90_ms": float(np.percentile(times[n], 90)),
+            "kernels_per_chunk": counts[n].per_call,
+            "copies_per_chunk": counts[n].copies_per_call,
+            "host_launches_per_chunk": counts[n].host_per_call,
+        }
+    ratios = [e / g for e, g in zip(times[names[1]], times[names[0]])]
+    out["eager_over_graph_median"] = statistics.median(ratios)
+    return out
+
+
+def kernel_table(t2w: Token2Wav, rows: int, top: int = 25) -> dict:
+    """Device time per chunk by kernel name (one steady chunk of `rows` rows, under the
+    profiler): where a chunk's device time goes, for the targets a graph cannot reach."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = t2w.cfg
+    streams = _streams(cfg, rows, WARM_CHUNKS + 2, "kernels")
+    for step in range(WARM_CHUNKS + 1):
+        t2w.decode([s[step] for s in streams])
+    synchronize(t2w.device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t2w.decode([s[WARM_CHUNKS + 1] for s in streams])
+        synchronize(t2w.device)
+    for s in streams:
+        t2w.drop(s[0].request_id)
+    by_name: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation:
+            by_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
+    total = sum(sum(v) for v in by_name.values())
+    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {"rows": rows, "device_ms": total / 1000, "kernels": sum(len(v) for v in by_name.values()),
+            "top": [{"name": n[:90], "count": len(v), "ms": sum(v) / 1000} for n, v in ranked]}
+
+
+def bench_threads(base: Code2WavConfig, device: torch.device, replicas: int, rows: int, chunks: int) -> dict:
+    """`replicas` graph replicas on threads of this process (own stream each, shared weights),
+    each decoding `rows` steady streams for `chunks` chunks at once: audio seconds per second."""
+    import threading
+
+    first = Token2Wav(base, device=device, dtype=torch.float32, slots=rows)
+    reps = [first] + [Token2Wav(base, device=device, dtype=torch.float32, slots=rows, shared=first)
+                      for _ in range(replicas - 1)]
+    streams = [_streams(base, rows, WARM_CHUNKS + 1 + chunks, f"t{i}") for i in range(replicas)]
+    barrier = threading.Barrier(replicas + 1)
+    errors: list[BaseException] = []
+
+    def work(t2w: Token2Wav, mine: list) -> None:
+        try:
+            stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+            with torch.cuda.stream(stream) if stream is not None else _null():
+                for step in range(WARM_CHUNKS + 1):
+                    t2w.decode([s[step] for s in mine])
+                barrier.wait()
+                for step in range(WARM_CHUNKS + 1, WARM_CHUNKS + 1 + chunks):
+                    t2w.decode([s[step] for s in mine])
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=work, args=(t, st)) for t, st in zip(reps, streams)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    audio_s = replicas * rows * chunks * base.codec_chunk_frames / base.token_rate_hz
+    return {"replicas": replicas, "rows": rows, "chunks": chunks, "wall_s": wall,
+            "audio_s_per_s": audio_s / wall, "rtf_if_fed": wall * base.token_rate_hz / (chunks * base.codec_chunk_frames)}
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="1,4,8,16")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--tf32", default="off", help="comma list of token2wav_allow_tf32 modes")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--threads", default="", help="comma list of replica-thread counts (graphs on)")
+    ap.add_argument("--thread-rows", type=int, default=8)
+    ap.add_argument("--thread-chunks", type=int, default=8)
+    ap.add_argument("--kernels", default="", help="comma list of B: device time by kernel (eager)")
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    args = ap.parse_args()
+    deterministic_kernels()  # as in the stage processes (runner.deterministic): replay == eager
+    device = resolve_device(args.device)
+    rows = [int(x) for x in args.rows.split(",")]
+    results = []
+    for mode in args.tf32.split(","):
+        base = Code2WavConfig(extra={"token2wav_allow_tf32": mode})
+        arms = {
+            "graph": Token2Wav(base, device=device, dtype=torch.float32, slots=max(rows)),
+            "eager": Token2Wav(replace(base, extra={**base.extra, "code2wav_device_graph": False}),
+                               device=device, dtype=torch.float32, slots=max(rows)),
+        }
+        for t2w in arms.values():
+            t2w.prompt_setup()
+        for b in [int(x) for x in args.kernels.split(",") if x] if mode == "off" else []:
+            k = kernel_table(arms["eager"], b)
+            results.append({"kernel_table": k, "tf32": mode})
+            print(f"eager B={b}: {k['device_ms']:.1f} device ms in {k['kernels']} kernels", file=sys.stderr)
+            for row in k["top"][:12]:
+                print(f"  {row['ms']:8.2f} ms {row['count']:6d}x  {row['name']}", file=sys.stderr)
+        for b in rows:
+            r = bench_rows(arms, b, args.reps)
+            r["tf32"] = mode
+            r["graphs_disabled"] = arms["graph"].graphs.disabled if arms["graph"].graphs else "no graph API"
+            results.append(r)
+            print(f"tf32={mode:4s} B={b:3d}  graph {r['graph']['median_ms']:8.2f} ms "
+                  f"({r['graph']['host_launches_per_chunk']} launches, {r['graph']['kernels_per_chunk']:.0f} kernels)  "
+                  f"eager {r['eager']['median_ms']:8.2f} ms ({r['eager']['host_launches_per_chunk']} launches)  "
+                  f"eager/graph {r['eager_over_graph_median']:.2f}x  identical {r['identical_chunks']}/{r['reps']}",
+                  file=sys.stderr, flush=True)
+        del arms
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+    threads = []
+    for r in [int(x) for x in args.threads.split(",") if x]:
+        t = bench_threads(Code2WavConfig(), device, r, args.thread_rows, args.thread_chunks)
+        threads.append(t)
+        print(f"threads={r} rows={t['rows']}: {t['audio_s_per_s']:.2f} audio s/s "
+              f"(each stream at RTF {t['rtf_if_fed']:.3f})", file=sys.stderr, flush=True)
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+    doc = {"device": str(device), "torch": torch.__version__, "results": results, "threads": threads}
+    if args.out:
+        with open(os.path.join(args.out, "bench_code2wav.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+    print(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

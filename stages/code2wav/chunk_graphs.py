@@ -1,0 +1,130 @@
+"""Device graphs of whole code2wav chunks, captured lazily per batch shape and replayed.
+
+An eager full-size chunk launches ~11,000 small kernels, so a replica is bound by the host, not
+the device. `ChunkDecoder.run` is shape-static and sync-free for a given `BatchShape`, so one
+graph per shape replays the whole chunk (encoder, 10 Euler steps, HiFT, cache stores) in one
+launch. Inputs enter through one static int64 tensor (`meta`), outputs leave in the graph's own
+tensors, which the next replay of that graph overwrites: callers copy them out first.
+
+The first chunk of a shape runs eagerly (on the capture stream, so lazily created library
+handles and workspaces belong to it) and returns that real result; then the same function is
+captured on the same static input without executing. Warmup cannot simply run before capture
+and be replayed after: the decode advances the request's state (it writes caches), so running
+it twice would decode the next chunk from the wrong state. (Capturing a new shape first and
+replaying it, skipping the eager run, failed on an H200 under the allocator's pool accounting;
+it is not used.)
+
+Graphs of one replica share a memory pool; they never run concurrently (one replica, one
+stream), so their temporaries may overlap. Each replica owns its pool and stream, so replicas on
+threads of one process never share either.
+
+Landmines:
+* a capture that fails (an op that syncs, an unsupported kernel) switches graphs off for this
+  instance for good (logged once) and the chunk's eager result stands;
+* captured graphs hold the slot pool's addresses: `invalidate()` after the pool reallocates;
+* captures are serialized process-wide (`_CAPTURE_LOCK`): capture entry syncs the device and
+  empties the allocator's cache, which must not interleave with another thread's capture.
+
+    graphs = ChunkGraphs(graph_api(device), max_graphs=48)
+    out = graphs.run(shape, meta_host, lambda meta: decoder.run(meta, shape))
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from stages.platform.graphs import GraphAPI
+
+log = logging.getLogger(__name__)
+
+_CAPTURE_LOCK = threading.Lock()
+
+
+@dataclass
+class _Captured:
+    graph: Any
+    inputs: torch.Tensor
+    outputs: Any
+
+
+class ChunkGraphs:
+    """Shape-keyed graphs of one function `fn(static_inputs) -> outputs` on one stream."""
+
+    def __init__(self, api: GraphAPI, *, max_graphs: int = 48) -> None:
+        self.api, self.max_graphs = api, max_graphs
+        self.pool = api.pool()
+        self.stream = api.stream()
+        self._graphs: OrderedDict[Hashable, _Captured] = OrderedDict()
+        self.disabled: str | None = None  # why capture was switched off, if it was
+        self.captures = 0
+        self.replays = 0
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def invalidate(self) -> None:
+        """Drop every graph (their captured addresses are stale), and their memory pool.
+
+        A pool whose graphs were all destroyed must not be captured into again: on an H200
+        (torch 2.11) that tripped the allocator's `use_count > 0` assert and then corrupted
+        memory. New graphs get a fresh pool."""
+        self._graphs.clear()
+        self.pool = self.api.pool()
+
+    def run(self, key: Hashable, inputs: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> Any:
+        """`fn` on `inputs` (host or device): replayed when `key` was captured, else eager
+        (and captured for next time). Returned tensors belong to the graph: copy them out
+        before the next `run` with the same key."""
+        entry = self._graphs.get(key)
+        if entry is not None:
+            self._graphs.move_to_end(key)
+            entry.inputs.copy_(inputs, non_blocking=True)
+            entry.graph.replay()
+            self.replays += 1
+            return entry.outputs
+        return self._eager_then_capture(key, inputs, fn)
+
+    def _static(self, inputs: torch.Tensor) -> torch.Tensor:
+        static = torch.empty(inputs.shape, dtype=inputs.dtype, device=self.stream.device)
+        static.copy_(inputs, non_blocking=True)
+        return static
+
+    def _eager_then_capture(self, key: Hashable, inputs: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> Any:
+        # A new shape's first chunk runs eagerly on the capture stream: library handles,
+        # workspaces and plans the capture will need are made outside it. Its result is the
+        # real one; the capture then records without executing.
+        static = self._static(inputs)
+        current = self.api.current_stream()
+        self.stream.wait_stream(current)
+        with self.api.use_stream(self.stream):
+            result = fn(static)
+        current.wait_stream(self.stream)
+        if self.disabled is None:
+            self._capture(key, static, fn)
+        return result
+
+    def _capture(self, key: Hashable, static: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> _Captured | None:
+        graph = self.api.graph()
+        self.stream.wait_stream(self.api.current_stream())  # `static` was filled on the caller's
+        try:
+            with _CAPTURE_LOCK, self.api.capture(graph, pool=self.pool, stream=self.stream, **self.api.capture_options):
+                outputs = fn(static)
+        except Exception as exc:  # noqa: BLE001 - any capture failure falls back to eager
+            self.disabled = f"{type(exc).__name__}: {exc}"
+            self.invalidate()
+            log.warning("code2wav device graphs off for this replica (capture failed: %s); running eager", self.disabled)
+            return None
+        entry = _Captured(graph, static, outputs)
+        self._graphs[key] = entry
+        self.captures += 1
+        if len(self._graphs) > self.max_graphs:
+            self._graphs.popitem(last=False)
+        log.debug("code2wav graph captured: %s (%d held)", key, len(self._graphs))
+        return entry

@@ -1,0 +1,236 @@
+"""Whole-chunk device graphs of code2wav (`ChunkGraphs`, `Token2Wav` with `code2wav_device_graph`).
+
+On the CPU a stand-in graph API records the captured function and re-runs it on replay, so the
+bookkeeping (first chunk eager, replays after, static inputs refreshed, stale graphs dropped
+when the slot pool grows, the capture-failure latch) is tested everywhere. On CUDA, replay must
+equal eager bit for bit for the same batch composition (torch.equal on audio, mel and state).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from stages.code2wav.chunk_graphs import ChunkGraphs
+from stages.code2wav.streaming import Chunker
+from stages.code2wav.token2wav import Token2Wav
+from stages.platform.graphs import GraphAPI
+from tests.stages.code2wav_tiny import single_thread, tiny_config  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+class _Stream:
+    device = torch.device("cpu")
+
+    def wait_stream(self, other) -> None:
+        pass
+
+
+@dataclass
+class _FakeGraph:
+    """Captures the function called under `capture` and runs it again on `replay`."""
+
+    replays: int = 0
+    fn: object = None
+
+    def replay(self) -> None:
+        self.replays += 1
+        self.fn()
+
+
+@dataclass
+class _FakeAPI:
+    fail: bool = False
+    graphs: list = field(default_factory=list)
+    pending: object = None  # what the function under capture registers as its replay
+
+    def api(self) -> GraphAPI:
+        return GraphAPI(
+            platform="fake", graph=self._graph, capture=self._capture, pool=lambda: None,
+            stream=_Stream, use_stream=lambda s: contextlib.nullcontext(), current_stream=_Stream,
+        )  # fmt: skip
+
+    def _graph(self) -> _FakeGraph:
+        g = _FakeGraph()
+        self.graphs.append(g)
+        return g
+
+    @contextlib.contextmanager
+    def _capture(self, graph: _FakeGraph, pool=None, stream=None):
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        yield
+        graph.fn = self.pending
+
+
+def test_first_call_runs_eagerly_then_replays_with_fresh_inputs():
+    fake = _FakeAPI()
+    graphs = ChunkGraphs(fake.api())
+    calls = []
+
+    def fn(x):  # like a captured kernel: reads the static input, writes its own output
+        calls.append(x.clone())
+        out = x * 2
+        fake.pending = lambda: out.copy_(x * 2)
+        return out
+
+    first = graphs.run("k", torch.tensor([1, 2]), fn)
+    assert first.tolist() == [2, 4] and graphs.captures == 1 and graphs.replays == 0
+    second = graphs.run("k", torch.tensor([5, 6]), fn)
+    assert second.tolist() == [10, 12] and graphs.replays == 1
+    assert len(calls) == 2  # one eager run + one capture; replays call no Python function
+
+
+def test_capture_failure_keeps_the_eager_result_and_switches_graphs_off():
+    fake = _FakeAPI(fail=True)
+    graphs = ChunkGraphs(fake.api())
+    out = graphs.run("k", torch.tensor([3]), lambda x: x + 1)
+    assert out.tolist() == [4] and graphs.disabled and "capturing" in graphs.disabled
+    again = graphs.run("k", torch.tensor([7]), lambda x: x + 1)
+    assert again.tolist() == [8] and len(graphs) == 0  # eager from now on
+
+
+def test_least_recently_used_graph_is_evicted_past_the_limit():
+    fake = _FakeAPI()
+    graphs = ChunkGraphs(fake.api(), max_graphs=2)
+
+    def fn(x):
+        fake.pending = lambda: None
+        return x
+
+    for key in ("a", "b", "a", "c"):
+        graphs.run(key, torch.tensor([1]), fn)
+    assert list(graphs._graphs) == ["a", "c"]
+
+
+def _streams(cfg, lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i, n in enumerate(lengths):
+        ch = Chunker(cfg, f"r{i}", seed=i)
+        codes = torch.randint(0, cfg.flow.vocab_size, (n,), generator=gen).tolist()
+        out.append([*ch.push(codes), ch.finish()])
+    return out
+
+
+def _traffic(streams):
+    """Staggered starts: steps mix first, growing, steady and last chunks."""
+    pending = {i: list(s) for i, s in enumerate(streams)}
+    step = 0
+    while pending:
+        batch = [q.pop(0) for i, q in pending.items() if i // 2 <= step]
+        pending = {i: q for i, q in pending.items() if q}
+        yield batch
+        step += 1
+
+
+def _assert_same_run(on: Token2Wav, off: Token2Wav, streams) -> None:
+    for batch in _traffic(streams):
+        for x, y in zip(on.decode(batch), off.decode(batch)):
+            assert (x.request_id, x.chunk_seq) == (y.request_id, y.chunk_seq)
+            assert torch.equal(torch.from_numpy(x.audio), torch.from_numpy(y.audio)), x.request_id
+            assert torch.equal(x.mel, y.mel)
+        for name, t in on.pool.tensors.items():
+            assert torch.equal(t, off.pool[name]), name
+
+
+def test_replayed_chunks_equal_eager_with_the_stand_in_graphs_on_cpu():
+    cfg = tiny_config(extra={"code2wav_device_graph": True})
+    on = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, keep_mel=True)
+    off = Token2Wav(tiny_config(extra={"code2wav_device_graph": False}), device=torch.device("cpu"),
+                    dtype=torch.float32, init_seed=0, keep_mel=True)
+    assert on.graphs is None and off.graphs is None  # no graph API on the CPU
+    on.graphs = _ReplayingGraphs()
+    streams = _streams(cfg, [130, 60, 110, 30, 80])
+    _assert_same_run(on, off, streams)
+    assert on.graphs.replays > 0 and on.graphs.captures > 0
+    assert on.active_requests == off.active_requests == 0
+
+
+class _ReplayingGraphs(ChunkGraphs):
+    """ChunkGraphs whose 'graph' re-runs the captured Python function on replay (CPU stand-in):
+    checks the bookkeeping around real graphs (static inputs, outputs, invalidation)."""
+
+    def __init__(self) -> None:
+        self._graphs = {}
+        self.disabled = None
+        self.captures = self.replays = 0
+        self.max_graphs = 48
+
+    def invalidate(self) -> None:
+        self._graphs.clear()
+
+    def run(self, key, inputs, fn):
+        entry = self._graphs.get(key)
+        if entry is not None:
+            static, fn0 = entry
+            static.copy_(inputs)
+            self.replays += 1
+            return fn0(static)
+        static = inputs.clone()
+        out = fn(static)
+        self._graphs[key] = (static, fn)
+        self.captures += 1
+        return out
+
+
+def test_pool_growth_drops_captured_graphs():
+    cfg = tiny_config()
+    t2w = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, slots=1)
+    t2w.graphs = _ReplayingGraphs()
+    a, b = _streams(cfg, [60, 60])
+    t2w.decode([a[0]])
+    t2w.decode([a[1]])
+    assert len(t2w.graphs) == 2
+    generation = t2w.pool.generation
+    t2w.decode([a[2], b[0]])  # a second live request: the 1-slot pool doubles
+    assert t2w.pool.generation == generation + 1 and t2w.pool.capacity == 2
+    assert len(t2w.graphs) == 1  # only the graph captured after the growth
+
+
+# ---- CUDA ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def deterministic():
+    """Deterministic kernels, as every stage process runs with them (runner.deterministic)."""
+    from stages.platform import deterministic_kernels
+
+    before = torch.are_deterministic_algorithms_enabled()
+    deterministic_kernels()
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
+def _cuda_pair(cfg):
+    extra_off = {**cfg.extra, "code2wav_device_graph": False}
+    from dataclasses import replace
+
+    dev = torch.device("cuda")
+    on = Token2Wav(cfg, device=dev, dtype=torch.float32, init_seed=0, keep_mel=True)
+    off = Token2Wav(replace(cfg, extra=extra_off), device=dev, dtype=torch.float32, init_seed=0, keep_mel=True)
+    return on, off
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("deterministic")
+def test_cuda_graph_replay_equals_eager_bit_for_bit_tiny():
+    on, off = _cuda_pair(tiny_config())
+    assert on.graphs is not None and off.graphs is None
+    _assert_same_run(on, off, _streams(on.cfg, [160, 60, 130, 30, 100, 75]))
+    assert on.graphs.disabled is None and on.graphs.replays > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.usefixtures("deterministic")
+def test_cuda_graph_replay_equals_eager_bit_for_bit_full_size():
+    from stages.code2wav.config import Code2WavConfig
+
+    on, off = _cuda_pair(Code2WavConfig())
+    _assert_same_run(on, off, _streams(on.cfg, [150, 150, 150, 150, 100, 40]))
+    assert on.graphs.disabled is None and on.graphs.replays > 0
