@@ -255,8 +255,8 @@ class BenchConfig:
 
 def load_config(path: Path | str | None, sets: Sequence[str] = ()) -> BenchConfig:
     """Load a bench config file (None -> all defaults), then apply `--set` overrides in order."""
-    if path is None:
-        cfg = BenchConfig()
+    if path is None:  # through the loader, so an error (a bad env flag) is a ConfigError too
+        cfg = load_dataclass(BenchConfig, {}, source="defaults")
     else:
         path = Path(path)
         data = load_yaml_file(path)
