@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import os
 import re
 import types
 import typing
@@ -28,6 +27,7 @@ import yaml
 from stages.flags import EnvFlagError
 from tts_bench._text import read_utf8
 from tts_bench.errors import ConfigError
+from tts_bench.shipped import resolve_config_path, shipped_names
 
 _NONE = type(None)
 
@@ -75,8 +75,15 @@ _StrictLoader.add_implicit_resolver(
 
 def load_yaml_file(path: Path) -> Any:
     """Read one YAML document; a missing, unreadable or non-UTF-8 file or bad YAML is a
-    ConfigError naming the file (and the line where there is one)."""
-    text = read_utf8(Path(path), what="config file", option="--config or an include")
+    ConfigError naming the file (and the line where there is one). A `configs/...` path that
+    does not exist from the working directory names a shipped config (`tts_bench.shipped`)."""
+    path = resolve_config_path(path)
+    if not path.exists():
+        raise ConfigError(
+            f"error: config file not found ({path}); check the path (shipped configs: "
+            f"{', '.join(shipped_names())})"
+        )
+    text = read_utf8(path, what="config file", option="--config or an include")
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -189,14 +196,11 @@ def _convert_mapping(tp: Any, value: Any, key: str, source: str, base_dir: Path 
 
 
 def _include(cls: type, rel: str, key: str, source: str, base_dir: Path | None) -> Any:
-    path = Path(rel)
-    if not path.is_absolute():
-        # normpath, not resolve: keep relative paths relative in error messages.
-        path = Path(os.path.normpath((base_dir or Path.cwd()) / path))
+    path = resolve_config_path(rel, base_dir or Path.cwd())
     if not path.is_file():
         raise ConfigError(
             f"error: {key} includes {rel!r}, which is not a file ({source}); "
-            f"include paths are relative to the including file"
+            f"include paths are relative to the including file (or configs/... for a shipped one)"
         )
     # Keys inside the included file keep their full dotted name (stages.talker.x). No cycle
     # guard needed: an include always loads a strictly smaller section type.

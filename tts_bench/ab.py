@@ -38,12 +38,15 @@ from typing import Any, Protocol
 from tts_bench._dataclass_yaml import load_yaml_file
 from tts_bench.backends import make_backend
 from tts_bench.backends.base import SynthesisRequest
-from tts_bench.config import BenchConfig, Tier, apply_overrides, load_dataclass, parse_tiers
+from tts_bench.config import (
+    BenchConfig, Tier, apply_overrides, load_dataclass, parse_tiers, with_default_stages,
+)
 from tts_bench.errors import ConfigError, ExitStatus, InvalidRunError
 from tts_bench.loadgen import Job, PhaseLabels, RequestRecord, run_phase
 from tts_bench.metrics import Aggregates, aggregate
 from tts_bench.prompts import load_prompts, select_prompts
 from tts_bench.results import RunDir, request_key
+from tts_bench.shipped import resolve_config_path
 from tts_bench.stats import Comparison, compare
 
 log = logging.getLogger(__name__)
@@ -180,10 +183,11 @@ def load_arms(
     `--test-set`. Without `arms:` in the file the arms are named base and test."""
     raw: dict[str, Any] = {}
     if path is not None:
+        path = resolve_config_path(path)  # configs/... names a shipped config from any folder
         raw = load_yaml_file(path)
         if not isinstance(raw, dict):
             raise ConfigError(f"error: the config must be a mapping ({path}); write key: value lines")
-        raw = dict(raw)
+        raw = with_default_stages(dict(raw))
     arm_sets = _yaml_arms(raw, str(path))
     cfg = load_dataclass(BenchConfig, raw, source=str(path or "defaults"),
                          base_dir=path.parent if path else None)

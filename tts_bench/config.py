@@ -41,6 +41,7 @@ from tts_bench._dataclass_yaml import (
 )
 from tts_bench.errors import ConfigError
 from tts_bench.mem.params import MemParams
+from tts_bench.shipped import resolve_config_path, shipped_config
 from tts_bench.wer.params import WerParams
 
 __all__ = [
@@ -253,13 +254,38 @@ class BenchConfig:
     mem: MemParams = field(default_factory=MemParams)
 
 
+TINY_STAGES = "stages/minicpmo45-tiny.yaml"  # shipped; the stage config of a CPU-only host
+
+
+def with_default_stages(raw: dict[str, Any]) -> dict[str, Any]:
+    """A config file's mapping, with the host's default stage config where it names none.
+
+    The dataclass defaults are the real MiniCPM-o 4.5 dims: right for a GPU, and on a CPU a
+    talker KV cache of 20 layers x 128 slots x 4096 positions that the OOM killer ends. So an
+    embedded config without a `stages:` section (an empty file, too) runs the shipped tiny dims
+    when this host has no accelerator. Other backends do not run stages: left as they are.
+    """
+    if "stages" in raw or raw.get("backend", "embedded") != "embedded":
+        return raw
+    from stages.platform import accelerator_available
+
+    if accelerator_available():
+        return raw
+    return {**raw, "stages": str(shipped_config(TINY_STAGES))}
+
+
 def load_config(path: Path | str | None, sets: Sequence[str] = ()) -> BenchConfig:
-    """Load a bench config file (None -> all defaults), then apply `--set` overrides in order."""
+    """Load a bench config file (None -> all defaults), then apply `--set` overrides in order.
+
+    `configs/...` paths fall back to the shipped configs (`tts_bench.shipped`); a file with no
+    `stages:` section gets the host's default stage config (`with_default_stages`)."""
     if path is None:  # through the loader, so an error (a bad env flag) is a ConfigError too
         cfg = load_dataclass(BenchConfig, {}, source="defaults")
     else:
-        path = Path(path)
+        path = resolve_config_path(path)
         data = load_yaml_file(path)
+        if isinstance(data, dict):
+            data = with_default_stages(data)
         cfg = load_dataclass(BenchConfig, data, source=str(path), base_dir=path.parent)
     return apply_overrides(cfg, sets)
 

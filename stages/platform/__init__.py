@@ -12,6 +12,7 @@ imports `torch_npu` at import time.
 from stages.platform.device import (
     DEVICE_KINDS,
     PlatformError,
+    accelerator_available,
     cuda_available,
     describe_device,
     dtype_from_name,
@@ -30,6 +31,7 @@ __all__ = [
     "DEVICE_KINDS",
     "GraphAPI",
     "PlatformError",
+    "accelerator_available",
     "cuda_available",
     "describe_device",
     "dtype_from_name",

@@ -20,13 +20,14 @@ from typing import Optional
 import typer
 
 from tts_bench.commands._common import check_format
+from tts_bench.shipped import shipped_config
 from tts_bench.errors import ExitStatus
 
-DEFAULT_CONFIG = Path("configs/ab/default.yaml")
+DEFAULT_CONFIG = "ab/default.yaml"  # shipped (tts_bench.shipped): the same from any folder
 
 
 def ab(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="A/B config YAML (default: configs/ab/default.yaml if present)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="A/B config YAML (default: the shipped configs/ab/default.yaml)."),
     tiers: Optional[str] = typer.Option(None, "--tiers", help="Comma-separated CxR tiers, e.g. 32x1,64x4,128x8."),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Measured requests per tier, arm and repeat."),
     per_client: Optional[int] = typer.Option(None, "--prompts-per-client", help="Measured requests per tier = K x concurrency (overrides --num-prompts per tier)."),
@@ -67,8 +68,8 @@ def _new_run(config, *, tiers, num_prompts, repeats, sets, base_sets, test_sets,
     from tts_bench.config import config_hash, config_to_dict, parse_tiers
     from tts_bench.results import RunDir, python_argv
 
-    if config is None and DEFAULT_CONFIG.is_file():
-        config = DEFAULT_CONFIG
+    if config is None:
+        config = shipped_config(DEFAULT_CONFIG)
     arms = load_arms(config, sets, base_sets, test_sets)
     bench = next(iter(arms.values())).bench
     plan = AbPlan(arms, parse_tiers(tiers or bench.tiers), repeats or bench.repeats,

@@ -26,10 +26,11 @@ import typer
 from tts_bench.commands._common import check_format
 from tts_bench.commands.ab import DEFAULT_CONFIG
 from tts_bench.errors import ExitStatus
+from tts_bench.shipped import shipped_config
 
 
 def mem(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="Bench config YAML (default: configs/ab/default.yaml if present)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="Bench config YAML (default: the shipped configs/ab/default.yaml)."),
     tier: Optional[str] = typer.Option(None, "--tier", help="The sampled tier CxR (default: mem.tier, 128x8)."),
     warm_tier: Optional[str] = typer.Option(None, "--warm-tier", help="Tier run first, unsampled, on the same backend; 'none' to skip (default: mem.warm_tier, 4x1)."),
     interval: Optional[float] = typer.Option(None, "--interval", help="Seconds between samples (default: mem.interval_s, 2)."),
@@ -78,8 +79,8 @@ def _new_run(config, sets, base_sets, test_sets, num_prompts, result_dir):
     from tts_bench.mem.samplers import parse_sampler_names
     from tts_bench.results import RunDir, python_argv
 
-    if config is None and DEFAULT_CONFIG.is_file():
-        config = DEFAULT_CONFIG
+    if config is None:
+        config = shipped_config(DEFAULT_CONFIG)
     arms = load_arms(config, sets, base_sets, test_sets)
     base = next(iter(arms.values()))
     params, tier = base.mem, parse_tier(base.mem.tier)

@@ -20,13 +20,14 @@ from typing import Optional
 import typer
 
 from tts_bench.commands._common import check_format
+from tts_bench.shipped import shipped_config
 from tts_bench.errors import ConfigError, ExitStatus
 
-DEFAULT_CONFIG = Path("configs/wer/seed-tts-en.yaml")
+DEFAULT_CONFIG = "wer/seed-tts-en.yaml"  # shipped (tts_bench.shipped): the same from any folder
 
 
 def wer(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="WER config YAML (default: configs/wer/seed-tts-en.yaml if present)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="WER config YAML (default: the shipped configs/wer/seed-tts-en.yaml)."),
     meta: Optional[str] = typer.Option(None, "--meta", help="A seed-tts meta.lst (prompt wavs relative to it) or builtin:seed-tts-en."),
     disable_shuffle: bool = typer.Option(False, "--disable-shuffle", help="Use prompts in file order (the seed's gate does)."),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Prompts per arm (default: wer.num_prompts)."),
@@ -78,8 +79,8 @@ def _quote(v) -> str:
 def _arms(config, arm_names, sets, base_sets, test_sets) -> dict:
     from tts_bench.ab import load_arms
 
-    if config is None and DEFAULT_CONFIG.is_file():
-        config = DEFAULT_CONFIG
+    if config is None:
+        config = shipped_config(DEFAULT_CONFIG)
     loaded = list(load_arms(config, sets, base_sets, test_sets).values())
     names = [n.strip() for n in arm_names.split(",") if n.strip()]
     if not 1 <= len(names) <= len(loaded) or len(set(names)) != len(names):
