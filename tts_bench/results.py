@@ -195,6 +195,12 @@ class RunDir:
         A torn last line in requests.jsonl is dropped here, so appends after a resume never glue
         onto half a record."""
         path = Path(path)
+        if not path.is_dir():
+            what = "does not exist" if not path.exists() else "is a file"
+            raise ConfigError(
+                f"error: {path} {what}, not a run directory (--resume / run directory); pass "
+                f"the directory tts-bench made (it holds {RUN_JSON} and {REQUESTS_JSONL})"
+            )
         try:
             doc = json.loads((path / RUN_JSON).read_text(encoding="utf-8"))
         except FileNotFoundError:

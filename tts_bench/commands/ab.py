@@ -22,6 +22,7 @@ import typer
 from tts_bench.commands._common import check_format
 from tts_bench.shipped import shipped_config
 from tts_bench.errors import ExitStatus
+from tts_bench.limits import MAX_PROMPTS, MAX_REPEATS
 
 DEFAULT_CONFIG = "ab/default.yaml"  # shipped (tts_bench.shipped): the same from any folder
 
@@ -29,9 +30,9 @@ DEFAULT_CONFIG = "ab/default.yaml"  # shipped (tts_bench.shipped): the same from
 def ab(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="A/B config YAML (default: the shipped configs/ab/default.yaml)."),
     tiers: Optional[str] = typer.Option(None, "--tiers", help="Comma-separated CxR tiers, e.g. 32x1,64x4,128x8."),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Measured requests per tier, arm and repeat."),
-    per_client: Optional[int] = typer.Option(None, "--prompts-per-client", help="Measured requests per tier = K x concurrency (overrides --num-prompts per tier)."),
-    repeats: Optional[int] = typer.Option(None, "--repeats", help="Interleaved repeats per arm, counterbalanced (A B, B A, ...)."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", min=1, max=MAX_PROMPTS, help="Measured requests per tier, arm and repeat."),
+    per_client: Optional[int] = typer.Option(None, "--prompts-per-client", min=1, max=MAX_PROMPTS, help="Measured requests per tier = K x concurrency (overrides --num-prompts per tier)."),
+    repeats: Optional[int] = typer.Option(None, "--repeats", min=1, max=MAX_REPEATS, help="Interleaved repeats per arm, counterbalanced (A B, B A, ...)."),
     sets: list[str] = typer.Option([], "--set", help="Override for both arms: dotted.key=value (repeatable)."),
     base_sets: list[str] = typer.Option([], "--base-set", help="Override for the base arm only (repeatable)."),
     test_sets: list[str] = typer.Option([], "--test-set", help="Override for the test arm only (repeatable)."),
@@ -72,8 +73,10 @@ def _new_run(config, *, tiers, num_prompts, repeats, sets, base_sets, test_sets,
         config = shipped_config(DEFAULT_CONFIG)
     arms = load_arms(config, sets, base_sets, test_sets)
     bench = next(iter(arms.values())).bench
-    plan = AbPlan(arms, parse_tiers(tiers or bench.tiers), repeats or bench.repeats,
-                  num_prompts or bench.num_prompts)
+    # An explicit value is used as given (a 0 never falls back to the config: typer's min=1).
+    plan = AbPlan(arms, parse_tiers(bench.tiers if tiers is None else tiers),
+                  bench.repeats if repeats is None else repeats,
+                  bench.num_prompts if num_prompts is None else num_prompts)
     run = RunDir.create(
         result_dir, "ab", command_line=python_argv(),
         configs={n: config_to_dict(c) for n, c in arms.items()},

@@ -26,6 +26,7 @@ import typer
 from tts_bench.commands._common import check_format
 from tts_bench.commands.ab import DEFAULT_CONFIG
 from tts_bench.errors import ExitStatus
+from tts_bench.limits import MAX_PROMPTS
 from tts_bench.shipped import shipped_config
 
 
@@ -35,8 +36,8 @@ def mem(
     warm_tier: Optional[str] = typer.Option(None, "--warm-tier", help="Tier run first, unsampled, on the same backend; 'none' to skip (default: mem.warm_tier, 4x1)."),
     interval: Optional[float] = typer.Option(None, "--interval", help="Seconds between samples (default: mem.interval_s, 2)."),
     sampler: Optional[str] = typer.Option(None, "--sampler", help="auto | nvml | npu-smi | torch | rss; comma-separated for several, first is primary."),
-    device_index: Optional[int] = typer.Option(None, "--device-index", help="GPU (NVML index) or NPU card to sample (default: mem.device_index, 0)."),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Measured requests per arm (default: max(bench.num_prompts, 2 x C))."),
+    device_index: Optional[int] = typer.Option(None, "--device-index", min=0, help="GPU (NVML index) or NPU card to sample (default: mem.device_index, 0)."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", min=1, max=MAX_PROMPTS, help="Measured requests per arm (default: max(bench.num_prompts, 2 x C))."),
     sets: list[str] = typer.Option([], "--set", help="Override for both arms: dotted.key=value (repeatable)."),
     base_sets: list[str] = typer.Option([], "--base-set", help="Override for the base arm only (repeatable)."),
     test_sets: list[str] = typer.Option([], "--test-set", help="Override for the test arm only (repeatable)."),
@@ -63,9 +64,10 @@ def _flag_sets(*, tier, warm_tier, interval, sampler, device_index, disable_shuf
     if warm_tier is not None and warm_tier.strip().lower() in ("none", "null", ""):
         warm_tier = "null"
     elif warm_tier is not None:
-        warm_tier = f"'{warm_tier}'"
-    pairs = [("mem.tier", f"'{tier}'" if tier else None), ("mem.warm_tier", warm_tier),
-             ("mem.interval_s", interval), ("mem.sampler", f"'{sampler}'" if sampler else None),
+        warm_tier = json.dumps(warm_tier)
+    # json.dumps: a YAML double-quoted string whatever the value holds (quotes, colons).
+    pairs = [("mem.tier", None if tier is None else json.dumps(tier)), ("mem.warm_tier", warm_tier),
+             ("mem.interval_s", interval), ("mem.sampler", None if sampler is None else json.dumps(sampler)),
              ("mem.device_index", device_index),
              ("bench.disable_shuffle", "true" if disable_shuffle else None)]
     return [f"{k}={v}" for k, v in pairs if v is not None]
@@ -83,10 +85,11 @@ def _new_run(config, sets, base_sets, test_sets, num_prompts, result_dir):
         config = shipped_config(DEFAULT_CONFIG)
     arms = load_arms(config, sets, base_sets, test_sets)
     base = next(iter(arms.values()))
-    params, tier = base.mem, parse_tier(base.mem.tier)
+    params, tier = base.mem, parse_tier(base.mem.tier, where="--tier / mem.tier")
     plan = MemPlan(
-        tier=tier, warm_tier=parse_tier(params.warm_tier) if params.warm_tier else None,
-        num_prompts=num_prompts or max(base.bench.num_prompts, 2 * tier.concurrency),
+        tier=tier,
+        warm_tier=parse_tier(params.warm_tier, where="--warm-tier / mem.warm_tier") if params.warm_tier else None,
+        num_prompts=max(base.bench.num_prompts, 2 * tier.concurrency) if num_prompts is None else num_prompts,
         samplers=parse_sampler_names(params.sampler), interval_s=params.interval_s,
         device_index=params.device_index, warm_prompts=params.warm_prompts,
     )

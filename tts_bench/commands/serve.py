@@ -23,13 +23,14 @@ from typing import Optional
 import typer
 
 from tts_bench.errors import ConfigError, ExitStatus
+from tts_bench.limits import MAX_REPLICAS
 
 
 def serve(
     config: Path = typer.Option(..., "--config", "-c", help="Bench config YAML whose backend is served."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (loopback by default)."),
     port: int = typer.Option(8091, "--port", help="TCP port; 0 picks a free one (see the log line)."),
-    replicas: int = typer.Option(1, "--replicas", help="Stage-2 replicas the backend starts with."),
+    replicas: int = typer.Option(1, "--replicas", min=1, max=MAX_REPLICAS, help="Stage-2 replicas the backend starts with."),
     sets: list[str] = typer.Option([], "--set", help="Config override dotted.key=value (repeatable)."),
     arm: Optional[str] = typer.Option(None, "--arm", help="Which arm of an A/B config (default: the first)."),
 ) -> ExitStatus:

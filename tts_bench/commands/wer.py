@@ -13,6 +13,7 @@ or history recorded with another ASR setup). The library behind it is `tts_bench
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -22,6 +23,7 @@ import typer
 from tts_bench.commands._common import check_format
 from tts_bench.shipped import shipped_config
 from tts_bench.errors import ConfigError, ExitStatus
+from tts_bench.limits import MAX_PROMPTS
 
 DEFAULT_CONFIG = "wer/seed-tts-en.yaml"  # shipped (tts_bench.shipped): the same from any folder
 
@@ -30,7 +32,7 @@ def wer(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="WER config YAML (default: the shipped configs/wer/seed-tts-en.yaml)."),
     meta: Optional[str] = typer.Option(None, "--meta", help="A seed-tts meta.lst (prompt wavs relative to it) or builtin:seed-tts-en."),
     disable_shuffle: bool = typer.Option(False, "--disable-shuffle", help="Use prompts in file order (the seed's gate does)."),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Prompts per arm (default: wer.num_prompts)."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", min=1, max=MAX_PROMPTS, help="Prompts per arm (default: wer.num_prompts)."),
     arms: str = typer.Option("base,test", "--arms", help="Arm names: two to compare, one for a single arm."),
     sets: list[str] = typer.Option([], "--set", help="Override for every arm: dotted.key=value (repeatable)."),
     base_sets: list[str] = typer.Option([], "--base-set", help="Override for the base arm only (repeatable)."),
@@ -73,7 +75,8 @@ def _overrides(meta, num_prompts, asr, asr_model, normalizer) -> list[str]:
 
 
 def _quote(v) -> str:
-    return f"'{v}'" if isinstance(v, str) else str(v)
+    # json.dumps: a YAML double-quoted string whatever the value holds (quotes, colons, #).
+    return json.dumps(v) if isinstance(v, str) else str(v)
 
 
 def _arms(config, arm_names, sets, base_sets, test_sets) -> dict:
