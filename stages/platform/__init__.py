@@ -25,7 +25,7 @@ from stages.platform.device import (
     triton_available,
 )
 from stages.platform.graphs import GraphAPI, graph_api
-from stages.platform.memory import memory_stats
+from stages.platform.memory import free_memory_bytes, host_available_bytes, memory_stats
 
 __all__ = [
     "DEVICE_KINDS",
@@ -35,7 +35,9 @@ __all__ = [
     "cuda_available",
     "describe_device",
     "dtype_from_name",
+    "free_memory_bytes",
     "graph_api",
+    "host_available_bytes",
     "is_cuda",
     "is_npu",
     "memory_stats",

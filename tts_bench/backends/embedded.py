@@ -47,6 +47,7 @@ class EmbeddedBackend:
     """Talker + R code2wav replicas of `cfg.stages`, in child processes of this one."""
 
     def __init__(self, cfg: BenchConfig, *, factories: StageFactories | None = None) -> None:
+        self.cfg = cfg
         self.stages = cfg.stages
         self.factories = factories  # None = the real engines; tests pass stages.runner.fakes
         self.replicas = 0
@@ -55,6 +56,11 @@ class EmbeddedBackend:
     async def start(self, replicas: int) -> None:
         if self._runner is not None:
             raise BackendError("error: embedded backend started twice (start); call stop() first")
+        if self.factories is None:  # the real engines: will their memory fit? (exit 2 if not)
+            from tts_bench.preflight import check_memory
+
+            check_memory(self.cfg, replicas=replicas, concurrency=1,
+                         label=f"the embedded backend with {replicas} replica(s)")
         runner = StageRunner(self.stages, replicas, factories=self.factories)
         try:
             await asyncio.to_thread(runner.start)

@@ -67,6 +67,7 @@ def _new_run(config, *, tiers, num_prompts, repeats, sets, base_sets, test_sets,
     """Load both arms, fix the plan (CLI options over the config's bench section), make the run."""
     from tts_bench.ab import AbPlan, load_arms
     from tts_bench.config import config_hash, config_to_dict, parse_tiers
+    from tts_bench.preflight import check_arms
     from tts_bench.results import RunDir, python_argv
 
     if config is None:
@@ -77,6 +78,7 @@ def _new_run(config, *, tiers, num_prompts, repeats, sets, base_sets, test_sets,
     plan = AbPlan(arms, parse_tiers(bench.tiers if tiers is None else tiers),
                   bench.repeats if repeats is None else repeats,
                   bench.num_prompts if num_prompts is None else num_prompts)
+    check_arms(arms, plan.tiers)  # before the run directory exists and before any stage starts
     run = RunDir.create(
         result_dir, "ab", command_line=python_argv(),
         configs={n: config_to_dict(c) for n, c in arms.items()},
@@ -88,10 +90,13 @@ def _new_run(config, *, tiers, num_prompts, repeats, sets, base_sets, test_sets,
 def _open_run(path: Path):
     """Reopen a recorded A/B; its run.json fixes the arms and the plan."""
     from tts_bench.ab import plan_from_run
+    from tts_bench.preflight import check_arms
     from tts_bench.results import RunDir
 
     run = RunDir.open(path)
-    return run, plan_from_run(run)
+    plan = plan_from_run(run)
+    check_arms(plan.arms, plan.tiers)
+    return run, plan
 
 
 def _mem_hooks(plan, run):

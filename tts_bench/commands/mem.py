@@ -79,6 +79,7 @@ def _new_run(config, sets, base_sets, test_sets, num_prompts, result_dir):
     from tts_bench.config import config_hash, config_to_dict, parse_tier
     from tts_bench.mem.run import MemPlan, prepare_plan
     from tts_bench.mem.samplers import parse_sampler_names
+    from tts_bench.preflight import check_memory
     from tts_bench.results import RunDir, python_argv
 
     if config is None:
@@ -94,6 +95,10 @@ def _new_run(config, sets, base_sets, test_sets, num_prompts, result_dir):
         device_index=params.device_index, warm_prompts=params.warm_prompts,
     )
     plan = prepare_plan(arms, plan)  # a sampler that cannot start fails before the run exists
+    warm_c = plan.warm_tier.concurrency if plan.warm_tier else 0
+    for name, cfg in arms.items():  # the warm tier runs on the same backend (the tier's R)
+        check_memory(cfg, replicas=tier.replicas, concurrency=max(tier.concurrency, warm_c),
+                     label=f"arm {name!r} at tier {tier.label}")
     run = RunDir.create(
         result_dir, "mem", command_line=python_argv(),
         configs={n: config_to_dict(c) for n, c in arms.items()},

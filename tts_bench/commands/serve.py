@@ -35,6 +35,7 @@ def serve(
     arm: Optional[str] = typer.Option(None, "--arm", help="Which arm of an A/B config (default: the first)."),
 ) -> ExitStatus:
     """Serve a config's backend at /v1/audio/speech, /v1/models and /metrics."""
+    from tts_bench.preflight import check_memory
     from tts_bench.serve.app import serve_until_signalled
 
     if replicas < 1 or not 0 <= port <= 65535:
@@ -44,6 +45,9 @@ def serve(
     if cfg.backend == "http":
         raise ConfigError(f"error: the config's backend is http ({config}: backend); serve a local "
                           "backend (embedded, piper, synthetic), not another server")
+    # Clients decide the concurrency; the talker admits at most talker_max_batch at once.
+    check_memory(cfg, replicas=replicas, concurrency=cfg.stages.runner.talker_max_batch,
+                 label=f"tts-bench serve --replicas {replicas}")
     asyncio.run(serve_until_signalled(cfg, replicas=replicas, host=host, port=port))
     return ExitStatus.OK
 

@@ -103,6 +103,7 @@ def _generate(config, arm_names, sets, *, base_sets, test_sets, disable_shuffle,
     shuffle = not (disable_shuffle or first.bench.disable_shuffle)
     prompts = select_prompts(load_prompts(first.prompts.meta), params.num_prompts,
                              shuffle=shuffle, seed=first.prompts.shuffle_seed)
+    check_before_generating(arms, params, prompts)
     selection = runner.selection_doc(prompts, num_prompts=params.num_prompts, shuffle=shuffle)
     configs = {n: config_to_dict(c) for n, c in arms.items()}
     if not accept:
@@ -114,6 +115,36 @@ def _generate(config, arm_names, sets, *, base_sets, test_sets, disable_shuffle,
     wer_arms = [runner.WerArm(n, c) for n, c in arms.items()]
     asyncio.run(runner.generate(wer_arms, prompts, run, params, timeout_s=first.bench.timeout_s))
     return run, params
+
+
+_ASR_MODULES = {"faster-whisper": "faster_whisper", "openai-whisper": "whisper"}
+
+
+def check_before_generating(arms: dict, params, prompts) -> None:
+    """Everything that would otherwise fail after minutes of synthesis fails now, with exit 2:
+    the ASR backend, model and normalizer, every selected prompt's reference wav, and whether
+    each embedded arm's stages fit in memory."""
+    import importlib.util
+
+    from tts_bench.preflight import check_memory
+    from tts_bench.wer import runner
+    from tts_bench.wer.normalize import get_normalizer
+
+    module = _ASR_MODULES.get(params.asr)
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise ConfigError(f"error: ASR backend {params.asr!r} is not installed (--asr / wer.asr); "
+                          f"pip install 'omni-tts-bench[speech]' (openai-whisper: [asr-reference])")
+    runner.describe_asr(runner.asr_options(params))  # resolves (and hashes) the model, or exit 2
+    get_normalizer(params.normalizer)
+    missing = sorted({str(p.prompt_wav) for p in prompts
+                      if p.prompt_wav is not None and not Path(p.prompt_wav).is_file()})
+    if missing:
+        raise ConfigError(
+            f"error: {len(missing)} reference wav(s) of the selected prompts do not exist, first "
+            f"{missing[0]} (prompts.meta); prompt wav paths are relative to the meta.lst")
+    for name, cfg in arms.items():
+        check_memory(cfg, replicas=params.replicas, concurrency=params.concurrency,
+                     label=f"arm {name!r} (wer.concurrency {params.concurrency}, wer.replicas {params.replicas})")
 
 
 def _open_run(path: Path, config, sets):
