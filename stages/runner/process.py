@@ -30,6 +30,7 @@ from stages.config import StageConfig
 from stages.platform import describe_device, dtype_from_name, memory_stats, resolve_device
 from stages.runner.factories import StageFactories
 from stages.runner.messages import Fatal, MemoryReport, Ready
+from stages.signals import ignore_sigint
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ def run_stage_process(
     # Read by the allocator at its first CUDA allocation, which happens after this line; a
     # value the user set is kept.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    ignore_sigint()  # Ctrl-C is the parent's: it stops us in order (stages.signals)
     try:
         torch.set_num_threads(spec.threads)
         try:

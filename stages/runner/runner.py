@@ -51,6 +51,7 @@ from stages.runner.messages import (
 from stages.runner.process import ProcessSpec, threads_per_process
 from stages.runner.replica_proc import replica_main
 from stages.runner.talker_proc import talker_main
+from stages.signals import sigint_blocked
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,8 @@ class StageRunner:
             else:
                 target, args = replica_main, (spec, inbox, write_end)
             process = ctx.Process(target=target, args=args, name=f"tts-{name}", daemon=True)
-            process.start()
+            with sigint_blocked():  # Ctrl-C is the parent's to handle (stages.signals)
+                process.start()
             write_end.close()  # the child holds the only write end: its death means EOF here
             self._children.append(_Child(name, process, inbox, read_end))
         try:

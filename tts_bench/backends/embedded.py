@@ -66,6 +66,11 @@ class EmbeddedBackend:
             await asyncio.to_thread(runner.start)
         except (RunnerError, PlatformError, ValueError) as exc:
             raise BackendError(str(exc)) from exc
+        except asyncio.CancelledError:
+            # Ctrl-C while the stages build: the start thread cannot be interrupted, so end
+            # what it started from here (at once: nothing is in flight); it then fails and ends.
+            runner.stop(timeout_s=0.0)
+            raise
         self._runner = runner
         self.replicas = replicas
 

@@ -52,11 +52,12 @@ def ab(
     run, plan = _open_run(resume) if resume else _new_run(
         config, tiers=tiers, num_prompts=num_prompts, repeats=repeats, sets=[*sets, *shuffle_set],
         base_sets=base_sets, test_sets=test_sets, result_dir=result_dir)
-    hooks = _mem_hooks(plan, run) if mem else None
-    with _progress() as progress:
-        result = lib.run_ab(plan.arms, plan.tiers, repeats=plan.repeats, num_prompts=plan.num_prompts,
-                            run_dir=run, progress=progress, resume=resume is not None, hooks=hooks)
-    run.update(status="complete" if result.valid else "invalid", result=result.to_dict())
+    with run.finishing():  # any exit (error, Ctrl-C) leaves run.json failed / interrupted
+        hooks = _mem_hooks(plan, run) if mem else None
+        with _progress() as progress:
+            result = lib.run_ab(plan.arms, plan.tiers, repeats=plan.repeats, num_prompts=plan.num_prompts,
+                                run_dir=run, progress=progress, resume=resume is not None, hooks=hooks)
+        run.update(status="complete" if result.valid else "invalid", result=result.to_dict())
     sys.stdout.write(render_result(result, fmt, mem=hooks))
     for reason in result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
@@ -68,12 +69,14 @@ def _new_run(config, *, tiers, num_prompts, repeats, sets, base_sets, test_sets,
     from tts_bench.ab import AbPlan, load_arms
     from tts_bench.config import config_hash, config_to_dict, parse_tiers
     from tts_bench.preflight import check_arms
+    from tts_bench.prompts import load_prompts
     from tts_bench.results import RunDir, python_argv
 
     if config is None:
         config = shipped_config(DEFAULT_CONFIG)
     arms = load_arms(config, sets, base_sets, test_sets)
     bench = next(iter(arms.values())).bench
+    load_prompts(next(iter(arms.values())).prompts.meta)  # a bad meta.lst fails before the run exists
     # An explicit value is used as given (a 0 never falls back to the config: typer's min=1).
     plan = AbPlan(arms, parse_tiers(bench.tiers if tiers is None else tiers),
                   bench.repeats if repeats is None else repeats,
@@ -93,9 +96,14 @@ def _open_run(path: Path):
     from tts_bench.preflight import check_arms
     from tts_bench.results import RunDir
 
-    run = RunDir.open(path)
-    plan = plan_from_run(run)
-    check_arms(plan.arms, plan.tiers)
+    run = RunDir.open(path, lock=True)  # a second writer of the same run exits 2 here
+    try:
+        plan = plan_from_run(run)
+        check_arms(plan.arms, plan.tiers)
+    except BaseException:
+        run.release()
+        raise
+    run.update(status="running", error=None)
     return run, plan
 
 

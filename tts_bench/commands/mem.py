@@ -52,7 +52,8 @@ def mem(
     flag_sets = _flag_sets(tier=tier, warm_tier=warm_tier, interval=interval, sampler=sampler,
                            device_index=device_index, disable_shuffle=disable_shuffle)
     arms, plan, run = _new_run(config, [*sets, *flag_sets], base_sets, test_sets, num_prompts, result_dir)
-    result = run_mem(arms, plan, run_dir=run)
+    with run.finishing():  # any exit (error, Ctrl-C) leaves run.json failed / interrupted
+        result = run_mem(arms, plan, run_dir=run)
     sys.stdout.write(render_result(result, fmt))
     for reason in result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
@@ -80,12 +81,14 @@ def _new_run(config, sets, base_sets, test_sets, num_prompts, result_dir):
     from tts_bench.mem.run import MemPlan, prepare_plan
     from tts_bench.mem.samplers import parse_sampler_names
     from tts_bench.preflight import check_memory
+    from tts_bench.prompts import load_prompts
     from tts_bench.results import RunDir, python_argv
 
     if config is None:
         config = shipped_config(DEFAULT_CONFIG)
     arms = load_arms(config, sets, base_sets, test_sets)
     base = next(iter(arms.values()))
+    load_prompts(base.prompts.meta)  # a bad meta.lst fails before the run exists
     params, tier = base.mem, parse_tier(base.mem.tier, where="--tier / mem.tier")
     plan = MemPlan(
         tier=tier,

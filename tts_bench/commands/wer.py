@@ -53,13 +53,18 @@ def wer(
     overrides = _overrides(meta, num_prompts, asr, asr_model, normalizer)
     if transcribe_only is not None:
         run, params = _open_run(transcribe_only, config, [*sets, *overrides])
-    else:
-        run, params = _generate(config, arms, [*sets, *overrides], base_sets=base_sets, test_sets=test_sets,
-                                disable_shuffle=disable_shuffle, result_dir=result_dir, accept=accept)
-        if generate_only:
-            typer.echo(f"generated: {run.path}", err=True)
-            return ExitStatus.OK
-    report = runner.evaluate(run, params, accept=accept)
+        generation = None
+    else:  # everything is checked before the run directory is made
+        run, params, generation = _plan(config, arms, [*sets, *overrides], base_sets=base_sets,
+                                        test_sets=test_sets, disable_shuffle=disable_shuffle,
+                                        result_dir=result_dir, accept=accept)
+    with run.finishing():  # any exit (error, Ctrl-C) leaves run.json failed / interrupted
+        if generation is not None:
+            asyncio.run(generation())
+            if generate_only:
+                typer.echo(f"generated: {run.path}", err=True)
+                return ExitStatus.OK
+        report = runner.evaluate(run, params, accept=accept)
     from tts_bench.wer.report import render_report
 
     sys.stdout.write(render_report(report, fmt))
@@ -91,7 +96,8 @@ def _arms(config, arm_names, sets, base_sets, test_sets) -> dict:
     return dict(zip(names, loaded))
 
 
-def _generate(config, arm_names, sets, *, base_sets, test_sets, disable_shuffle, result_dir, accept):
+def _plan(config, arm_names, sets, *, base_sets, test_sets, disable_shuffle, result_dir, accept):
+    """Arms, prompts and checks; then the run directory and phase 1 as a coroutine factory."""
     from tts_bench.config import config_hash, config_to_dict
     from tts_bench.prompts import load_prompts, select_prompts
     from tts_bench.results import RunDir, python_argv
@@ -113,8 +119,11 @@ def _generate(config, arm_names, sets, *, base_sets, test_sets, disable_shuffle,
         configs=configs, config_hashes={n: config_hash(c) for n, c in arms.items()}, extra=selection,
     )
     wer_arms = [runner.WerArm(n, c) for n, c in arms.items()]
-    asyncio.run(runner.generate(wer_arms, prompts, run, params, timeout_s=first.bench.timeout_s))
-    return run, params
+
+    def generation():
+        return runner.generate(wer_arms, prompts, run, params, timeout_s=first.bench.timeout_s)
+
+    return run, params, generation
 
 
 _ASR_MODULES = {"faster-whisper": "faster_whisper", "openai-whisper": "whisper"}
@@ -153,8 +162,12 @@ def _open_run(path: Path, config, sets):
     from tts_bench.results import RunDir
     from tts_bench.wer.params import WerParams
 
-    run = RunDir.open(path)
-    recorded = next(iter(run.doc.get("configs", {}).values()), {}).get("wer", {})
-    params = load_config(config).wer if config else load_dataclass(WerParams, recorded, source=f"{path}/run.json")
-    wer_sets = [s.removeprefix("wer.") for s in sets if s.startswith("wer.")]
-    return run, apply_overrides(params, wer_sets)
+    run = RunDir.open(path, lock=True)  # it rewrites run.json: one writer at a time
+    try:
+        recorded = next(iter(run.doc.get("configs", {}).values()), {}).get("wer", {})
+        params = load_config(config).wer if config else load_dataclass(WerParams, recorded, source=f"{path}/run.json")
+        wer_sets = [s.removeprefix("wer.") for s in sets if s.startswith("wer.")]
+        return run, apply_overrides(params, wer_sets)
+    except BaseException:
+        run.release()
+        raise
