@@ -27,3 +27,8 @@ def check_range(name: str, value: int, low: int, high: int) -> None:
     """Raise ValueError naming `name` unless low <= value <= high."""
     if not low <= value <= high:
         raise ValueError(f"{name} must be in {low}..{high}, got {value}")
+
+# `tts-bench serve`: the longest `input` (characters; OpenAI's speech API allows 4096) and the
+# largest request body (bytes) accepted; a 1 MB input used to grow the server by ~2 MiB/s.
+MAX_INPUT_CHARS = 4096
+MAX_BODY_BYTES = 1024**2

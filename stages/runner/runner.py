@@ -37,6 +37,7 @@ from typing import Any
 from stages.config import StageConfig
 from stages.runner.factories import StageFactories
 from stages.runner.messages import (
+    RUNNER_BROKEN,
     Cancel,
     ChunkReady,
     Fatal,
@@ -213,6 +214,11 @@ class StageRunner:
         """Names of the stage processes still running."""
         return [c.name for c in self._children if c.process.is_alive()]
 
+    @property
+    def broken(self) -> str | None:
+        """Why the runner no longer serves (a stage process died), or None while it does."""
+        return self._broken
+
     # -- requests ----------------------------------------------------------------------------
 
     def submit(self, request: RunnerRequest, on_event: Callable[[RunnerEvent], None]) -> int:
@@ -231,7 +237,7 @@ class StageRunner:
                 self._tracked[request.request_id] = _Tracked(replica, on_event)
                 self._load[replica] += 1
         if failure is not None:
-            on_event(RequestError(request.request_id, failure))
+            on_event(RequestError(request.request_id, failure, RUNNER_BROKEN))
             return -1
         self._children[0].inbox.put(Submit(request, replica))
         return replica
@@ -259,7 +265,7 @@ class StageRunner:
             tracked, self._tracked = self._tracked, {}
             self._load = [0] * self.replicas
         for rid, t in tracked.items():
-            t.on_event(RequestError(rid, message))
+            t.on_event(RequestError(rid, message, RUNNER_BROKEN))
 
     # -- memory ------------------------------------------------------------------------------
 

@@ -271,6 +271,12 @@ class PiperBackend:
                 w.process.terminate()
                 w.process.join(timeout=_JOIN_TIMEOUT_S)
 
+    def health(self) -> str | None:
+        """None while a worker is alive; why not otherwise (`tts-bench serve` answers 503)."""
+        if self._workers and not any(w.alive for w in self._workers):
+            return "every piper worker died"
+        return None
+
     def describe(self) -> dict:
         p = self.params
         return {
