@@ -258,14 +258,19 @@ def _unknown_key(name: str, valid: list[str], prefix: str, source: str) -> Confi
     return ConfigError(f"error: unknown key {dotted!r} ({source}); {hint}")
 
 
+# What a dataclass's __post_init__ may raise about a value: ValueError as its contract, and
+# ArithmeticError when a check divides by a value that is 0 before testing it (e.g. dims).
+_VALUE_ERRORS = (ValueError, ArithmeticError)
+
+
 def _construct(cls: type, kwargs: dict[str, Any], *, source: str, prefix: str) -> Any:
     try:
         return cls(**kwargs)
-    except ValueError as exc:
+    except _VALUE_ERRORS as exc:
         raise _invalid(exc, prefix, source) from None
 
 
-def _invalid(exc: ValueError, prefix: str, source: str) -> ConfigError:
+def _invalid(exc: Exception, prefix: str, source: str) -> ConfigError:
     """A dataclass __post_init__ rejected a value: keep its words, add where it came from.
 
     An environment variable's error (stages.flags.EnvFlagError) is not the file's fault: it
@@ -273,6 +278,8 @@ def _invalid(exc: ValueError, prefix: str, source: str) -> ConfigError:
     if isinstance(exc, EnvFlagError):
         return ConfigError(str(exc))
     msg = str(exc).removeprefix("error: ")  # stages.flags errors are already user-facing
+    if isinstance(exc, ArithmeticError):
+        msg = f"a value makes this section invalid ({type(exc).__name__}: {msg})"
     where = f"{prefix}: " if prefix and prefix.split(".")[-1] not in msg else ""
     return ConfigError(f"error: {where}{msg} ({source}); fix the value")
 
@@ -338,5 +345,5 @@ def set_path(
         )
     try:
         return dataclasses.replace(obj, **{name: new})
-    except ValueError as exc:
+    except _VALUE_ERRORS as exc:
         raise _invalid(exc, done, source) from None

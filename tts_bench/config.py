@@ -41,8 +41,8 @@ from tts_bench._dataclass_yaml import (
 )
 from tts_bench.errors import ConfigError
 from tts_bench.limits import (
-    MAX_CONCURRENCY, MAX_PROMPTS, MAX_REPEATS, MAX_REPLICAS, MAX_RESAMPLES, MAX_SEED, MAX_WARMUP,
-    check_range,
+    MAX_CONCURRENCY, MAX_PROMPTS, MAX_REPEATS, MAX_REPLICAS, MAX_RESAMPLES, MAX_SAMPLE_RATE, MAX_SEED,
+    MAX_WARMUP, check_range,
 )
 from tts_bench.mem.params import MemParams
 from tts_bench.shipped import resolve_config_path, shipped_config
@@ -140,6 +140,9 @@ class SyntheticConfig:
             )
         if self.sample_rate < 1 or self.fail_every < 0:
             raise ValueError("synthetic.sample_rate must be >= 1 and synthetic.fail_every >= 0")
+        check_range("synthetic.sample_rate", self.sample_rate, 1, MAX_SAMPLE_RATE)
+        if self.chunk_seconds > 60 or self.seconds_per_word > 60:
+            raise ValueError("synthetic.chunk_seconds and synthetic.seconds_per_word must be <= 60")
         if not self.delay_scale > 0:
             raise ValueError(f"synthetic.delay_scale must be > 0, got {self.delay_scale}")
 
@@ -182,8 +185,7 @@ class HttpConfig:
             raise ValueError(
                 f"http.base_url must start with http:// or https://, got {self.base_url!r}"
             )
-        if self.sample_rate < 1:
-            raise ValueError(f"http.sample_rate must be >= 1, got {self.sample_rate}")
+        check_range("http.sample_rate", self.sample_rate, 1, MAX_SAMPLE_RATE)
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,9 @@ class PromptsConfig:
 
     meta: str = "builtin:seed-tts-en"
     shuffle_seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_range("prompts.shuffle_seed", self.shuffle_seed, 0, MAX_SEED)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ MAX_PROMPTS = 100_000  # measured requests per tier, arm and repeat; WER prompts
 MAX_REPEATS = 100  # interleaved repeats per arm
 MAX_WARMUP = 10_000  # warmup requests per phase
 MAX_RESAMPLES = 100_000  # bootstrap resamples
+MAX_SAMPLE_RATE = 384_000  # Hz: above any audio format in use (an absurd rate allocates absurdly)
 # Per-request seeds are `seed + request index` and become torch generator seeds (< 2**63 on
 # every device); 2**62 leaves room for the index.
 MAX_SEED = 2**62
