@@ -8,6 +8,8 @@ modules may use `from __future__ import annotations`.
     load_dataclass(WerParams, {"beam_size": 3}, source="configs/wer/x.yaml")
 
 Every failure is a ConfigError that names the source (file or `--set`) and the dotted key.
+Scalars follow YAML 1.2 core rules: only true/false are booleans (`yes`/`on` stay strings), and
+`1e-6` is a float. Files must be UTF-8 (`tts_bench._text`).
 """
 
 from __future__ import annotations

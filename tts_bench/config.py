@@ -11,6 +11,11 @@ dataclass type hints, so every section (stage configs, `wer:`, `mem:`) is checke
 - `dict[str, Any]` fields (stage `extra`) are free-form and kept as parsed. Stages parse their own
   `extra` booleans with `stages.flags` at construction, not here.
 
+Paths: a `configs/...` path that does not exist from the working directory names a shipped
+config (`tts_bench.shipped`); a file with no `stages:` section and the embedded backend gets the
+tiny stage config on a host without an accelerator (`with_default_stages`). Sizes (tiers,
+prompts, repeats, seeds) have upper bounds (`tts_bench.limits`).
+
 Overrides `--set a.b.c=value` are parsed with YAML, typed by the schema and applied with
 `dataclasses.replace` (configs are never mutated). `code2wav.extra.x=false` is routed to
 `stages.code2wav.extra.x` because `code2wav` is a stage section, not a bench section.

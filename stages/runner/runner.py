@@ -13,8 +13,11 @@ so its chunks decode in order on one replica and come back straight from it. Eac
 own one-way result pipe whose only write end lives in that child; one reader thread waits on all
 of them and calls the request's `on_event`. A child that dies (even without a word: a segfault,
 the OOM killer, mid-message) closes its pipe, the reader sees EOF, fails every in-flight request
-with the child's name and exit code, and the runner refuses new work. That is "the run ends": the
-harness sees failures, not a hang. (A shared mp.Queue would not do: a writer killed mid-message
+with the child's name and exit code, and the runner refuses new work (`broken` says why). That is
+"the run ends": the harness sees failures, not a hang. A fault of one request (refused, failed
+admission, a decode error) is not a death: the stage fails that request with a typed
+RequestError kind and keeps serving (talker_proc.py, replica_proc.py). Children are started with
+SIGINT blocked and ignore it (`stages.signals`): Ctrl-C is the parent's, which stops them. (A shared mp.Queue would not do: a writer killed mid-message
 leaves a torn message that blocks the reader forever, and other writers keep the pipe open.)
 
 `on_event` runs on the reader thread and must not block (the asyncio backend hands events over

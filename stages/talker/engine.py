@@ -13,7 +13,10 @@ prefilled into a free cache slot (one forward per new request), and the code sam
 prefill row (audio_bos) is its code #0, drawn in the same batched sampling call as the decode
 rows of the requests already running. Every later step decodes all occupied rows together, each
 at its own position; EOS is never emitted, a finished request is reported once with
-`code=None, finished=True` and its slot is freed at once.
+`code=None, finished=True` and its slot is freed at once. A request whose admission fails
+(its prefill raised) is reported once the same way with `error` set, and the others run on;
+`add` refuses what cannot run (duplicate id, no cache room, a seed outside [0, 2**63)) with a
+TalkerRequestError, the request's own fault.
 
 Ladder: `step` -> `_admit` (tokenize done at `add`; `_prefill`) -> `_logits` (`_decode_logits`:
 eager, or a device graph with stage extra `talker_decode_graph: true`) -> sampler

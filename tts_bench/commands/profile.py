@@ -77,12 +77,7 @@ def parse_profile_tier(text: str):
     """"128x8" -> Tier(128, 8); raises ConfigError naming --tier on anything else."""
     from tts_bench.config import parse_tier
 
-    try:
-        return parse_tier(text)
-    except ConfigError:  # its message names --tiers / bench.tiers; this flag is --tier
-        raise ConfigError(
-            f"error: bad tier {text!r} (--tier); write CxR with C, R >= 1, e.g. 128x8"
-        ) from None
+    return parse_tier(text, where="--tier")
 
 
 def render_profile(result, fmt: str) -> str:
