@@ -1,21 +1,41 @@
 """Usage errors exit 2 everywhere, name the offending option or key, print no traceback, and
 leave no run directory behind (nothing is created before the inputs are checked).
 
-Through the real console entry (`python -m tts_bench.cli`), since the mapping from exceptions to
-exit codes lives in `tts_bench.cli.main`.
+Through `tts_bench.cli.main`, where exceptions become exit codes: in this process for speed
+(`main_in_process`), and once as a real process (`python -m tts_bench.cli`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNTH = ["--config", "configs/ab/synthetic.yaml"]
+
+
+def main_in_process(*args: str) -> SimpleNamespace:
+    from tts_bench.cli import main
+
+    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
+    sys.argv = ["tts-bench", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = argv
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def cli(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -45,8 +65,10 @@ def cli(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Compl
         (["serve", *SYNTH, "--replicas", "0"], "'--replicas'"),
     ],
 )
-def test_usage_errors_exit_2_naming_the_option_without_a_traceback(tmp_path, args, named):
-    proc = cli(tmp_path, *args, "--result-dir", str(tmp_path / "runs")) if args[0] != "serve" else cli(tmp_path, *args)
+def test_usage_errors_exit_2_naming_the_option_without_a_traceback(tmp_path, monkeypatch, args, named):
+    monkeypatch.chdir(tmp_path)
+    extra = ["--result-dir", str(tmp_path / "runs")] if args[0] != "serve" else []
+    proc = main_in_process(*args, *extra)
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert named in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
@@ -62,10 +84,16 @@ def test_a_bad_environment_flag_exits_2_naming_the_variable_before_anything_star
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_real_process_exits_2_for_a_bad_option_value(tmp_path):
+    proc = cli(tmp_path, "ab", *SYNTH, "--num-prompts", "abc", "--result-dir", str(tmp_path / "runs"))
+    assert proc.returncode == 2 and "'--num-prompts'" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
+
+
 def test_resume_of_a_file_is_a_usage_error(tmp_path):
     not_a_dir = tmp_path / "run.json"
     not_a_dir.write_text("{}")
-    proc = cli(tmp_path, "ab", "--resume", str(not_a_dir))
+    proc = main_in_process("ab", "--resume", str(not_a_dir))
     assert proc.returncode == 2, proc.stderr
     assert "not a run directory" in proc.stderr and str(not_a_dir) in proc.stderr
     assert "Traceback" not in proc.stderr and "NotADirectoryError" not in proc.stderr
