@@ -114,18 +114,15 @@ def main() -> None:
             raise
         print(f"error: {type(exc).__name__}: {exc}; rerun with --traceback for details", file=sys.stderr)
         sys.exit(int(ExitStatus.ERROR))
-    if result == _INTERRUPTED:  # typer turns KeyboardInterrupt into Exit(130) itself
+    if result == ExitStatus.INTERRUPTED:  # typer turns KeyboardInterrupt into Exit(130) itself
         _interrupted()
     sys.exit(int(result) if isinstance(result, int) else 0)
-
-
-_INTERRUPTED = 130
 
 
 def _interrupted() -> None:
     print("error: interrupted (Ctrl-C); the run record says so, finish it with --resume where "
           "the command has one", file=sys.stderr)
-    sys.exit(_INTERRUPTED)
+    sys.exit(int(ExitStatus.INTERRUPTED))
 
 
 if __name__ == "__main__":
