@@ -4,7 +4,6 @@ answers 500 forever while /health says ok."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal

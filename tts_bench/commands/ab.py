@@ -20,9 +20,9 @@ from typing import Optional
 import typer
 
 from tts_bench.commands._common import check_format
-from tts_bench.shipped import shipped_config
 from tts_bench.errors import ExitStatus
 from tts_bench.limits import MAX_PROMPTS, MAX_REPEATS
+from tts_bench.shipped import shipped_config
 
 DEFAULT_CONFIG = "ab/default.yaml"  # shipped (tts_bench.shipped): the same from any folder
 

@@ -21,9 +21,9 @@ from typing import Optional
 import typer
 
 from tts_bench.commands._common import check_format
-from tts_bench.shipped import shipped_config
 from tts_bench.errors import ConfigError, ExitStatus
 from tts_bench.limits import MAX_PROMPTS
+from tts_bench.shipped import shipped_config
 
 DEFAULT_CONFIG = "wer/seed-tts-en.yaml"  # shipped (tts_bench.shipped): the same from any folder
 

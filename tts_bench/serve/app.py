@@ -64,11 +64,9 @@ from tts_bench.backends.base import (
 )
 from tts_bench.errors import BackendError
 from tts_bench.serve import exposition
-from tts_bench.serve.request import (  # noqa: F401 - re-exported: the request contract's home
+from tts_bench.serve.request import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_INPUT_CHARS,
-    FORMATS,
-    STREAM_FORMATS,
     BadRequest,
     SpeechSpec,
     error_middleware,
