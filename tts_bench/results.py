@@ -5,7 +5,6 @@
                         environment (git sha + dirty, host, platform, library versions, device),
                         and whatever the command adds later (aggregates, verdicts) via update()
         requests.jsonl  one JSON object per finished request, appended + fsynced as it finishes
-
         run.lock        the writer's advisory lock (pid, host) while a process writes the run
 
 Durability: `append_request` queues the line for a background writer that fsyncs each batch
