@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from collections.abc import Iterator
 
 _HAS_MASK = hasattr(signal, "pthread_sigmask")
@@ -44,7 +45,11 @@ def sigint_blocked() -> Iterator[None]:
 
 
 def ignore_sigint() -> None:
-    """In a child process: ignore SIGINT from now on (and drop one pending from start-up)."""
+    """In a child process: ignore SIGINT from now on (and drop one pending from start-up). Only
+    a process's main thread owns signal handlers: called elsewhere (a stage run as a thread of
+    the parent), it leaves SIGINT to that process and does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if _HAS_MASK:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
