@@ -75,9 +75,13 @@ class StageConfig:
     def __post_init__(self) -> None:
         # Parse both stages' flags here as well, so a typo fails when the config is loaded (exit
         # 2 from the harness), on every platform, before any stage process starts. The stages
-        # parse them again at construction; both parsers are pure, so the results agree.
-        from stages.code2wav.options import Code2WavOptions
-        from stages.talker.options import TalkerOptions
+        # parse them again at construction; both parsers are pure, so the results agree. The
+        # environment flags the stage processes read (TALKER_CODEC_FUSED_PRELUDE, ...) are
+        # checked here too, and their errors name the variable (stages.flags.EnvFlagError).
+        from stages.code2wav import options as code2wav_options
+        from stages.talker import options as talker_options
 
-        TalkerOptions.from_extra(self.talker.extra)
-        Code2WavOptions.from_extra(self.code2wav.extra)
+        talker_options.check_env()
+        code2wav_options.check_env()
+        talker_options.TalkerOptions.from_extra(self.talker.extra)
+        code2wav_options.Code2WavOptions.from_extra(self.code2wav.extra)

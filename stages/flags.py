@@ -27,6 +27,13 @@ class FlagError(ValueError):
     """A stage flag holds a value that is not a boolean."""
 
 
+class EnvFlagError(FlagError):
+    """An environment variable a stage reads holds a value it does not accept.
+
+    Its message is complete (it names the variable and says `(environment)`): a config loader
+    must not attribute it to the config file it happened to be loading."""
+
+
 def parse_bool_flag(value: Any, *, key: str) -> bool:
     """True/False/1/0 and their string forms (case- and space-insensitive); anything else raises."""
     # bool is a subclass of int: test it first so True is not read as the integer 1 by accident.
@@ -53,16 +60,24 @@ def read_bool_flag(extra: Mapping[str, Any] | None, key: str, default: bool) -> 
     return parse_bool_flag(extra[key], key=key)
 
 
-def read_env_opt_out(name: str) -> bool:
+def read_env_opt_out(name: str, env: Mapping[str, str] | None = None) -> bool:
     """True when environment variable `name` opts a feature out (`0`/`false`).
 
     Read once by the caller (at import or construction), never per call. Unset or empty means no
-    opt-out; a value that is not a boolean raises so a typo in CI's environment is not ignored.
+    opt-out; a value that is not a boolean raises EnvFlagError so a typo in CI's environment is
+    not ignored. Stage configs call this at construction (`StageConfig`), so the harness reports
+    a bad value before any stage process starts.
     """
-    raw = os.environ.get(name)
+    raw = (os.environ if env is None else env).get(name)
     if raw is None or raw.strip() == "":
         return False
-    return not parse_bool_flag(raw, key=name)
+    try:
+        return not parse_bool_flag(raw, key=name)
+    except FlagError:
+        raise EnvFlagError(
+            f"error: environment variable {name} must be true/false/1/0, got {raw!r} "
+            f"(environment); set {name}=0 to opt out, or unset it"
+        ) from None
 
 
 def check_known_keys(extra: Mapping[str, Any] | None, known: Iterable[str], *, stage: str) -> None:

@@ -8,6 +8,8 @@ modules may use `from __future__ import annotations`.
     load_dataclass(WerParams, {"beam_size": 3}, source="configs/wer/x.yaml")
 
 Every failure is a ConfigError that names the source (file or `--set`) and the dotted key.
+Scalars follow YAML 1.2 core rules: only true/false are booleans (`yes`/`on` stay strings), and
+`1e-6` is a float. Files must be UTF-8 (`tts_bench._text`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import os
 import re
 import types
 import typing
@@ -25,16 +26,24 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from stages.flags import EnvFlagError
+from tts_bench._text import read_utf8
 from tts_bench.errors import ConfigError
+from tts_bench.shipped import resolve_config_path, shipped_names
 
 _NONE = type(None)
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys and reads `1e-6` as a float.
+    """SafeLoader that rejects duplicate keys and reads scalars by YAML 1.2 core rules.
 
-    PyYAML follows YAML 1.1, where a float needs a dot (`1.0e-6`); `1e-6` would arrive as the
-    string "1e-6" and fail the type check for reasons no user would guess.
+    PyYAML follows YAML 1.1, which differs from 1.2 (and from what users expect) twice:
+    - a float needs a dot there (`1.0e-6`); `1e-6` would arrive as the string "1e-6" and fail
+      the type check for reasons no user would guess;
+    - `yes`/`no`/`on`/`off` are booleans there. The stage flag parser (`stages.flags`) accepts
+      only true/false/1/0, so a bare `on` passing as true in YAML while a quoted "on" is refused
+      by the flags would be two rules; here only true/false (any case) are booleans, and `on`
+      stays the string "on", which a bool field rejects with the accepted values.
     """
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -51,6 +60,14 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_StrictLoader.add_implicit_resolver(
+    _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 _StrictLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
@@ -59,13 +76,16 @@ _StrictLoader.add_implicit_resolver(
 
 
 def load_yaml_file(path: Path) -> Any:
-    """Read one YAML document; a missing file or bad YAML is a ConfigError naming the file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"error: config file not found ({path}); check the path") from None
-    except OSError as exc:
-        raise ConfigError(f"error: cannot read config ({path}): {exc}; check the path") from None
+    """Read one YAML document; a missing, unreadable or non-UTF-8 file or bad YAML is a
+    ConfigError naming the file (and the line where there is one). A `configs/...` path that
+    does not exist from the working directory names a shipped config (`tts_bench.shipped`)."""
+    path = resolve_config_path(path)
+    if not path.exists():
+        raise ConfigError(
+            f"error: config file not found ({path}); check the path (shipped configs: "
+            f"{', '.join(shipped_names())})"
+        )
+    text = read_utf8(path, what="config file", option="--config or an include")
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -110,6 +130,8 @@ def type_name(tp: Any) -> str:
         return f"mapping ({tp.__name__}) or include path"
     if tp is float:
         return "float (number)"
+    if tp is bool:
+        return "bool (true or false)"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -176,14 +198,11 @@ def _convert_mapping(tp: Any, value: Any, key: str, source: str, base_dir: Path 
 
 
 def _include(cls: type, rel: str, key: str, source: str, base_dir: Path | None) -> Any:
-    path = Path(rel)
-    if not path.is_absolute():
-        # normpath, not resolve: keep relative paths relative in error messages.
-        path = Path(os.path.normpath((base_dir or Path.cwd()) / path))
+    path = resolve_config_path(rel, base_dir or Path.cwd())
     if not path.is_file():
         raise ConfigError(
             f"error: {key} includes {rel!r}, which is not a file ({source}); "
-            f"include paths are relative to the including file"
+            f"include paths are relative to the including file (or configs/... for a shipped one)"
         )
     # Keys inside the included file keep their full dotted name (stages.talker.x). No cycle
     # guard needed: an include always loads a strictly smaller section type.
@@ -241,16 +260,28 @@ def _unknown_key(name: str, valid: list[str], prefix: str, source: str) -> Confi
     return ConfigError(f"error: unknown key {dotted!r} ({source}); {hint}")
 
 
+# What a dataclass's __post_init__ may raise about a value: ValueError as its contract, and
+# ArithmeticError when a check divides by a value that is 0 before testing it (e.g. dims).
+_VALUE_ERRORS = (ValueError, ArithmeticError)
+
+
 def _construct(cls: type, kwargs: dict[str, Any], *, source: str, prefix: str) -> Any:
     try:
         return cls(**kwargs)
-    except ValueError as exc:
+    except _VALUE_ERRORS as exc:
         raise _invalid(exc, prefix, source) from None
 
 
-def _invalid(exc: ValueError, prefix: str, source: str) -> ConfigError:
-    """A dataclass __post_init__ rejected a value: keep its words, add where it came from."""
+def _invalid(exc: Exception, prefix: str, source: str) -> ConfigError:
+    """A dataclass __post_init__ rejected a value: keep its words, add where it came from.
+
+    An environment variable's error (stages.flags.EnvFlagError) is not the file's fault: it
+    keeps its own words and `(environment)`."""
+    if isinstance(exc, EnvFlagError):
+        return ConfigError(str(exc))
     msg = str(exc).removeprefix("error: ")  # stages.flags errors are already user-facing
+    if isinstance(exc, ArithmeticError):
+        msg = f"a value makes this section invalid ({type(exc).__name__}: {msg})"
     where = f"{prefix}: " if prefix and prefix.split(".")[-1] not in msg else ""
     return ConfigError(f"error: {where}{msg} ({source}); fix the value")
 
@@ -316,5 +347,5 @@ def set_path(
         )
     try:
         return dataclasses.replace(obj, **{name: new})
-    except ValueError as exc:
+    except _VALUE_ERRORS as exc:
         raise _invalid(exc, done, source) from None

@@ -28,6 +28,7 @@ Hooks: pass `hooks` with `on_phase(arm, tier, repeat, phase, backend)`; it is ca
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
@@ -38,12 +39,15 @@ from typing import Any, Protocol
 from tts_bench._dataclass_yaml import load_yaml_file
 from tts_bench.backends import make_backend
 from tts_bench.backends.base import SynthesisRequest
-from tts_bench.config import BenchConfig, Tier, apply_overrides, load_dataclass, parse_tiers
-from tts_bench.errors import ConfigError, ExitStatus, InvalidRunError
+from tts_bench.config import (
+    BenchConfig, Tier, apply_overrides, load_dataclass, parse_tiers, with_default_stages,
+)
+from tts_bench.errors import BackendError, ConfigError, ExitStatus, InvalidRunError
 from tts_bench.loadgen import Job, PhaseLabels, RequestRecord, run_phase
 from tts_bench.metrics import Aggregates, aggregate
 from tts_bench.prompts import load_prompts, select_prompts
 from tts_bench.results import RunDir, request_key
+from tts_bench.shipped import resolve_config_path
 from tts_bench.stats import Comparison, compare
 
 log = logging.getLogger(__name__)
@@ -180,10 +184,11 @@ def load_arms(
     `--test-set`. Without `arms:` in the file the arms are named base and test."""
     raw: dict[str, Any] = {}
     if path is not None:
+        path = resolve_config_path(path)  # configs/... names a shipped config from any folder
         raw = load_yaml_file(path)
         if not isinstance(raw, dict):
             raise ConfigError(f"error: the config must be a mapping ({path}); write key: value lines")
-        raw = dict(raw)
+        raw = with_default_stages(dict(raw))
     arm_sets = _yaml_arms(raw, str(path))
     cfg = load_dataclass(BenchConfig, raw, source=str(path or "defaults"),
                          base_dir=path.parent if path else None)
@@ -339,15 +344,29 @@ def run_ab(
     done = run_dir.completed_keys() if resume else set()
     runner = _Runner(arms, num_prompts, run_dir, done, progress, hooks)
 
-    async def main() -> None:
+    async def main() -> str | None:
         for tier in tiers:
             for repeat in range(repeats):
                 for arm in phase_order(list(arms), repeat):
-                    await runner.phase(arm, tier, repeat)
+                    try:
+                        await runner.phase(arm, tier, repeat)
+                    except BackendError as exc:
+                        # A backend that cannot start before anything was measured is a broken
+                        # setup (raise: exit 1). Once requests are recorded, it is a run that
+                        # stopped half-way (a server went down): report what was measured, as
+                        # invalid, rather than an error with no table.
+                        if not runner.done:
+                            raise
+                        return f"{arm} {tier.label} r{repeat}: {str(exc).removeprefix('error: ')}"
+        return None
 
-    asyncio.run(main())
+    stopped = asyncio.run(main())
     records = [RequestRecord.from_dict(d) for d in run_dir.iter_requests()]
-    return summarize_ab(records, arms, tiers, run_dir=str(run_dir.path))
+    result = summarize_ab(records, arms, tiers, run_dir=str(run_dir.path))
+    if stopped is not None:
+        reason = f"the run stopped early, backend failed: {stopped}; fix it, then --resume"
+        result = dataclasses.replace(result, invalid_reasons=(*result.invalid_reasons, reason))
+    return result
 
 
 # ---------------------------------------------------------------- summarizing

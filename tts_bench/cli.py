@@ -9,6 +9,7 @@ Results go to stdout; logs, warnings and progress to stderr. `--traceback` re-ra
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 
@@ -71,8 +72,27 @@ def _register() -> None:
 _register()
 
 
+def _exception_classes(name: str) -> tuple[type, ...]:
+    """Class `name` from click and from typer's vendored click (typer >= 0.2x raises its own
+    copies, which are not click's: checking click's classes alone let `--num-prompts abc` fall
+    through to exit 1)."""
+    found = []
+    for module in ("click.exceptions", "typer._click.exceptions", "typer.exceptions"):
+        try:
+            cls = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if isinstance(cls, type) and cls not in found:
+            found.append(cls)
+    return tuple(found)
+
+
 def main() -> None:
-    """Console-script entry: run the app and map typed errors to exit codes in one place."""
+    """Console-script entry: run the app and map typed errors to exit codes in one place.
+
+    0 ok, 1 error, 2 usage/config (every click/typer usage error too), 3/4 regressions, 5 invalid
+    run, 130 interrupted (Ctrl-C: one line, no traceback; stage processes ignore SIGINT and are
+    stopped by this process)."""
     try:
         result = app(standalone_mode=False)
     except TtsBenchError as exc:
@@ -81,23 +101,28 @@ def main() -> None:
         print(str(exc), file=sys.stderr)
         sys.exit(int(exc.exit_status))
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except Exception as exc:  # click usage errors carry their own exit code
-        import click
-
-        if isinstance(exc, click.exceptions.Exit):
+        _interrupted()
+    except Exception as exc:
+        if isinstance(exc, _exception_classes("Exit")):
             sys.exit(exc.exit_code)
-        if isinstance(exc, click.ClickException):
+        if isinstance(exc, _exception_classes("Abort")):  # click turns Ctrl-C into Abort
+            _interrupted()
+        if isinstance(exc, _exception_classes("ClickException")):  # usage: bad option, value
             exc.show()
             sys.exit(int(ExitStatus.USAGE))
-        if isinstance(exc, click.exceptions.Abort):
-            sys.exit(130)
         if _state["traceback"]:
             raise
         print(f"error: {type(exc).__name__}: {exc}; rerun with --traceback for details", file=sys.stderr)
         sys.exit(int(ExitStatus.ERROR))
+    if result == ExitStatus.INTERRUPTED:  # typer turns KeyboardInterrupt into Exit(130) itself
+        _interrupted()
     sys.exit(int(result) if isinstance(result, int) else 0)
+
+
+def _interrupted() -> None:
+    print("error: interrupted (Ctrl-C); the run record says so, finish it with --resume where "
+          "the command has one", file=sys.stderr)
+    sys.exit(int(ExitStatus.INTERRUPTED))
 
 
 if __name__ == "__main__":

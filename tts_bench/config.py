@@ -11,6 +11,11 @@ dataclass type hints, so every section (stage configs, `wer:`, `mem:`) is checke
 - `dict[str, Any]` fields (stage `extra`) are free-form and kept as parsed. Stages parse their own
   `extra` booleans with `stages.flags` at construction, not here.
 
+Paths: a `configs/...` path that does not exist from the working directory names a shipped
+config (`tts_bench.shipped`); a file with no `stages:` section and the embedded backend gets the
+tiny stage config on a host without an accelerator (`with_default_stages`). Sizes (tiers,
+prompts, repeats, seeds) have upper bounds (`tts_bench.limits`).
+
 Overrides `--set a.b.c=value` are parsed with YAML, typed by the schema and applied with
 `dataclasses.replace` (configs are never mutated). `code2wav.extra.x=false` is routed to
 `stages.code2wav.extra.x` because `code2wav` is a stage section, not a bench section.
@@ -40,7 +45,12 @@ from tts_bench._dataclass_yaml import (
     set_path,
 )
 from tts_bench.errors import ConfigError
+from tts_bench.limits import (
+    MAX_CONCURRENCY, MAX_PROMPTS, MAX_REPEATS, MAX_REPLICAS, MAX_RESAMPLES, MAX_SAMPLE_RATE, MAX_SEED,
+    MAX_WARMUP, check_range,
+)
 from tts_bench.mem.params import MemParams
+from tts_bench.shipped import resolve_config_path, shipped_config
 from tts_bench.wer.params import WerParams
 
 __all__ = [
@@ -73,35 +83,45 @@ class Tier:
     replicas: int
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.replicas < 1:
-            raise ValueError(f"tier concurrency and replicas must be >= 1, got {self.label}")
+        if not (1 <= self.concurrency <= MAX_CONCURRENCY and 1 <= self.replicas <= MAX_REPLICAS):
+            raise ValueError(f"tier {self.label}: {_TIER_RULE}")
 
     @property
     def label(self) -> str:
         return f"{self.concurrency}x{self.replicas}"
 
 
+_TIER_RULE = f"write CxR with C in 1..{MAX_CONCURRENCY} and R in 1..{MAX_REPLICAS}, e.g. 64x4"
+
+
 def _match_tier(text: str) -> Tier | None:
     m = _TIER_RE.match(text) if isinstance(text, str) else None
-    if m is None or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+    if m is None or len(m.group(1)) > 6 or len(m.group(2)) > 6:  # no 20-digit ints to build
         return None
-    return Tier(int(m.group(1)), int(m.group(2)))
+    c, r = int(m.group(1)), int(m.group(2))
+    if not (1 <= c <= MAX_CONCURRENCY and 1 <= r <= MAX_REPLICAS):
+        return None
+    return Tier(c, r)
 
 
-def parse_tier(text: str) -> Tier:
-    """`"64x4"` (also `"64 x 4"`) -> Tier(64, 4); anything else raises ConfigError."""
+def parse_tier(text: str, *, where: str = "--tiers / bench.tiers") -> Tier:
+    """`"64x4"` (also `"64 x 4"`) -> Tier(64, 4); anything else raises ConfigError naming `where`."""
     tier = _match_tier(text)
     if tier is None:
-        raise ConfigError(
-            f"error: bad tier {text!r} (--tiers / bench.tiers); write CxR with C, R >= 1, e.g. 64x4"
-        )
+        raise ConfigError(f"error: bad tier {text!r} ({where}); {_TIER_RULE}")
     return tier
 
 
 def parse_tiers(text: str | Sequence[str]) -> tuple[Tier, ...]:
-    """`"32x1,64x4"` or `["32x1", "64x4"]` -> tiers in the given order."""
+    """`"32x1,64x4"` or `["32x1", "64x4"]` -> tiers in the given order; none is a ConfigError."""
     items = text.split(",") if isinstance(text, str) else list(text)
-    return tuple(parse_tier(t) for t in items if t.strip())
+    tiers = tuple(parse_tier(t) for t in items if t.strip())
+    if not tiers:
+        raise ConfigError(
+            f"error: no tier given in {text!r} (--tiers / bench.tiers); {_TIER_RULE}, "
+            f"comma-separated"
+        )
+    return tiers
 
 
 @dataclass(frozen=True)
@@ -125,6 +145,9 @@ class SyntheticConfig:
             )
         if self.sample_rate < 1 or self.fail_every < 0:
             raise ValueError("synthetic.sample_rate must be >= 1 and synthetic.fail_every >= 0")
+        check_range("synthetic.sample_rate", self.sample_rate, 1, MAX_SAMPLE_RATE)
+        if self.chunk_seconds > 60 or self.seconds_per_word > 60:
+            raise ValueError("synthetic.chunk_seconds and synthetic.seconds_per_word must be <= 60")
         if not self.delay_scale > 0:
             raise ValueError(f"synthetic.delay_scale must be > 0, got {self.delay_scale}")
 
@@ -167,8 +190,7 @@ class HttpConfig:
             raise ValueError(
                 f"http.base_url must start with http:// or https://, got {self.base_url!r}"
             )
-        if self.sample_rate < 1:
-            raise ValueError(f"http.sample_rate must be >= 1, got {self.sample_rate}")
+        check_range("http.sample_rate", self.sample_rate, 1, MAX_SAMPLE_RATE)
 
 
 @dataclass(frozen=True)
@@ -177,6 +199,9 @@ class PromptsConfig:
 
     meta: str = "builtin:seed-tts-en"
     shuffle_seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_range("prompts.shuffle_seed", self.shuffle_seed, 0, MAX_SEED)
 
 
 @dataclass(frozen=True)
@@ -205,15 +230,24 @@ class BenchParams:
             raise ValueError("bench.tiers must list at least one tier, e.g. [2x1]")
         bad = [t for t in self.tiers if _match_tier(t) is None]
         if bad:
-            raise ValueError(f"bench.tiers: {bad[0]!r} is not CxR with C, R >= 1 (e.g. 64x4)")
+            raise ValueError(f"bench.tiers: {bad[0]!r} is not a tier; {_TIER_RULE}")
         if self.num_prompts < 1 or self.repeats < 1 or self.bootstrap_resamples < 1:
             raise ValueError(
                 "bench.num_prompts, bench.repeats and bench.bootstrap_resamples must be >= 1"
             )
+        check_range("bench.num_prompts", self.num_prompts, 1, MAX_PROMPTS)
+        check_range("bench.repeats", self.repeats, 1, MAX_REPEATS)
         if self.prompts_per_client is not None and self.prompts_per_client < 1:
             raise ValueError(f"bench.prompts_per_client must be >= 1 or null, got {self.prompts_per_client}")
+        for tier in self.tier_list:  # K x C measured requests per tier
+            check_range(f"bench.prompts_per_client x C of {tier.label}",
+                        self.prompts_for(tier.concurrency), 1, MAX_PROMPTS)
         if self.warmup is not None and self.warmup < 0:
             raise ValueError(f"bench.warmup must be >= 0 or null, got {self.warmup}")
+        if self.warmup is not None:
+            check_range("bench.warmup", self.warmup, 0, MAX_WARMUP)
+        check_range("bench.bootstrap_resamples", self.bootstrap_resamples, 1, MAX_RESAMPLES)
+        check_range("bench.seed", self.seed, 0, MAX_SEED)
         if not self.timeout_s > 0:
             raise ValueError(f"bench.timeout_s must be > 0, got {self.timeout_s}")
         if self.min_effect_pct < 0 or self.duration_mismatch_pct < 0:
@@ -253,13 +287,38 @@ class BenchConfig:
     mem: MemParams = field(default_factory=MemParams)
 
 
+TINY_STAGES = "stages/minicpmo45-tiny.yaml"  # shipped; the stage config of a CPU-only host
+
+
+def with_default_stages(raw: dict[str, Any]) -> dict[str, Any]:
+    """A config file's mapping, with the host's default stage config where it names none.
+
+    The dataclass defaults are the real MiniCPM-o 4.5 dims: right for a GPU, and on a CPU a
+    talker KV cache of 20 layers x 128 slots x 4096 positions that the OOM killer ends. So an
+    embedded config without a `stages:` section (an empty file, too) runs the shipped tiny dims
+    when this host has no accelerator. Other backends do not run stages: left as they are.
+    """
+    if "stages" in raw or raw.get("backend", "embedded") != "embedded":
+        return raw
+    from stages.platform import accelerator_available
+
+    if accelerator_available():
+        return raw
+    return {**raw, "stages": str(shipped_config(TINY_STAGES))}
+
+
 def load_config(path: Path | str | None, sets: Sequence[str] = ()) -> BenchConfig:
-    """Load a bench config file (None -> all defaults), then apply `--set` overrides in order."""
-    if path is None:
-        cfg = BenchConfig()
+    """Load a bench config file (None -> all defaults), then apply `--set` overrides in order.
+
+    `configs/...` paths fall back to the shipped configs (`tts_bench.shipped`); a file with no
+    `stages:` section gets the host's default stage config (`with_default_stages`)."""
+    if path is None:  # through the loader, so an error (a bad env flag) is a ConfigError too
+        cfg = load_dataclass(BenchConfig, {}, source="defaults")
     else:
-        path = Path(path)
+        path = resolve_config_path(path)
         data = load_yaml_file(path)
+        if isinstance(data, dict):
+            data = with_default_stages(data)
         cfg = load_dataclass(BenchConfig, data, source=str(path), base_dir=path.parent)
     return apply_overrides(cfg, sets)
 

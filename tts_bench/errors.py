@@ -1,7 +1,8 @@
 """Exit codes and the typed errors that map onto them (mapped in exactly one place: the CLI).
 
 CI reads the exit code to tell a broken run from a slow one:
-0 ok, 1 error, 2 usage/config, 3 perf regression, 4 accuracy regression, 5 invalid run.
+0 ok, 1 error, 2 usage/config, 3 perf regression, 4 accuracy regression, 5 invalid run,
+130 interrupted (Ctrl-C, as shells report SIGINT).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ class ExitStatus(IntEnum):
     PERF_REGRESSION = 3
     ACCURACY_REGRESSION = 4
     INVALID_RUN = 5
+    INTERRUPTED = 130
 
 
 class TtsBenchError(Exception):

@@ -2,8 +2,11 @@
 
 A meta.lst line is `utt|prompt_text|prompt_wav|text`: an utterance id, the transcript of a
 reference recording, that recording's path (relative to the meta.lst directory) and the text to
-synthesize. Lines starting with `#` and blank lines are skipped; a 5th field (some seed-tts sets
-carry one) is ignored; anything else is reported with its file:line.
+synthesize. Lines starting with `#` and blank lines are skipped; anything else that is not
+exactly four fields is reported with its file:line. A `|` inside the text is such a line: it
+cannot be told from a separator, and guessing (dropping or joining the rest) would synthesize
+something other than what the file says, so it is an error. The file must be UTF-8 (a
+byte-order mark is dropped); a bad byte is reported by line.
 
 `builtin:seed-tts-en` is the packaged English set (tts_bench/data/seed-tts-en/): sentences of
 3 to 40 words with no digits and no number words, because Whisper writes numbers as digits and
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tts_bench._text import read_utf8
 from tts_bench.errors import ConfigError
 
 BUILTIN_PREFIX = "builtin:"
@@ -79,7 +83,10 @@ def resolve_meta(meta: str | Path) -> Path:
 def _parse_line(line: str, base: Path) -> Prompt | str:
     """A Prompt, or the reason the line is malformed."""
     fields = line.split("|")
-    if len(fields) not in (4, 5):
+    if len(fields) > 4:
+        return (f"expected 4 fields utt|prompt_text|prompt_wav|text, got {len(fields)}: a '|' "
+                f"inside the text cannot be told from a separator; remove it from the text")
+    if len(fields) < 4:
         return f"expected 4 fields utt|prompt_text|prompt_wav|text, got {len(fields)}"
     utt, prompt_text, wav, text = (f.strip() for f in fields[:4])
     if not utt:
@@ -95,7 +102,7 @@ def parse_meta(text: str, *, source: Path, base: Path | None = None) -> list[Pro
     prompts: list[Prompt] = []
     errors: list[str] = []
     seen: dict[str, int] = {}
-    for lineno, raw in enumerate(text.splitlines(), 1):
+    for lineno, raw in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -128,13 +135,7 @@ def parse_meta(text: str, *, source: Path, base: Path | None = None) -> list[Pro
 def load_prompts(meta: str | Path) -> list[Prompt]:
     """Load a meta.lst (path or `builtin:<name>`) in file order."""
     path = resolve_meta(meta)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"error: cannot read prompt list ({path}): {exc}; check the file"
-        ) from None
-    return parse_meta(text, source=path)
+    return parse_meta(read_utf8(path, what="prompt list", option="prompts.meta"), source=path)
 
 
 def select_prompts(

@@ -5,6 +5,7 @@
                         environment (git sha + dirty, host, platform, library versions, device),
                         and whatever the command adds later (aggregates, verdicts) via update()
         requests.jsonl  one JSON object per finished request, appended + fsynced as it finishes
+        run.lock        the writer's advisory lock (pid, host) while a process writes the run
 
 Durability: `append_request` queues the line for a background writer that fsyncs each batch
 (so the caller's event loop never waits on the disk); SIGKILL loses at most the requests in
@@ -12,14 +13,26 @@ flight and those finished within the last fsync (milliseconds). A torn last line
 mid-write) is skipped on read and dropped by `open`. `update` rewrites run.json via a temp file
 + `os.replace`, so readers see either the old or the new document, never half.
 
+One writer at a time (`tts_bench._runlock`): `create` and `open(lock=True)` (`--resume`) take
+the run's lock; a second writer gets exit 2 naming the holder; a dead holder's lock is taken
+over. Reading never counts a request twice: `iter_requests` keeps the first record of each
+request key (arm, tier, repeat, request_id), so even a record written by two processes at once
+(before the lock existed) summarizes right.
+
+Status: `running` while the command works, then exactly one of `complete`, `invalid`, `done`
+(wer), `generated` (wer --generate-only), `failed` (with `error`) or `interrupted`: commands
+wrap their work in `with run.finishing():`, which records the last two on any exception.
+
     run = RunDir.create(Path("results/runs"), "ab", command_line=sys.argv, configs={"base": d})
-    run.append_request({"arm": "base", "tier": "2x1", "repeat": 0, "request_id": "en_0001", ...})
-    run.update(aggregates={...})
+    with run.finishing():
+        run.append_request({"arm": "base", "tier": "2x1", "repeat": 0, "request_id": "en_0001", ...})
+        run.update(status="complete", aggregates={...})
     done = RunDir.open(run.path).completed_keys()   # for --resume
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import importlib.metadata
@@ -38,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from tts_bench._appender import LineAppender, flush_path
+from tts_bench._runlock import RunLock, holder_of
 from tts_bench.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -67,6 +81,8 @@ _LIBRARIES = (
 )
 
 RequestKey = tuple[str, str, int, str]  # (arm, tier, repeat, request_id)
+# Statuses a run ends with; `running` (and wer's intermediate `generated`) are not final.
+FINAL_STATUSES = frozenset({"complete", "invalid", "done", "failed", "interrupted"})
 
 
 def _git(args: Sequence[str], cwd: Path) -> str | None:
@@ -143,6 +159,7 @@ class RunDir:
     path: Path
     doc: dict[str, Any]
     _appender: LineAppender | None = field(default=None, repr=False, compare=False)
+    _lock: RunLock | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def create(
@@ -155,8 +172,10 @@ class RunDir:
         config_hashes: dict[str, str] | None = None,
         device: str | dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
+        lock: bool = True,
     ) -> RunDir:
-        """Make `<root>/<YYYYmmdd-HHMMSS>-<kind>-<6 hex>/` with its run.json."""
+        """Make `<root>/<YYYYmmdd-HHMMSS>-<kind>-<6 hex>/` with its run.json, holding its lock
+        (`release()`, or the end of `finishing()`, lets it go)."""
         if not re.fullmatch(r"[a-z][a-z0-9-]*", kind):
             raise ValueError(f"run kind must be a lowercase word like 'ab', got {kind!r}")
         root = Path(root)
@@ -182,19 +201,27 @@ class RunDir:
             "environment": collect_environment(device),
         }
         doc.update(extra or {})
-        run = cls(root / name, doc)
+        run = cls(root / name, doc, _lock=RunLock.acquire(root / name) if lock else None)
         _write_json_atomic(run.run_json, doc)
         (run.path / REQUESTS_JSONL).touch()
         log.info("run record: %s", run.path)
         return run
 
     @classmethod
-    def open(cls, path: Path | str) -> RunDir:
-        """Open an existing run (for --resume); a missing or foreign directory is a ConfigError.
+    def open(cls, path: Path | str, *, lock: bool = False) -> RunDir:
+        """Open an existing run; a missing or foreign directory is a ConfigError.
 
-        A torn last line in requests.jsonl is dropped here, so appends after a resume never glue
-        onto half a record."""
+        `lock=True` (a writer: --resume) takes the run's lock first, RunLockedError (exit 2)
+        when another live process holds it. A torn last line in requests.jsonl is dropped here,
+        so appends after a resume never glue onto half a record; a reader leaves the file alone
+        while another process writes it."""
         path = Path(path)
+        if not path.is_dir():
+            what = "does not exist" if not path.exists() else "is a file"
+            raise ConfigError(
+                f"error: {path} {what}, not a run directory (--resume / run directory); pass "
+                f"the directory tts-bench made (it holds {RUN_JSON} and {REQUESTS_JSONL})"
+            )
         try:
             doc = json.loads((path / RUN_JSON).read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -211,9 +238,10 @@ class RunDir:
                 f"error: {path / RUN_JSON} has schema_version {version!r}, this tts-bench writes "
                 f"{SCHEMA_VERSION} (--resume); rerun from scratch"
             )
-        run = cls(path, doc)
+        run = cls(path, doc, _lock=RunLock.acquire(path) if lock else None)
         flush_path(run.requests_path)  # another RunDir of this process may still be writing
-        run._repair_tail()
+        if lock or holder_of(path) is None:
+            run._repair_tail()
         return run
 
     @property
@@ -253,15 +281,72 @@ class RunDir:
         if self._appender is not None:
             self._appender.close()
 
+    def release(self) -> None:
+        """Drop the run's lock (if this handle holds it). Idempotent."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
     def __enter__(self) -> RunDir:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @contextlib.contextmanager
+    def finishing(self) -> Iterator[RunDir]:
+        """The command's work on this run; whatever way it ends, run.json's status is final.
+
+        The body records its own outcome (`update(status="complete" | "invalid" | ...)`). An
+        exception leaves `failed` with its message under `error` (KeyboardInterrupt:
+        `interrupted`), unless the body already recorded a final status; returning while still
+        `running` is recorded as `failed` too. Queued requests are flushed and the lock is
+        released on the way out."""
+        try:
+            yield self
+        except KeyboardInterrupt:
+            self._finish("interrupted", "interrupted (Ctrl-C / SIGINT); --resume finishes an A/B")
+            raise
+        except BaseException as exc:
+            self._finish("failed", _error_text(exc))
+            raise
+        else:
+            if self.doc.get("status") == "running":
+                self._finish("failed", "the command ended without recording a result")
+        finally:
+            try:
+                self.close()
+            finally:
+                self.release()
+
+    def _finish(self, status: str, error: str) -> None:
+        if self.doc.get("status") in FINAL_STATUSES:
+            return
+        try:
+            self.update(status=status, error=error)
+        except Exception as exc:  # an exit path must not hide the error that led here
+            log.error("could not record status %s in %s: %s", status, self.run_json, exc)
+
     def iter_requests(self) -> Iterator[dict[str, Any]]:
-        """Recorded requests in write order. An unterminated last line that does not parse (the
-        process died mid-write) is skipped; a corrupt line elsewhere is an error."""
+        """Recorded requests in write order, each request key once (the first record wins: a
+        later one is a duplicate written by a concurrent writer). An unterminated last line
+        that does not parse (the process died mid-write) is skipped; a corrupt line elsewhere
+        is an error."""
+        seen: set[RequestKey] = set()
+        duplicates = 0
+        for record in self._iter_lines():
+            key = _key_or_none(record)
+            if key is not None:
+                if key in seen:
+                    duplicates += 1
+                    continue
+                seen.add(key)
+            yield record
+        if duplicates:
+            log.warning("%s: %d duplicate request record(s) ignored (the first of each key counts)",
+                        self.requests_path, duplicates)
+
+    def _iter_lines(self) -> Iterator[dict[str, Any]]:
         self.flush()
         try:
             data = self.requests_path.read_text(encoding="utf-8")
@@ -315,6 +400,18 @@ class RunDir:
     def completed_keys(self) -> set[RequestKey]:
         """(arm, tier, repeat, request_id) of every recorded request, for --resume."""
         return {request_key(r) for r in self.iter_requests()}
+
+
+def _key_or_none(record: Any) -> RequestKey | None:
+    try:
+        return request_key(record)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text if text.startswith("error:") else f"{type(exc).__name__}: {text}".rstrip(": ")
 
 
 def request_key(record: dict[str, Any]) -> RequestKey:

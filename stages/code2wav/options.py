@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from stages import flags
-from stages.flags import FlagError, read_bool_flag
+from stages.flags import EnvFlagError, FlagError, read_bool_flag, read_env_opt_out
 
 if TYPE_CHECKING:  # torch only for annotations: config loading (harness) parses these flags
     import torch
@@ -36,6 +36,7 @@ Tf32Mode = Literal["off", "flow", "all"]
 TF32_ENV = "MINICPMO_CODE2WAV_TF32"
 TF32_KEY = "token2wav_allow_tf32"
 TF32_ALIAS = "code2wav_allow_tf32"
+DEVICE_SPK_ENV = "VLLM_OMNI_DEVICE_SPK"  # `0` forces the CPU onnxruntime speaker embedding
 _TF32_TOKENS: dict[str, Tf32Mode] = {
     "off": "off", "false": "off", "0": "off", "no": "off",
     "flow": "flow",
@@ -79,16 +80,36 @@ def parse_tf32(value: Any, *, key: str) -> Tf32Mode:
     if isinstance(value, str) and value.strip().lower() in _TF32_TOKENS:
         return _TF32_TOKENS[value.strip().lower()]
     raise FlagError(
-        f"error: {key} must be off/flow/all or a boolean, got {value!r} (code2wav stage extra "
-        f"or env {TF32_ENV}); write one of off, flow, all"
+        f"error: {key} must be off/flow/all or a boolean, got {value!r} (code2wav stage "
+        f"extra); write one of off, flow, all"
     )
+
+
+def _tf32_from_env(env: Mapping[str, str]) -> Tf32Mode | None:
+    raw = env.get(TF32_ENV)
+    if not raw or not raw.strip():
+        return None
+    try:
+        return parse_tf32(raw, key=TF32_ENV)
+    except FlagError:
+        raise EnvFlagError(
+            f"error: environment variable {TF32_ENV} must be off/flow/all or a boolean, got "
+            f"{raw!r} (environment); set one of off, flow, all, or unset it"
+        ) from None
+
+
+def check_env(env: Mapping[str, str] | None = None) -> None:
+    """Raise EnvFlagError (naming the variable) for a code2wav environment flag that is not
+    valid; the replicas read them themselves, this only makes a typo fail at config load."""
+    env = os.environ if env is None else env
+    read_env_opt_out(DEVICE_SPK_ENV, env)
+    _tf32_from_env(env)
 
 
 def resolve_tf32_mode(extra: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Tf32Mode:
     env = os.environ if env is None else env
     primary = None if extra.get(TF32_KEY) is None else parse_tf32(extra[TF32_KEY], key=TF32_KEY)
-    raw_env = env.get(TF32_ENV)
-    from_env = parse_tf32(raw_env, key=TF32_ENV) if raw_env and raw_env.strip() else None
+    from_env = _tf32_from_env(env)
     alias = None if extra.get(TF32_ALIAS) is None else parse_tf32(extra[TF32_ALIAS], key=TF32_ALIAS)
     for mode in (primary, from_env, alias):
         if mode is not None:

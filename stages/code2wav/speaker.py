@@ -38,12 +38,12 @@ from torch import nn
 
 from stages.code2wav.campplus import SEG_LEN, CAMPPlus, init_campplus_
 from stages.code2wav.config import SpeakerConfig
+from stages.code2wav.options import DEVICE_SPK_ENV
 from stages.flags import read_bool_flag, read_env_opt_out
 
 logger = logging.getLogger(__name__)
 
 DEVICE_SPK_FLAG = "token2wav_device_spk"
-DEVICE_SPK_ENV = "VLLM_OMNI_DEVICE_SPK"
 OFFICIAL_ONNX = Path("assets") / "token2wav" / "campplus.onnx"
 ONNX_INPUT = "input"
 

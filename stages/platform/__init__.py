@@ -12,6 +12,7 @@ imports `torch_npu` at import time.
 from stages.platform.device import (
     DEVICE_KINDS,
     PlatformError,
+    accelerator_available,
     cuda_available,
     describe_device,
     deterministic_kernels,
@@ -28,18 +29,21 @@ from stages.platform.device import (
     triton_available,
 )
 from stages.platform.graphs import GraphAPI, graph_api
-from stages.platform.memory import memory_stats
+from stages.platform.memory import free_memory_bytes, host_available_bytes, memory_stats
 
 __all__ = [
     "DEVICE_KINDS",
     "GraphAPI",
     "PlatformError",
+    "accelerator_available",
     "cuda_available",
     "describe_device",
     "deterministic_kernels",
     "device_count",
     "dtype_from_name",
+    "free_memory_bytes",
     "graph_api",
+    "host_available_bytes",
     "is_cuda",
     "is_npu",
     "memory_stats",

@@ -104,6 +104,11 @@ def npu_available() -> bool:
     return _torch_npu() is not None and bool(torch.npu.is_available())
 
 
+def accelerator_available() -> bool:
+    """Whether `runner.device: auto` would pick an accelerator (CUDA or NPU) on this host."""
+    return cuda_available() or npu_available()
+
+
 def is_cuda(device: torch.device | str) -> bool:
     """Whether `device` is a CUDA device (the override wins; used for CUDA-only policies)."""
     if _OVERRIDE.cuda is not None:

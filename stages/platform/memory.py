@@ -6,6 +6,7 @@ device allocator, so allocated/reserved report the process RSS and peak the OS h
 The dict keys carry units; `source` says which kind of number it is.
 
     stats = memory_stats(device)   # {"allocated_bytes": ..., "source": "cuda-allocator", ...}
+    free_memory_bytes(device)      # what is free to allocate: cuda (mem_get_info) or host RAM
 """
 
 from __future__ import annotations
@@ -59,3 +60,19 @@ def memory_stats(device: torch.device) -> dict:
         "rss_bytes": rss,
         "source": "rss",
     }
+
+
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Bytes free for new allocations on `device`: `torch.cuda.mem_get_info` on CUDA (this
+    creates the calling process's CUDA context), the host's available RAM on CPU, None where
+    this layer cannot tell (NPU)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cpu":
+        return host_available_bytes()
+    return None
+
+
+def host_available_bytes() -> int:
+    """RAM the host can give new allocations without swapping (psutil's `available`)."""
+    return int(psutil.virtual_memory().available)

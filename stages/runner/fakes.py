@@ -14,7 +14,8 @@ seed and the codes, so ordering and identity can be asserted exactly:
 Fault injection (keyword options, bound with `functools.partial` so they pickle by reference):
 `step_s` / `decode_s` sleep per call; `fail_start` raises at construction; `crash_after_decodes`
 kills the process (`os._exit`) on that decode call; `fail_text` makes `add` refuse texts that
-contain it; `fail_step` makes that `step()` call raise; `fail_decode_seq` makes a decode raise
+contain it; `fail_step` makes that `step()` call raise (`fail_steps_from`: that call and every
+later one); `fail_decode_seq` makes a decode raise
 when one of its rows has that chunk_seq. `log_dir` makes each replica append one JSON line per
 decode call (`{"pid", "rows": [request ids]}`) so tests can see the batches.
 
@@ -84,9 +85,10 @@ class FakeTalker:
     def __init__(self, cfg: TalkerConfig, *, device: Any, dtype: Any, max_batch: int,
                  max_seq_len: int, init_seed: int = 0, weights_dir: str | None = None,
                  prelude: Any = None, step_s: float = 0.0, fail_text: str | None = None,
-                 fail_step: int | None = None) -> None:
+                 fail_step: int | None = None, fail_steps_from: int | None = None) -> None:
         self.cfg = cfg
         self.fail_step = fail_step  # step() number (1-based) that raises
+        self.fail_steps_from = fail_steps_from  # from this step() on, every call raises
         self.steps = 0
         self.max_batch = max_batch
         self.step_s = step_s
@@ -111,7 +113,8 @@ class FakeTalker:
 
     def step(self) -> list[FakeTalkerOutput]:
         self.steps += 1
-        if self.steps == self.fail_step:
+        from_step = self.fail_steps_from
+        if self.steps == self.fail_step or (from_step is not None and self.steps >= from_step):
             raise RuntimeError(f"fake talker step {self.steps} failed")
         if self.step_s:
             time.sleep(self.step_s)
@@ -211,10 +214,12 @@ class FakeToken2Wav:
 
 
 def fake_factories(*, step_s: float = 0.0, fail_text: str | None = None,
-                   fail_step: int | None = None, **token2wav_options: Any) -> StageFactories:
+                   fail_step: int | None = None, fail_steps_from: int | None = None,
+                   **token2wav_options: Any) -> StageFactories:
     """StageFactories of the fakes; `token2wav_options` go to every FakeToken2Wav."""
     return StageFactories(
-        talker=partial(FakeTalker, step_s=step_s, fail_text=fail_text, fail_step=fail_step),
+        talker=partial(FakeTalker, step_s=step_s, fail_text=fail_text, fail_step=fail_step,
+                       fail_steps_from=fail_steps_from),
         talker_request=FakeTalkerRequest,
         chunker=FakeChunker,
         token2wav=partial(FakeToken2Wav, **token2wav_options),

@@ -73,12 +73,20 @@ class ChunkReady:
     last_chunk: bool
 
 
+# RequestError kinds: the request itself is unacceptable (a client's mistake: bad seed, text
+# too long for the cache), a stage failed while serving it, or the runner cannot serve at all.
+INVALID_REQUEST = "invalid_request"
+STAGE_ERROR = "stage_error"
+RUNNER_BROKEN = "runner_broken"
+
+
 @dataclass(frozen=True)
 class RequestError:
     """A request failed in a stage; the runner carries on with the others."""
 
     request_id: str
     message: str
+    kind: str = STAGE_ERROR  # INVALID_REQUEST | STAGE_ERROR | RUNNER_BROKEN
 
 
 @dataclass(frozen=True)

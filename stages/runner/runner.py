@@ -15,8 +15,11 @@ so its chunks decode in order on one replica and come back straight from it. Eac
 own one-way result pipe whose only write end lives in that child; one reader thread waits on all
 of them and calls the request's `on_event`. A child that dies (even without a word: a segfault,
 the OOM killer, mid-message) closes its pipe, the reader sees EOF, fails every in-flight request
-with the child's name and exit code, and the runner refuses new work. That is "the run ends": the
-harness sees failures, not a hang. (A shared mp.Queue would not do: a writer killed mid-message
+with the child's name and exit code, and the runner refuses new work (`broken` says why). That is
+"the run ends": the harness sees failures, not a hang. A fault of one request (refused, failed
+admission, a decode error) is not a death: the stage fails that request with a typed
+RequestError kind and keeps serving (talker_proc.py, replica_proc.py). Children are started with
+SIGINT blocked and ignore it (`stages.signals`): Ctrl-C is the parent's, which stops them. (A shared mp.Queue would not do: a writer killed mid-message
 leaves a torn message that blocks the reader forever, and other writers keep the pipe open.)
 
 `on_event` runs on the reader thread and must not block (the asyncio backend hands events over
@@ -40,6 +43,7 @@ from typing import Any
 from stages.config import RunnerConfig, StageConfig
 from stages.runner.factories import StageFactories
 from stages.runner.messages import (
+    RUNNER_BROKEN,
     Cancel,
     ChunkReady,
     Fatal,
@@ -55,6 +59,7 @@ from stages.runner.process import ProcessSpec, threads_per_process
 from stages.runner.replica_host import replica_host_main
 from stages.runner.replica_proc import replica_main
 from stages.runner.talker_proc import talker_main
+from stages.signals import sigint_blocked
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +157,8 @@ class StageRunner:
     def _spawn(self, ctx, name: str, inbox, target, args) -> None:
         read_end, write_end = ctx.Pipe(duplex=False)
         process = ctx.Process(target=target, args=args(write_end), name=f"tts-{name}", daemon=True)
-        process.start()
+        with sigint_blocked():  # Ctrl-C is the parent's to handle (stages.signals)
+            process.start()
         write_end.close()  # the child holds the only write end: its death means EOF here
         self._children.append(_Child(name, process, inbox, read_end))
 
@@ -236,6 +242,11 @@ class StageRunner:
         """Names of the stage processes still running."""
         return [c.name for c in self._children if c.process.is_alive()]
 
+    @property
+    def broken(self) -> str | None:
+        """Why the runner no longer serves (a stage process died), or None while it does."""
+        return self._broken
+
     # -- requests ----------------------------------------------------------------------------
 
     def submit(self, request: RunnerRequest, on_event: Callable[[RunnerEvent], None]) -> int:
@@ -254,7 +265,7 @@ class StageRunner:
                 self._tracked[request.request_id] = _Tracked(replica, on_event)
                 self._load[replica] += 1
         if failure is not None:
-            on_event(RequestError(request.request_id, failure))
+            on_event(RequestError(request.request_id, failure, RUNNER_BROKEN))
             return -1
         self._children[0].inbox.put(Submit(request, replica))
         return replica
@@ -282,7 +293,7 @@ class StageRunner:
             tracked, self._tracked = self._tracked, {}
             self._load = [0] * self.replicas
         for rid, t in tracked.items():
-            t.on_event(RequestError(rid, message))
+            t.on_event(RequestError(rid, message, RUNNER_BROKEN))
 
     # -- memory ------------------------------------------------------------------------------
 

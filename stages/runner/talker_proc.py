@@ -8,9 +8,16 @@ code2wav replica, batched into one queue put per replica per step.
 Admission: at most `runner.talker_max_batch` requests are in the engine at once; the rest wait
 here in arrival order (the engine's static KV cache has exactly that many slots).
 
-A request the engine refuses (`add` raises) fails alone with a RequestError. An error inside
-`step()` cannot be pinned on one request and may leave the batch inconsistent, so it is Fatal:
-the process exits and the client fails every in-flight request.
+Faults stay request-level; the process keeps serving:
+- a request the engine refuses (`add` raises), whose chunker cannot be made, whose admission
+  fails inside `step()` (the engine reports it with an `error`), or whose codes its chunker
+  rejects, fails alone with a RequestError: `invalid_request` when the engine says it is the
+  request's fault (`request_fault`, e.g. a seed >= 2**63 or a text too long for max_seq_len),
+  `stage_error` otherwise;
+- an error in the batched `step()` itself cannot be pinned on one request: every request in
+  the engine fails with it (cancelled there, which frees their slots) and the loop goes on;
+- only `MAX_FAILED_STEPS` failing steps in a row (a device that is gone) end the process
+  (Fatal), and the client fails every in-flight request.
 """
 
 from __future__ import annotations
@@ -20,10 +27,18 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from stages.runner.messages import Cancel, Drop, MemoryQuery, RequestError, Submit
+from stages.runner.messages import (
+    INVALID_REQUEST, STAGE_ERROR, Cancel, Drop, MemoryQuery, RequestError, Submit,
+)
 from stages.runner.process import ProcessSpec, StageContext, drain, run_stage_process, short_error
 
 log = logging.getLogger(__name__)
+
+MAX_FAILED_STEPS = 3  # consecutive failing engine steps before the talker gives up (Fatal)
+
+
+def _kind(exc: BaseException) -> str:
+    return INVALID_REQUEST if getattr(exc, "request_fault", False) else STAGE_ERROR
 
 
 @dataclass
@@ -65,6 +80,7 @@ class TalkerLoop:
     waiting: deque[Submit] = field(default_factory=deque)
     pins: dict[str, int] = field(default_factory=dict)  # request in the engine -> replica
     chunkers: dict[str, Any] = field(default_factory=dict)  # request in the engine -> chunker
+    failed_steps: int = 0  # consecutive engine steps that raised
 
     def run(self, inbox: Any) -> None:
         engine = self.engines.engine
@@ -75,7 +91,33 @@ class TalkerLoop:
                 self._handle(msg)
             self._admit()
             if engine.has_work():
-                self._route(engine.step())
+                self._step()
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engines.engine.step()
+        except Exception as exc:
+            self.failed_steps += 1
+            if self.failed_steps >= MAX_FAILED_STEPS:
+                raise  # Fatal: the client fails everything in flight and stops serving
+            log.warning("talker step failed, failing the %d request(s) in it: %s", len(self.pins), exc)
+            for request_id in list(self.pins):
+                self._fail(request_id, f"talker step failed: {short_error(exc)}", STAGE_ERROR)
+            return
+        self.failed_steps = 0
+        self._route(outputs)
+
+    def _fail(self, request_id: str, message: str, kind: str) -> None:
+        """End one request here: out of the engine, its replica told to drop it, client told."""
+        replica = self.pins.pop(request_id, None)
+        self.chunkers.pop(request_id, None)
+        try:
+            self.engines.engine.cancel(request_id)
+        except Exception as exc:  # noqa: BLE001 - the request is failing anyway
+            log.warning("talker: cancelling failed %s: %s", request_id, exc)
+        if replica is not None:
+            self.replica_inboxes[replica].put(Drop(request_id))
+        self.ctx.results.send(RequestError(request_id, f"talker: {message}", kind))
 
     def _handle(self, msg: Any) -> None:
         if isinstance(msg, Submit):
@@ -99,14 +141,18 @@ class TalkerLoop:
                 )
             except Exception as exc:  # a bad request fails alone
                 log.warning("talker refused %s: %s", req.request_id, exc)
-                self.ctx.results.send(RequestError(req.request_id, f"talker: {short_error(exc)}"))
+                self.ctx.results.send(
+                    RequestError(req.request_id, f"talker: {short_error(exc)}", _kind(exc)))
                 continue
             self.pins[req.request_id] = sub.replica
-            # The request's seed travels with its payloads: code2wav seeds its vocoder noise from
-            # it, so equal codes + seed give equal audio whatever the request is called.
-            self.chunkers[req.request_id] = self.engines.make_chunker(
-                self.ctx.spec.cfg.code2wav, req.request_id, seed=req.seed
-            )
+            try:
+                # The request's seed travels with its payloads: code2wav seeds its vocoder noise
+                # from it, so equal codes + seed give equal audio whatever the request is called.
+                self.chunkers[req.request_id] = self.engines.make_chunker(
+                    self.ctx.spec.cfg.code2wav, req.request_id, seed=req.seed
+                )
+            except Exception as exc:  # noqa: BLE001 - this request fails alone
+                self._fail(req.request_id, short_error(exc), _kind(exc))
 
     def _cancel(self, msg: Cancel) -> None:
         self.waiting = deque(s for s in self.waiting if s.request.request_id != msg.request_id)
@@ -126,11 +172,21 @@ class TalkerLoop:
             replica = self.pins.get(out.request_id)
             if replica is None:  # cancelled while its step was running
                 continue
+            error = getattr(out, "error", None)  # its admission failed inside the step
+            if error:
+                self._fail(out.request_id, error, STAGE_ERROR)
+                continue
             chunker = self.chunkers[out.request_id]
-            if out.code is not None and out.code != eos:
-                batches[replica].extend(chunker.push((int(out.code),)))
+            try:
+                if out.code is not None and out.code != eos:
+                    batches[replica].extend(chunker.push((int(out.code),)))
+                if out.finished:
+                    batches[replica].append(chunker.finish())
+            except Exception as exc:  # noqa: BLE001 - this request's stream fails alone
+                batches[replica] = [p for p in batches[replica] if p.request_id != out.request_id]
+                self._fail(out.request_id, short_error(exc), _kind(exc))
+                continue
             if out.finished:
-                batches[replica].append(chunker.finish())
                 del self.pins[out.request_id], self.chunkers[out.request_id]
         for replica, payloads in batches.items():
             if payloads:

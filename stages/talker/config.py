@@ -96,6 +96,10 @@ class TalkerConfig:
         return self.num_audio_tokens - 1
 
     def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                     "max_position_embeddings", "num_text_tokens", "num_audio_tokens", "llm_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"talker.{name} must be >= 1, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"talker.hidden_size ({self.hidden_size}) must be divisible by "

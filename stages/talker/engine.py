@@ -13,7 +13,10 @@ prefilled into a free cache slot (one forward per new request), and the code sam
 prefill row (audio_bos) is its code #0, drawn in the same batched sampling call as the decode
 rows of the requests already running. Every later step decodes all occupied rows together, each
 at its own position; EOS is never emitted, a finished request is reported once with
-`code=None, finished=True` and its slot is freed at once.
+`code=None, finished=True` and its slot is freed at once. A request whose admission fails
+(its prefill raised) is reported once the same way with `error` set, and the others run on;
+`add` refuses what cannot run (duplicate id, no cache room, a seed outside [0, 2**63)) with a
+TalkerRequestError, the request's own fault.
 
 Ladder: `step` -> `_admit` (tokenize done at `add`; `_prefill`) -> `_logits` (`_decode_logits`:
 eager, or a device graph with stage extra `talker_decode_graph: true`) -> sampler
@@ -61,7 +64,16 @@ KV_LEN_BUCKET = 64
 
 
 class TalkerRequestError(ValueError):
-    """A request the engine cannot take (duplicate id, no cache room, bad max_codes)."""
+    """A request the engine cannot take (duplicate id, no cache room, bad max_codes or seed).
+
+    The request's own fault, not the engine's: the runner reports it as `invalid_request`."""
+
+    request_fault = True
+
+
+# Per-request sampling generators take a seed below 2**63 on every device (a larger one
+# overflows inside `manual_seed`).
+MAX_SEED = 2**63
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,7 @@ class TalkerOutput:
     request_id: str
     code: int | None  # None exactly when finished
     finished: bool
+    error: str | None = None  # set (with finished) when this request failed alone at admission
 
 
 @dataclass
@@ -156,6 +169,7 @@ class TalkerEngine:
         self._fresh_logits = torch.zeros(max_batch, cfg.num_audio_tokens, device=device)
         self._slots: list[_Running | None] = [None] * max_batch
         self._pending: deque[_Prepared] = deque()
+        self._failed: list[TalkerOutput] = []  # admissions that failed, reported by the next step
 
     def _decode_graphs(self, device: torch.device) -> DecodeGraphs | None:
         api = graph_api(device)
@@ -201,10 +215,15 @@ class TalkerEngine:
                 f"error: max_codes must be >= 0, got {req.max_codes} (request {req.request_id!r})"
                 "; pass None for the default"
             )
+        if not (isinstance(req.seed, int) and 0 <= req.seed < MAX_SEED):
+            raise TalkerRequestError(
+                f"error: seed must be an integer in [0, 2**63), got {req.seed!r} (request "
+                f"{req.request_id!r}); pass a smaller seed"
+            )
         self._pending.append(self._prepare(req))
 
     def has_work(self) -> bool:
-        return bool(self._pending) or any(s is not None for s in self._slots)
+        return bool(self._pending or self._failed) or any(s is not None for s in self._slots)
 
     def cancel(self, request_id: str) -> None:
         """Drop a queued or running request; it produces no further outputs. Unknown ids: no-op."""
@@ -215,11 +234,13 @@ class TalkerEngine:
 
     @torch.inference_mode()
     def step(self) -> list[TalkerOutput]:
-        """Admit waiting requests, decode every running row once, sample, report."""
+        """Admit waiting requests, decode every running row once, sample, report. A request
+        whose admission (prefill) fails is reported finished with its `error`; the others run."""
         self._admit()
+        failed, self._failed = self._failed, []
         occupied = [i for i, s in enumerate(self._slots) if s is not None]
         if not occupied:
-            return []
+            return failed
         rows = occupied[-1] + 1
         logits = self._logits(rows)
         generators = [s.generator if s is not None else None for s in self._slots[:rows]]
@@ -230,7 +251,7 @@ class TalkerEngine:
         self._fresh[:rows] = False
         # The one host read per step.
         host = torch.stack([result.sample, result.emit.long(), result.finished.long()]).tolist()
-        return self._report(occupied, *host)
+        return failed + self._report(occupied, *host)
 
     # -- ladder --------------------------------------------------------------------------------
     def _prepare(self, req: TalkerRequest) -> _Prepared:
@@ -255,7 +276,14 @@ class TalkerEngine:
             slot = next((i for i, s in enumerate(self._slots) if s is None), None)
             if slot is None:
                 return
-            self._prefill(slot, self._pending.popleft())
+            prep = self._pending.popleft()
+            try:
+                self._prefill(slot, prep)
+            except Exception as exc:  # this request's prefill: it fails alone, the batch runs on
+                logger.warning("talker: admitting %s failed: %s", prep.request.request_id, exc)
+                self._free(slot)
+                self._failed.append(TalkerOutput(prep.request.request_id, None, True,
+                                                 error=f"{type(exc).__name__}: {exc}"))
 
     def _prefill(self, slot: int, prep: _Prepared) -> None:
         req, cfg = prep.request, self.cfg

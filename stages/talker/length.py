@@ -10,6 +10,7 @@ Speech runs at ~2.5 words/s and the codec at 25 Hz, hence the default 10 codes p
 floor of min_tokens matches the EOS mask (a request never ends before step min_tokens).
 
     >>> codec_budget("Hello there, general Kenobi.", cfg)  # 4 words -> 50 (min_tokens floor)
+    >>> cache_positions("Hello there, general Kenobi.", cfg)  # condition rows + codes: <= max_seq_len
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import re
 
 from stages.talker.config import TalkerConfig
+from stages.talker.tokenizer import WordHashTokenizer
 
 # CJK ideographs (and kana) are counted one by one: such text has no spaces between words.
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
@@ -35,3 +37,12 @@ def codec_budget(text: str, cfg: TalkerConfig) -> int:
         return 0
     raw = round(words * cfg.length.codes_per_word + cjk * cfg.length.codes_per_cjk_char)
     return max(cfg.sampling.min_tokens, min(raw, cfg.sampling.max_tokens))
+
+
+def cache_positions(text: str, cfg: TalkerConfig) -> int:
+    """Talker cache positions a request needs with random weights (the stand-in tokenizer and
+    the length model): its condition rows (text tokens + text_eos + audio_bos) and one per code,
+    at least one. The engine refuses a request above `runner.max_seq_len`; the harness checks
+    this first so a client gets a 400, torch-free and before any stage sees the request."""
+    tokens = len(WordHashTokenizer(cfg.standin_text_vocab).encode(text))
+    return tokens + 2 + max(codec_budget(text, cfg), 1)

@@ -3,7 +3,8 @@
     talker_codec_fused_prelude  (default true)  fused Triton penalty + temperature prelude;
                                                 false forces the eager chain (accuracy triage).
                                                 Env opt-out TALKER_CODEC_FUSED_PRELUDE=0, read
-                                                once at import of stages.talker.prelude.
+                                                once at import of stages.talker.prelude and
+                                                checked at config load (`check_env`).
     talker_decode_graph         (default true)  capture the decode forward in device graphs
                                                 (CUDA/NPU; eager on a CPU). Measured on an
                                                 H200: results/h200/README.md.
@@ -18,11 +19,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stages.flags import check_known_keys, read_bool_flag
+from stages.flags import check_known_keys, read_bool_flag, read_env_opt_out
 
 FUSED_PRELUDE_FLAG = "talker_codec_fused_prelude"
 DECODE_GRAPH_FLAG = "talker_decode_graph"
 KNOWN_KEYS = frozenset({FUSED_PRELUDE_FLAG, DECODE_GRAPH_FLAG})
+FUSED_PRELUDE_ENV = "TALKER_CODEC_FUSED_PRELUDE"  # process-wide opt-out of the fused prelude
+
+
+def check_env(env: Mapping[str, str] | None = None) -> None:
+    """Raise EnvFlagError (naming the variable) for a talker environment flag that is not a
+    boolean; the talker process reads them itself, this only makes a typo fail early."""
+    read_env_opt_out(FUSED_PRELUDE_ENV, env)
 
 
 @dataclass(frozen=True)

@@ -43,11 +43,12 @@ from typing import Protocol
 import torch
 
 from stages.flags import read_env_opt_out
+from stages.talker.options import FUSED_PRELUDE_ENV
 
 log = logging.getLogger(__name__)
 
 HISTORY_WINDOW = 16
-ENV_OPT_OUT = "TALKER_CODEC_FUSED_PRELUDE"
+ENV_OPT_OUT = FUSED_PRELUDE_ENV
 _TRITON_DEVICE_TYPES = frozenset({"cuda", "npu", "cpu"})  # cpu: interpreter (correctness only)
 
 # Read once at import (not per call, not per construction): flipping the variable later in the

@@ -250,21 +250,41 @@ def test_a_child_that_crashes_fails_in_flight_requests_and_ends_the_run(executio
                 psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-def test_a_talker_step_error_is_fatal_and_its_message_reaches_every_request():
+def test_a_talker_step_error_fails_the_requests_in_it_and_the_talker_keeps_serving():
     runner = StageRunner(cpu_config(), replicas=1, factories=fake_factories(fail_step=40))
     runner.start()
     try:
         col = Collector()
-        submit_all(runner, col, [("fatal-a", 1, 100), ("fatal-b", 2, 100)])
+        submit_all(runner, col, [("step-a", 1, 100), ("step-b", 2, 100)])
         col.wait()
-        for rid in ("fatal-a", "fatal-b"):
+        for rid in ("step-a", "step-b"):
             last = col.events[rid][-1]
-            assert isinstance(last, RequestError)
-            assert "talker failed: RuntimeError: fake talker step 40 failed" in last.message
+            assert isinstance(last, RequestError) and last.kind == "stage_error"
+            assert "talker step failed: RuntimeError: fake talker step 40 failed" in last.message
+        after = Collector()
+        submit_all(runner, after, [("after", 3, 30)])
+        after.wait()
+        assert after.events["after"][-1].last_chunk  # the same talker process serves it
+        assert "talker" in runner.alive() and runner.broken is None
+    finally:
+        runner.stop()
+
+
+def test_a_talker_whose_every_step_fails_gives_up_and_breaks_the_runner():
+    runner = StageRunner(cpu_config(), replicas=1, factories=fake_factories(fail_steps_from=5))
+    runner.start()
+    try:
+        for attempt in range(3):  # each fails with the step; the third failing step is fatal
+            col = Collector()
+            submit_all(runner, col, [(f"doomed-{attempt}", attempt, 100)])
+            col.wait()
+            last = col.events[f"doomed-{attempt}"][-1]
+            assert isinstance(last, RequestError) and "fake talker step" in last.message
         deadline = time.monotonic() + 10
         while "talker" in runner.alive() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert "talker" not in runner.alive()  # it exits after reporting
+        assert runner.broken is not None and "talker failed" in runner.broken
     finally:
         runner.stop()
 

@@ -127,8 +127,19 @@ def test_duplicate_key_and_bad_yaml_are_config_errors(tmp_path):
     assert "must be a mapping" in config_error(write(tmp_path / "l.yaml", "- a\n- b\n"))
 
 
-def test_empty_file_gives_defaults(tmp_path):
-    assert load_config(write(tmp_path / "e.yaml", "# nothing\n")) == BenchConfig()
+def test_empty_file_gives_defaults_with_the_hosts_stage_config(tmp_path):
+    from stages.platform import platform_override
+
+    path = write(tmp_path / "e.yaml", "# nothing\n")
+    with platform_override(cuda=True):  # an accelerator host: the real dims (dataclass defaults)
+        assert load_config(path) == BenchConfig()
+    with platform_override(cuda=False, npu=False):  # a CPU-only host: the shipped tiny dims
+        cfg = load_config(path)
+    tiny = load_config(None, ["stages=configs/stages/minicpmo45-tiny.yaml"]).stages
+    assert cfg.stages == tiny and cfg.stages.talker.num_layers < BenchConfig().stages.talker.num_layers
+    assert dataclasses.replace(cfg, stages=BenchConfig().stages) == BenchConfig()
+    with platform_override(cuda=False, npu=False):  # other backends run no stages: untouched
+        assert load_config(write(tmp_path / "s.yaml", "backend: synthetic\n")).stages == BenchConfig().stages
 
 
 def test_include_is_relative_to_including_file(tmp_path):

@@ -31,17 +31,43 @@ def write_meta(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_loader_reads_fields_skips_comments_and_tolerates_a_fifth_field(tmp_path):
+def test_loader_reads_fields_and_skips_comments(tmp_path):
     path = write_meta(
         tmp_path,
         "# comment\n\nu1|hello there|wavs/a.wav|Good morning, everybody.\r\n"
-        "   # indented comment\nu2|||Lock the door.\nu3|p|b.wav|See you tomorrow.|extra/ignored.wav\n",
+        "   # indented comment\nu2|||Lock the door.\nu3|p|b.wav|See you tomorrow.\n",
     )
     prompts = load_prompts(path)
     assert [p.utt for p in prompts] == ["u1", "u2", "u3"]
     assert prompts[0] == Prompt("u1", "hello there", path.parent / "wavs/a.wav", "Good morning, everybody.")
     assert prompts[1].prompt_wav is None and prompts[1].prompt_text == ""
     assert prompts[2].text == "See you tomorrow."
+
+
+def test_a_pipe_inside_the_text_is_an_error_naming_the_line_not_a_truncated_text(tmp_path):
+    path = write_meta(tmp_path, "u1|p|a.wav|fine\nu2|p|b.wav|left | right\n")
+    with pytest.raises(ConfigError) as info:
+        load_prompts(path)
+    msg = str(info.value)
+    assert f"{path}:2: expected 4 fields utt|prompt_text|prompt_wav|text, got 5" in msg, msg
+    assert "'|' inside the text" in msg and f"{path}:1" not in msg
+    assert info.value.exit_status == 2
+
+
+def test_a_utf8_byte_order_mark_does_not_end_up_in_the_first_id(tmp_path):
+    path = tmp_path / "meta.lst"
+    path.write_bytes("u1|p|a.wav|Good morning.\nu2|p|b.wav|Good night.\n".encode("utf-8-sig"))
+    assert [p.utt for p in load_prompts(path)] == ["u1", "u2"]
+
+
+def test_a_non_utf8_prompt_list_names_the_line_of_the_bad_byte(tmp_path):
+    path = tmp_path / "meta.lst"
+    path.write_bytes(b"u1|p|a.wav|Good morning.\nu2|p|b.wav|Caf\xe9 au lait.\n")
+    with pytest.raises(ConfigError) as info:
+        load_prompts(path)
+    msg = str(info.value)
+    assert "not UTF-8" in msg and "line 2" in msg and f"({path}:2)" in msg, msg
+    assert "position" not in msg and info.value.exit_status == 2
 
 
 def test_malformed_lines_are_all_reported_with_file_and_line(tmp_path):

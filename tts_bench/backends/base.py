@@ -25,8 +25,11 @@ import numpy as np
 
 # Failure kinds recorded per request (metric `failed` counts them; tables break them down).
 # http_error: the server answered with an HTTP error status; connection_error: it could not be
-# reached or the connection dropped mid-stream (http backend).
-FAILURE_KINDS = ("timeout", "backend_error", "empty_audio", "http_error", "connection_error")
+# reached or the connection dropped mid-stream (http backend); invalid_request: the backend
+# refused the request itself (seed out of range, text too long for the talker's cache), the
+# client's mistake: `tts-bench serve` answers it with a 400.
+FAILURE_KINDS = ("timeout", "backend_error", "empty_audio", "http_error", "connection_error",
+                 "invalid_request")
 
 
 @dataclass(frozen=True)
@@ -83,3 +86,11 @@ class ReportsMemory(Protocol):
     """Optional: backends whose processes can report their allocator (the `torch` mem sampler)."""
 
     def memory_snapshot(self) -> list[dict]: ...
+
+
+@runtime_checkable
+class ReportsHealth(Protocol):
+    """Optional: backends that can tell they no longer serve (a stage process died). `health()`
+    is None while serving, else the reason; `tts-bench serve` answers 503 with it."""
+
+    def health(self) -> str | None: ...

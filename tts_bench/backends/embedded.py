@@ -4,7 +4,11 @@
 returns once every process has built its model; a process that fails to start raises
 BackendError carrying the child's traceback. `synthesize` yields an AudioChunk for every decoded
 chunk as it arrives, with the codec tokens behind it (`codes`) so arms can be checked for
-identical outputs; a request that fails in a stage raises `RequestFailed("backend_error")`.
+identical outputs; a request that fails in a stage raises `RequestFailed("backend_error")`, one
+the stages refuse as the request's own fault (a seed outside [0, 2**63), a text too long for
+`runner.max_seq_len`) raises `RequestFailed("invalid_request")`: checked here first where that
+is possible without the model (random weights), so such a request never reaches a stage.
+`health()` says why the runner stopped serving (a stage process died), None while it serves.
 
 Thread hand-off: the runner calls back on its reader thread; each request owns an asyncio.Queue
 fed through `loop.call_soon_threadsafe`, so the event loop never blocks on the runner and the
@@ -36,17 +40,22 @@ from stages.runner import (
     StageFactories,
     StageRunner,
 )
+from stages.runner.messages import INVALID_REQUEST
+from stages.talker.length import cache_positions
 from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.errors import BackendError
 
 if TYPE_CHECKING:
     from tts_bench.config import BenchConfig
 
+MAX_SEED = 2**63  # a talker sampling generator's seed (stages.talker.engine.MAX_SEED)
+
 
 class EmbeddedBackend:
     """Talker + R code2wav replicas of `cfg.stages`, in child processes of this one."""
 
     def __init__(self, cfg: BenchConfig, *, factories: StageFactories | None = None) -> None:
+        self.cfg = cfg
         self.stages = cfg.stages
         self.factories = factories  # None = the real engines; tests pass stages.runner.fakes
         self.replicas = 0
@@ -55,11 +64,21 @@ class EmbeddedBackend:
     async def start(self, replicas: int) -> None:
         if self._runner is not None:
             raise BackendError("error: embedded backend started twice (start); call stop() first")
+        if self.factories is None:  # the real engines: will their memory fit? (exit 2 if not)
+            from tts_bench.preflight import check_memory
+
+            check_memory(self.cfg, replicas=replicas, concurrency=1,
+                         label=f"the embedded backend with {replicas} replica(s)")
         runner = StageRunner(self.stages, replicas, factories=self.factories)
         try:
             await asyncio.to_thread(runner.start)
         except (RunnerError, PlatformError, ValueError) as exc:
             raise BackendError(str(exc)) from exc
+        except asyncio.CancelledError:
+            # Ctrl-C while the stages build: the start thread cannot be interrupted, so end
+            # what it started from here (at once: nothing is in flight); it then fails and ends.
+            runner.stop(timeout_s=0.0)
+            raise
         self._runner = runner
         self.replicas = replicas
 
@@ -68,10 +87,30 @@ class EmbeddedBackend:
         if runner is not None:
             await asyncio.to_thread(runner.stop)
 
+    def health(self) -> str | None:
+        if self._runner is None:
+            return "the embedded backend is not started"
+        return self._runner.broken
+
+    def check_request(self, request: SynthesisRequest) -> None:
+        """Refuse what the stages would refuse as the request's own fault, before any stage
+        sees it: RequestFailed("invalid_request")."""
+        if not 0 <= request.seed < MAX_SEED:
+            raise RequestFailed("invalid_request", f"seed must be in [0, 2**63), got {request.seed}")
+        runner = self.stages.runner
+        if runner.weights is None:  # random weights: the stand-in tokenizer and length model
+            needed = cache_positions(request.text, self.stages.talker)
+            if needed > runner.max_seq_len:
+                raise RequestFailed(
+                    "invalid_request",
+                    f"the input needs {needed} talker cache positions (text tokens + codes), "
+                    f"runner.max_seq_len is {runner.max_seq_len}; shorten the input")
+
     async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioChunk]:
         runner = self._runner
         if runner is None:
             raise BackendError("error: embedded backend not started (synthesize); call start()")
+        self.check_request(request)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[RunnerEvent] = asyncio.Queue()
 
@@ -92,7 +131,8 @@ class EmbeddedBackend:
                 event = await events.get()
                 if isinstance(event, RequestError):
                     done = True
-                    raise RequestFailed("backend_error", event.message)
+                    kind = "invalid_request" if event.kind == INVALID_REQUEST else "backend_error"
+                    raise RequestFailed(kind, event.message)
                 assert isinstance(event, ChunkReady)
                 done = event.last_chunk
                 if len(event.audio) or event.codes:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stages.signals import ignore_sigint, sigint_blocked
 from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.errors import BackendError
 
@@ -100,6 +101,7 @@ def _load_voice(spec: dict[str, Any]):
 
 def _worker_main(index: int, spec: dict[str, Any], inbox, outbox) -> None:
     """Worker process: load the voice once, then synthesize jobs until a None arrives."""
+    ignore_sigint()  # Ctrl-C is the parent's: it stops the workers (stages.signals)
     from piper import SynthesisConfig
 
     voice = _load_voice(spec)
@@ -166,7 +168,8 @@ class PiperBackend:
                 target=_worker_main, args=(i, self._spec(), inbox, self._outbox),
                 name=f"piper-worker-{i}", daemon=True,
             )
-            proc.start()
+            with sigint_blocked():
+                proc.start()
             self._workers.append(_Worker(proc, inbox))
         await self._loop.run_in_executor(None, self._wait_ready)
         self._reader = threading.Thread(target=self._read, name="piper-reader", daemon=True)
@@ -267,6 +270,12 @@ class PiperBackend:
                 log.warning("piper worker %s did not exit; terminating", w.process.name)
                 w.process.terminate()
                 w.process.join(timeout=_JOIN_TIMEOUT_S)
+
+    def health(self) -> str | None:
+        """None while a worker is alive; why not otherwise (`tts-bench serve` answers 503)."""
+        if self._workers and not any(w.alive for w in self._workers):
+            return "every piper worker died"
+        return None
 
     def describe(self) -> dict:
         p = self.params

@@ -21,16 +21,18 @@ import typer
 
 from tts_bench.commands._common import check_format
 from tts_bench.errors import ExitStatus
+from tts_bench.limits import MAX_PROMPTS, MAX_REPEATS
+from tts_bench.shipped import shipped_config
 
-DEFAULT_CONFIG = Path("configs/ab/default.yaml")
+DEFAULT_CONFIG = "ab/default.yaml"  # shipped (tts_bench.shipped): the same from any folder
 
 
 def ab(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="A/B config YAML (default: configs/ab/default.yaml if present)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="A/B config YAML (default: the shipped configs/ab/default.yaml)."),
     tiers: Optional[str] = typer.Option(None, "--tiers", help="Comma-separated CxR tiers, e.g. 32x1,64x4,128x8."),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Measured requests per tier, arm and repeat."),
-    per_client: Optional[int] = typer.Option(None, "--prompts-per-client", help="Measured requests per tier = K x concurrency (overrides --num-prompts per tier)."),
-    repeats: Optional[int] = typer.Option(None, "--repeats", help="Interleaved repeats per arm, counterbalanced (A B, B A, ...)."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", min=1, max=MAX_PROMPTS, help="Measured requests per tier, arm and repeat."),
+    per_client: Optional[int] = typer.Option(None, "--prompts-per-client", min=1, max=MAX_PROMPTS, help="Measured requests per tier = K x concurrency (overrides --num-prompts per tier)."),
+    repeats: Optional[int] = typer.Option(None, "--repeats", min=1, max=MAX_REPEATS, help="Interleaved repeats per arm, counterbalanced (A B, B A, ...)."),
     sets: list[str] = typer.Option([], "--set", help="Override for both arms: dotted.key=value (repeatable)."),
     base_sets: list[str] = typer.Option([], "--base-set", help="Override for the base arm only (repeatable)."),
     test_sets: list[str] = typer.Option([], "--test-set", help="Override for the test arm only (repeatable)."),
@@ -50,11 +52,12 @@ def ab(
     run, plan = _open_run(resume) if resume else _new_run(
         config, tiers=tiers, num_prompts=num_prompts, repeats=repeats, sets=[*sets, *shuffle_set],
         base_sets=base_sets, test_sets=test_sets, result_dir=result_dir)
-    hooks = _mem_hooks(plan, run) if mem else None
-    with _progress() as progress:
-        result = lib.run_ab(plan.arms, plan.tiers, repeats=plan.repeats, num_prompts=plan.num_prompts,
-                            run_dir=run, progress=progress, resume=resume is not None, hooks=hooks)
-    run.update(status="complete" if result.valid else "invalid", result=result.to_dict())
+    with run.finishing():  # any exit (error, Ctrl-C) leaves run.json failed / interrupted
+        hooks = _mem_hooks(plan, run) if mem else None
+        with _progress() as progress:
+            result = lib.run_ab(plan.arms, plan.tiers, repeats=plan.repeats, num_prompts=plan.num_prompts,
+                                run_dir=run, progress=progress, resume=resume is not None, hooks=hooks)
+        run.update(status="complete" if result.valid else "invalid", result=result.to_dict())
     sys.stdout.write(render_result(result, fmt, mem=hooks))
     for reason in result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
@@ -65,14 +68,20 @@ def _new_run(config, *, tiers, num_prompts, repeats, sets, base_sets, test_sets,
     """Load both arms, fix the plan (CLI options over the config's bench section), make the run."""
     from tts_bench.ab import AbPlan, load_arms
     from tts_bench.config import config_hash, config_to_dict, parse_tiers
+    from tts_bench.preflight import check_arms
+    from tts_bench.prompts import load_prompts
     from tts_bench.results import RunDir, python_argv
 
-    if config is None and DEFAULT_CONFIG.is_file():
-        config = DEFAULT_CONFIG
+    if config is None:
+        config = shipped_config(DEFAULT_CONFIG)
     arms = load_arms(config, sets, base_sets, test_sets)
     bench = next(iter(arms.values())).bench
-    plan = AbPlan(arms, parse_tiers(tiers or bench.tiers), repeats or bench.repeats,
-                  num_prompts or bench.num_prompts)
+    load_prompts(next(iter(arms.values())).prompts.meta)  # a bad meta.lst fails before the run exists
+    # An explicit value is used as given (a 0 never falls back to the config: typer's min=1).
+    plan = AbPlan(arms, parse_tiers(bench.tiers if tiers is None else tiers),
+                  bench.repeats if repeats is None else repeats,
+                  bench.num_prompts if num_prompts is None else num_prompts)
+    check_arms(arms, plan.tiers)  # before the run directory exists and before any stage starts
     run = RunDir.create(
         result_dir, "ab", command_line=python_argv(),
         configs={n: config_to_dict(c) for n, c in arms.items()},
@@ -84,10 +93,18 @@ def _new_run(config, *, tiers, num_prompts, repeats, sets, base_sets, test_sets,
 def _open_run(path: Path):
     """Reopen a recorded A/B; its run.json fixes the arms and the plan."""
     from tts_bench.ab import plan_from_run
+    from tts_bench.preflight import check_arms
     from tts_bench.results import RunDir
 
-    run = RunDir.open(path)
-    return run, plan_from_run(run)
+    run = RunDir.open(path, lock=True)  # a second writer of the same run exits 2 here
+    try:
+        plan = plan_from_run(run)
+        check_arms(plan.arms, plan.tiers)
+    except BaseException:
+        run.release()
+        raise
+    run.update(status="running", error=None)
+    return run, plan
 
 
 def _mem_hooks(plan, run):

@@ -26,16 +26,18 @@ import typer
 from tts_bench.commands._common import check_format
 from tts_bench.commands.ab import DEFAULT_CONFIG
 from tts_bench.errors import ExitStatus
+from tts_bench.limits import MAX_PROMPTS
+from tts_bench.shipped import shipped_config
 
 
 def mem(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="Bench config YAML (default: configs/ab/default.yaml if present)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="Bench config YAML (default: the shipped configs/ab/default.yaml)."),
     tier: Optional[str] = typer.Option(None, "--tier", help="The sampled tier CxR (default: mem.tier, 128x8)."),
     warm_tier: Optional[str] = typer.Option(None, "--warm-tier", help="Tier run first, unsampled, on the same backend; 'none' to skip (default: mem.warm_tier, 4x1)."),
     interval: Optional[float] = typer.Option(None, "--interval", help="Seconds between samples (default: mem.interval_s, 2)."),
     sampler: Optional[str] = typer.Option(None, "--sampler", help="auto | nvml | npu-smi | torch | rss; comma-separated for several, first is primary."),
-    device_index: Optional[int] = typer.Option(None, "--device-index", help="GPU (NVML index) or NPU card to sample (default: mem.device_index, 0)."),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Measured requests per arm (default: max(bench.num_prompts, 2 x C))."),
+    device_index: Optional[int] = typer.Option(None, "--device-index", min=0, help="GPU (NVML index) or NPU card to sample (default: mem.device_index, 0)."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", min=1, max=MAX_PROMPTS, help="Measured requests per arm (default: max(bench.num_prompts, 2 x C))."),
     sets: list[str] = typer.Option([], "--set", help="Override for both arms: dotted.key=value (repeatable)."),
     base_sets: list[str] = typer.Option([], "--base-set", help="Override for the base arm only (repeatable)."),
     test_sets: list[str] = typer.Option([], "--test-set", help="Override for the test arm only (repeatable)."),
@@ -50,7 +52,8 @@ def mem(
     flag_sets = _flag_sets(tier=tier, warm_tier=warm_tier, interval=interval, sampler=sampler,
                            device_index=device_index, disable_shuffle=disable_shuffle)
     arms, plan, run = _new_run(config, [*sets, *flag_sets], base_sets, test_sets, num_prompts, result_dir)
-    result = run_mem(arms, plan, run_dir=run)
+    with run.finishing():  # any exit (error, Ctrl-C) leaves run.json failed / interrupted
+        result = run_mem(arms, plan, run_dir=run)
     sys.stdout.write(render_result(result, fmt))
     for reason in result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
@@ -62,9 +65,10 @@ def _flag_sets(*, tier, warm_tier, interval, sampler, device_index, disable_shuf
     if warm_tier is not None and warm_tier.strip().lower() in ("none", "null", ""):
         warm_tier = "null"
     elif warm_tier is not None:
-        warm_tier = f"'{warm_tier}'"
-    pairs = [("mem.tier", f"'{tier}'" if tier else None), ("mem.warm_tier", warm_tier),
-             ("mem.interval_s", interval), ("mem.sampler", f"'{sampler}'" if sampler else None),
+        warm_tier = json.dumps(warm_tier)
+    # json.dumps: a YAML double-quoted string whatever the value holds (quotes, colons).
+    pairs = [("mem.tier", None if tier is None else json.dumps(tier)), ("mem.warm_tier", warm_tier),
+             ("mem.interval_s", interval), ("mem.sampler", None if sampler is None else json.dumps(sampler)),
              ("mem.device_index", device_index),
              ("bench.disable_shuffle", "true" if disable_shuffle else None)]
     return [f"{k}={v}" for k, v in pairs if v is not None]
@@ -76,20 +80,28 @@ def _new_run(config, sets, base_sets, test_sets, num_prompts, result_dir):
     from tts_bench.config import config_hash, config_to_dict, parse_tier
     from tts_bench.mem.run import MemPlan, prepare_plan
     from tts_bench.mem.samplers import parse_sampler_names
+    from tts_bench.preflight import check_memory
+    from tts_bench.prompts import load_prompts
     from tts_bench.results import RunDir, python_argv
 
-    if config is None and DEFAULT_CONFIG.is_file():
-        config = DEFAULT_CONFIG
+    if config is None:
+        config = shipped_config(DEFAULT_CONFIG)
     arms = load_arms(config, sets, base_sets, test_sets)
     base = next(iter(arms.values()))
-    params, tier = base.mem, parse_tier(base.mem.tier)
+    load_prompts(base.prompts.meta)  # a bad meta.lst fails before the run exists
+    params, tier = base.mem, parse_tier(base.mem.tier, where="--tier / mem.tier")
     plan = MemPlan(
-        tier=tier, warm_tier=parse_tier(params.warm_tier) if params.warm_tier else None,
-        num_prompts=num_prompts or max(base.bench.num_prompts, 2 * tier.concurrency),
+        tier=tier,
+        warm_tier=parse_tier(params.warm_tier, where="--warm-tier / mem.warm_tier") if params.warm_tier else None,
+        num_prompts=max(base.bench.num_prompts, 2 * tier.concurrency) if num_prompts is None else num_prompts,
         samplers=parse_sampler_names(params.sampler), interval_s=params.interval_s,
         device_index=params.device_index, warm_prompts=params.warm_prompts,
     )
     plan = prepare_plan(arms, plan)  # a sampler that cannot start fails before the run exists
+    warm_c = plan.warm_tier.concurrency if plan.warm_tier else 0
+    for name, cfg in arms.items():  # the warm tier runs on the same backend (the tier's R)
+        check_memory(cfg, replicas=tier.replicas, concurrency=max(tier.concurrency, warm_c),
+                     label=f"arm {name!r} at tier {tier.label}")
     run = RunDir.create(
         result_dir, "mem", command_line=python_argv(),
         configs={n: config_to_dict(c) for n, c in arms.items()},

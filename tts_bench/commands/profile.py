@@ -30,10 +30,11 @@ import typer
 from tts_bench.commands._common import check_format
 from tts_bench.commands.ab import DEFAULT_CONFIG
 from tts_bench.errors import ConfigError, ExitStatus
+from tts_bench.shipped import shipped_config
 
 
 def profile(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="A/B config YAML (default: configs/ab/default.yaml if present)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="A/B config YAML (default: the shipped configs/ab/default.yaml)."),
     sets: list[str] = typer.Option([], "--set", help="Override for both arms: dotted.key=value (repeatable)."),
     base_sets: list[str] = typer.Option([], "--base-set", help="Override for the base arm only (repeatable)."),
     test_sets: list[str] = typer.Option([], "--test-set", help="Override for the test arm only (repeatable)."),
@@ -48,8 +49,8 @@ def profile(
     from tts_bench.profile import profile_arms
 
     fmt = check_format(fmt)
-    if config is None and DEFAULT_CONFIG.is_file():
-        config = DEFAULT_CONFIG
+    if config is None:
+        config = shipped_config(DEFAULT_CONFIG)
     arms = load_arms(config, sets, base_sets, test_sets)
     result = profile_arms(
         arms, rows=parse_rows(rows), chunks=chunks,
@@ -76,12 +77,7 @@ def parse_profile_tier(text: str):
     """"128x8" -> Tier(128, 8); raises ConfigError naming --tier on anything else."""
     from tts_bench.config import parse_tier
 
-    try:
-        return parse_tier(text)
-    except ConfigError:  # its message names --tiers / bench.tiers; this flag is --tier
-        raise ConfigError(
-            f"error: bad tier {text!r} (--tier); write CxR with C, R >= 1, e.g. 128x8"
-        ) from None
+    return parse_tier(text, where="--tier")
 
 
 def render_profile(result, fmt: str) -> str:

@@ -11,7 +11,9 @@ arm's overrides applied, so two `serve` instances can stand for the two arms. Bi
 127.0.0.1 unless `--host` says otherwise. Serves until SIGINT/SIGTERM, then gives requests in
 flight a few seconds and stops the backend. The served model name is the config's
 `http.model`, so a client using the same config sends the right name. Endpoints and the failure
-contract: `tts_bench.serve.app`. Logs (including the `listening on <url>` line) go to stderr.
+contract: `tts_bench.serve.app`; every error is OpenAI-style JSON (`tts_bench.serve.request`),
+inputs over `--max-input-chars` (default 4096, OpenAI's limit) are a 400 and bodies over
+`--max-body-bytes` a 413. Logs (including the `listening on <url>` line) go to stderr.
 """
 
 from __future__ import annotations
@@ -23,17 +25,21 @@ from typing import Optional
 import typer
 
 from tts_bench.errors import ConfigError, ExitStatus
+from tts_bench.limits import MAX_BODY_BYTES, MAX_INPUT_CHARS, MAX_REPLICAS
 
 
 def serve(
     config: Path = typer.Option(..., "--config", "-c", help="Bench config YAML whose backend is served."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (loopback by default)."),
     port: int = typer.Option(8091, "--port", help="TCP port; 0 picks a free one (see the log line)."),
-    replicas: int = typer.Option(1, "--replicas", help="Stage-2 replicas the backend starts with."),
+    replicas: int = typer.Option(1, "--replicas", min=1, max=MAX_REPLICAS, help="Stage-2 replicas the backend starts with."),
     sets: list[str] = typer.Option([], "--set", help="Config override dotted.key=value (repeatable)."),
     arm: Optional[str] = typer.Option(None, "--arm", help="Which arm of an A/B config (default: the first)."),
+    max_input_chars: int = typer.Option(MAX_INPUT_CHARS, "--max-input-chars", min=1, max=10**6, help="Longest 'input' accepted (characters); longer is a 400."),
+    max_body_bytes: int = typer.Option(MAX_BODY_BYTES, "--max-body-bytes", min=1024, max=1 << 30, help="Largest request body accepted (bytes); larger is a 413."),
 ) -> ExitStatus:
     """Serve a config's backend at /v1/audio/speech, /v1/models and /metrics."""
+    from tts_bench.preflight import check_memory
     from tts_bench.serve.app import serve_until_signalled
 
     if replicas < 1 or not 0 <= port <= 65535:
@@ -43,7 +49,11 @@ def serve(
     if cfg.backend == "http":
         raise ConfigError(f"error: the config's backend is http ({config}: backend); serve a local "
                           "backend (embedded, piper, synthetic), not another server")
-    asyncio.run(serve_until_signalled(cfg, replicas=replicas, host=host, port=port))
+    # Clients decide the concurrency; the talker admits at most talker_max_batch at once.
+    check_memory(cfg, replicas=replicas, concurrency=cfg.stages.runner.talker_max_batch,
+                 label=f"tts-bench serve --replicas {replicas}")
+    asyncio.run(serve_until_signalled(cfg, replicas=replicas, host=host, port=port,
+                                      max_input_chars=max_input_chars, max_body_bytes=max_body_bytes))
     return ExitStatus.OK
 
 

@@ -13,6 +13,7 @@ or history recorded with another ASR setup). The library behind it is `tts_bench
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -21,15 +22,17 @@ import typer
 
 from tts_bench.commands._common import check_format
 from tts_bench.errors import ConfigError, ExitStatus
+from tts_bench.limits import MAX_PROMPTS
+from tts_bench.shipped import shipped_config
 
-DEFAULT_CONFIG = Path("configs/wer/seed-tts-en.yaml")
+DEFAULT_CONFIG = "wer/seed-tts-en.yaml"  # shipped (tts_bench.shipped): the same from any folder
 
 
 def wer(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="WER config YAML (default: configs/wer/seed-tts-en.yaml if present)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="WER config YAML (default: the shipped configs/wer/seed-tts-en.yaml)."),
     meta: Optional[str] = typer.Option(None, "--meta", help="A seed-tts meta.lst (prompt wavs relative to it) or builtin:seed-tts-en."),
     disable_shuffle: bool = typer.Option(False, "--disable-shuffle", help="Use prompts in file order (the seed's gate does)."),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="Prompts per arm (default: wer.num_prompts)."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", min=1, max=MAX_PROMPTS, help="Prompts per arm (default: wer.num_prompts)."),
     arms: str = typer.Option("base,test", "--arms", help="Arm names: two to compare, one for a single arm."),
     sets: list[str] = typer.Option([], "--set", help="Override for every arm: dotted.key=value (repeatable)."),
     base_sets: list[str] = typer.Option([], "--base-set", help="Override for the base arm only (repeatable)."),
@@ -50,13 +53,18 @@ def wer(
     overrides = _overrides(meta, num_prompts, asr, asr_model, normalizer)
     if transcribe_only is not None:
         run, params = _open_run(transcribe_only, config, [*sets, *overrides])
-    else:
-        run, params = _generate(config, arms, [*sets, *overrides], base_sets=base_sets, test_sets=test_sets,
-                                disable_shuffle=disable_shuffle, result_dir=result_dir, accept=accept)
-        if generate_only:
-            typer.echo(f"generated: {run.path}", err=True)
-            return ExitStatus.OK
-    report = runner.evaluate(run, params, accept=accept)
+        generation = None
+    else:  # everything is checked before the run directory is made
+        run, params, generation = _plan(config, arms, [*sets, *overrides], base_sets=base_sets,
+                                        test_sets=test_sets, disable_shuffle=disable_shuffle,
+                                        result_dir=result_dir, accept=accept)
+    with run.finishing():  # any exit (error, Ctrl-C) leaves run.json failed / interrupted
+        if generation is not None:
+            asyncio.run(generation())
+            if generate_only:
+                typer.echo(f"generated: {run.path}", err=True)
+                return ExitStatus.OK
+        report = runner.evaluate(run, params, accept=accept)
     from tts_bench.wer.report import render_report
 
     sys.stdout.write(render_report(report, fmt))
@@ -72,14 +80,15 @@ def _overrides(meta, num_prompts, asr, asr_model, normalizer) -> list[str]:
 
 
 def _quote(v) -> str:
-    return f"'{v}'" if isinstance(v, str) else str(v)
+    # json.dumps: a YAML double-quoted string whatever the value holds (quotes, colons, #).
+    return json.dumps(v) if isinstance(v, str) else str(v)
 
 
 def _arms(config, arm_names, sets, base_sets, test_sets) -> dict:
     from tts_bench.ab import load_arms
 
-    if config is None and DEFAULT_CONFIG.is_file():
-        config = DEFAULT_CONFIG
+    if config is None:
+        config = shipped_config(DEFAULT_CONFIG)
     loaded = list(load_arms(config, sets, base_sets, test_sets).values())
     names = [n.strip() for n in arm_names.split(",") if n.strip()]
     if not 1 <= len(names) <= len(loaded) or len(set(names)) != len(names):
@@ -87,7 +96,8 @@ def _arms(config, arm_names, sets, base_sets, test_sets) -> dict:
     return dict(zip(names, loaded))
 
 
-def _generate(config, arm_names, sets, *, base_sets, test_sets, disable_shuffle, result_dir, accept):
+def _plan(config, arm_names, sets, *, base_sets, test_sets, disable_shuffle, result_dir, accept):
+    """Arms, prompts and checks; then the run directory and phase 1 as a coroutine factory."""
     from tts_bench.config import config_hash, config_to_dict
     from tts_bench.prompts import load_prompts, select_prompts
     from tts_bench.results import RunDir, python_argv
@@ -99,6 +109,7 @@ def _generate(config, arm_names, sets, *, base_sets, test_sets, disable_shuffle,
     shuffle = not (disable_shuffle or first.bench.disable_shuffle)
     prompts = select_prompts(load_prompts(first.prompts.meta), params.num_prompts,
                              shuffle=shuffle, seed=first.prompts.shuffle_seed)
+    check_before_generating(arms, params, prompts)
     selection = runner.selection_doc(prompts, num_prompts=params.num_prompts, shuffle=shuffle)
     configs = {n: config_to_dict(c) for n, c in arms.items()}
     if not accept:
@@ -108,8 +119,41 @@ def _generate(config, arm_names, sets, *, base_sets, test_sets, disable_shuffle,
         configs=configs, config_hashes={n: config_hash(c) for n, c in arms.items()}, extra=selection,
     )
     wer_arms = [runner.WerArm(n, c) for n, c in arms.items()]
-    asyncio.run(runner.generate(wer_arms, prompts, run, params, timeout_s=first.bench.timeout_s))
-    return run, params
+
+    def generation():
+        return runner.generate(wer_arms, prompts, run, params, timeout_s=first.bench.timeout_s)
+
+    return run, params, generation
+
+
+_ASR_MODULES = {"faster-whisper": "faster_whisper", "openai-whisper": "whisper"}
+
+
+def check_before_generating(arms: dict, params, prompts) -> None:
+    """Everything that would otherwise fail after minutes of synthesis fails now, with exit 2:
+    the ASR backend, model and normalizer, every selected prompt's reference wav, and whether
+    each embedded arm's stages fit in memory."""
+    import importlib.util
+
+    from tts_bench.preflight import check_memory
+    from tts_bench.wer import runner
+    from tts_bench.wer.normalize import get_normalizer
+
+    module = _ASR_MODULES.get(params.asr)
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise ConfigError(f"error: ASR backend {params.asr!r} is not installed (--asr / wer.asr); "
+                          f"pip install 'omni-tts-bench[speech]' (openai-whisper: [asr-reference])")
+    runner.describe_asr(runner.asr_options(params))  # resolves (and hashes) the model, or exit 2
+    get_normalizer(params.normalizer)
+    missing = sorted({str(p.prompt_wav) for p in prompts
+                      if p.prompt_wav is not None and not Path(p.prompt_wav).is_file()})
+    if missing:
+        raise ConfigError(
+            f"error: {len(missing)} reference wav(s) of the selected prompts do not exist, first "
+            f"{missing[0]} (prompts.meta); prompt wav paths are relative to the meta.lst")
+    for name, cfg in arms.items():
+        check_memory(cfg, replicas=params.replicas, concurrency=params.concurrency,
+                     label=f"arm {name!r} (wer.concurrency {params.concurrency}, wer.replicas {params.replicas})")
 
 
 def _open_run(path: Path, config, sets):
@@ -118,8 +162,12 @@ def _open_run(path: Path, config, sets):
     from tts_bench.results import RunDir
     from tts_bench.wer.params import WerParams
 
-    run = RunDir.open(path)
-    recorded = next(iter(run.doc.get("configs", {}).values()), {}).get("wer", {})
-    params = load_config(config).wer if config else load_dataclass(WerParams, recorded, source=f"{path}/run.json")
-    wer_sets = [s.removeprefix("wer.") for s in sets if s.startswith("wer.")]
-    return run, apply_overrides(params, wer_sets)
+    run = RunDir.open(path, lock=True)  # it rewrites run.json: one writer at a time
+    try:
+        recorded = next(iter(run.doc.get("configs", {}).values()), {}).get("wer", {})
+        params = load_config(config).wer if config else load_dataclass(WerParams, recorded, source=f"{path}/run.json")
+        wer_sets = [s.removeprefix("wer.") for s in sets if s.startswith("wer.")]
+        return run, apply_overrides(params, wer_sets)
+    except BaseException:
+        run.release()
+        raise

@@ -92,9 +92,7 @@ def run_case(rc: ResolvedCase, *, profile: str, result_dir: Path) -> RunDir:
                 log.info("case %s: %s r%d", rc.loaded.case.name, tier.label, repeat)
                 await _phase(rc, run, prompts, tier, repeat, hooks)
 
-    try:
+    with run.finishing():  # an error or Ctrl-C leaves the run failed / interrupted, not running
         asyncio.run(main())
-    finally:
-        run.close()
-    run.update(status="complete")
+        run.update(status="complete")
     return run

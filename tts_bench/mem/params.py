@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tts_bench.limits import MAX_PROMPTS, check_range
+
 SAMPLER_CHOICES = ("auto", "nvml", "npu-smi", "torch", "rss")
 
 
@@ -39,6 +41,8 @@ class MemParams:
             raise ValueError(f"mem.warm_prompts must be >= 1 or null, got {self.warm_prompts}")
         if self.device_index < 0:
             raise ValueError(f"mem.device_index must be >= 0, got {self.device_index}")
+        if self.warm_prompts is not None:
+            check_range("mem.warm_prompts", self.warm_prompts, 1, MAX_PROMPTS)
 
     @property
     def sampler_names(self) -> tuple[str, ...]:

@@ -12,13 +12,20 @@ Endpoints:
 - `GET /v1/models` — the one served model, with the backend's `describe()` under `tts_bench`.
 - `GET /metrics` — Prometheus text (`tts_bench.serve.exposition`): serve RSS, the backend's
   `memory_snapshot()` when it implements ReportsMemory, request counters.
-- `GET /health` — 200 once the backend has started.
+- `GET /health` — 200 `{"status": "ok"}` while the backend serves; 503 (JSON, saying why) once
+  it stopped serving (a stage process died) or the server is stopping.
 
-Failure contract (what the `http` backend relies on): a backend failure before the first audio
-chunk is an HTTP 500 with an OpenAI-style error JSON whose `code` is the failure kind; a failure
-after audio was sent *drops the connection* instead of ending the chunked body, because a clean
-end would pass truncated audio off as a complete answer. A client that goes away closes the
-backend stream, which cancels the request in backends that support it (embedded).
+Failure contract (what the `http` backend relies on): every error is OpenAI-style JSON with the
+status that says whose fault it is (`tts_bench.serve.request` has the table: 400 bad field,
+409 duplicate `X-Request-Id`, 413 body over `--max-body-bytes`, 415 not JSON, 503 backend
+broken or server stopping, 500 a backend failure or a server bug). A backend failure before
+the first audio chunk is an HTTP 500 whose `code` is the failure kind (400 when the backend
+refused the request itself, `invalid_request`: e.g. a text too long for the talker's cache);
+a failure after audio was sent *drops the connection* instead of ending the chunked body,
+because a clean end would pass truncated audio off as a complete answer. A client that goes
+away closes the backend stream, which cancels the request in backends that support it
+(embedded). Once the backend reports it stopped serving (`ReportsHealth`), new requests get 503
+at once instead of a 500 each.
 
 Headers are sent with the first audio chunk, not before, so the response status can still
 report an early failure; the client's TTFP is unaffected (it is stamped at the first audio bytes).
@@ -46,16 +53,27 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from aiohttp import web
 
 from tts_bench.backends import make_backend
-from tts_bench.backends.base import AudioChunk, ReportsMemory, RequestFailed, SynthesisRequest
+from tts_bench.backends.base import (
+    AudioChunk, ReportsHealth, ReportsMemory, RequestFailed, SynthesisRequest,
+)
 from tts_bench.errors import BackendError
 from tts_bench.serve import exposition
+from tts_bench.serve.request import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_INPUT_CHARS,
+    BadRequest,
+    SpeechSpec,
+    error_middleware,
+    error_response,
+    parse_speech_body,
+    read_json_body,
+)
 from tts_bench.serve.wire import encode_pcm16, sse_audio_event, sse_event, wav_header
 
 if TYPE_CHECKING:
@@ -63,59 +81,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("pcm", "wav")
-STREAM_FORMATS = ("audio", "sse")
 _SHUTDOWN_TIMEOUT_S = 5.0  # in-flight requests get this long to finish on SIGINT/SIGTERM
 _BACKLOG = 1024  # 128+ clients may connect at once at the start of a tier
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 _MAX_REQUEST_ID = 200
-
-
-class BadRequest(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.param = status, param
-
-
-@dataclass(frozen=True)
-class SpeechSpec:
-    """A validated `/v1/audio/speech` body."""
-
-    text: str
-    response_format: str = "wav"
-    stream: bool = False
-    sse: bool = False
-    seed: int = 42
-    prompt_text: str = ""
-
-
-def parse_speech_body(body: Any, model_name: str) -> SpeechSpec:
-    """Validate a request body; raises BadRequest (400, or 404 for an unknown model)."""
-    if not isinstance(body, dict):
-        raise BadRequest(400, "the body must be a JSON object")
-    text = body.get("input")
-    if not isinstance(text, str) or not text.strip():
-        raise BadRequest(400, "'input' must be a non-empty string", "input")
-    model = body.get("model", model_name)
-    if model != model_name:
-        raise BadRequest(404, f"model {model!r} does not exist; this server serves {model_name!r}", "model")
-    fmt = body.get("response_format", "wav")
-    if fmt not in FORMATS:
-        raise BadRequest(400, f"unsupported response_format {fmt!r}; valid: {', '.join(FORMATS)}",
-                         "response_format")
-    stream_format = body.get("stream_format", "audio")
-    if stream_format not in STREAM_FORMATS:
-        raise BadRequest(400, f"unsupported stream_format {stream_format!r}; valid: "
-                         f"{', '.join(STREAM_FORMATS)}", "stream_format")
-    stream, seed, ref = body.get("stream", False), body.get("seed", 42), body.get("ref_text", "")
-    if not isinstance(stream, bool):
-        raise BadRequest(400, "'stream' must be true or false", "stream")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise BadRequest(400, "'seed' must be an integer", "seed")
-    if not isinstance(ref, str):
-        raise BadRequest(400, "'ref_text' must be a string", "ref_text")
-    sse = stream_format == "sse"
-    return SpeechSpec(text, fmt, stream or sse, sse, seed, ref)
 
 
 def _request_id(request: web.Request) -> str:
@@ -126,25 +95,24 @@ def _request_id(request: web.Request) -> str:
     return rid if ok else uuid.uuid4().hex[:16]
 
 
-def error_response(status: int, message: str, *, code: str, param: str | None = None) -> web.Response:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    doc = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return web.json_response(doc, status=status)
-
-
 class SpeechServer:
     """One backend (started with `replicas`) behind the endpoints in the module docstring."""
 
     def __init__(self, cfg: BenchConfig, *, replicas: int = 1, host: str = "127.0.0.1",
-                 port: int = 8091, model_name: str | None = None) -> None:
+                 port: int = 8091, model_name: str | None = None, backend: Any = None,
+                 max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.cfg = cfg
         self.replicas = replicas
         self.host, self.port = host, port
         self.model_name = model_name or cfg.http.model
-        self.backend = make_backend(cfg)
+        self.backend = backend if backend is not None else make_backend(cfg)  # tests pass one
+        self.max_input_chars, self.max_body_bytes = max_input_chars, max_body_bytes
         self.counters = {"requests_total": 0, "request_failures_total": 0, "requests_in_flight": 0}
         self._runner: web.AppRunner | None = None
         self._created = int(time.time())
+        self._ids_in_flight: set[str] = set()
+        self._stopping = False
 
     @property
     def url(self) -> str:
@@ -153,7 +121,7 @@ class SpeechServer:
 
     async def start(self) -> None:
         await self.backend.start(self.replicas)
-        app = web.Application()
+        app = web.Application(middlewares=[error_middleware], client_max_size=self.max_body_bytes)
         app.add_routes([web.post("/v1/audio/speech", self._speech), web.get("/v1/models", self._models),
                         web.get("/metrics", self._metrics), web.get("/health", self._health)])
         # handler_cancellation: a client that disconnects (its timeout) cancels the handler at
@@ -179,6 +147,7 @@ class SpeechServer:
             log.warning("serving on %s: anyone who can reach this host can use it", self.host)
 
     async def stop(self) -> None:
+        self._stopping = True  # from now on new requests get 503 (the grace period included)
         runner, self._runner = self._runner, None
         try:
             if runner is not None:
@@ -188,8 +157,21 @@ class SpeechServer:
 
     # -- handlers ------------------------------------------------------------------------------
 
+    def unavailable(self) -> str | None:
+        """Why this server takes no new work (stopping, or the backend stopped serving)."""
+        if self._stopping:
+            return "the server is stopping"
+        if isinstance(self.backend, ReportsHealth):
+            reason = self.backend.health()
+            if reason:
+                return f"the backend stopped serving: {reason}; restart tts-bench serve"
+        return None
+
     async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
+        reason = self.unavailable()
+        if reason is not None:
+            return error_response(503, reason, code="backend_unavailable")
+        return web.json_response({"status": "ok"})
 
     async def _models(self, request: web.Request) -> web.Response:
         model = {"id": self.model_name, "object": "model", "created": self._created,
@@ -210,14 +192,19 @@ class SpeechServer:
 
     async def _speech(self, request: web.Request) -> web.StreamResponse:
         self.counters["requests_total"] += 1
-        try:
-            spec = parse_speech_body(await request.json(), self.model_name)
-        except (BadRequest, ValueError) as exc:
-            status, param = (exc.status, exc.param) if isinstance(exc, BadRequest) else (400, None)
-            return error_response(status, str(exc), code="invalid_request", param=param)
-        synth = SynthesisRequest(request_id=_request_id(request), text=spec.text,
-                                 prompt_text=spec.prompt_text, seed=spec.seed)
+        reason = self.unavailable()
+        if reason is not None:  # a broken backend takes no work: clients see why, at once
+            raise BadRequest(503, reason)
+        body = await read_json_body(request, max_body_bytes=self.max_body_bytes)
+        spec = parse_speech_body(body, self.model_name, max_input_chars=self.max_input_chars)
+        rid = _request_id(request)
+        if rid in self._ids_in_flight:
+            raise BadRequest(409, f"request id {rid!r} (X-Request-Id) is already in flight; "
+                                  f"use a unique id per request", code="duplicate_request_id")
+        synth = SynthesisRequest(request_id=rid, text=spec.text, prompt_text=spec.prompt_text,
+                                 seed=spec.seed)
         self.counters["requests_in_flight"] += 1
+        self._ids_in_flight.add(rid)
         try:
             stream = self.backend.synthesize(synth)
             async with contextlib.aclosing(stream):
@@ -226,6 +213,7 @@ class SpeechServer:
                 return await self._whole(spec, stream)
         finally:
             self.counters["requests_in_flight"] -= 1
+            self._ids_in_flight.discard(rid)
 
     async def _whole(self, spec: SpeechSpec, stream: AsyncIterator[AudioChunk]) -> web.Response:
         try:
@@ -283,21 +271,30 @@ class SpeechServer:
         return response
 
     def _failed(self, exc: Exception) -> web.Response:
+        """A failure before the first audio chunk: 400 when the backend refused the request
+        itself, 503 when the backend stopped serving meanwhile, else 500 with its kind."""
         self.counters["request_failures_total"] += 1
         kind = exc.kind if isinstance(exc, RequestFailed) else "backend_error"
         detail = exc.detail if isinstance(exc, RequestFailed) else f"{type(exc).__name__}: {exc}"
         log.warning("request failed (%s): %s", kind, detail)
+        if kind == "invalid_request":
+            return error_response(400, detail, code=kind, param="input")
+        reason = self.unavailable()
+        if reason is not None:
+            return error_response(503, reason, code="backend_unavailable")
         return error_response(500, f"{kind}: {detail}" if detail else kind, code=kind)
 
 
 # ---------------------------------------------------------------- running it
 
 
-async def serve_until_signalled(cfg: BenchConfig, *, replicas: int, host: str, port: int) -> None:
-    """`tts-bench serve`: start, log the URL, serve until SIGINT/SIGTERM, stop the backend."""
+async def serve_until_signalled(cfg: BenchConfig, *, replicas: int, host: str, port: int,
+                                **limits: int) -> None:
+    """`tts-bench serve`: start, log the URL, serve until SIGINT/SIGTERM, stop the backend.
+    `limits`: max_input_chars, max_body_bytes (SpeechServer)."""
     import signal
 
-    server = SpeechServer(cfg, replicas=replicas, host=host, port=port)
+    server = SpeechServer(cfg, replicas=replicas, host=host, port=port, **limits)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -317,13 +314,14 @@ async def serve_until_signalled(cfg: BenchConfig, *, replicas: int, host: str, p
 
 @contextlib.contextmanager
 def running_server(cfg: BenchConfig, *, replicas: int = 1, host: str = "127.0.0.1", port: int = 0,
-                   start_timeout_s: float = 120.0) -> Iterator[SpeechServer]:
+                   start_timeout_s: float = 120.0, **options: Any) -> Iterator[SpeechServer]:
     """A SpeechServer on its own event loop in a daemon thread, stopped on exit (tests, scripts).
-    The default port 0 picks a free port; read it from `server.url`."""
+    The default port 0 picks a free port; read it from `server.url`. `options` go to
+    SpeechServer (backend=, max_input_chars=, max_body_bytes=)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="tts-bench-serve", daemon=True)
     thread.start()
-    server = SpeechServer(cfg, replicas=replicas, host=host, port=port)
+    server = SpeechServer(cfg, replicas=replicas, host=host, port=port, **options)
     try:
         asyncio.run_coroutine_threadsafe(server.start(), loop).result(timeout=start_timeout_s)
         try:

@@ -44,6 +44,7 @@ GEN_FAILURES = ("request_failed", "no_audio")
 _LOADGEN_TO_WER = {
     "timeout": "request_failed", "backend_error": "request_failed", "http_error": "request_failed",
     "connection_error": "request_failed", "empty_audio": "no_audio",
+    "invalid_request": "request_failed",
 }  # fmt: skip
 
 

@@ -13,6 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tts_bench.limits import (
+    MAX_CONCURRENCY, MAX_PROMPTS, MAX_REPLICAS, MAX_RESAMPLES, MAX_SEED, check_range,
+)
+
 
 @dataclass(frozen=True)
 class WerParams:
@@ -49,3 +53,13 @@ class WerParams:
             raise ValueError(f"wer.tolerance_points must be >= 0, got {self.tolerance_points}")
         if self.max_failures < 0 or self.bootstrap_resamples < 1:
             raise ValueError("wer.max_failures must be >= 0 and wer.bootstrap_resamples >= 1")
+        _check_sizes(self)
+
+
+def _check_sizes(p: WerParams) -> None:
+    """Upper bounds (tts_bench.limits): a typo must be a usage error, not an OOM."""
+    check_range("wer.num_prompts", p.num_prompts, 1, MAX_PROMPTS)
+    check_range("wer.concurrency", p.concurrency, 1, MAX_CONCURRENCY)
+    check_range("wer.replicas", p.replicas, 1, MAX_REPLICAS)
+    check_range("wer.bootstrap_resamples", p.bootstrap_resamples, 1, MAX_RESAMPLES)
+    check_range("wer.seed", p.seed, 0, MAX_SEED)

@@ -89,7 +89,8 @@ async def generate(
 
 
 def read_generation(run: RunDir) -> dict[str, list[GenRecord]]:
-    """Generation records per arm, in prompt order (the last record wins for a repeated id)."""
+    """Generation records per arm, in prompt order (a repeated id counts once: the first record,
+    see RunDir.iter_requests)."""
     sel = run.doc.get("wer_selection")
     if run.kind != "wer" or sel is None:
         raise InvalidRunError(f"error: {run.path} is not a WER run (--transcribe-only); pass a directory made by tts-bench wer")

@@ -1,0 +1,149 @@
+"""How much memory a stage config asks for, from the config alone (no torch, no model built).
+
+The harness checks this before any stage process starts (`tts_bench.preflight`), so a config
+that cannot fit is an exit-2 error naming the bytes and the keys to lower, not a process the OOM
+killer ends minutes later (the full-size talker on a CPU: a KV cache of 20 layers x 128 slots x
+4096 positions, 6 GiB in fp32, before any request).
+
+What is counted, per item (`BudgetItem`), with where it lives (`device` = where the stages run;
+on a CPU that is the host too):
+
+| item | bytes | lower it with |
+|---|---|---|
+| talker weights | exact parameter count x dtype | the stage dims, runner.dtype |
+| talker KV cache | 2 x layers x talker_max_batch x max_seq_len x kv_heads x head_dim x dtype | runner.talker_max_batch, runner.max_seq_len |
+| code2wav weights | ~parameter count x dtype, per replica | R (replicas) |
+| code2wav request state | estimator + conformer attention caches of every request in flight (C, at most talker_max_batch) and one prompt setup per replica | C (concurrency), code2wav.prompt_keep_frames, code2wav.ref_audio_max_seconds |
+| code2wav decode transient | a quarter of a request's state per batched row (measured 0.158 on an H200), per replica | runner.max_num_seqs |
+| processes | torch and its libraries per process (~300 MiB RSS on a CPU; a CUDA context and workspaces on a GPU) | R |
+| model build | one more fp32 copy of each process's weights while it is built on the host | the stage dims |
+
+Parameter counts of the talker are exact (the Llama arithmetic); code2wav's are the dominant
+terms of each module, within a few percent at the real dims (tests/unit/test_budget.py checks
+both against the built modules). The per-request estimator cache is the spec's figure (1.25 MiB
+per frame at full size, 400 frames = 500 MiB). It is an estimate to catch configs that are off
+by multiples, not an allocator model: NVML on an H200 reads ~40% above the torch-allocated peak
+at 128x8 (caching allocator), and 128x8 at full size still fits there with this estimate.
+
+    budget = estimate_stage_memory(cfg, replicas=8, concurrency=128, device_type="cuda")
+    budget.total("device"), budget.largest("device")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stages.code2wav.config import Code2WavConfig
+from stages.config import StageConfig
+from stages.talker.config import TalkerConfig
+
+MIB = 2**20
+# RSS of a stage process before its model: the interpreter, torch and its libraries (measured
+# 270-310 MiB on a 2-core CPU, tiny model included).
+HOST_PROCESS_BYTES = 300 * MIB
+# A CUDA context plus library workspaces per process (cuBLAS, cuDNN), as NVML sees them.
+DEVICE_PROCESS_BYTES = 512 * MIB
+# A batched decode's transient, per row, as a fraction of one request's state (0.158 measured on
+# an H200 at B = 8 with the stepwise estimator cache; rounded up).
+TRANSIENT_PER_ROW = 0.25
+# The DiT's two causal convolutions per block use this kernel width (stages.code2wav.dit).
+_DIT_CONV_KERNEL = 3
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class BudgetItem:
+    name: str
+    bytes: int
+    where: str  # "device" (where the stages run) or "host" (only the host, even on a GPU)
+    keys: tuple[str, ...]  # what lowers it: config keys or tier parts
+
+
+@dataclass(frozen=True)
+class StageBudget:
+    items: tuple[BudgetItem, ...]
+    device_type: str  # "cpu": device items are host items
+
+    def total(self, where: str) -> int:
+        """Bytes needed on `where` ("host" or "device"); on a CPU both mean the host."""
+        if self.device_type == "cpu":
+            return sum(i.bytes for i in self.items)
+        return sum(i.bytes for i in self.items if i.where == where)
+
+    def largest(self, where: str, n: int = 3) -> list[BudgetItem]:
+        on = [i for i in self.items if self.device_type == "cpu" or i.where == where]
+        return sorted(on, key=lambda i: -i.bytes)[:n]
+
+
+def dtype_bytes(name: str) -> int:
+    return _DTYPE_BYTES.get(name, 4)
+
+
+def talker_params(t: TalkerConfig) -> int:
+    """Exact parameter count of `stages.talker.model.TalkerModel` (weight norm unfolded)."""
+    d, hd = t.hidden_size, t.head_dim
+    attention = d * t.num_heads * hd * 2 + d * t.num_kv_heads * hd * 2
+    layer = attention + 3 * d * t.intermediate_size + 2 * d
+    embeddings = t.num_text_tokens * d + 2 * t.num_audio_tokens * d + t.num_audio_tokens
+    projector = t.llm_dim * d + d + d * d + d
+    return embeddings + t.num_layers * layer + d + projector
+
+
+def code2wav_params(c: Code2WavConfig) -> int:
+    """Parameter count of one replica's modules (flow, HiFT, CAM++), dominant terms."""
+    f, dit, h = c.flow, c.dit, c.hift
+    d, u = f.input_size, f.linear_units
+    conformer = 5 * d * d + 2 * d * u + 10 * d
+    encoder = (f.num_blocks + f.num_up_blocks) * conformer + 6 * d * d  # + lookahead/upsample convs
+    flow = f.vocab_size * d + encoder + d * f.output_size + c.speaker.embedding_dim * f.output_size
+    w = dit.hidden_size
+    inner = dit.num_heads * dit.head_dim
+    block = 4 * w * inner + 2 * int(w * w * dit.mlp_ratio) + 9 * w * w + 2 * _DIT_CONV_KERNEL * w * w
+    estimator = dit.depth * block + dit.in_channels * w + 2 * w * w + 2 * w * w
+    hift = 79 * h.base_channels**2 + 16 * h.f0_predictor_channels**2
+    campplus = 6_848_544  # CAM++ at 192-d / 80 fbank bins: fixed by the speaker config we use
+    return flow + estimator + hift + campplus
+
+
+def request_state_bytes(c: Code2WavConfig, elem: int) -> int:
+    """One request's code2wav caches between payloads: the per-Euler-step estimator attention
+    cache (dominant: 500 MiB at full size) and the conformer attention cache."""
+    frames = round(c.ref_audio_max_seconds * c.mel_rate_hz) + c.prompt_keep_frames + c.chunk_mel_frames
+    dit, f = c.dit, c.flow
+    estimator = c.n_timesteps * dit.depth * 2 * dit.num_heads * frames * 2 * dit.head_dim
+    conformer = (f.num_blocks + f.num_up_blocks) * f.input_size * 2 * frames
+    return (estimator + conformer) * elem
+
+
+def estimate_stage_memory(
+    cfg: StageConfig, *, replicas: int, concurrency: int, device_type: str
+) -> StageBudget:
+    """The memory a runner of `cfg` with `replicas` code2wav replicas needs while `concurrency`
+    requests are in flight, on a device of type `device_type` (cpu, cuda, npu)."""
+    t, c, r = cfg.talker, cfg.code2wav, cfg.runner
+    elem = dtype_bytes(r.dtype)
+    processes = 1 + replicas
+    in_flight = min(concurrency, r.talker_max_batch)
+    state = request_state_bytes(c, elem)
+    kv = 2 * t.num_layers * r.talker_max_batch * r.max_seq_len * t.num_kv_heads * t.head_dim * elem
+    items = [
+        BudgetItem("talker weights", talker_params(t) * elem, "device", ("stages (dims)", "runner.dtype=bfloat16")),
+        BudgetItem("talker KV cache", kv, "device",
+                   ("runner.talker_max_batch", "runner.max_seq_len", "runner.dtype=bfloat16")),
+        BudgetItem("code2wav weights", replicas * code2wav_params(c) * elem, "device",
+                   ("tier R (replicas)", "stages (dims)")),
+        BudgetItem("code2wav request state", (in_flight + replicas) * state, "device",
+                   ("tier C (concurrency)", "code2wav.prompt_keep_frames",
+                    "code2wav.ref_audio_max_seconds")),
+        BudgetItem("code2wav decode transient",
+                   int(replicas * min(r.max_num_seqs, in_flight) * TRANSIENT_PER_ROW * state),
+                   "device", ("runner.max_num_seqs",)),
+        BudgetItem("stage processes (host)", processes * HOST_PROCESS_BYTES, "host", ("tier R (replicas)",)),
+        BudgetItem("model build (host, fp32)", 4 * (talker_params(t) + replicas * code2wav_params(c)),
+                   "host", ("stages (dims)", "tier R (replicas)")),
+    ]
+    if device_type != "cpu":
+        items.append(BudgetItem("device contexts", processes * DEVICE_PROCESS_BYTES, "device",
+                                ("tier R (replicas)",)))
+    return StageBudget(tuple(items), device_type)

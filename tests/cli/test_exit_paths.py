@@ -1,0 +1,129 @@
+"""Every way a run ends leaves run.json final (`complete`, `invalid`, `failed` with the error,
+`interrupted`), and Ctrl-C prints one line, with no child tracebacks, and exits 130."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tts_bench.backends.base import RequestFailed
+from tts_bench.backends.synthetic import SyntheticBackend
+from tts_bench.cli import app
+from tts_bench.errors import BackendError, ExitStatus
+from tts_bench.results import RunDir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_run(tmp_path: Path) -> RunDir:
+    return RunDir.create(tmp_path, "ab", command_line=["x"], configs={})
+
+
+def status_of(run: RunDir) -> dict:
+    return json.loads(run.run_json.read_text())
+
+
+def test_finishing_records_failed_with_the_error(tmp_path):
+    run = make_run(tmp_path)
+    with pytest.raises(BackendError):
+        with run.finishing():
+            raise BackendError("error: the server went away (backend); start it")
+    doc = status_of(run)
+    assert doc["status"] == "failed" and doc["error"] == "error: the server went away (backend); start it"
+
+
+def test_finishing_records_interrupted_on_ctrl_c(tmp_path):
+    run = make_run(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        with run.finishing():
+            raise KeyboardInterrupt
+    assert status_of(run)["status"] == "interrupted"
+
+
+def test_finishing_keeps_a_status_the_work_recorded_and_flags_one_it_forgot(tmp_path):
+    done = make_run(tmp_path)
+    with pytest.raises(RuntimeError):
+        with done.finishing():
+            done.update(status="complete")
+            raise RuntimeError("after the result: e.g. rendering")
+    assert status_of(done)["status"] == "complete"
+    forgot = make_run(tmp_path)
+    with forgot.finishing():
+        pass
+    assert status_of(forgot)["status"] == "failed"
+    assert RunDir.open(forgot.path, lock=True).release() is None  # the lock was released
+
+
+class _GoesDown(SyntheticBackend):
+    """The first phase runs and half its requests fail (connection lost); then it cannot start."""
+
+    starts = 0
+
+    async def start(self, replicas: int) -> None:
+        type(self).starts += 1
+        if type(self).starts > 1:
+            raise BackendError("error: cannot reach the speech server at http://127.0.0.1:9/v1 (backend)")
+        await super().start(replicas)
+
+    async def synthesize(self, request):
+        if self.requests_seen % 2:
+            self.requests_seen += 1
+            raise RequestFailed("connection_error", "dropped after 0 bytes")
+        async for chunk in super().synthesize(request):
+            yield chunk
+
+
+def test_a_server_that_goes_down_mid_run_gives_the_table_and_an_invalid_record(tmp_path, monkeypatch):
+    monkeypatch.setattr(_GoesDown, "starts", 0)
+    monkeypatch.setattr("tts_bench.ab.make_backend", _GoesDown)
+    result = CliRunner().invoke(app, [
+        "ab", "--config", str(ROOT / "configs/ab/synthetic.yaml"), "--set", "synthetic.chunk_delay_s=0",
+        "--set", "synthetic.first_chunk_delay_s=0", "--set", "bench.warmup=0", "--tiers", "2x1",
+        "--num-prompts", "6", "--repeats", "1", "--format", "json", "--result-dir", str(tmp_path)],
+        standalone_mode=False)
+    assert result.exception is None, result.output
+    assert result.return_value == ExitStatus.INVALID_RUN
+    doc = json.loads(result.stdout)
+    assert doc["tiers"][0]["arms"]["base"]["failed"] == 3  # the table still shows what happened
+    assert any("stopped early" in r and "cannot reach" in r for r in doc["invalid_reasons"])
+    run = json.loads((Path(doc["run_dir"]) / "run.json").read_text())
+    assert run["status"] == "invalid"
+
+
+def test_ctrl_c_prints_one_line_no_child_tracebacks_and_leaves_interrupted(tmp_path):
+    """Like a terminal: SIGINT to the whole process group while the tiny stages decode."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tts_bench.cli", "ab", "--tiers", "2x1", "--num-prompts", "40",
+         "--result-dir", str(tmp_path)],
+        cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        seen = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            seen.append(line)
+            if "runner ready" in line or not line:
+                break
+        assert "runner ready" in seen[-1], "".join(seen)
+        time.sleep(0.5)  # requests in flight in both stage processes
+        os.killpg(proc.pid, signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest
+    assert rest.strip().splitlines() == [rest.strip()] and rest.startswith("error: interrupted"), rest
+    (run_json,) = tmp_path.glob("*/run.json")
+    doc = json.loads(run_json.read_text())
+    assert doc["status"] == "interrupted" and "interrupted" in doc["error"]

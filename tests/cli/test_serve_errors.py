@@ -1,0 +1,153 @@
+"""`tts-bench serve` answers every error as OpenAI-style JSON with the status that says whose
+fault it is, and one bad request, or a dead stage process, never turns into a server that
+answers 500 forever while /health says ok."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from stages.runner.fakes import fake_factories
+from tts_bench.backends.embedded import EmbeddedBackend
+from tts_bench.config import load_config
+from tts_bench.serve.app import running_server
+
+ROOT = Path(__file__).resolve().parents[2]
+SYNTH = load_config(ROOT / "configs/ab/synthetic.yaml", [
+    "synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",
+    "synthetic.first_chunk_delay_s=0.01", "synthetic.chunk_delay_s=0.01"])
+
+
+def call(url: str, body: bytes | None = None, *, content_type: str = "application/json",
+         method: str | None = None, headers: dict | None = None) -> tuple[int, bytes, str]:
+    req = urllib.request.Request(url, data=body, method=method,
+                                 headers={"Content-Type": content_type, **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read(), resp.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read(), err.headers.get("Content-Type", "")
+
+
+def speech(url: str, doc, **kw) -> tuple[int, bytes, str]:
+    body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    return call(url + "/v1/audio/speech", body, **kw)
+
+
+def error_of(status_body_type) -> dict:
+    status, body, content_type = status_body_type
+    assert content_type.startswith("application/json"), (status, content_type, body[:200])
+    doc = json.loads(body)
+    assert set(doc["error"]) == {"message", "type", "param", "code"}, doc
+    assert doc["error"]["type"] == ("invalid_request_error" if status < 500 else "server_error")
+    return {"status": status, **doc["error"]}
+
+
+@pytest.fixture(scope="module")
+def url():
+    with running_server(SYNTH, max_input_chars=200, max_body_bytes=4096) as server:
+        yield server.url
+
+
+@pytest.mark.parametrize(
+    ("body", "kw", "status", "code", "param"),
+    [
+        (b"hello", {"content_type": "text/plain"}, 415, "unsupported_media_type", None),
+        (b"{\"input\": \"" + b"a" * 8000 + b"\"}", {}, 413, "request_too_large", None),
+        (b"[" * 2000 + b"]" * 2000, {}, 400, "invalid_request", None),  # RecursionError in json
+        (b"{\"input\": ", {}, 400, "invalid_request", None),
+        (b"\xff\xfe{}", {}, 400, "invalid_request", None),
+        ({"input": "hi", "seed": 1180591620717411303424}, {}, 400, "invalid_request", "seed"),
+        ({"input": "hi", "seed": -1}, {}, 400, "invalid_request", "seed"),
+        ({"input": "hi", "seed": True}, {}, 400, "invalid_request", "seed"),
+        ({"input": "x" * 201}, {}, 400, "invalid_request", "input"),
+        ({"input": "\ud800 lone surrogate"}, {}, 400, "invalid_request", "input"),
+        ({"input": ""}, {}, 400, "invalid_request", "input"),
+        ({"input": "hi", "model": "gpt-4o-mini-tts"}, {}, 404, "model_not_found", "model"),
+        (["not", "an", "object"], {}, 400, "invalid_request", None),
+    ],
+)
+def test_client_mistakes_are_4xx_json(url, body, kw, status, code, param):
+    err = error_of(speech(url, body, **kw))
+    assert (err["status"], err["code"], err["param"]) == (status, code, param), err
+
+
+def test_a_chunked_body_over_the_limit_is_a_json_413(url):
+    def chunks():
+        yield b"{\"input\": \""
+        for _ in range(10):
+            yield b"a" * 1000
+        yield b"\"}"
+
+    req = urllib.request.Request(url + "/v1/audio/speech", data=chunks(), method="POST",
+                                 headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+    try:
+        urllib.request.urlopen(req, timeout=30)
+        raise AssertionError("accepted")
+    except urllib.error.HTTPError as e:
+        err = error_of((e.code, e.read(), e.headers.get("Content-Type", "")))
+    assert err["status"] == 413 and err["code"] == "request_too_large"
+
+
+def test_unknown_paths_and_methods_are_json_too(url):
+    assert error_of(call(url + "/v1/nope"))["status"] == 404
+    assert error_of(call(url + "/v1/audio/speech", method="GET"))["status"] == 405
+
+
+def test_a_duplicate_request_id_in_flight_is_a_409(url):
+    slow = {"input": " ".join(["word"] * 40), "stream": True}  # 40 chunks of 10 ms
+    first: dict = {}
+    thread = threading.Thread(target=lambda: first.update(r=speech(url, slow, headers={"X-Request-Id": "dup"})))
+    thread.start()
+    time.sleep(0.15)
+    err = error_of(speech(url, {"input": "hi"}, headers={"X-Request-Id": "dup"}))
+    thread.join()
+    assert err["status"] == 409 and err["code"] == "duplicate_request_id"
+    assert first["r"][0] == 200
+    assert speech(url, {"input": "hi"}, headers={"X-Request-Id": "dup"})[0] == 200  # free again
+
+
+def test_health_is_json_ok(url):
+    status, body, _ = call(url + "/health")
+    assert status == 200 and json.loads(body) == {"status": "ok"}
+
+
+def embedded(**runner) -> tuple:
+    cfg = load_config(None, ["backend=embedded", "runner.device=cpu", "runner.torch_threads=1",
+                             *(f"runner.{k}={v}" for k, v in runner.items())])
+    return cfg, EmbeddedBackend(cfg, factories=fake_factories(fail_text="REFUSE"))
+
+
+def test_one_bad_request_fails_alone_and_the_next_succeeds():
+    cfg, backend = embedded(max_seq_len=256)
+    with running_server(cfg, backend=backend) as server:
+        ok = {"input": "good morning everybody", "response_format": "pcm"}
+        assert speech(server.url, ok)[0] == 200
+        refused = error_of(speech(server.url, {"input": "please REFUSE this"}))
+        assert refused["status"] == 500 and refused["code"] == "backend_error" and "REFUSE" in refused["message"]
+        too_long = error_of(speech(server.url, {"input": " ".join(["word"] * 30)}))  # 300 codes > 256
+        assert too_long["status"] == 400 and "runner.max_seq_len is 256" in too_long["message"]
+        assert speech(server.url, ok)[0] == 200
+        assert json.loads(call(server.url + "/health")[1]) == {"status": "ok"}
+
+
+def test_a_dead_stage_process_makes_health_and_new_requests_503():
+    cfg, backend = embedded()
+    with running_server(cfg, backend=backend) as server:
+        assert speech(server.url, {"input": "good morning"})[0] == 200
+        os.kill(backend._runner.pids()["talker"], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while call(server.url + "/health")[0] != 503 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        health = error_of(call(server.url + "/health"))
+        assert health["status"] == 503 and "talker exited with code -9" in health["message"]
+        refused = error_of(speech(server.url, {"input": "good morning"}))
+        assert refused["status"] == 503 and refused["code"] == "backend_unavailable"

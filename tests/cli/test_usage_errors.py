@@ -1,0 +1,99 @@
+"""Usage errors exit 2 everywhere, name the offending option or key, print no traceback, and
+leave no run directory behind (nothing is created before the inputs are checked).
+
+Through `tts_bench.cli.main`, where exceptions become exit codes: in this process for speed
+(`main_in_process`), and once as a real process (`python -m tts_bench.cli`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SYNTH = ["--config", "configs/ab/synthetic.yaml"]
+
+
+def main_in_process(*args: str) -> SimpleNamespace:
+    from tts_bench.cli import main
+
+    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
+    sys.argv = ["tts-bench", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main()
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = argv
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+def cli(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "tts_bench.cli", *args], cwd=tmp_path, env=full_env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["ab", *SYNTH, "--num-prompts", "abc"], "'--num-prompts'"),
+        (["ab", *SYNTH, "--num-prompts", "0"], "'--num-prompts'"),
+        (["ab", *SYNTH, "--repeats", "0"], "'--repeats'"),
+        (["ab", *SYNTH, "--repeats=-2"], "'--repeats'"),
+        (["ab", *SYNTH, "--prompts-per-client", "0"], "'--prompts-per-client'"),
+        (["ab", *SYNTH, "--tiers="], "--tiers"),
+        (["ab", *SYNTH, "--tiers=99999999999999999999x1"], "--tiers"),
+        (["ab", *SYNTH, "--tiers=8x65"], "--tiers"),
+        (["ab", *SYNTH, "--num-prompts", "100001"], "'--num-prompts'"),
+        (["ab", *SYNTH, "--set", "bench.repeats=0"], "bench.repeats"),
+        (["ab", *SYNTH, "--set", "bench.disable_shuffle=yes"], "bench.disable_shuffle"),
+        (["ab", *SYNTH, "--no-such-option"], "--no-such-option"),
+        (["mem", *SYNTH, "--num-prompts", "0"], "'--num-prompts'"),
+        (["mem", *SYNTH, "--tier", ""], "mem.tier"),
+        (["wer", *SYNTH, "--num-prompts", "-1"], "'--num-prompts'"),
+        (["serve", *SYNTH, "--replicas", "0"], "'--replicas'"),
+    ],
+)
+def test_usage_errors_exit_2_naming_the_option_without_a_traceback(tmp_path, monkeypatch, args, named):
+    monkeypatch.chdir(tmp_path)
+    extra = ["--result-dir", str(tmp_path / "runs")] if args[0] != "serve" else []
+    proc = main_in_process(*args, *extra)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert named in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_a_bad_environment_flag_exits_2_naming_the_variable_before_anything_starts(tmp_path):
+    proc = cli(tmp_path, "ab", "--result-dir", str(tmp_path / "runs"),
+               env={"TALKER_CODEC_FUSED_PRELUDE": "maybe"})
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [lines[-1]] and "environment variable TALKER_CODEC_FUSED_PRELUDE" in lines[-1]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_real_process_exits_2_for_a_bad_option_value(tmp_path):
+    proc = cli(tmp_path, "ab", *SYNTH, "--num-prompts", "abc", "--result-dir", str(tmp_path / "runs"))
+    assert proc.returncode == 2 and "'--num-prompts'" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
+
+
+def test_resume_of_a_file_is_a_usage_error(tmp_path):
+    not_a_dir = tmp_path / "run.json"
+    not_a_dir.write_text("{}")
+    proc = main_in_process("ab", "--resume", str(not_a_dir))
+    assert proc.returncode == 2, proc.stderr
+    assert "not a run directory" in proc.stderr and str(not_a_dir) in proc.stderr
+    assert "Traceback" not in proc.stderr and "NotADirectoryError" not in proc.stderr

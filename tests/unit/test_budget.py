@@ -1,0 +1,134 @@
+"""The memory preflight: the stage budget from the config alone, checked before any stage
+process starts (`stages.runner.budget`, `tts_bench.preflight`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from stages.runner.budget import code2wav_params, estimate_stage_memory, talker_params
+from tts_bench.config import BenchConfig, Tier, load_config
+from tts_bench.errors import ConfigError, ExitStatus
+from tts_bench.preflight import check_arms, check_memory
+
+ROOT = Path(__file__).resolve().parents[2]
+GIB = 2**30
+TINY, FULL = "configs/stages/minicpmo45-tiny.yaml", "configs/stages/minicpmo45.yaml"
+
+
+def stages(path: str, *sets: str):
+    return load_config(None, [f"stages={path}", *sets]).stages
+
+
+def built_params(cfg) -> tuple[int, int]:
+    from stages.code2wav.campplus import CAMPPlus
+    from stages.code2wav.flow import FlowModel
+    from stages.code2wav.hift import HiFTGenerator
+    from stages.talker.model import TalkerModel
+
+    def count(m):
+        return sum(p.numel() for p in m.parameters())
+
+    with torch.device("meta"):  # shapes only: the full model costs no memory here
+        talker = TalkerModel(cfg.talker)
+        c2w = [FlowModel(cfg.code2wav), HiFTGenerator(cfg.code2wav.hift), CAMPPlus(cfg.code2wav.speaker)]
+    return count(talker), sum(count(m) for m in c2w)
+
+
+@pytest.mark.parametrize("path", [TINY, FULL])
+def test_parameter_counts_match_the_built_modules(path):
+    cfg = stages(path)
+    talker, c2w = built_params(cfg)
+    assert talker_params(cfg.talker) == talker  # exact
+    assert code2wav_params(cfg.code2wav) == pytest.approx(c2w, rel=0.05)  # dominant terms
+
+
+def test_the_full_default_kv_cache_on_a_cpu_is_what_the_oom_killer_saw():
+    budget = estimate_stage_memory(BenchConfig().stages, replicas=2, concurrency=4, device_type="cpu")
+    kv = next(i for i in budget.items if i.name == "talker KV cache")
+    assert kv.bytes == 2 * 20 * 128 * 4096 * 768 * 4  # 20 layers x 128 slots x 4096 positions, fp32
+    assert budget.total("host") == budget.total("device") > 60 * GIB
+    tiny = estimate_stage_memory(stages(TINY), replicas=2, concurrency=4, device_type="cpu")
+    assert 0.5 * GIB < tiny.total("host") < 2 * GIB  # measured: ~0.3 GiB RSS per stage process
+
+
+def test_full_size_128x8_fits_an_h200_as_measured():
+    # results/h200/mem_128x8.md: it ran; torch-allocated peak summed over the 9 processes
+    # ~90 GiB, NVML in use ~131 GiB of 140 GiB. The estimate must sit between the two.
+    budget = estimate_stage_memory(stages(FULL), replicas=8, concurrency=128, device_type="cuda")
+    assert 88 * GIB < budget.total("device") < 131 * GIB
+    assert budget.total("host") < 20 * GIB  # only processes and the fp32 build on the host
+
+
+def test_more_concurrency_and_longer_caches_need_more():
+    cfg = stages(FULL)
+    small = estimate_stage_memory(cfg, replicas=1, concurrency=2, device_type="cuda").total("device")
+    more_c = estimate_stage_memory(cfg, replicas=1, concurrency=64, device_type="cuda").total("device")
+    longer = estimate_stage_memory(stages(FULL, "runner.max_seq_len=4096"), replicas=1, concurrency=2,
+                                   device_type="cuda").total("device")
+    bf16 = estimate_stage_memory(stages(FULL, "runner.dtype=bfloat16"), replicas=1, concurrency=2,
+                                 device_type="cuda").total("device")
+    assert more_c > small and longer > small and bf16 < small
+
+
+def test_over_budget_is_an_exit_2_error_naming_bytes_and_keys(monkeypatch):
+    import stages.platform
+
+    monkeypatch.setattr(stages.platform, "host_available_bytes", lambda: 4 * GIB)
+    cfg = load_config(None, [f"stages={FULL}", "runner.device=cpu"])
+    with pytest.raises(ConfigError) as info:
+        check_memory(cfg, replicas=2, concurrency=4, label="arm 'base' at tier 4x2")
+    msg = str(info.value)
+    assert info.value.exit_status == ExitStatus.USAGE
+    assert "arm 'base' at tier 4x2" in msg and "of host memory" in msg and "bytes" in msg
+    assert "4.0 GiB (4,294,967,296 bytes) is free" in msg
+    assert "talker KV cache" in msg and "runner.talker_max_batch" in msg and "runner.max_seq_len" in msg
+    assert "minicpmo45-tiny.yaml" in msg and "TTS_BENCH_SKIP_MEMORY_CHECK=1" in msg
+    check_memory(load_config(None, [f"stages={TINY}", "runner.device=cpu"]), replicas=2,
+                 concurrency=4, label="tiny")  # fits in 4 GiB
+    monkeypatch.setenv("TTS_BENCH_SKIP_MEMORY_CHECK", "1")
+    check_memory(cfg, replicas=2, concurrency=4, label="skipped")
+
+
+def test_on_cuda_the_device_free_memory_is_checked(monkeypatch):
+    import stages.platform
+
+    monkeypatch.setattr(stages.platform, "resolve_device", lambda kind: torch.device("cuda", 0))
+    monkeypatch.setattr(stages.platform, "free_memory_bytes", lambda device: 80 * GIB)
+    monkeypatch.setattr(stages.platform, "host_available_bytes", lambda: 500 * GIB)
+    cfg = load_config(None, [f"stages={FULL}"])
+    check_arms({"base": cfg}, [Tier(32, 1)])
+    with pytest.raises(ConfigError, match=r"arm 'base' at tier 128x8 need about .* of cuda device memory"):
+        check_arms({"base": cfg}, [Tier(32, 1), Tier(128, 8)])
+
+
+def test_other_backends_are_not_checked(monkeypatch):
+    import stages.platform
+
+    monkeypatch.setattr(stages.platform, "host_available_bytes", lambda: 0)
+    check_memory(load_config(None, ["backend=synthetic"]), replicas=64, concurrency=4096, label="x")
+
+
+def test_the_embedded_backend_refuses_to_start_what_cannot_fit():
+    from tts_bench.backends.embedded import EmbeddedBackend
+
+    cfg = load_config(None, [f"stages={TINY}", "runner.device=cpu", "runner.talker_max_batch=10000000"])
+    with pytest.raises(ConfigError, match="talker KV cache"):
+        asyncio.run(EmbeddedBackend(cfg).start(1))
+
+
+def test_ab_over_budget_exits_2_before_the_run_directory_exists(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tts_bench.cli", "ab", "--set", "runner.talker_max_batch=10000000",
+         "--tiers", "1x1", "--result-dir", str(tmp_path / "runs")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "memory preflight" in proc.stderr and "runner.talker_max_batch" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()

@@ -1,0 +1,65 @@
+"""Shipped configs are package data: defaults and `configs/...` paths do not depend on the
+working directory (the user who ran `tts-bench wer --meta my-set/meta.lst` from their own folder
+got the full-size model on the CPU and the OOM killer)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tts_bench.ab import load_arms
+from tts_bench.cli import app
+from tts_bench.config import load_config
+from tts_bench.errors import ConfigError
+from tts_bench.shipped import resolve_config_path, shipped_config, shipped_dir, shipped_names
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_shipped_configs_live_in_the_package_and_the_repo_link_points_at_them():
+    assert shipped_dir() == Path(__file__).resolve().parents[2] / "tts_bench" / "configs"
+    assert "configs/ab/default.yaml" in shipped_names() and "configs/stages/minicpmo45-tiny.yaml" in shipped_names()
+    assert (REPO / "configs").resolve() == shipped_dir().resolve()
+
+
+def test_configs_paths_resolve_to_the_shipped_files_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_config_path("configs/ab/default.yaml") == shipped_config("ab/default.yaml")
+    arms = load_arms(Path("configs/ab/default.yaml"))
+    assert arms["base"].stages.talker.num_layers == 2  # its include (../stages/tiny) resolved too
+    cfg = load_config(None, ["stages=configs/stages/minicpmo45.yaml"])
+    assert cfg.stages.talker.num_layers == 20
+    with pytest.raises(ConfigError, match=r"not found \(configs/ab/nope.yaml\).*shipped configs: configs/ab/default.yaml"):
+        load_config("configs/ab/nope.yaml")
+
+
+def test_a_file_of_your_own_wins_over_the_shipped_one(tmp_path, monkeypatch):
+    mine = tmp_path / "configs" / "ab" / "default.yaml"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("backend: synthetic\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_config("configs/ab/default.yaml").backend == "synthetic"
+
+
+def test_ab_without_a_config_runs_the_shipped_default_from_another_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, [
+        "ab", "--set", "backend=synthetic", "--set", "synthetic.chunk_delay_s=0.001",
+        "--set", "synthetic.first_chunk_delay_s=0.001", "--set", "bench.warmup=0", "--tiers", "1x1",
+        "--num-prompts", "2", "--format", "json", "--result-dir", "runs"])
+    assert result.exit_code == 0, result.output
+    run = json.loads((Path(json.loads(result.stdout)["run_dir"]) / "run.json").read_text())
+    base = run["configs"]["base"]
+    assert base["stages"]["talker"]["num_layers"] == 2  # the shipped default.yaml's tiny stages
+    assert base["stages"]["code2wav"]["extra"] == {"code2wav_batched_cache_split": False}  # its arms
+
+
+def test_wer_default_config_is_the_shipped_one_from_another_folder(tmp_path, monkeypatch):
+    from tts_bench.commands import wer as wer_cmd
+
+    monkeypatch.chdir(tmp_path)
+    arms = wer_cmd._arms(None, "base,test", [], [], [])
+    assert arms["base"].backend == "piper" and arms["base"].wer.num_prompts == 20

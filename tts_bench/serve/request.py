@@ -1,0 +1,156 @@
+"""What `tts-bench serve` accepts, and how it says no: the edge checks and the JSON errors.
+
+Every error the server answers is OpenAI-style JSON, `{"error": {"message", "type", "param",
+"code"}}`, with the status that says whose fault it is:
+
+| status | code | when |
+|---|---|---|
+| 400 | `invalid_request` | bad JSON (also nested too deeply), a field of the wrong type or range (`seed` outside [0, 2**63), `input` empty, longer than `--max-input-chars` or too long for the talker's `runner.max_seq_len`) |
+| 404 | `model_not_found` / `not_found` | another model name; an unknown path |
+| 405 | `method_not_allowed` | e.g. GET /v1/audio/speech |
+| 409 | `duplicate_request_id` | an `X-Request-Id` already in flight |
+| 413 | `request_too_large` | a body over `--max-body-bytes` |
+| 415 | `unsupported_media_type` | a body that is not `application/json` |
+| 500 | the failure kind (`backend_error`, ...) or `internal_error` | the backend failed the request; a server bug |
+| 503 | `backend_unavailable` | the backend stopped serving (a stage process died), or the server is stopping |
+
+`error_middleware` turns whatever a handler raises (aiohttp's own 404/405/413 included) into
+that JSON, so no answer is ever an HTML page or a traceback.
+
+    spec = parse_speech_body(json_body, "minicpmo45", max_input_chars=4096)   # BadRequest
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from tts_bench.limits import MAX_BODY_BYTES, MAX_INPUT_CHARS
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("pcm", "wav")
+STREAM_FORMATS = ("audio", "sse")
+MAX_SEED = 2**63  # per-request seeds seed torch generators (stages.talker.engine.MAX_SEED)
+DEFAULT_MAX_INPUT_CHARS = MAX_INPUT_CHARS  # the OpenAI speech API's limit (--max-input-chars)
+DEFAULT_MAX_BODY_BYTES = MAX_BODY_BYTES  # --max-body-bytes
+
+_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed",
+          409: "duplicate_request_id", 413: "request_too_large", 415: "unsupported_media_type",
+          503: "backend_unavailable"}
+
+
+class BadRequest(Exception):
+    """A request the server refuses; becomes an error_response."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param = status, param
+        self.code = code or _CODES.get(status, "invalid_request")
+
+
+@dataclass(frozen=True)
+class SpeechSpec:
+    """A validated `/v1/audio/speech` body."""
+
+    text: str
+    response_format: str = "wav"
+    stream: bool = False
+    sse: bool = False
+    seed: int = 42
+    prompt_text: str = ""
+
+
+def error_response(status: int, message: str, *, code: str, param: str | None = None) -> web.Response:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    doc = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return web.json_response(doc, status=status)
+
+
+async def read_json_body(request: web.Request, *, max_body_bytes: int) -> Any:
+    """The request's JSON body, or BadRequest: 415 not JSON, 413 too large, 400 unparsable."""
+    if request.content_type != "application/json":
+        raise BadRequest(415, f"the body must be application/json, got {request.content_type!r}")
+    if request.content_length is not None and request.content_length > max_body_bytes:
+        raise BadRequest(413, f"the body is {request.content_length} bytes, more than the "
+                              f"{max_body_bytes} this server accepts (--max-body-bytes)")
+    raw = await request.read()  # aiohttp raises 413 past client_max_size (chunked bodies)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise BadRequest(400, "the JSON body is nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise BadRequest(400, f"the body is not valid JSON: {exc}") from None
+
+
+def _check_text(body: dict, name: str, *, required: bool, max_chars: int) -> str:
+    value = body.get(name, None if required else "")
+    if not isinstance(value, str) or (required and not value.strip()):
+        raise BadRequest(400, f"'{name}' must be a {'non-empty ' if required else ''}string", name)
+    if len(value) > max_chars:
+        raise BadRequest(400, f"'{name}' has {len(value)} characters, more than the {max_chars} "
+                              f"this server accepts (--max-input-chars)", name)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(400, f"'{name}' is not valid Unicode (a lone surrogate)", name) from None
+    return value
+
+
+def parse_speech_body(body: Any, model_name: str, *,
+                      max_input_chars: int = DEFAULT_MAX_INPUT_CHARS) -> SpeechSpec:
+    """Validate a request body; raises BadRequest (400, or 404 for an unknown model)."""
+    if not isinstance(body, dict):
+        raise BadRequest(400, "the body must be a JSON object")
+    text = _check_text(body, "input", required=True, max_chars=max_input_chars)
+    model = body.get("model", model_name)
+    if model != model_name:
+        raise BadRequest(404, f"model {model!r} does not exist; this server serves {model_name!r}",
+                         "model", code="model_not_found")
+    fmt = body.get("response_format", "wav")
+    if fmt not in FORMATS:
+        raise BadRequest(400, f"unsupported response_format {fmt!r}; valid: {', '.join(FORMATS)}",
+                         "response_format")
+    stream_format = body.get("stream_format", "audio")
+    if stream_format not in STREAM_FORMATS:
+        raise BadRequest(400, f"unsupported stream_format {stream_format!r}; valid: "
+                         f"{', '.join(STREAM_FORMATS)}", "stream_format")
+    stream, seed = body.get("stream", False), body.get("seed", 42)
+    if not isinstance(stream, bool):
+        raise BadRequest(400, "'stream' must be true or false", "stream")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < MAX_SEED:
+        raise BadRequest(400, "'seed' must be an integer in [0, 2**63)", "seed")
+    ref = _check_text(body, "ref_text", required=False, max_chars=max_input_chars)
+    sse = stream_format == "sse"
+    return SpeechSpec(text, fmt, stream or sse, sse, seed, ref)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error as OpenAI-style JSON: BadRequest as given, aiohttp's HTTP errors (404, 405,
+    413) with their status, anything else a 500 (a server bug: logged with its traceback)."""
+    try:
+        return await handler(request)
+    except BadRequest as exc:
+        return error_response(exc.status, str(exc), code=exc.code, param=exc.param)
+    except web.HTTPException as exc:
+        if exc.status < 400:  # redirects and the like are answers, not errors
+            raise
+        message = exc.text if exc.text and not exc.text.startswith("<") else exc.reason
+        return error_response(exc.status, message, code=_CODES.get(exc.status, "http_error"))
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise  # the client went away: nobody to answer
+    except Exception:
+        log.exception("internal error serving %s %s", request.method, request.path)
+        return error_response(500, "internal server error; see the server's log",
+                              code="internal_error")
