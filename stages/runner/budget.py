@@ -13,7 +13,7 @@ on a CPU that is the host too):
 | talker weights | exact parameter count x dtype | the stage dims, runner.dtype |
 | talker KV cache | 2 x layers x talker_max_batch x max_seq_len x kv_heads x head_dim x dtype | runner.talker_max_batch, runner.max_seq_len |
 | code2wav weights | ~parameter count x dtype, per replica | R (replicas) |
-| code2wav request state | estimator + conformer attention caches of every request in flight (C, at most talker_max_batch) and one prompt setup per replica | C (concurrency), code2wav.prompt_keep_frames, code2wav.ref_audio_max_seconds |
+| code2wav request state | each replica's slot pool: 2 x max_num_seqs slots, doubled until its share of the C requests in flight fits, of estimator + conformer attention caches (the estimator's in code2wav_dit_dtype); one prompt setup per replica | C (concurrency), runner.max_num_seqs, code2wav.prompt_keep_frames, code2wav.ref_audio_max_seconds, code2wav.extra.code2wav_dit_dtype |
 | code2wav decode transient | a quarter of a request's state per batched row (measured 0.158 on an H200), per replica | runner.max_num_seqs |
 | processes | torch and its libraries per process (~300 MiB RSS on a CPU; a CUDA context and workspaces on a GPU) | R |
 | model build | one more fp32 copy of each process's weights while it is built on the host | the stage dims |
@@ -108,12 +108,22 @@ def code2wav_params(c: Code2WavConfig) -> int:
 
 def request_state_bytes(c: Code2WavConfig, elem: int) -> int:
     """One request's code2wav caches between payloads: the per-Euler-step estimator attention
-    cache (dominant: 500 MiB at full size) and the conformer attention cache."""
+    cache (dominant: 500 MiB at full size in fp32) and the conformer attention cache."""
     frames = round(c.ref_audio_max_seconds * c.mel_rate_hz) + c.prompt_keep_frames + c.chunk_mel_frames
     dit, f = c.dit, c.flow
     estimator = c.n_timesteps * dit.depth * 2 * dit.num_heads * frames * 2 * dit.head_dim
     conformer = (f.num_blocks + f.num_up_blocks) * f.input_size * 2 * frames
-    return (estimator + conformer) * elem
+    dit_elem = 2 if str(c.extra.get("code2wav_dit_dtype") or "").lower() in ("bfloat16", "bf16") else elem
+    return estimator * dit_elem + conformer * elem
+
+
+def pool_slots(max_num_seqs: int, live: int) -> int:
+    """Slots of one replica's pool (stages.code2wav.slots): 2 x max_num_seqs up front, doubled
+    until `live` requests fit."""
+    slots = max(1, 2 * max_num_seqs)
+    while slots < live:
+        slots *= 2
+    return slots
 
 
 def estimate_stage_memory(
@@ -123,27 +133,39 @@ def estimate_stage_memory(
     requests are in flight, on a device of type `device_type` (cpu, cuda, npu)."""
     t, c, r = cfg.talker, cfg.code2wav, cfg.runner
     elem = dtype_bytes(r.dtype)
-    processes = 1 + replicas
+    threads = r.execution == "threads"
+    processes = 2 if threads else 1 + replicas
+    # Replicas on threads share one copy of the modules per device they use.
+    copies = min(replicas, _devices_used(r, replicas)) if threads else replicas
     in_flight = min(concurrency, r.talker_max_batch)
     state = request_state_bytes(c, elem)
+    slots = pool_slots(r.max_num_seqs, -(-in_flight // replicas))
     kv = 2 * t.num_layers * r.talker_max_batch * r.max_seq_len * t.num_kv_heads * t.head_dim * elem
     items = [
         BudgetItem("talker weights", talker_params(t) * elem, "device", ("stages (dims)", "runner.dtype=bfloat16")),
         BudgetItem("talker KV cache", kv, "device",
                    ("runner.talker_max_batch", "runner.max_seq_len", "runner.dtype=bfloat16")),
-        BudgetItem("code2wav weights", replicas * code2wav_params(c) * elem, "device",
+        BudgetItem("code2wav weights", copies * code2wav_params(c) * elem, "device",
                    ("tier R (replicas)", "stages (dims)")),
-        BudgetItem("code2wav request state", (in_flight + replicas) * state, "device",
-                   ("tier C (concurrency)", "code2wav.prompt_keep_frames",
-                    "code2wav.ref_audio_max_seconds")),
+        BudgetItem("code2wav request state", replicas * (slots + 1) * state, "device",
+                   ("tier C (concurrency)", "runner.max_num_seqs", "code2wav.prompt_keep_frames",
+                    "code2wav.ref_audio_max_seconds", "code2wav.extra.code2wav_dit_dtype=bfloat16")),
         BudgetItem("code2wav decode transient",
                    int(replicas * min(r.max_num_seqs, in_flight) * TRANSIENT_PER_ROW * state),
                    "device", ("runner.max_num_seqs",)),
         BudgetItem("stage processes (host)", processes * HOST_PROCESS_BYTES, "host", ("tier R (replicas)",)),
-        BudgetItem("model build (host, fp32)", 4 * (talker_params(t) + replicas * code2wav_params(c)),
+        BudgetItem("model build (host, fp32)", 4 * (talker_params(t) + copies * code2wav_params(c)),
                    "host", ("stages (dims)", "tier R (replicas)")),
     ]
     if device_type != "cpu":
         items.append(BudgetItem("device contexts", processes * DEVICE_PROCESS_BYTES, "device",
                                 ("tier R (replicas)",)))
     return StageBudget(tuple(items), device_type)
+
+
+def _devices_used(r, replicas: int) -> int:
+    """Distinct devices the replicas are placed on (an explicit runner.devices list; else 1,
+    since `auto` needs the device count this arithmetic does not ask for)."""
+    if isinstance(r.devices, tuple):
+        return len(set(r.devices[i % len(r.devices)] for i in range(replicas)))
+    return 1
