@@ -103,7 +103,13 @@ class Code2WavConfig:
     n_timesteps: int = 10
     cfg_rate: float = 0.7
     prompt_keep_frames: int = 100  # estimator caches are trimmed to prompt + this many frames
-    ref_audio_max_seconds: float = 6.0
+    ref_audio_max_seconds: float = 6.0  # every reference voice is cut or padded to this
+    # Reference audio longer than this is refused (bad_prompt) rather than decoded and cut.
+    ref_audio_limit_seconds: float = 60.0
+    # Voices whose prompt setup a replica keeps (LRU by audio content; the default voice is
+    # kept besides). A setup holds the prompt's estimator caches: ~0.4 GiB at full size, fp32
+    # (upstream's token2wav_runtime_prompt_cache_size is 4 too).
+    prompt_cache_size: int = 4
     noise_frames: int = 30000  # fixed CFM noise buffer: 600 s at 50 Hz
     noise_temperature: float = 1.0
     flow: FlowEncoderConfig = field(default_factory=FlowEncoderConfig)
@@ -132,6 +138,12 @@ class Code2WavConfig:
                 f"= {self.mel_rate_hz * self.hift.samples_per_frame}, "
                 f"hift.sampling_rate = {self.hift.sampling_rate}"
             )
+        if not 0 < self.ref_audio_max_seconds <= self.ref_audio_limit_seconds:
+            raise ValueError(
+                "code2wav.ref_audio_max_seconds must be > 0 and <= code2wav.ref_audio_limit_seconds"
+            )
+        if self.prompt_cache_size < 1:
+            raise ValueError(f"code2wav.prompt_cache_size must be >= 1, got {self.prompt_cache_size}")
         for name in ("n_timesteps", "codec_chunk_frames", "prompt_keep_frames", "noise_frames"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"code2wav.{name} must be positive, got {getattr(self, name)}")

@@ -25,7 +25,9 @@ small LRU. WAVs are read with the stdlib (PCM via `wave`, IEEE float via a minim
 from __future__ import annotations
 
 import hashlib
+import io
 import struct
+import threading
 import wave
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ from stages.code2wav.mel import (
     whisper_log_mel,
 )
 from stages.code2wav.speaker import SpeakerEmbedder, onnx_session
+from stages.code2wav.streaming import PromptError
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 DEFAULT_REF_WAV = ASSETS / "default_ref.wav"
@@ -53,10 +56,6 @@ S3_TOKENIZER = TOKEN2WAV_ASSETS / "speech_tokenizer_v2_25hz.onnx"
 OFFICIAL_DEFAULT_VOICE = Path("assets") / "HT_ref_audio.wav"
 TOKENIZER_RATE = 16000  # S3 tokenizer and CAM++ fbank both read 16 kHz audio
 MAX_CHANNELS = 8
-
-
-class PromptError(ValueError):
-    """The reference audio cannot be used as a prompt."""
 
 
 @dataclass(frozen=True)
@@ -69,17 +68,31 @@ class PromptFeatures:
 # ---- WAV reading -------------------------------------------------------------------------------
 
 
-def read_wav(path: Path) -> tuple[torch.Tensor, int]:
-    """WAV file -> (float32 [C, N] in ±1, sample rate). PCM 8/16/24/32-bit and float 32/64."""
+def prompt_id_of(data: bytes) -> str:
+    """The prompt id of an encoded reference voice: its content hash (same bytes, same voice)."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def read_wav(source: Path | bytes, *, where: str | None = None) -> tuple[torch.Tensor, int]:
+    """WAV file or its bytes -> (float32 [C, N] in ±1, sample rate). PCM 8/16/24/32-bit and
+    float 32/64; anything else is a PromptError naming `where` (default: the path)."""
+    where = where or str(source if isinstance(source, Path) else "reference audio bytes")
+    data = source if isinstance(source, bytes) else None
     try:
-        with wave.open(str(path), "rb") as f:
+        if data is None:
+            data = Path(source).read_bytes()
+        with wave.open(io.BytesIO(data), "rb") as f:
             channels, width, rate = f.getnchannels(), f.getsampwidth(), f.getframerate()
             raw = f.readframes(f.getnframes())
+        if channels < 1 or width not in (1, 2, 3, 4) or rate < 1:
+            raise PromptError(f"error: malformed WAV header ({where}); re-export the file")
         return _pcm_to_float(raw, width, channels), rate
     except wave.Error:
-        return _read_float_wav(path)  # `wave` only knows PCM (format 1)
-    except (OSError, EOFError) as exc:
-        raise PromptError(f"error: cannot read reference audio ({path}): {exc}; give a readable WAV file") from exc
+        return _read_float_wav(data, where)  # `wave` only knows PCM (format 1)
+    except (OSError, EOFError, ValueError) as exc:
+        if isinstance(exc, PromptError):
+            raise
+        raise PromptError(f"error: cannot read reference audio ({where}): {exc}; give a readable WAV file") from exc
 
 
 def _pcm_to_float(raw: bytes, width: int, channels: int) -> torch.Tensor:
@@ -96,9 +109,8 @@ def _pcm_to_float(raw: bytes, width: int, channels: int) -> torch.Tensor:
     return torch.from_numpy(x.reshape(-1, channels).T.copy())
 
 
-def _read_float_wav(path: Path) -> tuple[torch.Tensor, int]:
+def _read_float_wav(data: bytes, path: str) -> tuple[torch.Tensor, int]:
     """Minimal RIFF reader for what `wave` rejects: IEEE float and WAVE_FORMAT_EXTENSIBLE."""
-    data = Path(path).read_bytes()
     if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
         raise PromptError(f"error: not a WAV file ({path}); give a RIFF/WAVE file")
     pos, fmt, code, payload = 12, None, None, None
@@ -116,6 +128,8 @@ def _read_float_wav(path: Path) -> tuple[torch.Tensor, int]:
     if fmt is None or payload is None:
         raise PromptError(f"error: WAV file has no fmt/data chunk ({path}); re-export the file")
     channels, rate, bits = fmt[1], fmt[2], fmt[5]
+    if channels < 1 or bits < 8 or rate < 1:
+        raise PromptError(f"error: malformed WAV header ({path}); re-export the file")
     frame = channels * (bits // 8)
     payload = payload[: len(payload) // frame * frame]
     if code == 1 and bits in (8, 16, 24, 32):
@@ -146,6 +160,12 @@ def normalize_reference(wav: torch.Tensor, sample_rate: int, cfg: Code2WavConfig
         )
     if not torch.isfinite(wav).all():
         raise PromptError(f"error: reference audio has NaN/inf samples ({where}); re-export the file")
+    if sample_rate < 1 or wav.shape[-1] > cfg.ref_audio_limit_seconds * sample_rate:
+        raise PromptError(
+            f"error: reference audio is {wav.shape[-1] / max(sample_rate, 1):.1f} s long ({where}), "
+            f"the limit is code2wav.ref_audio_limit_seconds={cfg.ref_audio_limit_seconds:g}; "
+            "give a shorter clip (it is cut to ref_audio_max_seconds anyway)"
+        )
     mono = resample(wav.float().mean(dim=0), sample_rate, cfg.sample_rate)
     target = int(round(cfg.ref_audio_max_seconds * cfg.sample_rate))
     if mono.shape[0] >= target:
@@ -210,6 +230,7 @@ class PromptBuilder:
         self.default_wav = self._default_wav(extra or {}, weights_dir)
         self._cache: OrderedDict[tuple[str, str], PromptFeatures] = OrderedDict()
         self._cache_size = cache_size
+        self._lock = threading.Lock()  # replicas on threads share one builder
 
     def _tokenizer(self, weights_dir: str | None, seed: int):
         if weights_dir is None:
@@ -235,6 +256,10 @@ class PromptBuilder:
         key = (str(path.resolve()), hashlib.sha256(path.read_bytes()).hexdigest())
         return self._cached(key, lambda: read_wav(path), str(path))
 
+    def build_bytes(self, data: bytes) -> PromptFeatures:
+        """Prompt for an encoded reference voice (a request's prompt wav), cached by content."""
+        return self._cached(("<bytes>", prompt_id_of(data)), lambda: read_wav(data), "request reference audio")
+
     def build_waveform(self, wav: torch.Tensor, sample_rate: int) -> PromptFeatures:
         """Prompt for in-memory audio [C, N] or [N] (e.g. a payload's ref audio), cached by hash."""
         data = wav.detach().to("cpu", torch.float32).contiguous()
@@ -242,16 +267,17 @@ class PromptBuilder:
         return self._cached(("<waveform>", digest), lambda: (data, sample_rate), "in-memory reference audio")
 
     def _cached(self, key, load, where: str) -> PromptFeatures:
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            return hit
-        wav, rate = load()
-        features = self._features(normalize_reference(wav, rate, self.cfg, where=where))
-        self._cache[key] = features
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-        return features
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+            wav, rate = load()
+            features = self._features(normalize_reference(wav, rate, self.cfg, where=where))
+            self._cache[key] = features
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+            return features
 
     def _features(self, wav24: torch.Tensor) -> PromptFeatures:  # wav24: [N] at 24 kHz
         wav16 = resample(wav24, self.cfg.sample_rate, TOKENIZER_RATE)

@@ -21,6 +21,10 @@ from stages.code2wav.config import Code2WavConfig
 DEFAULT_PROMPT_ID = "default"
 
 
+class PromptError(ValueError):
+    """The reference audio cannot be used as a prompt (the request's fault: bad_prompt)."""
+
+
 class Code2WavPayloadError(ValueError):
     """A payload breaks the streaming contract; the message names the request."""
 
@@ -38,6 +42,9 @@ class CodecPayload:
     last_chunk: bool
     prompt_id: str = DEFAULT_PROMPT_ID
     seed: int = 0  # the request's sampling seed; seeds its vocoder noise (read at chunk_seq 0)
+    # The request's reference voice as an encoded audio file (chunk_seq 0 only; None: the
+    # prompt id alone, e.g. the default voice). `prompt_id` is then its content hash.
+    prompt_audio: bytes | None = None
 
 
 def validate_payload(p: CodecPayload, prev_seq: int | None, cfg: Code2WavConfig) -> None:
@@ -76,12 +83,14 @@ class Chunker:
     """Per-request accumulator turning a code stream into payloads (one instance per request)."""
 
     def __init__(
-        self, cfg: Code2WavConfig, request_id: str, prompt_id: str = DEFAULT_PROMPT_ID, seed: int = 0
+        self, cfg: Code2WavConfig, request_id: str, prompt_id: str = DEFAULT_PROMPT_ID, seed: int = 0,
+        prompt_audio: bytes | None = None,
     ) -> None:
         self.cfg = cfg
         self.request_id = request_id
         self.prompt_id = prompt_id
         self.seed = seed
+        self.prompt_audio = prompt_audio  # rides on the first payload only
         self._context: list[int] = [cfg.silence_code] * cfg.codec_left_context_frames
         self._pending: list[int] = []
         self._seq = 0
@@ -89,7 +98,8 @@ class Chunker:
 
     def _emit(self, new: list[int], last: bool) -> CodecPayload:
         codes = tuple(self._context + new)
-        payload = CodecPayload(self.request_id, self._seq, codes, last, self.prompt_id, self.seed)
+        audio = self.prompt_audio if self._seq == 0 else None
+        payload = CodecPayload(self.request_id, self._seq, codes, last, self.prompt_id, self.seed, audio)
         self._seq += 1
         self._context = list(codes[-self.cfg.codec_left_context_frames :])
         return payload

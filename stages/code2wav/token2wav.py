@@ -29,6 +29,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -52,6 +54,7 @@ from stages.code2wav.streaming import (
     validate_payload,
 )
 from stages.code2wav.weights import load_flow_weights
+from stages.platform.device import synchronize
 from stages.platform.graphs import graph_api
 
 log = logging.getLogger(__name__)
@@ -158,11 +161,14 @@ class Token2Wav:
         self.flow.decoder.init_noise(seed=seed, device=self.device, dtype=self.dtype)
         self.hift = self._build_hift(seed, weights_dir)
         self._prompts = PromptBuilder(
-            cfg, device=self.device, dtype=self.dtype, extra=cfg.extra, weights_dir=weights_dir, init_seed=seed
+            cfg, device=self.device, dtype=self.dtype, extra=cfg.extra, weights_dir=weights_dir, init_seed=seed,
+            cache_size=cfg.prompt_cache_size,
         )
+        # Voices by id: registered ones (the default, register_prompt) are kept; voices that
+        # arrive as audio with a request are an LRU of cfg.prompt_cache_size (see prepare).
         self._prompt_wavs: dict[str, str | None] = {DEFAULT_PROMPT_ID: None}
-        self._setups: dict[str, PromptSetup] = {}
-        self._prompt_lock = threading.Lock()
+        self._setups: OrderedDict[str, PromptSetup] = OrderedDict()
+        self._prompt_lock = threading.RLock()
 
     def _share(self, other: Token2Wav) -> None:
         if (other.cfg, other.device, other.dtype, other._init_seed) != (self.cfg, self.device, self.dtype, self._init_seed):
@@ -199,6 +205,48 @@ class Token2Wav:
         """Make `prompt_id` usable in payloads; its setup is computed on first use."""
         self._prompt_wavs[prompt_id] = wav_path
         self._setups.pop(prompt_id, None)
+
+    def prepare(self, p: CodecPayload) -> dict | None:
+        """Set up a new stream's voice before it is decoded; {"cache_hit", "setup_ms"} for a
+        stream's first payload, None for later ones.
+
+        A payload with `prompt_audio` names its voice by content hash: a voice seen before is a
+        cache hit (its prompt setup is reused), a new one is built here (speech tokens, prompt
+        mel, speaker embedding on the device or CPU per `token2wav_device_spk`, then the setup
+        solve), timed with the device synchronized. Audio that cannot be decoded, is empty or
+        over `ref_audio_limit_seconds` raises PromptError (the request's fault).
+        """
+        if p.chunk_seq != 0:
+            return None
+        if p.prompt_audio is None:
+            self.prompt_setup(p.prompt_id)  # registered voices are built once and kept
+            return {"cache_hit": True, "setup_ms": 0.0}
+        with self._prompt_lock:
+            if p.prompt_id in self._setups:
+                self._setups.move_to_end(p.prompt_id)
+                return {"cache_hit": True, "setup_ms": 0.0}
+            t0 = time.perf_counter()
+            setup = self._build_setup(self._prompts.build_bytes(p.prompt_audio))
+            synchronize(self.device)
+            ms = (time.perf_counter() - t0) * 1000.0
+            self._ensure_pool(setup.prompt_len)
+            self._setups[p.prompt_id] = setup
+            self._evict_voices()
+        return {"cache_hit": False, "setup_ms": ms}
+
+    def _evict_voices(self) -> None:
+        """Drop the least recently used request voices past cfg.prompt_cache_size (registered
+        voices stay). Live streams do not need their setup: it was copied into their slot."""
+        extra = [k for k in self._setups if k not in self._prompt_wavs]
+        for key in extra[: max(0, len(extra) - self.cfg.prompt_cache_size)]:
+            del self._setups[key]
+
+    def prompt_cache(self) -> dict:
+        """Voices held and their bytes (prompt setups), for memory reports."""
+        with self._prompt_lock:
+            setups = list(self._setups.values())
+        tensors = [t for s in setups for t in (s.spk, s.mel, *vars(s.cache).values()) if t is not None]
+        return {"entries": len(setups), "bytes": sum(t.numel() * t.element_size() for t in tensors)}
 
     def prompt_setup(self, prompt_id: str = DEFAULT_PROMPT_ID) -> PromptSetup:
         setup = self._setups.get(prompt_id)
@@ -281,7 +329,7 @@ class Token2Wav:
         prev = None if (live is None or p.chunk_seq == 0) else live.chunk_seq
         validate_payload(p, prev, self.cfg)
         if p.chunk_seq == 0:
-            self.prompt_setup(p.prompt_id)  # unknown prompt ids fail here, before any state
+            self.prepare(p)  # unknown prompt ids and bad voices fail here, before any state
         elif p.prompt_id != live.prompt_id:
             raise Code2WavPayloadError(
                 p.request_id, p.chunk_seq, f"prompt id changed to {p.prompt_id!r} mid-stream",
@@ -292,6 +340,8 @@ class Token2Wav:
         if p.chunk_seq != 0:
             return self._requests[p.request_id]
         self.drop(p.request_id)  # a new epoch of a live stream starts from scratch
+        if p.prompt_audio is not None and p.prompt_id not in self._setups:
+            self.prepare(p)  # evicted by another new voice of this batch since _validate
         setup = self.prompt_setup(p.prompt_id)
         slot = self.pool.acquire()
         self._load_setup(slot, setup)

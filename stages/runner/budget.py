@@ -13,7 +13,8 @@ on a CPU that is the host too):
 | talker weights | exact parameter count x dtype | the stage dims, runner.dtype |
 | talker KV cache | 2 x layers x talker_max_batch x max_seq_len x kv_heads x head_dim x dtype | runner.talker_max_batch, runner.max_seq_len |
 | code2wav weights | ~parameter count x dtype, per replica | R (replicas) |
-| code2wav request state | each replica's slot pool: 2 x max_num_seqs slots, doubled until its share of the C requests in flight fits, of estimator + conformer attention caches (the estimator's in code2wav_dit_dtype); one prompt setup per replica | C (concurrency), runner.max_num_seqs, code2wav.prompt_keep_frames, code2wav.ref_audio_max_seconds, code2wav.extra.code2wav_dit_dtype |
+| code2wav request state | each replica's slot pool: 2 x max_num_seqs slots, doubled until its share of the C requests in flight fits, of estimator + conformer attention caches (the estimator's in code2wav_dit_dtype) | C (concurrency), runner.max_num_seqs, code2wav.prompt_keep_frames, code2wav.ref_audio_max_seconds, code2wav.extra.code2wav_dit_dtype |
+| code2wav voices | the default voice and up to prompt_cache_size request voices per module copy, each a prompt setup's caches | code2wav.prompt_cache_size |
 | code2wav decode transient | a quarter of a request's state per batched row (measured 0.158 on an H200), per replica | runner.max_num_seqs |
 | processes | torch and its libraries per process (~300 MiB RSS on a CPU; a CUDA context and workspaces on a GPU) | R |
 | model build | one more fp32 copy of each process's weights while it is built on the host | the stage dims |
@@ -147,9 +148,11 @@ def estimate_stage_memory(
                    ("runner.talker_max_batch", "runner.max_seq_len", "runner.dtype=bfloat16")),
         BudgetItem("code2wav weights", copies * code2wav_params(c) * elem, "device",
                    ("tier R (replicas)", "stages (dims)")),
-        BudgetItem("code2wav request state", replicas * (slots + 1) * state, "device",
+        BudgetItem("code2wav request state", replicas * slots * state, "device",
                    ("tier C (concurrency)", "runner.max_num_seqs", "code2wav.prompt_keep_frames",
                     "code2wav.ref_audio_max_seconds", "code2wav.extra.code2wav_dit_dtype=bfloat16")),
+        BudgetItem("code2wav voices", copies * (1 + c.prompt_cache_size) * int(state * _setup_share(c)), "device",
+                   ("code2wav.prompt_cache_size", "code2wav.ref_audio_max_seconds")),
         BudgetItem("code2wav decode transient",
                    int(replicas * min(r.max_num_seqs, in_flight) * TRANSIENT_PER_ROW * state),
                    "device", ("runner.max_num_seqs",)),
@@ -161,6 +164,12 @@ def estimate_stage_memory(
         items.append(BudgetItem("device contexts", processes * DEVICE_PROCESS_BYTES, "device",
                                 ("tier R (replicas)",)))
     return StageBudget(tuple(items), device_type)
+
+
+def _setup_share(c: Code2WavConfig) -> float:
+    """A prompt setup's caches relative to one request's state (prompt frames only)."""
+    prompt = round(c.ref_audio_max_seconds * c.mel_rate_hz)
+    return prompt / (prompt + c.prompt_keep_frames + c.chunk_mel_frames)
 
 
 def _devices_used(r, replicas: int) -> int:

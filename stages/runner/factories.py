@@ -11,10 +11,12 @@ Interfaces the runner relies on (duck-typed):
 - talker(cfg: TalkerConfig, *, device, dtype, max_batch, max_seq_len, init_seed, weights_dir)
   -> engine with add(TalkerRequest), step() -> [TalkerOutput(request_id, code, finished)],
   has_work(), cancel(request_id);
-- chunker(cfg: Code2WavConfig, request_id, *, seed) -> one request's stream: push(codes) -> [payload],
-  finish() -> payload (the final flush, `last_chunk`);
-- token2wav(cfg: Code2WavConfig, *, device, dtype, init_seed, weights_dir)
-  -> decode([payload]) -> [DecodedAudio(request_id, chunk_seq, audio, last_chunk)], drop(id).
+- chunker(cfg: Code2WavConfig, request_id, *, seed, prompt_audio) -> one request's stream:
+  push(codes) -> [payload], finish() -> payload (the final flush, `last_chunk`);
+- token2wav(cfg: Code2WavConfig, *, device, dtype, init_seed, weights_dir, slots, shared)
+  -> prepare(first payload) -> {"cache_hit", "setup_ms"} (raises PromptError for a bad voice),
+  decode([payload]) -> [DecodedAudio(request_id, chunk_seq, audio, last_chunk)], drop(id),
+  prompt_cache() -> {"entries", "bytes"}.
 """
 
 from __future__ import annotations
@@ -40,10 +42,14 @@ def make_talker_request(request_id: str, text: str, seed: int, max_codes: int | 
     return TalkerRequest(request_id, text, seed=seed, max_codes=max_codes)
 
 
-def build_chunker(cfg: Code2WavConfig, request_id: str, *, seed: int = 0) -> Any:
-    from stages.code2wav.streaming import Chunker
+def build_chunker(cfg: Code2WavConfig, request_id: str, *, seed: int = 0, prompt_audio: bytes | None = None) -> Any:
+    """The request's chunker; with `prompt_audio` its payloads name the voice by content hash
+    and the first one carries the audio (the replica builds or reuses the voice from it)."""
+    from stages.code2wav.prompt import prompt_id_of
+    from stages.code2wav.streaming import DEFAULT_PROMPT_ID, Chunker
 
-    return Chunker(cfg, request_id, seed=seed)
+    prompt_id = DEFAULT_PROMPT_ID if prompt_audio is None else prompt_id_of(prompt_audio)
+    return Chunker(cfg, request_id, prompt_id, seed=seed, prompt_audio=prompt_audio)
 
 
 def build_token2wav(cfg: Code2WavConfig, **kwargs: Any) -> Any:

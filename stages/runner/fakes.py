@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from stages.code2wav.config import Code2WavConfig
+from stages.code2wav.streaming import PromptError
 from stages.runner.factories import StageFactories
 from stages.talker.config import TalkerConfig
 
@@ -64,6 +65,7 @@ class FakePayload:
     codes: tuple[int, ...]
     last_chunk: bool
     prompt_id: str = "default"
+    prompt_audio: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -134,17 +136,20 @@ class FakeTalker:
 class FakeChunker:
     """The spec §4.6 streaming contract for one request, written plainly."""
 
-    def __init__(self, cfg: Code2WavConfig, request_id: str, *, seed: int = 0) -> None:
+    def __init__(self, cfg: Code2WavConfig, request_id: str, *, seed: int = 0,
+                 prompt_audio: bytes | None = None) -> None:
         self.cfg = cfg
         self.request_id = request_id
         self.seed = seed
+        self.prompt_audio = prompt_audio
         self.left = [cfg.silence_code] * cfg.codec_left_context_frames
         self.pending: list[int] = []
         self.seq = 0
 
     def _emit(self, last: bool) -> FakePayload:
         codes = self.left + self.pending
-        payload = FakePayload(self.request_id, self.seq, tuple(codes), last)
+        audio = self.prompt_audio if self.seq == 0 else None
+        payload = FakePayload(self.request_id, self.seq, tuple(codes), last, prompt_audio=audio)
         self.left, self.pending = codes[-self.cfg.codec_left_context_frames:], []
         self.seq += 1
         return payload
@@ -178,6 +183,7 @@ class FakeToken2Wav:
         self.log = Path(log_dir) / f"decode-{os.getpid()}.jsonl" if log_dir else None
         self.calls = 0
         self.next_seq: dict[str, int] = {}
+        self.voices: set[bytes] = set()  # reference voices seen (the real one caches setups)
 
     @property
     def samples_per_code(self) -> int:
@@ -211,6 +217,20 @@ class FakeToken2Wav:
 
     def drop(self, request_id: str) -> None:
         self.next_seq.pop(request_id, None)
+
+    def prepare(self, p: FakePayload) -> dict | None:
+        """Token2Wav.prepare's contract: audio starting with b"BAD" is a bad voice."""
+        if p.chunk_seq != 0:
+            return None
+        if p.prompt_audio is not None and p.prompt_audio.startswith(b"BAD"):
+            raise PromptError(f"error: not a WAV file (request {p.request_id}); give a RIFF/WAVE file")
+        hit = p.prompt_audio is None or p.prompt_audio in self.voices
+        if p.prompt_audio is not None:
+            self.voices.add(p.prompt_audio)
+        return {"cache_hit": hit, "setup_ms": 0.0 if hit else 1.0}
+
+    def prompt_cache(self) -> dict:
+        return {"entries": 1 + len(self.voices), "bytes": sum(len(v) for v in self.voices)}
 
 
 def fake_factories(*, step_s: float = 0.0, fail_text: str | None = None,

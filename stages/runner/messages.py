@@ -24,6 +24,9 @@ class RunnerRequest:
     text: str
     seed: int = 42
     max_codes: int | None = None  # None: the talker's length model / EOS decides
+    # The reference voice as an encoded audio file (WAV); None: the default voice. Cached by
+    # content hash in each replica, so repeated voices are built once.
+    prompt_audio: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ class ChunkReady:
     audio: np.ndarray  # [n] float32 mono at the code2wav sample rate
     codes: tuple[int, ...]
     last_chunk: bool
+    # First chunk only: how the request's voice was set up, {"cache_hit": bool, "setup_ms": float}.
+    prompt: dict | None = None
 
 
 # RequestError kinds: the request itself is unacceptable (a client's mistake: bad seed, text
@@ -78,6 +83,7 @@ class ChunkReady:
 INVALID_REQUEST = "invalid_request"
 STAGE_ERROR = "stage_error"
 RUNNER_BROKEN = "runner_broken"
+BAD_PROMPT = "bad_prompt"  # the request's reference audio cannot be decoded or used
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,7 @@ class RequestError:
 
     request_id: str
     message: str
-    kind: str = STAGE_ERROR  # INVALID_REQUEST | STAGE_ERROR | RUNNER_BROKEN
+    kind: str = STAGE_ERROR  # INVALID_REQUEST | STAGE_ERROR | RUNNER_BROKEN | BAD_PROMPT
 
 
 @dataclass(frozen=True)

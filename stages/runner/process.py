@@ -104,8 +104,9 @@ class StageContext:
     results: Any  # write end of this process's result pipe to the client (Connection)
     info: dict = field(default_factory=dict)  # goes into Ready (device, dtype, engine facts)
 
-    def report_memory(self, token: int) -> None:
-        stats = {"process": self.spec.name, "pid": os.getpid(), **memory_stats(self.device)}
+    def report_memory(self, token: int, extra: dict | None = None) -> None:
+        """Send this process's memory figures; `extra` adds engine facts (e.g. its voices)."""
+        stats = {"process": self.spec.name, "pid": os.getpid(), **memory_stats(self.device), **(extra or {})}
         self.results.send(MemoryReport(token, stats))
 
 

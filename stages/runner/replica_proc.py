@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from stages.runner.messages import ChunkReady, Drop, MemoryQuery, RequestError
+from stages.code2wav.streaming import PromptError
+from stages.runner.messages import BAD_PROMPT, STAGE_ERROR, ChunkReady, Drop, MemoryQuery, RequestError
 from stages.runner.process import ProcessSpec, StageContext, drain, run_stage_process, short_error
 
 log = logging.getLogger(__name__)
@@ -96,29 +97,61 @@ class ReplicaLoop:
             self._drop(msg.request_id)
             self.failed.discard(msg.request_id)
         elif isinstance(msg, MemoryQuery):
-            self.ctx.report_memory(msg.token)
+            self.ctx.report_memory(msg.token, self._memory_extra())
         else:
             raise TypeError(f"{self.ctx.spec.name} got an unexpected message {type(msg).__name__}")
+
+    def _memory_extra(self) -> dict:
+        """The voices this replica holds (prompt setups), beside its allocator figures."""
+        cache = getattr(self.t2w, "prompt_cache", None)
+        if not callable(cache):
+            return {}
+        held = cache()
+        return {"prompt_cache_entries": held["entries"], "prompt_cache_bytes": held["bytes"]}
 
     def _drop(self, request_id: str) -> None:
         self.pending = deque(p for p in self.pending if p.request_id != request_id)
         self.t2w.drop(request_id)  # unknown ids are a no-op
 
+    def _prepare(self, batch: list[Any]) -> tuple[list[Any], dict[str, dict]]:
+        """Set up new streams' voices one request at a time, so a bad reference voice fails
+        its own request (kind bad_prompt) and the rest of the batch decodes."""
+        kept, prompts = [], {}
+        prepare = getattr(self.t2w, "prepare", None)
+        for p in batch:
+            if p.chunk_seq != 0 or prepare is None:
+                kept.append(p)
+                continue
+            try:
+                prompts[p.request_id] = prepare(p)
+            except Exception as exc:  # noqa: BLE001 - this request's voice, this request's failure
+                kind = BAD_PROMPT if isinstance(exc, PromptError) else STAGE_ERROR
+                log.warning("%s: voice of %s refused: %s", self.ctx.spec.name, p.request_id, exc)
+                self._fail(p.request_id, f"{self.ctx.spec.name}: {short_error(exc)}", kind)
+                continue
+            kept.append(p)
+        return kept, prompts
+
+    def _fail(self, request_id: str, message: str, kind: str = STAGE_ERROR) -> None:
+        self.failed.add(request_id)
+        self._drop(request_id)
+        self.ctx.results.send(RequestError(request_id, message, kind))
+
     def _decode(self, batch: list[Any]) -> None:
         left = self.ctx.spec.cfg.code2wav.codec_left_context_frames
+        batch, prompts = self._prepare(batch)
+        if not batch:
+            return
         try:
             decoded = self.t2w.decode(batch)
         except Exception as exc:
             log.warning("%s: decode of %d rows failed: %s", self.ctx.spec.name, len(batch), exc)
             message = f"{self.ctx.spec.name}: {short_error(exc)}"
             for p in batch:
-                self.failed.add(p.request_id)
-                self._drop(p.request_id)
-                self.ctx.results.send(RequestError(p.request_id, message))
+                self._fail(p.request_id, message)
             return
         codes = {p.request_id: tuple(int(c) for c in p.codes[left:]) for p in batch}
         for d in decoded:
             audio = np.ascontiguousarray(d.audio, dtype=np.float32).reshape(-1)
-            self.ctx.results.send(
-                ChunkReady(d.request_id, d.chunk_seq, audio, codes[d.request_id], d.last_chunk)
-            )
+            self.ctx.results.send(ChunkReady(d.request_id, d.chunk_seq, audio, codes[d.request_id],
+                                             d.last_chunk, prompts.get(d.request_id)))

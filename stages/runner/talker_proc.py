@@ -149,7 +149,8 @@ class TalkerLoop:
                 # The request's seed travels with its payloads: code2wav seeds its vocoder noise
                 # from it, so equal codes + seed give equal audio whatever the request is called.
                 self.chunkers[req.request_id] = self.engines.make_chunker(
-                    self.ctx.spec.cfg.code2wav, req.request_id, seed=req.seed
+                    self.ctx.spec.cfg.code2wav, req.request_id, seed=req.seed,
+                    prompt_audio=req.prompt_audio,
                 )
             except Exception as exc:  # noqa: BLE001 - this request fails alone
                 self._fail(req.request_id, short_error(exc), _kind(exc))

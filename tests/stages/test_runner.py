@@ -332,3 +332,28 @@ def test_runner_config_rejects_bad_values():
         RunnerConfig(torch_threads=-1)
     with pytest.raises(ValueError, match="start_timeout_s"):
         dataclasses.replace(RunnerConfig(), start_timeout_s=0)
+
+
+def test_a_bad_reference_voice_fails_its_request_alone_and_voices_are_cached():
+    runner = StageRunner(cpu_config(), replicas=1, factories=fake_factories())
+    runner.start()
+    try:
+        col = Collector()
+        voice = b"RIFF-a-voice"
+        for rid, audio in (("bad-voice", b"BAD bytes"), ("voice-1", voice), ("no-voice", None)):
+            runner.submit(RunnerRequest(rid, "some words", seed=1, max_codes=30, prompt_audio=audio),
+                          col.expect(rid))
+        col.wait()
+        (err,) = col.events["bad-voice"]
+        assert isinstance(err, RequestError) and err.kind == "bad_prompt" and "not a WAV" in err.message
+        assert col.events["voice-1"][0].prompt == {"cache_hit": False, "setup_ms": 1.0}
+        assert col.events["no-voice"][0].prompt["cache_hit"] is True  # the default voice
+        assert all(e.prompt is None for e in col.events["voice-1"][1:])  # first chunk only
+        again = Collector()
+        runner.submit(RunnerRequest("voice-2", "x", seed=2, max_codes=30, prompt_audio=voice), again.expect("voice-2"))
+        again.wait()
+        assert again.events["voice-2"][0].prompt["cache_hit"] is True  # same bytes: a hit
+        (replica,) = [m for m in runner.memory_snapshot() if m["process"] == "code2wav-0"]
+        assert replica["prompt_cache_entries"] == 2 and replica["prompt_cache_bytes"] == len(voice)
+    finally:
+        runner.stop()

@@ -238,3 +238,85 @@ def test_pooled_vocoder_equals_the_per_row_reference_stream():
                                    [o.last_chunk for o in outs], generator=keys)
         for out, want in zip(outs, audio):
             assert torch.equal(torch.from_numpy(out.audio), want), (out.request_id, step)
+
+
+PROMPTS = __import__("pathlib").Path(__file__).resolve().parents[2] / "tts_bench/data/seed-tts-en/prompts"
+
+
+def _voice(name: str) -> bytes:
+    return (PROMPTS / name).read_bytes()
+
+
+def test_a_request_voice_is_built_once_then_reused_and_changes_the_audio():
+    from stages.code2wav.prompt import prompt_id_of
+
+    t2w = _t2w()
+    voice = _voice("ref_0.wav")
+    codes = _codes(60, 11)
+
+    def run(rid, audio):
+        pid = prompt_id_of(audio) if audio else "default"
+        ch = Chunker(t2w.cfg, rid, pid, seed=1, prompt_audio=audio)
+        payloads = [*ch.push(codes), ch.finish()]
+        stats = t2w.prepare(payloads[0])
+        return stats, np.concatenate([t2w.decode([p])[0].audio for p in payloads])
+
+    miss, with_voice = run("a", voice)
+    hit, again = run("b", voice)
+    assert miss["cache_hit"] is False and miss["setup_ms"] > 0 and hit == {"cache_hit": True, "setup_ms": 0.0}
+    assert np.array_equal(with_voice, again)  # same codes, seed and voice
+    default_stats, default_audio = run("c", None)
+    assert default_stats["cache_hit"] and not np.array_equal(with_voice, default_audio)
+    assert t2w.prompt_cache()["entries"] == 2 and t2w.prompt_cache()["bytes"] > 0
+
+
+def test_rows_of_different_voices_decode_in_one_batch_like_alone():
+    from stages.code2wav.prompt import prompt_id_of
+
+    batched, alone = _t2w(), _t2w()
+    voices = [_voice(f"ref_{i}.wav") for i in range(3)]
+    streams = []
+    for i, v in enumerate(voices):
+        ch = Chunker(batched.cfg, f"v{i}", prompt_id_of(v), seed=i, prompt_audio=v)
+        streams.append([*ch.push(_codes(50, 30 + i)), ch.finish()])
+    for step in range(len(streams[0])):
+        outs = batched.decode([s[step] for s in streams])
+        assert len({o.request_id for o in outs}) == 3
+        for s, out in zip(streams, outs):
+            single = alone.decode([s[step]])[0]
+            assert (out.mel - single.mel).abs().max().item() < MEL_TOL
+
+
+def test_bad_and_over_long_voices_are_prompt_errors_and_the_lru_keeps_registered_voices():
+    from stages.code2wav.prompt import prompt_id_of
+    from stages.code2wav.streaming import PromptError
+
+    t2w = _t2w(prompt_cache_size=2, ref_audio_limit_seconds=6.5)
+    t2w.prompt_setup()  # the default voice, as a replica builds it at start
+
+    def first(rid, audio):
+        return Chunker(t2w.cfg, rid, prompt_id_of(audio), prompt_audio=audio).finish()
+
+    with pytest.raises(PromptError, match="not a WAV"):
+        t2w.prepare(first("bad", b"this is a text file named x.wav"))
+    with pytest.raises(PromptError, match="empty"):
+        t2w.prepare(first("empty", _wav_bytes(np.zeros(0, np.float32))))
+    with pytest.raises(PromptError, match="ref_audio_limit_seconds"):
+        t2w.prepare(first("long", _wav_bytes(np.zeros(24000 * 7, np.float32))))
+    for i in range(3):
+        t2w.prepare(first(f"v{i}", _voice(f"ref_{i}.wav")))
+    held = set(t2w._setups)
+    assert "default" in held and prompt_id_of(_voice("ref_0.wav")) not in held and len(held) == 3
+
+
+def _wav_bytes(samples: np.ndarray, rate: int = 24000) -> bytes:
+    import io
+    import wave
+
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(rate)
+        f.writeframes((samples * 32767).astype("<i2").tobytes())
+    return buf.getvalue()
