@@ -183,6 +183,9 @@ class HttpConfig:
     stream: bool = True
     sample_rate: int = 24000  # of raw `pcm` responses (int16 mono)
     api_key_env: str = "OPENAI_API_KEY"  # name of the variable, never the key itself
+    # Send the request's reference voice as vllm-omni does: `ref_audio` (a WAV data URL) and
+    # `ref_text`; false for servers that reject fields the OpenAI API does not have.
+    send_voice: bool = True
     extra_body: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -199,6 +202,11 @@ class PromptsConfig:
 
     meta: str = "builtin:seed-tts-en"
     shuffle_seed: int = 0
+    # Which reference voice each request gets: `file` its meta.lst prompt wav; `one` the set's
+    # first prompt wav for every request (a voice cache hit after the first); `distinct` its
+    # prompt wav made unique per request (one sample nudged by one LSB: a cache miss every
+    # time); `default` none (the backend's default voice).
+    voices: Literal["file", "one", "distinct", "default"] = "file"
 
     def __post_init__(self) -> None:
         check_range("prompts.shuffle_seed", self.shuffle_seed, 0, MAX_SEED)

@@ -79,6 +79,10 @@ class RequestRecord:
     codes_sha256: str | None = None
     failure_kind: str | None = None
     failure_detail: str = ""
+    # How the request's voice was set up, where the backend reports it (the embedded runner):
+    # a cache hit reuses a voice's prompt setup; a miss builds it (setup_ms, device synced).
+    prompt_cache_hit: bool | None = None
+    prompt_setup_ms: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -118,8 +122,11 @@ class _Collector:
         self.codes = 0
         self.audio_hash = hashlib.sha256()
         self.codes_hash = hashlib.sha256()
+        self.prompt: dict = {}
 
     def add(self, chunk, arrival: float) -> None:
+        if getattr(chunk, "prompt", None):
+            self.prompt = chunk.prompt
         if self.first is None:
             self.first = arrival
         self.last = arrival
@@ -171,6 +178,7 @@ async def run_request(
         arm=labels.arm, tier=labels.tier, repeat=labels.repeat, request_id=job.request.request_id,
         utt=job.utt, warmup=job.warmup, phase_id=phase_id, t_send_s=send - t0, t_end_s=end - t0,
         num_chunks=col.chunks, num_codes=col.codes, failure_kind=kind, failure_detail=detail,
+        prompt_cache_hit=col.prompt.get("cache_hit"), prompt_setup_ms=col.prompt.get("setup_ms"),
     )
     if kind is not None:
         return RequestRecord(**fields)

@@ -10,6 +10,9 @@ Names follow vLLM / vllm-omni's serving benchmark, with units in the name:
 | `audio_throughput` | Σ audio seconds of completed requests / wall seconds of the measured phases |
 | `request_throughput` | completed requests / wall seconds of the measured phases |
 | `mean_audio_seconds` | mean audio length of completed requests (RTF moves with length) |
+| `prompt_cache_hits` / `prompt_cache_misses` | completed requests whose voice's prompt setup was reused / built (backends that report it) |
+| `mean_audio_ttfp_ms_{hit,miss}` | mean TTFP of those two groups: what building a voice adds to the first chunk |
+| `mean_prompt_setup_ms` | mean time of the misses' voice setups (device synchronized) |
 
 Warmup records are ignored. The wall time of a phase is last end − first send of its records,
 summed over phases (`phase_id`), so repeats and resumed phases add up correctly.
@@ -50,6 +53,11 @@ class Aggregates:
     request_throughput: float | None = None
     mean_audio_seconds: float | None = None
     wall_s: float = 0.0
+    prompt_cache_hits: int = 0
+    prompt_cache_misses: int = 0
+    mean_audio_ttfp_ms_hit: float | None = None
+    mean_audio_ttfp_ms_miss: float | None = None
+    mean_prompt_setup_ms: float | None = None
 
     @property
     def failure_fraction(self) -> float:
@@ -84,6 +92,23 @@ def measured_wall_s(records: Iterable[RequestRecord]) -> float:
     return float(sum(hi - lo for lo, hi in spans.values()))
 
 
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def _voice_split(ok: list[RequestRecord]) -> dict:
+    """Voice-cache counts, TTFP by hit / miss and the misses' setup time."""
+    hits = [r for r in ok if r.prompt_cache_hit is True]
+    misses = [r for r in ok if r.prompt_cache_hit is False]
+    return {
+        "prompt_cache_hits": len(hits),
+        "prompt_cache_misses": len(misses),
+        "mean_audio_ttfp_ms_hit": _mean([r.audio_ttfp_ms for r in hits]),
+        "mean_audio_ttfp_ms_miss": _mean([r.audio_ttfp_ms for r in misses]),
+        "mean_prompt_setup_ms": _mean([r.prompt_setup_ms for r in misses if r.prompt_setup_ms is not None]),
+    }
+
+
 def aggregate(records: Iterable[RequestRecord]) -> Aggregates:
     """Aggregates over the measured (non-warmup) records."""
     measured = [r for r in records if not r.warmup]
@@ -101,4 +126,5 @@ def aggregate(records: Iterable[RequestRecord]) -> Aggregates:
         request_throughput=len(ok) / wall if wall > 0 else None,
         mean_audio_seconds=audio / len(ok) if ok else None,
         wall_s=wall,
+        **_voice_split(ok),
     )

@@ -73,6 +73,8 @@ def url():
         ({"input": ""}, {}, 400, "invalid_request", "input"),
         ({"input": "hi", "model": "gpt-4o-mini-tts"}, {}, 404, "model_not_found", "model"),
         (["not", "an", "object"], {}, 400, "invalid_request", None),
+        ({"input": "hi", "ref_audio": "bm90IGF1ZGlv"}, {}, 400, "invalid_request", "ref_audio"),
+        ({"input": "hi", "ref_audio": "%%%"}, {}, 400, "invalid_request", "ref_audio"),
     ],
 )
 def test_client_mistakes_are_4xx_json(url, body, kw, status, code, param):

@@ -27,20 +27,38 @@ import numpy as np
 # http_error: the server answered with an HTTP error status; connection_error: it could not be
 # reached or the connection dropped mid-stream (http backend); invalid_request: the backend
 # refused the request itself (seed out of range, text too long for the talker's cache), the
-# client's mistake: `tts-bench serve` answers it with a 400.
+# client's mistake: `tts-bench serve` answers it with a 400; bad_prompt: the request's reference
+# voice cannot be read or used (not audio, empty, too long).
 FAILURE_KINDS = ("timeout", "backend_error", "empty_audio", "http_error", "connection_error",
-                 "invalid_request")
+                 "invalid_request", "bad_prompt")
 
 
 @dataclass(frozen=True)
 class SynthesisRequest:
-    """One utterance to synthesize. `seed` makes sampling reproducible per request."""
+    """One utterance to synthesize. `seed` makes sampling reproducible per request.
+
+    The reference voice (zero-shot cloning, seed-tts style) is `prompt_audio` (an encoded audio
+    file, e.g. from a server's `ref_audio`) or else the file `prompt_wav`; `prompt_text` is its
+    transcript. Neither: the backend's default voice."""
 
     request_id: str
     text: str
     prompt_text: str = ""
     prompt_wav: Path | None = None
     seed: int = 42
+    prompt_audio: bytes | None = None
+
+    def voice(self) -> bytes | None:
+        """The reference voice's encoded bytes, or None for the default voice. A prompt wav
+        that cannot be read is the request's fault: RequestFailed("bad_prompt")."""
+        if self.prompt_audio is not None:
+            return self.prompt_audio
+        if self.prompt_wav is None:
+            return None
+        try:
+            return Path(self.prompt_wav).read_bytes()
+        except OSError as exc:
+            raise RequestFailed("bad_prompt", f"cannot read prompt wav {self.prompt_wav}: {exc.strerror}") from None
 
 
 @dataclass(frozen=True)
@@ -51,6 +69,9 @@ class AudioChunk:
     samples: np.ndarray  # [n] float32 mono, [-1, 1]
     sample_rate: int
     codes: tuple[int, ...] = ()
+    # First chunk, where the backend knows it: how the request's voice was set up,
+    # {"cache_hit": bool, "setup_ms": float} (the embedded runner reports it).
+    prompt: dict | None = None
 
     @property
     def seconds(self) -> float:

@@ -40,7 +40,7 @@ from stages.runner import (
     StageFactories,
     StageRunner,
 )
-from stages.runner.messages import INVALID_REQUEST
+from stages.runner.messages import BAD_PROMPT, INVALID_REQUEST
 from stages.talker.length import cache_positions
 from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.errors import BackendError
@@ -131,12 +131,11 @@ class EmbeddedBackend:
                 event = await events.get()
                 if isinstance(event, RequestError):
                     done = True
-                    kind = "invalid_request" if event.kind == INVALID_REQUEST else "backend_error"
-                    raise RequestFailed(kind, event.message)
+                    raise RequestFailed(_KINDS.get(event.kind, "backend_error"), event.message)
                 assert isinstance(event, ChunkReady)
                 done = event.last_chunk
-                if len(event.audio) or event.codes:
-                    yield AudioChunk(event.audio, sample_rate, codes=event.codes)
+                if len(event.audio) or event.codes or event.prompt:
+                    yield AudioChunk(event.audio, sample_rate, codes=event.codes, prompt=event.prompt)
                 if done:
                     return
         finally:
@@ -176,5 +175,11 @@ class EmbeddedBackend:
         return self._runner.memory_snapshot() if self._runner is not None else []
 
 
+# RequestError kinds of the stages -> the harness's failure kinds.
+_KINDS = {INVALID_REQUEST: "invalid_request", BAD_PROMPT: "bad_prompt"}
+
+
 def _runner_request(request: SynthesisRequest) -> RunnerRequest:
-    return RunnerRequest(request.request_id, request.text, seed=request.seed)
+    """The stages' request; its reference voice travels as the encoded file (the replica
+    caches voices by content hash, so the same wav is set up once)."""
+    return RunnerRequest(request.request_id, request.text, seed=request.seed, prompt_audio=request.voice())

@@ -5,7 +5,10 @@ Each request is one `POST {base_url}/v1/audio/speech` with the JSON body
     {"model": http.model, "input": <text>, "voice": http.voice,
      "response_format": "pcm" | "wav", "stream": true (if http.stream), **http.extra_body}
 
-(`extra_body` carries server-specific fields such as `ref_audio`, `ref_text`, `max_new_tokens`,
+A request with a reference voice (its prompt wav) also sends `ref_audio` (the file as a base64
+`data:audio/wav` URL) and `ref_text` (its transcript), as vllm-omni's voice cloning takes them;
+`http.send_voice: false` leaves them out for plain OpenAI servers.
+(`extra_body` carries other server-specific fields such as `max_new_tokens`,
 or `stream_format: sse`; it is applied last, so it can override the others; per-request seeds
 are sent only where `http.send_seed` is set, since plain OpenAI servers reject unknown fields).
 The response is decoded while it arrives (`tts_bench.serve.wire`: raw s16le PCM at the
@@ -48,6 +51,7 @@ reason vLLM's serving benchmark uses it too.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -216,6 +220,10 @@ class HttpBackend:
         # per-request seed (tts-bench serve does) then sample exactly like the in-process arm.
         if getattr(p, "send_seed", False):
             body["seed"] = request.seed
+        voice = request.voice() if p.send_voice else None  # RequestFailed("bad_prompt") if unreadable
+        if voice is not None:  # vllm-omni's voice-cloning fields
+            body["ref_audio"] = "data:audio/wav;base64," + base64.b64encode(voice).decode("ascii")
+            body["ref_text"] = request.prompt_text
         return {**body, **p.extra_body}
 
     async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioChunk]:

@@ -138,6 +138,7 @@ class PiperBackend:
         self._workers: list[_Worker] = []
         self._streams: dict[int, asyncio.Queue] = {}
         self._tokens = itertools.count()
+        self._told_voice = False  # logged that reference voices are ignored
         self._reader: threading.Thread | None = None
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -232,6 +233,10 @@ class PiperBackend:
         return min(live, key=lambda w: len(w.in_flight))
 
     async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioChunk]:
+        if (request.prompt_wav is not None or request.prompt_audio is not None) and not self._told_voice:
+            self._told_voice = True  # once per backend: the prompts have voices, piper has one
+            log.info("piper ignores reference voices (prompt wav / ref_audio): every request "
+                     "speaks with the bundled voice")
         worker = self._pick_worker()
         token = next(self._tokens)
         stream: asyncio.Queue = asyncio.Queue()

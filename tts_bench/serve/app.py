@@ -202,7 +202,7 @@ class SpeechServer:
             raise BadRequest(409, f"request id {rid!r} (X-Request-Id) is already in flight; "
                                   f"use a unique id per request", code="duplicate_request_id")
         synth = SynthesisRequest(request_id=rid, text=spec.text, prompt_text=spec.prompt_text,
-                                 seed=spec.seed)
+                                 seed=spec.seed, prompt_audio=spec.prompt_audio)
         self.counters["requests_in_flight"] += 1
         self._ids_in_flight.add(rid)
         try:

@@ -5,7 +5,7 @@ Every error the server answers is OpenAI-style JSON, `{"error": {"message", "typ
 
 | status | code | when |
 |---|---|---|
-| 400 | `invalid_request` | bad JSON (also nested too deeply), a field of the wrong type or range (`seed` outside [0, 2**63), `input` empty, longer than `--max-input-chars` or too long for the talker's `runner.max_seq_len`) |
+| 400 | `invalid_request` | bad JSON (also nested too deeply), a field of the wrong type or range (`seed` outside [0, 2**63), `input` empty, longer than `--max-input-chars` or too long for the talker's `runner.max_seq_len`, a `ref_audio` that is not base64 audio, is empty or longer than a minute) |
 | 404 | `model_not_found` / `not_found` | another model name; an unknown path |
 | 405 | `method_not_allowed` | e.g. GET /v1/audio/speech |
 | 409 | `duplicate_request_id` | an `X-Request-Id` already in flight |
@@ -23,6 +23,8 @@ that JSON, so no answer is ever an HTML page or a traceback.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -66,6 +68,41 @@ class SpeechSpec:
     sse: bool = False
     seed: int = 42
     prompt_text: str = ""
+    prompt_audio: bytes | None = None  # the decoded `ref_audio` (an encoded audio file)
+
+
+# A reference voice longer than this is refused (the stages cut voices to 6 s anyway).
+REF_AUDIO_LIMIT_SECONDS = 60.0
+
+
+def parse_ref_audio(value: Any) -> bytes | None:
+    """`ref_audio` as vllm-omni takes it: base64, or a `data:<mime>;base64,<data>` URL, of an
+    audio file. Checked here (decodable, not empty, not over a minute) so a bad voice is the
+    client's 400, never a failed request deep in a stage."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise BadRequest(400, "'ref_audio' must be a base64 string or a data: URL", "ref_audio")
+    data = value.split(",", 1)[1] if value.startswith("data:") else value
+    if value.startswith("data:") and ";base64" not in value.split(",", 1)[0]:
+        raise BadRequest(400, "'ref_audio' data: URL must be base64-encoded", "ref_audio")
+    try:
+        audio = base64.b64decode(data, validate=True)
+    except (ValueError, binascii.Error):
+        raise BadRequest(400, "'ref_audio' is not valid base64", "ref_audio") from None
+    from stages.code2wav.prompt import read_wav  # the stages' own reader: what they accept
+    from stages.code2wav.streaming import PromptError
+
+    try:
+        wav, rate = read_wav(audio, where="ref_audio")
+    except PromptError as exc:
+        raise BadRequest(400, str(exc).removeprefix("error: "), "ref_audio") from None
+    if wav.numel() == 0:
+        raise BadRequest(400, "'ref_audio' holds no samples", "ref_audio")
+    if wav.shape[-1] > REF_AUDIO_LIMIT_SECONDS * rate:
+        raise BadRequest(400, f"'ref_audio' is {wav.shape[-1] / rate:.1f} s long, more than "
+                              f"{REF_AUDIO_LIMIT_SECONDS:g} s", "ref_audio")
+    return audio
 
 
 def error_response(status: int, message: str, *, code: str, param: str | None = None) -> web.Response:
@@ -129,7 +166,7 @@ def parse_speech_body(body: Any, model_name: str, *,
         raise BadRequest(400, "'seed' must be an integer in [0, 2**63)", "seed")
     ref = _check_text(body, "ref_text", required=False, max_chars=max_input_chars)
     sse = stream_format == "sse"
-    return SpeechSpec(text, fmt, stream or sse, sse, seed, ref)
+    return SpeechSpec(text, fmt, stream or sse, sse, seed, ref, parse_ref_audio(body.get("ref_audio")))
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -1,0 +1,84 @@
+"""Per-request reference voices in the harness: the request's prompt wav reaches the stages
+(embedded), goes over the wire as vllm-omni's ref_audio/ref_text (http), is checked at the
+server's edge (serve), and the records and aggregates show the voice cache."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stages.runner.fakes import fake_factories
+from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
+from tts_bench.backends.embedded import EmbeddedBackend, _runner_request
+from tts_bench.backends.http import HttpBackend
+from tts_bench.config import BenchConfig, HttpConfig, load_config
+from tts_bench.loadgen import Job, PhaseLabels, run_phase
+from tts_bench.metrics import aggregate
+from tts_bench.serve.request import BadRequest, parse_ref_audio, parse_speech_body
+
+ROOT = Path(__file__).resolve().parents[2]
+VOICE = ROOT / "tts_bench/data/seed-tts-en/prompts/ref_0.wav"
+
+
+def test_the_prompt_wav_reaches_the_stages_as_its_bytes():
+    req = _runner_request(SynthesisRequest("r", "Hello.", prompt_wav=VOICE, seed=3))
+    assert req.prompt_audio == VOICE.read_bytes() and req.seed == 3
+    assert _runner_request(SynthesisRequest("r", "Hello.")).prompt_audio is None  # default voice
+    inline = _runner_request(SynthesisRequest("r", "x", prompt_wav=VOICE, prompt_audio=b"RIFF..."))
+    assert inline.prompt_audio == b"RIFF..."  # audio given with the request wins over a path
+
+
+def test_an_unreadable_prompt_wav_is_a_bad_prompt_failure(tmp_path):
+    with pytest.raises(RequestFailed) as info:
+        SynthesisRequest("r", "x", prompt_wav=tmp_path / "missing.wav").voice()
+    assert info.value.kind == "bad_prompt" and "missing.wav" in info.value.detail
+
+
+def test_the_embedded_backend_records_voice_hits_and_bad_voices():
+    backend = EmbeddedBackend(BenchConfig(), factories=fake_factories())
+
+    async def main():
+        await backend.start(1)
+        try:
+            jobs = [Job(SynthesisRequest(f"r{i}", "some words", prompt_wav=VOICE, seed=i), f"u{i}") for i in range(3)]
+            jobs.append(Job(SynthesisRequest("bad", "words", prompt_audio=b"BAD voice"), "ub"))
+            return await run_phase(backend, jobs, concurrency=1, labels=PhaseLabels("a", "1x1", 0), timeout_s=30)
+        finally:
+            await backend.stop()
+
+    records = {r.request_id: r for r in asyncio.run(main()).records}
+    assert records["bad"].failure_kind == "bad_prompt"
+    assert [records[f"r{i}"].prompt_cache_hit for i in range(3)] == [False, True, True]
+    agg = aggregate(records.values())
+    assert (agg.prompt_cache_hits, agg.prompt_cache_misses, agg.failed_by_kind) == (2, 1, {"bad_prompt": 1})
+    assert agg.mean_audio_ttfp_ms_hit is not None and agg.mean_prompt_setup_ms == 1.0
+
+
+def test_the_http_backend_sends_the_voice_as_ref_audio_and_ref_text():
+    backend = HttpBackend(BenchConfig(http=HttpConfig()))
+    body = backend.request_body(SynthesisRequest("r", "Hello.", prompt_text="Its words.", prompt_wav=VOICE))
+    assert body["ref_text"] == "Its words."
+    assert body["ref_audio"].startswith("data:audio/wav;base64,")
+    assert base64.b64decode(body["ref_audio"].split(",", 1)[1]) == VOICE.read_bytes()
+    plain = HttpBackend(BenchConfig(http=HttpConfig(send_voice=False)))
+    assert "ref_audio" not in plain.request_body(SynthesisRequest("r", "x", prompt_wav=VOICE))
+    assert "ref_audio" not in backend.request_body(SynthesisRequest("r", "x"))  # no voice: none sent
+
+
+def test_serve_takes_ref_audio_as_base64_or_a_data_url_and_refuses_what_is_not_audio():
+    raw = VOICE.read_bytes()
+    b64 = base64.b64encode(raw).decode()
+    assert parse_ref_audio(b64) == raw == parse_ref_audio("data:audio/wav;base64," + b64)
+    spec = parse_speech_body({"input": "Hi.", "ref_audio": b64, "ref_text": "t"}, "minicpmo45")
+    assert spec.prompt_audio == raw and spec.prompt_text == "t"
+    for bad, what in ((base64.b64encode(b"a text file named x.wav").decode(), "not a WAV"),
+                      ("%%%", "not valid base64"), (5, "must be a base64 string"),
+                      ("data:audio/wav," + b64, "must be base64")):
+        with pytest.raises(BadRequest) as info:
+            parse_ref_audio(bad)
+        assert info.value.status == 400 and info.value.param == "ref_audio" and what in str(info.value)
