@@ -22,8 +22,9 @@ When `n` exceeds the set, selection cycles and the copies get distinct request i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class Prompt:
     prompt_wav: Path | None
     text: str
     copy: int = 1
+    line: int = field(default=0, compare=False)  # its meta.lst line (0: not read from one)
 
     @property
     def request_id(self) -> str:
@@ -115,7 +117,7 @@ def parse_meta(text: str, *, source: Path, base: Path | None = None) -> list[Pro
             errors.append(f"{source}:{lineno}: {why}")
         else:
             seen[parsed.utt] = lineno
-            prompts.append(parsed)
+            prompts.append(dataclasses.replace(parsed, line=lineno))
     if errors:
         shown = "\n  ".join(errors[:_MAX_REPORTED])
         hidden = len(errors) - _MAX_REPORTED
@@ -130,6 +132,36 @@ def parse_meta(text: str, *, source: Path, base: Path | None = None) -> list[Pro
             f"add utt|prompt_text|prompt_wav|text lines"
         )
     return prompts
+
+
+def check_prompt_wavs(prompts: Sequence[Prompt], *, source: str | Path = "prompts.meta") -> None:
+    """Every selected prompt's reference wav exists and decodes to audio; else a ConfigError
+    (exit 2) naming the meta.lst line. Each file is read once, however many lines share it."""
+    from stages.code2wav.prompt import read_wav  # what the stages accept as a voice
+    from stages.code2wav.streaming import PromptError
+
+    checked: dict[Path, str | None] = {}
+    for p in prompts:
+        if p.prompt_wav is None:
+            continue
+        if p.prompt_wav not in checked:
+            checked[p.prompt_wav] = _wav_problem(p.prompt_wav, read_wav, PromptError)
+        problem = checked[p.prompt_wav]
+        if problem:
+            where = f"{source}:{p.line}" if p.line else str(source)
+            raise ConfigError(
+                f"error: the reference wav of {p.utt!r} {problem} ({where}: {p.prompt_wav}); "
+                f"fix or replace it (prompt wav paths are relative to the meta.lst)")
+
+
+def _wav_problem(path: Path, read_wav, error) -> str | None:
+    if not path.is_file():
+        return "does not exist"
+    try:
+        wav, _ = read_wav(path)
+    except error as exc:
+        return f"cannot be read as audio: {str(exc).removeprefix('error: ')}"
+    return "holds no samples" if wav.numel() == 0 else None
 
 
 def load_prompts(meta: str | Path) -> list[Prompt]:
@@ -161,5 +193,5 @@ def select_prompts(
     for i in range(n):
         p = prompts[int(order[i % len(prompts)])]
         copy = i // len(prompts) + 1
-        out.append(p if copy == 1 else Prompt(p.utt, p.prompt_text, p.prompt_wav, p.text, copy))
+        out.append(p if copy == 1 else dataclasses.replace(p, copy=copy))
     return out

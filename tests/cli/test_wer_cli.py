@@ -18,6 +18,8 @@ from tts_bench.wer.testing import TextCodeBackend, TextCodeTranscriber, fake_pro
 TEXTS = ["the morning fog lifted slowly", "please close the window now", "she carried a basket of peaches",
          "good morning everybody"]
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def _app() -> typer.Typer:
     app = typer.Typer(add_completion=False)
@@ -33,7 +35,8 @@ def _app() -> typer.Typer:
 @pytest.fixture
 def fake_world(tmp_path, monkeypatch):
     """A meta.lst + config on disk; the text-code backend and transcriber instead of piper/ASR."""
-    (tmp_path / "ref.wav").write_bytes(b"RIFF")
+    # A real voice: every prompt wav is read as audio before anything is generated.
+    (tmp_path / "ref.wav").write_bytes((ROOT / "tts_bench/data/seed-tts-en/prompts/ref_0.wav").read_bytes())
     meta = tmp_path / "meta.lst"
     meta.write_text("".join(f"en_{i:04d}|ref|ref.wav|{t}\n" for i, t in enumerate(TEXTS, 1)))
     cfg = tmp_path / "wer.yaml"

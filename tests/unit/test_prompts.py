@@ -189,3 +189,20 @@ def test_builtin_prompt_texts_match_the_reference_script(builtin):
     for p in builtin:
         k = int(re.fullmatch(r"ref_(\d+)\.wav", p.prompt_wav.name).group(1))
         assert p.prompt_text == module.REFERENCES[k]
+
+
+def test_every_prompt_wav_is_checked_before_generating_and_errors_name_the_line(tmp_path):
+    from tts_bench.prompts import check_prompt_wavs
+
+    good = Path(__file__).resolve().parents[2] / "tts_bench/data/seed-tts-en/prompts/ref_0.wav"
+    (tmp_path / "good.wav").write_bytes(good.read_bytes())
+    (tmp_path / "x.wav").write_text("this is a text file named x.wav")
+    meta = tmp_path / "meta.lst"
+    meta.write_text("a|t|good.wav|Hello there.\n# a comment\nb|t|x.wav|Bye now.\nc|t|good.wav|Again.\n")
+    prompts = load_prompts(meta)
+    check_prompt_wavs([prompts[0], prompts[2]], source=meta)  # readable: no error
+    with pytest.raises(ConfigError, match=r"'b' cannot be read as audio.*meta.lst:3"):
+        check_prompt_wavs(prompts, source=meta)
+    (tmp_path / "good.wav").unlink()
+    with pytest.raises(ConfigError, match=r"'a' does not exist .*meta.lst:1"):
+        check_prompt_wavs(prompts, source=meta)

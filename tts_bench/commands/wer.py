@@ -145,12 +145,9 @@ def check_before_generating(arms: dict, params, prompts) -> None:
                           f"pip install 'omni-tts-bench[speech]' (openai-whisper: [asr-reference])")
     runner.describe_asr(runner.asr_options(params))  # resolves (and hashes) the model, or exit 2
     get_normalizer(params.normalizer)
-    missing = sorted({str(p.prompt_wav) for p in prompts
-                      if p.prompt_wav is not None and not Path(p.prompt_wav).is_file()})
-    if missing:
-        raise ConfigError(
-            f"error: {len(missing)} reference wav(s) of the selected prompts do not exist, first "
-            f"{missing[0]} (prompts.meta); prompt wav paths are relative to the meta.lst")
+    from tts_bench.prompts import check_prompt_wavs
+
+    check_prompt_wavs(prompts, source=next(iter(arms.values())).prompts.meta)
     for name, cfg in arms.items():
         check_memory(cfg, replicas=params.replicas, concurrency=params.concurrency,
                      label=f"arm {name!r} (wer.concurrency {params.concurrency}, wer.replicas {params.replicas})")
