@@ -109,3 +109,19 @@ def test_timeline_png_is_written(tmp_path):
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 10_000  # axes, two lines and a legend, not an empty canvas
+
+
+def test_the_voices_held_by_the_stages_show_as_their_peak():
+    from tts_bench.mem.recorder import MemSample
+    from tts_bench.mem.summary import _torch_extras
+
+    def tick(voices: int | None) -> MemSample:
+        reading = {"label": "code2wav-0", "used_bytes": 10 << 20, "reserved_bytes": 20 << 20,
+                   "peak_bytes": 12 << 20}
+        if voices is not None:
+            reading["prompt_cache_bytes"] = voices
+        return MemSample(0.0, "measure", 10 << 20, None, 1.0, [reading])
+
+    assert "voices_peak_mib" not in _torch_extras([tick(None)], [tick(None)])
+    extras = _torch_extras([tick(1 << 20), tick(3 << 20)], [tick(3 << 20)])
+    assert extras["voices_peak_mib"] == 3.0

@@ -82,3 +82,14 @@ def test_serve_takes_ref_audio_as_base64_or_a_data_url_and_refuses_what_is_not_a
         with pytest.raises(BadRequest) as info:
             parse_ref_audio(bad)
         assert info.value.status == 400 and info.value.param == "ref_audio" and what in str(info.value)
+
+
+def test_metrics_exposition_carries_the_voices_a_stage_holds():
+    from tts_bench.serve.exposition import memory_rows, parse, render
+
+    rows = [{"process": "code2wav-0", "pid": 7, "source": "rss", "allocated_bytes": 5,
+             "prompt_cache_entries": 3, "prompt_cache_bytes": 4096}]
+    text = render(rows, rss_bytes=1, counters={})
+    assert 'tts_bench_stage_prompt_cache_bytes{process="code2wav-0",pid="7",source="rss"} 4096.0' in text
+    (_, stage) = memory_rows(parse(text))
+    assert stage["prompt_cache_entries"] == 3 and stage["prompt_cache_bytes"] == 4096

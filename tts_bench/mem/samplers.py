@@ -203,7 +203,7 @@ class TorchSampler:
         return [
             MemReading(
                 str(s.get("process", s.get("pid"))), int(s["allocated_bytes"]), None,
-                {k: int(s[k]) for k in ("reserved_bytes", "peak_bytes", "rss_bytes") if k in s},
+                {k: int(s[k]) for k in ("reserved_bytes", "peak_bytes", "rss_bytes", "prompt_cache_bytes") if k in s},
             )
             for s in snap
         ]

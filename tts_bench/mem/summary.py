@@ -68,11 +68,17 @@ def _torch_extras(ok: list[MemSample], measure: list[MemSample]) -> dict[str, fl
     if not ok or _extra_sum(ok[0], "reserved_bytes") is None:
         return {}
     reserved = [_extra_sum(s, "reserved_bytes") for s in measure]
-    return {
+    extras = {
         "reserved_steady_median_mib": _mib(statistics.median(reserved)) if reserved else None,
         "reserved_peak_mib": _mib(max(_extra_sum(s, "reserved_bytes") for s in ok)),
         "allocator_peak_mib": _mib(max((_extra_sum(s, "peak_bytes") or 0) for s in ok)),
     }
+    # The voices' prompt setups the replicas hold (part of the allocated bytes above), where
+    # the stages report them.
+    voices = [sum(r.get("prompt_cache_bytes") or 0 for r in s.readings) for s in ok]
+    if any(voices):
+        extras["voices_peak_mib"] = _mib(max(voices))
+    return extras
 
 
 def arm_memory(arm: str, series: MemSeries) -> ArmMemory:

@@ -23,7 +23,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-_STAGE_FIELDS = ("allocated_bytes", "reserved_bytes", "peak_bytes", "rss_bytes")
+# Per stage process: its memory, and the voices (prompt setups) a code2wav process holds.
+_STAGE_FIELDS = ("allocated_bytes", "reserved_bytes", "peak_bytes", "rss_bytes",
+                 "prompt_cache_entries", "prompt_cache_bytes")
 _LABELS = ("process", "pid", "source")
 _STAGE_PREFIX = "tts_bench_stage_"
 _RSS = "process_resident_memory_bytes"
@@ -54,7 +56,8 @@ def render(stage_rows: Iterable[Mapping], *, rss_bytes: int, counters: Mapping[s
     rows = list(stage_rows)
     for name in _STAGE_FIELDS:
         metric = _STAGE_PREFIX + name
-        lines += [f"# HELP {metric} Backend stage process memory ({name}).", f"# TYPE {metric} gauge"]
+        what = "voices held" if name.startswith("prompt_cache") else "memory"
+        lines += [f"# HELP {metric} Backend stage process {what} ({name}).", f"# TYPE {metric} gauge"]
         for row in rows:
             if row.get(name) is None:
                 continue
