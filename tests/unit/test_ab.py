@@ -156,7 +156,8 @@ def test_a_tier_with_too_many_failures_has_verdict_invalid_not_a_speed_call():
     from tts_bench.ab import TierResult
     from tts_bench.stats import compare
 
-    slower = compare([[1.0, 1.01, 0.99] * 10], [[1.5, 1.51, 1.49] * 10], min_effect_pct=2.0)
+    slower = compare([[1.0, 1.01, 0.99] * 10, [1.0, 1.02, 0.98] * 10],
+                     [[1.5, 1.51, 1.49] * 10, [1.5, 1.52, 1.48] * 10], min_effect_pct=2.0)
     assert slower.verdict == "slower"
     tier = TierResult(tier="2x1", arms={}, rtf=slower, ttfp=None, duration_delta_pct=None,
                       duration_mismatch=False, identical_outputs=0, paired_outputs=0,
@@ -164,9 +165,14 @@ def test_a_tier_with_too_many_failures_has_verdict_invalid_not_a_speed_call():
     assert tier.to_dict()["verdict"] == "invalid"
 
 
-def test_the_configured_bootstrap_method_reaches_the_comparison(monkeypatch):
+def test_the_calibrated_spread_of_the_tier_reaches_a_one_block_comparison(monkeypatch):
     import tts_bench.ab as ab_mod
     from tts_bench.config import BenchParams
+    from tts_bench.stats import CalibratedSpread
+
+    class Cal:
+        def spread(self, tier, metric):
+            return CalibratedSpread(0.01, 0.02, 100, f"{tier}:{metric}")
 
     seen = {}
 
@@ -175,5 +181,6 @@ def test_the_configured_bootstrap_method_reaches_the_comparison(monkeypatch):
         raise ab_mod.InvalidRunError("stop here")
 
     monkeypatch.setattr(ab_mod, "compare", spy)
-    assert ab_mod._compare([], [], "audio_rtf", BenchParams(bootstrap="stratified")) is None
-    assert seen["method"] == "stratified"
+    assert ab_mod._compare([], [], "audio_rtf", BenchParams(), ab_mod._spread(Cal(), "2x1", "audio_rtf")) is None
+    assert seen["calibrated"].source == "2x1:audio_rtf"
+    assert ab_mod._spread(None, "2x1", "audio_rtf") is None
