@@ -52,7 +52,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy import stats as _sps
 
 from tts_bench.errors import InvalidRunError
 
@@ -68,16 +67,24 @@ POWER = 0.80
 # ---------------------------------------------------------------- small building blocks
 
 
+def _scipy_stats():
+    # Imported on first use: scipy.stats takes most of a second to import, and importing this
+    # module (every command does, through tts_bench.ab) should not cost that.
+    from scipy import stats
+
+    return stats
+
+
 def t_quantile(q: float, df: float) -> float:
     """Student's t quantile; df = inf gives the normal quantile."""
-    if math.isinf(df):
-        return float(_sps.norm.ppf(q))
-    return float(_sps.t.ppf(q, df))
+    sps = _scipy_stats()
+    return float(sps.norm.ppf(q) if math.isinf(df) else sps.t.ppf(q, df))
 
 
 def two_sided_p(t_stat: float, df: float) -> float:
     """Two-sided p-value of a t statistic (normal when df = inf)."""
-    dist = _sps.norm if math.isinf(df) else _sps.t(df)
+    sps = _scipy_stats()
+    dist = sps.norm if math.isinf(df) else sps.t(df)
     return float(2.0 * dist.sf(abs(t_stat)))
 
 
@@ -108,7 +115,7 @@ def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tu
     """Exact (Clopper-Pearson) binomial interval of a rate, e.g. a false-verdict count."""
     if trials < 1:
         raise ValueError(f"clopper_pearson needs trials >= 1, got {trials}")
-    ci = _sps.binomtest(successes, trials).proportion_ci(confidence_level=confidence, method="exact")
+    ci = _scipy_stats().binomtest(successes, trials).proportion_ci(confidence_level=confidence, method="exact")
     return float(ci.low), float(ci.high)
 
 

@@ -30,7 +30,6 @@ from typing import Any, Literal
 
 from tts_bench.results import RunDir
 from tts_bench.stats import Comparison
-from tts_bench.tables import fmt_ci, fmt_pct
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +91,8 @@ class UntilResolved:
 
 def progress_line(tier: str, cmp: Comparison | None, rule: UntilResolved, repeats: int) -> str:
     """One stderr line per tier after each round: the current interval and the target."""
+    from tts_bench.tables import fmt_ci, fmt_pct  # pandas and rich: only when there is progress
+
     if cmp is None:
         return f"until-resolved {tier}: {repeats} repeats, no comparison yet (failures?)"
     hw = cmp.half_width_pct

@@ -38,10 +38,11 @@ class Recorder:
 
 
 def test_a_a_is_within_noise_on_every_tier(tmp_path):
-    # 5% instead of the default 2%: this suite shares two cores with whatever else runs, and a
-    # load burst during one phase shifts that phase's RTF by a few percent. An orchestration
-    # bug (arms swapped, configs leaking across arms, unequal prompts) shows up far above 5%.
-    a = arms(base=["bench.min_effect_pct=5"], test=["bench.min_effect_pct=5"])
+    # 10% instead of the default 2%: this suite shares two cores with whatever else runs, and a
+    # load burst during one phase shifts that phase's RTF by several percent (with two blocks a
+    # t interval is significant 5% of the time per tier by design). An orchestration bug (arms
+    # swapped, configs leaking across arms, unequal prompts) shows up far above 10%.
+    a = arms(base=["bench.min_effect_pct=10"], test=["bench.min_effect_pct=10"])
     result = run_ab(a, parse_tiers("2x1,4x2,8x4"), repeats=2, num_prompts=16, run_dir=new_run(tmp_path, a))
     for tier in result.tiers:
         assert tier.rtf.verdict == "within noise", tier.to_dict()
