@@ -15,8 +15,13 @@ utterances of the same runs (file order, `bench.disable_shuffle`):
         --prompts 20,40,60,80 --margins 2,3,4,5 --out results/wer-gate
 
 Each run is re-judged with the gate's own code (`tts_bench.wer.score.compare_utterances`,
-`tts_bench.wer.gate.judge_pair`, mode auto) on its first n utterances. Writes
-`<out>/figures.json` and `figures.md`; the last stdout line is a JSON summary.
+`tts_bench.wer.gate.judge_pair`, mode auto) on its first n utterances. Beside the counts, a
+normal-theory expectation from the pooled per-utterance SDs smooths over the few runs:
+
+    P(A/A passes)       = Phi((margin - t * se_aa) / se_aa)              se = SD / sqrt(n)
+    P(degraded fails)   = Phi((delta_deg - margin + t * se_deg) / se_deg)
+
+Writes `<out>/figures.json` and `figures.md`; the last stdout line is a JSON summary.
 """
 
 from __future__ import annotations
@@ -33,15 +38,19 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tts_bench.stats import clopper_pearson  # noqa: E402
+from tts_bench.stats import clopper_pearson, t_quantile  # noqa: E402
 from tts_bench.wer.gate import judge_pair  # noqa: E402
 from tts_bench.wer.params import WerParams  # noqa: E402
 from tts_bench.wer.score import compare_utterances, scored_wer  # noqa: E402
 
 
-def load_arms(run_dir: Path) -> tuple[list[dict], list[dict], dict]:
-    doc = json.loads((run_dir / "run.json").read_text())
-    wer = doc["wer"]
+def load_arms(run_dir: Path) -> tuple[list[dict], list[dict], dict] | None:
+    """(base utterances, test utterances, the WER document) of a finished run, else None."""
+    path = run_dir / "run.json"
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    wer = doc.get("wer")
+    if not wer:
+        return None  # still generating, or killed
     base, test = (wer["arms"][a]["utterances"] for a in ("base", "test"))
     return base, test, wer
 
@@ -50,7 +59,7 @@ def judge_first(base: list[dict], test: list[dict], n: int, margin: float) -> tu
     """(passed, mean ΔWER points, SD of per-utterance ΔWER points) on the first n utterances."""
     p = compare_utterances("base", base[:n], "test", test[:n])
     ok, _, _ = judge_pair(p, replace(WerParams(), margin_points=margin))
-    return ok, 100.0 * (p.delta_mean_wer or 0.0), 100.0 * (p.sd_delta_wer or 0.0)
+    return bool(ok), 100.0 * (p.delta_mean_wer or 0.0), 100.0 * (p.sd_delta_wer or 0.0)
 
 
 def _rate(k: int, n: int) -> str:
@@ -58,22 +67,43 @@ def _rate(k: int, n: int) -> str:
     return f"{k}/{n} [{100 * lo:.0f}%, {100 * hi:.0f}%]"
 
 
+def expected(sd_aa: float, sd_deg: float | None, delta_deg: float | None, n: int, m: float) -> tuple[float, float | None]:
+    """Normal-theory P(A/A passes), P(degraded fails) at n prompts and margin m (see docstring)."""
+    from scipy.stats import norm
+
+    t = t_quantile(0.975, n - 1)
+    se = sd_aa / np.sqrt(n)
+    p_pass = float(norm.cdf((m - t * se) / se))
+    if sd_deg is None or delta_deg is None:
+        return p_pass, None
+    se_d = sd_deg / np.sqrt(n)
+    return p_pass, float(norm.cdf((delta_deg - m + t * se_d) / se_d))
+
+
+def _pooled_sd(sds: list[float]) -> float:
+    return float(np.sqrt(np.mean(np.square(sds))))
+
+
 def table(aa: list, degraded: list, prompts: list[int], margins: list[float]) -> tuple[list[dict], str]:
-    cells, lines = [], ["| prompts | margin | A/A pass [95% CI] | degraded fail [95% CI] | A/A mean ΔWER (range) | "
-                        "A/A SD of per-utterance ΔWER | degraded mean ΔWER (range) |",
-                        "| --- | --- | --- | --- | --- | --- | --- |"]
+    cells, lines = [], ["| prompts | margin | A/A pass [95% CI] | expected | degraded fail [95% CI] | expected | "
+                        "A/A mean ΔWER (range) | A/A SD of per-utterance ΔWER | degraded mean ΔWER (range) |",
+                        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for n in prompts:
         for m in margins:
             a = [judge_first(b, t, n, m) for b, t, _ in aa]
             d = [judge_first(b, t, n, m) for b, t, _ in degraded]
-            passed, failed = sum(x[0] for x in a), sum(not x[0] for x in d)
-            cells.append({"prompts": n, "margin_points": m, "aa_runs": len(a), "aa_pass": passed,
-                          "degraded_runs": len(d), "degraded_fail": failed,
-                          "aa_delta_points": [x[1] for x in a], "aa_sd_points": [x[2] for x in a],
-                          "degraded_delta_points": [x[1] for x in d]})
+            passed, failed = int(sum(x[0] for x in a)), int(sum(not x[0] for x in d))
             ad, dd = [x[1] for x in a], [x[1] for x in d]
+            e_pass, e_fail = expected(_pooled_sd([x[2] for x in a]), _pooled_sd([x[2] for x in d]) if d else None,
+                                      float(np.mean(dd)) if d else None, n, m)
+            cells.append({"prompts": n, "margin_points": m, "aa_runs": len(a), "aa_pass": passed,
+                          "degraded_runs": len(d), "degraded_fail": failed, "expected_aa_pass": e_pass,
+                          "expected_degraded_fail": e_fail,
+                          "aa_delta_points": [x[1] for x in a], "aa_sd_points": [x[2] for x in a],
+                          "degraded_delta_points": dd, "degraded_sd_points": [x[2] for x in d]})
             lines.append(
-                f"| {n} | {m:g} | {_rate(passed, len(a))} | {_rate(failed, len(d)) if d else 'n/a'} | "
+                f"| {n} | {m:g} | {_rate(passed, len(a))} | {100 * e_pass:.0f}% | "
+                f"{_rate(failed, len(d)) if d else 'n/a'} | {'n/a' if e_fail is None else f'{100 * e_fail:.0f}%'} | "
                 f"{np.mean(ad):+.2f} ({min(ad):+.1f} .. {max(ad):+.1f}) | {np.mean([x[2] for x in a]):.1f} | "
                 + (f"{np.mean(dd):+.2f} ({min(dd):+.1f} .. {max(dd):+.1f}) |" if dd else "n/a |"))
     return cells, "\n".join(lines) + "\n"
@@ -97,8 +127,8 @@ def main() -> None:
     ap.add_argument("--margins", default="2,3,4,5")
     ap.add_argument("--out", type=Path, default=ROOT / "results/wer-gate")
     args = ap.parse_args()
-    aa = [load_arms(p) for p in args.aa if (p / "run.json").is_file()]
-    degraded = [load_arms(p) for p in args.degraded if (p / "run.json").is_file()]
+    aa = [x for x in map(load_arms, args.aa) if x is not None]
+    degraded = [x for x in map(load_arms, args.degraded) if x is not None]
     prompts = [int(x) for x in args.prompts.split(",")]
     margins = [float(x) for x in args.margins.split(",")]
     cells, md = table(aa, degraded, prompts, margins)

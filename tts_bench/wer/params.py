@@ -4,15 +4,19 @@
       asr: faster-whisper        # or openai-whisper (the reference implementation)
       asr_model: tiny.en         # tiny.en | base | a CTranslate2 model dir | a .pt checkpoint
       normalizer: seed-tts       # or whisper
-      num_prompts: 40
+      num_prompts: 80
       mode: auto                 # exact | noninferiority | auto (exact when the audio is identical)
-      margin_points: 3.0         # non-inferiority: upper 95% bound of mean ΔWER must be below this
+      margin_points: 3.5         # non-inferiority: upper 95% bound of mean ΔWER must be below this
 
 Modes (`tts_bench.wer.gate`): `exact` is the seed's protocol (every transcript and audio hash
 equal to the other arm's and to the history's); `noninferiority` passes when the upper bound of
 the paired ΔWER interval is under `margin_points` percentage points; `auto` picks exact for a
 comparison whose audio is byte-identical and non-inferiority otherwise (non-deterministic
 synthesis, GPU rounding).
+
+The defaults (80 prompts, 3.5 points) come from 24 A/As and 6 degraded runs of piper at its
+default noise with faster-whisper tiny.en (results/wer-gate/figures.md): 20 prompts cannot both
+pass A/As and fail the degraded arm at any margin; 80 prompts at 3.5 points do.
 """
 
 from __future__ import annotations
@@ -33,12 +37,12 @@ class WerParams:
     cpu_threads: int = 0  # ASR threads; 0 = library default (does not change transcripts)
     asr_workers: int = 2  # clips transcribed at once (faster-whisper); transcripts unchanged
     normalizer: Literal["seed-tts", "whisper"] = "seed-tts"
-    num_prompts: int = 40  # capped at the set's size: a WER set is never cycled
+    num_prompts: int = 80  # capped at the set's size: a WER set is never cycled
     concurrency: int = 4  # requests in flight while generating (phase 1)
     replicas: int = 1  # backend replicas while generating
     seed: int = 42  # per-request synthesis seed
     mode: Mode = "auto"
-    margin_points: float = 3.0  # non-inferiority margin on mean ΔWER, percentage points
+    margin_points: float = 3.5  # non-inferiority margin on mean ΔWER, percentage points
     max_failures: int = 0  # per arm; more -> invalid run (exit 5)
     history_dir: str = "results/wer-history"
     cache_dir: str = ""  # transcript cache; "" = <tts-bench cache>/transcripts
