@@ -11,7 +11,9 @@
 #    so a `worse` here fails CI (exit 3).
 # 3. tiny embedded runner (configs/cases/tiny-embedded.yaml): --report-only. On a shared 2-core
 #    machine whole runs shift by tens of percent (results/baselines/tiny-embedded.cpu-2core
-#    .calibration.md), so its perf verdicts are printed, never fatal; invalid runs (5) still fail.
+#    .calibration.md: a phase's run-to-run SD is 30%), so its perf verdicts are printed, never
+#    fatal; the gate tests shifts against that SD too, so it marks them `~`, not `worse`.
+#    Invalid runs (5) still fail.
 # 4. WER smoke on piper (configs/wer/seed-tts-en.yaml, base arm) against results/wer-history/:
 #    fails on accuracy regression (4) and invalid runs (5).
 # Every step runs even when an earlier one failed; the script exits with the first failure's code.
