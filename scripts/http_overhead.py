@@ -140,9 +140,8 @@ def summarize(cfg: BenchConfig, args, tier, records) -> dict:
     aggs = {arm: aggregate([r for rep in reps for r in rep]).to_dict() for arm, reps in records.items()}
     per_rep = {arm: [np.array([r.audio_rtf for r in rep if r.ok]) for rep in reps]
                for arm, reps in records.items()}
-    cmp = compare(per_rep["in-process"], per_rep["http"], min_effect_pct=cfg.bench.min_effect_pct,
-                  resamples=cfg.bench.bootstrap_resamples, seed=cfg.bench.seed,
-                  method=cfg.bench.bootstrap)
+    # Repeat k of each arm ran back to back: a block (tts_bench.stats).
+    cmp = compare(per_rep["in-process"], per_rep["http"], min_effect_pct=cfg.bench.min_effect_pct)
     # Paired by prompt and repeat: the extra seconds HTTP adds to a request's last audio byte.
     excess_ms = [(h.audio_rtf - p.audio_rtf) * p.audio_seconds * 1e3
                  for ps, hs in zip(records["in-process"], records["http"])
@@ -156,7 +155,8 @@ def summarize(cfg: BenchConfig, args, tier, records) -> dict:
         "num_prompts": args.num_prompts, "repeats": args.repeats,
         "http": {"response_format": cfg.http.response_format, "stream": cfg.http.stream},
         "arms": aggs,
-        "rtf_delta_mean_pct": cmp.delta_mean_pct, "rtf_ci95_pct": list(cmp.ci95_pct),
+        "rtf_delta_mean_pct": cmp.delta_mean_pct,
+        "rtf_ci95_pct": list(cmp.ci95_pct) if cmp.ci95_pct else None, "rtf_mde_pct": cmp.mde_pct,
         "verdict": cmp.verdict,
         "median_excess_ms": float(np.median(excess_ms)) if excess_ms else None,
         "p90_excess_ms": float(np.percentile(excess_ms, 90)) if excess_ms else None,
@@ -173,9 +173,10 @@ def render(doc: dict) -> str:
                      str(a["completed"]), str(a["failed"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
-    lo, hi = doc["rtf_ci95_pct"]
+    ci = doc["rtf_ci95_pct"]
+    ci_text = f"[{ci[0]:+.1f}%, {ci[1]:+.1f}%]" if ci else "(no interval: 1 repeat)"
     return (f"{table}\nhttp vs in-process: mean RTF {doc['rtf_delta_mean_pct']:+.1f}% "
-            f"[{lo:+.1f}%, {hi:+.1f}%] -> {doc['verdict']}; per request {doc['median_excess_ms']:+.1f} ms "
+            f"{ci_text} -> {doc['verdict']}; per request {doc['median_excess_ms']:+.1f} ms "
             f"median, {doc['p90_excess_ms']:+.1f} ms p90 to the last audio byte; identical audio "
             f"{doc['identical_audio']}")
 

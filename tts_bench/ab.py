@@ -6,10 +6,14 @@ second, so a drift within the session, e.g. the first phase on a cold machine ru
 cannot pose as an effect of either arm): `start(R)`, `max(2, C)` warmup requests (recorded, flagged, excluded from stats),
 the measured requests with exactly C in flight, `stop()`. Both arms send the same prompts in the
 same order with the same per-request seeds. Per tier the result holds both arms' aggregates
-(`tts_bench.metrics`), a bootstrap comparison of per-request `audio_rtf` grouped by repeat
-(`tts_bench.stats.compare`; the same for `audio_ttfp_ms`), a duration-mismatch flag (RTF moves
-with output length), and an output-identity count (requests whose audio hash is equal across
-arms, paired by repeat and prompt position).
+(`tts_bench.metrics`), a paired-block comparison of per-request `audio_rtf` (each repeat is a
+block: `tts_bench.stats.compare`, a t interval over the blocks, the MDE and the verdict; the same
+for `audio_ttfp_ms`), a duration-mismatch flag (RTF moves with output length), and an
+output-identity count (requests whose audio hash is equal across arms, paired by repeat and
+prompt position). A one-repeat run has no interval of its own: its verdict is `unresolved`
+unless a calibration of this case and hardware profile is given (`tts_bench.calibration`).
+With `until=UntilResolved(...)` blocks are added in counterbalanced pairs until every tier's
+interval is narrow enough (`tts_bench.until_resolved`).
 
 Every finished request is appended to the run's JSONL at once; the result is computed from
 the JSONL, so `resume=True` finishes a killed run without repeating completed requests (a phase
@@ -32,13 +36,14 @@ import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from tts_bench._dataclass_yaml import load_yaml_file
 from tts_bench.backends import make_backend
 from tts_bench.backends.base import SynthesisRequest
+from tts_bench.calibration import Calibration
 from tts_bench.config import (
     BenchConfig, Tier, apply_overrides, load_dataclass, parse_tiers, with_default_stages,
 )
@@ -49,6 +54,7 @@ from tts_bench.prompts import load_prompts, select_prompts
 from tts_bench.results import RunDir, request_key
 from tts_bench.shipped import resolve_config_path
 from tts_bench.stats import Comparison, compare
+from tts_bench.until_resolved import UntilResolved, drive
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +89,21 @@ class TierResult:
     def to_dict(self) -> dict[str, Any]:
         """The tier as JSON (and as `tables.ab_table` reads it)."""
         rtf = self.rtf
+        # A tier with too many failures has no verdict to trust, whatever its CI says.
+        valid = rtf is not None and not self.invalid_reasons
         return {
             "tier": self.tier,
             "arms": {name: agg.to_dict() for name, agg in self.arms.items()},
             "delta_mean_pct": rtf.delta_mean_pct if rtf else None,
             "delta_median_pct": rtf.delta_median_pct if rtf else None,
-            "ci95_pct": list(rtf.ci95_pct) if rtf else None,
-            # A tier with too many failures has no verdict to trust, whatever its CI says.
-            "verdict": rtf.verdict if rtf and not self.invalid_reasons else "invalid",
+            "ci95_pct": list(rtf.ci95_pct) if rtf and rtf.ci95_pct else None,
+            "verdict": rtf.verdict if valid else "invalid",
+            "verdict_detail": rtf.verdict_text if valid else "invalid",
+            "mde_pct": rtf.mde_pct if rtf else None,
+            "blocks": rtf.blocks if rtf else 0,
+            "interval": rtf.interval if rtf else "none",
+            "block_sd_pct": rtf.block_sd_pct if rtf else None,
+            "calibration": rtf.calibration if rtf else None,
             "ttfp": _comparison_dict(self.ttfp),
             "duration_delta_pct": self.duration_delta_pct,
             "duration_mismatch": self.duration_mismatch,
@@ -108,10 +121,12 @@ class AbResult:
     arm_names: tuple[str, str]
     invalid_reasons: tuple[str, ...] = field(default=())
     repeats: int = 1  # measured repeats found in the record (the fewest of any tier and arm)
+    calibration: Calibration | None = None  # the matching calibration, if any (1-block intervals, MDE)
+    until_resolved: dict[str, Any] | None = None  # rule, stop reason, repeats per tier
 
     @property
     def single_repeat(self) -> bool:
-        """One repeat: the CI sees request-to-request noise only, not run-to-run drift."""
+        """One repeat: no run-to-run spread of its own to build an interval from."""
         return self.repeats < 2
 
     @property
@@ -129,6 +144,8 @@ class AbResult:
             "valid": self.valid,
             "invalid_reasons": list(self.invalid_reasons),
             "repeats": self.repeats,
+            "calibration": self.calibration.describe() if self.calibration else None,
+            "until_resolved": self.until_resolved,
             "tiers": [t.to_dict() for t in self.tiers],
         }
 
@@ -137,7 +154,9 @@ def _comparison_dict(cmp: Comparison | None) -> dict[str, Any] | None:
     if cmp is None:
         return None
     d = asdict(cmp)
-    d["ci95_pct"], d["ci95_median_pct"] = list(cmp.ci95_pct), list(cmp.ci95_median_pct)
+    for key in ("ci95_pct", "ci95_median_pct", "block_deltas_pct"):
+        d[key] = None if d[key] is None else list(d[key])
+    d["verdict_detail"] = cmp.verdict_text
     return d
 
 
@@ -154,10 +173,15 @@ class AbPlan:
     tiers: tuple[Tier, ...]
     repeats: int
     num_prompts: int
+    until: UntilResolved | None = None  # --until-resolved settings (recorded for --resume)
+    profile: str | None = None  # hardware profile the calibration was looked up for
+    calibration: str | None = None  # the calibration file used (one-block intervals, MDE note)
 
     def to_dict(self) -> dict[str, Any]:
         return {"arms": list(self.arms), "tiers": [t.label for t in self.tiers],
-                "repeats": self.repeats, "num_prompts": self.num_prompts}
+                "repeats": self.repeats, "num_prompts": self.num_prompts,
+                "until_resolved": self.until.to_dict() if self.until else None,
+                "profile": self.profile, "calibration": self.calibration}
 
 
 def _yaml_arms(raw: dict[str, Any], source: str) -> dict[str, list[str]]:
@@ -211,7 +235,9 @@ def plan_from_run(run_dir: RunDir) -> AbPlan:
     arms = {name: load_dataclass(BenchConfig, d, source=f"{run_dir.run_json}: configs.{name}")
             for name, d in doc["configs"].items()}
     plan = doc["ab"]
-    return AbPlan(arms, parse_tiers(plan["tiers"]), int(plan["repeats"]), int(plan["num_prompts"]))
+    until = UntilResolved.from_dict(plan["until_resolved"]) if plan.get("until_resolved") else None
+    return AbPlan(arms, parse_tiers(plan["tiers"]), int(plan["repeats"]), int(plan["num_prompts"]),
+                  until=until, profile=plan.get("profile"), calibration=plan.get("calibration"))
 
 
 # ---------------------------------------------------------------- planning the requests
@@ -337,43 +363,65 @@ def run_ab(
     progress: AbProgress | None = None,
     resume: bool = False,
     hooks: AbHooks | None = None,
+    until: UntilResolved | None = None,
+    calibration: Calibration | None = None,
 ) -> AbResult:
-    """Run the A/B (`arms` ordered base, test) and compute the result from the run's JSONL."""
+    """Run the A/B (`arms` ordered base, test) and compute the result from the run's JSONL.
+
+    `until`: add block pairs until resolved (`tts_bench.until_resolved`) instead of exactly
+    `repeats` blocks; `calibration`: the case's A/A calibration (one-block intervals, MDE)."""
     if len(arms) != 2:
         raise ValueError(f"run_ab needs exactly two arms (base, test), got {list(arms)}")
     done = run_dir.completed_keys() if resume else set()
     runner = _Runner(arms, num_prompts, run_dir, done, progress, hooks)
 
-    async def main() -> str | None:
-        for tier in tiers:
-            for repeat in range(repeats):
-                for arm in phase_order(list(arms), repeat):
-                    try:
-                        await runner.phase(arm, tier, repeat)
-                    except BackendError as exc:
-                        # A backend that cannot start before anything was measured is a broken
-                        # setup (raise: exit 1). Once requests are recorded, it is a run that
-                        # stopped half-way (a server went down): report what was measured, as
-                        # invalid, rather than an error with no table.
-                        if not runner.done:
-                            raise
-                        return f"{arm} {tier.label} r{repeat}: {str(exc).removeprefix('error: ')}"
-        return None
+    by_label = {t.label: t for t in tiers}
 
-    stopped = asyncio.run(main())
-    records = [RequestRecord.from_dict(d) for d in run_dir.iter_requests()]
-    result = summarize_ab(records, arms, tiers, run_dir=str(run_dir.path))
-    if stopped is not None:
-        reason = f"the run stopped early, backend failed: {stopped}; fix it, then --resume"
-        result = dataclasses.replace(result, invalid_reasons=(*result.invalid_reasons, reason))
-    return result
+    async def blocks(tier: str, first: int, stop: int) -> None:
+        for repeat in range(first, stop):
+            for arm in phase_order(list(arms), repeat):
+                try:
+                    await runner.phase(arm, by_label[tier], repeat)
+                except BackendError as exc:
+                    # A backend that cannot start before anything was measured is a broken
+                    # setup (raise: exit 1). Once requests are recorded, it is a run that
+                    # stopped half-way (a server went down): report what was measured, as
+                    # invalid, rather than an error with no table.
+                    if not runner.done:
+                        raise
+                    raise _StoppedEarly(f"{arm} {tier} r{repeat}: {str(exc).removeprefix('error: ')}") from exc
+
+    async def fixed() -> None:
+        for tier in tiers:
+            await blocks(tier.label, 0, repeats)
+
+    def summary() -> AbResult:
+        records = [RequestRecord.from_dict(d) for d in run_dir.iter_requests()]
+        return summarize_ab(records, arms, tiers, run_dir=str(run_dir.path), calibration=calibration)
+
+    try:
+        if until is None:
+            asyncio.run(fixed())
+            return summary()
+        stopped = asyncio.run(drive(until, blocks, [t.label for t in tiers], repeats=repeats, run_dir=run_dir,
+                                    comparisons=lambda: {t.tier: t.rtf for t in summary().tiers}))
+        return replace(summary(), until_resolved=stopped)
+    except _StoppedEarly as early:
+        reason = f"the run stopped early, backend failed: {early}; fix it, then --resume"
+        result = summary()
+        return replace(result, invalid_reasons=(*result.invalid_reasons, reason))
+
+
+class _StoppedEarly(Exception):
+    """A backend failed after requests were recorded: the run ends, as invalid."""
 
 
 # ---------------------------------------------------------------- summarizing
 
 
 def summarize_ab(
-    records: Sequence[RequestRecord], arms: dict[str, BenchConfig], tiers: Sequence[Tier], *, run_dir: str
+    records: Sequence[RequestRecord], arms: dict[str, BenchConfig], tiers: Sequence[Tier], *, run_dir: str,
+    calibration: Calibration | None = None,
 ) -> AbResult:
     """Per-tier aggregates, comparisons, flags and validity from recorded requests."""
     by_tier_arm: dict[tuple[str, str], list[RequestRecord]] = defaultdict(list)
@@ -383,30 +431,36 @@ def summarize_ab(
     names = tuple(arms)
     bench = arms[names[0]].bench
     results = [
-        _tier_result(tier.label, {a: by_tier_arm[(tier.label, a)] for a in names}, bench)
+        _tier_result(tier.label, {a: by_tier_arm[(tier.label, a)] for a in names}, bench, calibration)
         for tier in tiers
     ]
     reasons = tuple(reason for t in results for reason in t.invalid_reasons)
     repeats = min((len({r.repeat for r in rs}) for rs in by_tier_arm.values()), default=0)
-    return AbResult(results, run_dir, names, reasons, repeats)
+    return AbResult(results, run_dir, names, reasons, repeats, calibration)
 
 
-def _by_repeat(records: Sequence[RequestRecord], metric: str) -> list[list[float]]:
+def _by_repeat(records: Sequence[RequestRecord], metric: str) -> dict[int, list[float]]:
     groups: dict[int, list[float]] = defaultdict(list)
     for r in records:
         if r.ok:
             groups[r.repeat].append(getattr(r, metric))
-    return [groups[k] for k in sorted(groups)]
+    return groups
 
 
-def _compare(base, test, metric: str, bench) -> Comparison | None:
+def _compare(base, test, metric: str, bench, spread=None) -> Comparison | None:
+    """Blocks paired by repeat index (a repeat one arm lacks is left out by `compare`)."""
+    b, t = _by_repeat(base, metric), _by_repeat(test, metric)
+    keys = sorted(set(b) | set(t))
     try:
-        return compare(_by_repeat(base, metric), _by_repeat(test, metric),
-                       min_effect_pct=bench.min_effect_pct, resamples=bench.bootstrap_resamples,
-                       seed=bench.seed, method=bench.bootstrap)
+        return compare([b.get(k, []) for k in keys], [t.get(k, []) for k in keys],
+                       min_effect_pct=bench.min_effect_pct, calibrated=spread)
     except InvalidRunError as exc:  # no successful requests in an arm: reported, not raised
         log.warning("%s", exc)
         return None
+
+
+def _spread(calibration: Calibration | None, tier: str, metric: str):
+    return None if calibration is None else calibration.spread(tier, metric)
 
 
 @dataclass(frozen=True)
@@ -431,7 +485,8 @@ def _identity(base: Sequence[RequestRecord], test: Sequence[RequestRecord]) -> _
     return _Identity(same, codes, len(pairs))
 
 
-def _tier_result(tier: str, per_arm: dict[str, list[RequestRecord]], bench) -> TierResult:
+def _tier_result(tier: str, per_arm: dict[str, list[RequestRecord]], bench,
+                 calibration: Calibration | None = None) -> TierResult:
     (base_name, base), (test_name, test) = per_arm.items()
     aggs = {name: aggregate(recs) for name, recs in per_arm.items()}
     reasons = []
@@ -448,8 +503,8 @@ def _tier_result(tier: str, per_arm: dict[str, list[RequestRecord]], bench) -> T
     ident = _identity(base, test)
     return TierResult(
         tier=tier, arms=aggs,
-        rtf=_compare(base, test, "audio_rtf", bench),
-        ttfp=_compare(base, test, "audio_ttfp_ms", bench),
+        rtf=_compare(base, test, "audio_rtf", bench, _spread(calibration, tier, "audio_rtf")),
+        ttfp=_compare(base, test, "audio_ttfp_ms", bench, _spread(calibration, tier, "audio_ttfp_ms")),
         duration_delta_pct=dur,
         duration_mismatch=dur is not None and abs(dur) > bench.duration_mismatch_pct,
         identical_outputs=ident.outputs, paired_outputs=ident.paired,

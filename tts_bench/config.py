@@ -225,8 +225,9 @@ class BenchParams:
     repeats: int = 1
     timeout_s: float = 120.0
     min_effect_pct: float = 2.0  # |delta| below this is `within noise` even when significant
+    # No longer read: the A/B interval is a t interval over paired blocks (tts_bench.stats).
+    # Both keys stay so existing configs keep loading.
     bootstrap_resamples: int = 2000
-    # hierarchical: resample repeats, then requests (tts_bench.stats explains why it is default)
     bootstrap: Literal["hierarchical", "stratified"] = "hierarchical"
     seed: int = 0
     disable_shuffle: bool = False

@@ -1,37 +1,52 @@
-"""A/B statistics: bootstrap CI of the relative difference between two arms, and a verdict.
+"""A/B statistics: paired blocks, an interval that is honest at 2-5 blocks, the minimum
+detectable effect (MDE), and a verdict.
 
-Noise is measured, not asserted. For each arm the per-request values (e.g. `audio_rtf`) come
-grouped by repeat. The statistic is the relative difference of pooled means (and medians),
-`100 * (test / base - 1)`, and the 95% interval is the percentile interval of that statistic
-over bootstrap resamples of each arm. Two resampling schemes:
+A repeat is a *block*: both arms ran back to back on the same machine, in counterbalanced order
+(`tts_bench.ab.phase_order`: A B, then B A). Whole runs shift together on real machines (a warm
+cache, a neighbour's load), and requests of one run share that shift, so the unit of evidence is
+the block, not the request. Per block k
 
-- `hierarchical` (default): draw the arm's repeats with replacement, then requests with
-  replacement within each drawn repeat. Whole repeats shift together on real machines (warm
-  caches, a neighbour's load), and requests of one repeat share that shift, so resampling only
-  requests pretends there is more independent evidence than there is. In simulation with a 5%
-  run-to-run offset, 2 repeats x 12 requests, A/A intervals excluded 0 about 40% of the time
-  when stratified and about 15% when hierarchical (about 4% with 5 repeats).
-- `stratified`: keep every repeat, draw requests within each. Right when repeats are exchangeable
-  (no run-level shift); identical to `hierarchical` with a single repeat.
+    d_k = ln(mean_test_k / mean_base_k)          (the same with medians for the median delta)
+
+and the effect is their mean, reported as a percentage, `100 * (exp(mean d) - 1)`. Request noise
+enters through each block's mean; run-to-run noise through the spread of the d_k. Why the log
+ratio rather than `100 * (test / base - 1)` per block: swapping the arms flips its sign exactly,
+a machine-wide slowdown (which scales every latency) is additive on the log scale, so block
+differences are closer to normal, and the back-transformed interval can never reach -100%. For
+effects of a few percent the two agree to a tenth of a percent.
+
+The 95% interval is Student's t with K - 1 degrees of freedom over the K block differences,
+`mean d +- t(0.975, K-1) * s / sqrt(K)`: exact for normal block differences whatever the mix of
+run and request noise, which a percentile bootstrap is not at K = 2-5 (with two repeats a
+repeat-level bootstrap has three distinct resamples and halves the between-repeat variance).
+`scripts/stats_coverage.py` simulates A/A and known-effect runs with run-level shifts, request
+noise and load bursts and checks the coverage (results/stats/coverage.md).
+
+One block has no spread to estimate: the verdict is `unresolved (1 repeat)` unless a calibrated
+run-to-run SD of d for this case, tier and hardware profile exists (`tts-bench calibrate`), in
+which case the interval uses it, with the calibration's degrees of freedom.
+
+The MDE is the smallest |effect| this run would resolve with 80% power at two-sided alpha 0.05:
+
+    MDE = (t(0.975, df) + t(0.80, df)) * s / sqrt(K)     (s, df: the blocks', or the calibration's)
 
 The verdict needs both significance and size (pyperf/asv practice):
 
-    faster        CI upper bound < 0  and  delta_mean <= -min_effect_pct
-    slower        CI lower bound > 0  and  delta_mean >= +min_effect_pct
-    within noise  otherwise
+    faster        CI upper bound < 0  and  delta <= -min_effect_pct
+    slower        CI lower bound > 0  and  delta >= +min_effect_pct
+    within noise  otherwise; the text adds what the run could not see ("could not resolve < 7.9%")
+    unresolved (1 repeat)   one block and no calibration
 
-for lower-is-better metrics such as RTF (pass `lower_is_better=False` for throughput, where
-`faster` then means a higher value).
+for lower-is-better metrics such as RTF (`lower_is_better=False` for throughput).
 
-    cmp = compare([rtf_base_r0, rtf_base_r1], [rtf_test_r0, rtf_test_r1],
-                  min_effect_pct=2.0, resamples=2000, seed=0)
-    cmp.delta_mean_pct, cmp.ci95_pct, cmp.verdict   # -4.8, (-6.1, -3.4), 'faster'
-
-Vectorised: resamples are drawn as index matrices in blocks (no Python loop per resample).
+    cmp = compare([rtf_base_r0, rtf_base_r1, rtf_base_r2], [rtf_test_r0, rtf_test_r1, rtf_test_r2],
+                  min_effect_pct=2.0)
+    cmp.delta_mean_pct, cmp.ci95_pct, cmp.mde_pct, cmp.verdict_text
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -40,45 +55,171 @@ import numpy as np
 
 from tts_bench.errors import InvalidRunError
 
-Verdict = Literal["faster", "slower", "within noise"]
-VERDICTS: tuple[Verdict, ...] = ("faster", "slower", "within noise")
-Method = Literal["hierarchical", "stratified"]
-METHODS: tuple[Method, ...] = ("hierarchical", "stratified")
+Verdict = Literal["faster", "slower", "within noise", "unresolved (1 repeat)"]
+UNRESOLVED: Verdict = "unresolved (1 repeat)"
+VERDICTS: tuple[Verdict, ...] = ("faster", "slower", "within noise", UNRESOLVED)
+Interval = Literal["t", "calibrated", "none"]
 
-# Cap on resampled values held at once (floats); 4M = 32 MB, whatever the run size.
-_BLOCK_VALUES = 4_000_000
+ALPHA = 0.05
+POWER = 0.80
+
+
+# ---------------------------------------------------------------- small building blocks
+
+
+def _scipy_stats():
+    # Imported on first use: scipy.stats takes most of a second to import, and importing this
+    # module (every command does, through tts_bench.ab) should not cost that.
+    from scipy import stats
+
+    return stats
+
+
+def t_quantile(q: float, df: float) -> float:
+    """Student's t quantile; df = inf gives the normal quantile."""
+    sps = _scipy_stats()
+    return float(sps.norm.ppf(q) if math.isinf(df) else sps.t.ppf(q, df))
+
+
+def two_sided_p(t_stat: float, df: float) -> float:
+    """Two-sided p-value of a t statistic (normal when df = inf)."""
+    sps = _scipy_stats()
+    dist = sps.norm if math.isinf(df) else sps.t(df)
+    return float(2.0 * dist.sf(abs(t_stat)))
+
+
+def mde_log(sd: float, blocks: int, df: float, *, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Minimum detectable |mean d| (log units): (t(1-alpha/2, df) + t(power, df)) * sd / sqrt(K)."""
+    return (t_quantile(1 - alpha / 2, df) + t_quantile(power, df)) * sd / math.sqrt(blocks)
+
+
+def pct(log_ratio: float) -> float:
+    """A log ratio as a percent change: 100 * (exp(x) - 1)."""
+    return 100.0 * math.expm1(log_ratio)
+
+
+def repeats_needed(
+    effect_pct: float, sd_log: float, *, alpha: float = ALPHA, power: float = POWER, max_repeats: int = 1000
+) -> int | None:
+    """Smallest even K >= 2 whose MDE (t with K-1 df, block SD `sd_log`) is <= `effect_pct`.
+
+    Even, because blocks come in counterbalanced pairs (A B, B A). None past `max_repeats`."""
+    target = math.log1p(abs(effect_pct) / 100.0)
+    for k in range(2, max_repeats + 1, 2):
+        if mde_log(sd_log, k, k - 1, alpha=alpha, power=power) <= target:
+            return k
+    return None
+
+
+def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact (Clopper-Pearson) binomial interval of a rate, e.g. a false-verdict count."""
+    if trials < 1:
+        raise ValueError(f"clopper_pearson needs trials >= 1, got {trials}")
+    ci = _scipy_stats().binomtest(successes, trials).proportion_ci(confidence_level=confidence, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+@dataclass(frozen=True)
+class CalibratedSpread:
+    """The run-to-run SD of one block's d for a case, tier and hardware profile (`tts-bench
+    calibrate`), used when a run has a single block. `df` = A/A blocks it was estimated from."""
+
+    sd_mean: float  # SD of ln(mean_test / mean_base) over A/A blocks
+    sd_median: float  # the same for medians
+    df: int
+    source: str = ""  # the calibration file, for the output's note
+
+
+@dataclass(frozen=True)
+class BlockInterval:
+    """Mean of the block log ratios and its 95% interval (log units); sd/df None when unresolved."""
+
+    center: float
+    lo: float | None
+    hi: float | None
+    sd: float | None
+    df: float | None
+    blocks: int
+    interval: Interval
+
+    @property
+    def resolved(self) -> bool:
+        return self.lo is not None
+
+
+def block_interval(d: np.ndarray, *, calibrated_sd: float | None = None, calibrated_df: float | None = None,
+                   alpha: float = ALPHA) -> BlockInterval:
+    """t interval of mean(d) over K blocks; with K = 1, the calibrated SD if there is one."""
+    # d: [K] log ratios, one per block
+    k = int(d.size)
+    center = float(d.mean())
+    if k >= 2:
+        sd, df, kind = float(d.std(ddof=1)), float(k - 1), "t"
+    elif calibrated_sd is not None:
+        sd, df, kind = float(calibrated_sd), float(calibrated_df or math.inf), "calibrated"
+    else:
+        return BlockInterval(center, None, None, None, None, k, "none")
+    half = t_quantile(1 - alpha / 2, df) * sd / math.sqrt(k)
+    return BlockInterval(center, center - half, center + half, sd, df, k, kind)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- the comparison
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """Test arm relative to base arm, in percent (negative = test lower)."""
+    """Test arm relative to base arm, in percent (negative = test lower), from paired blocks."""
 
-    delta_mean_pct: float
-    delta_median_pct: float
-    ci95_pct: tuple[float, float]  # percentile CI of delta_mean_pct
-    ci95_median_pct: tuple[float, float]  # percentile CI of delta_median_pct
+    delta_mean_pct: float  # 100 * (exp(mean_k ln(mean_test_k / mean_base_k)) - 1)
+    delta_median_pct: float  # the same with block medians
+    ci95_pct: tuple[float, float] | None  # None: one block, no calibration
+    ci95_median_pct: tuple[float, float] | None
     verdict: Verdict
+    mde_pct: float | None  # smallest |delta| resolvable at 80% power, two-sided alpha 0.05
+    blocks: int
+    block_sd_pct: float | None  # SD of the block log ratios, as a percent (the blocks' or calibrated)
+    df: float | None
+    interval: Interval  # t (K-1 df) | calibrated (1 block) | none
+    min_effect_pct: float
     base_mean: float
     base_median: float
     test_mean: float
     test_median: float
     n_base: int
     n_test: int
-    resamples: int
-    method: Method = "hierarchical"
+    block_deltas_pct: tuple[float, ...] = ()
+    calibration: str | None = None  # the calibration file used (interval == "calibrated")
 
     @property
     def significant(self) -> bool:
+        if self.ci95_pct is None:
+            return False
         lo, hi = self.ci95_pct
         return lo > 0 or hi < 0
 
+    @property
+    def half_width_pct(self) -> float | None:
+        """Half the width of the 95% interval, in percent (None when unresolved)."""
+        if self.ci95_pct is None:
+            return None
+        lo, hi = self.ci95_pct
+        return (hi - lo) / 2.0
 
-def _strata(groups: Sequence[np.ndarray] | np.ndarray, arm: str) -> list[np.ndarray]:
+    @property
+    def verdict_text(self) -> str:
+        """The verdict as a table cell: `within noise` says what the run could not see."""
+        if self.verdict != "within noise" or self.mde_pct is None:
+            return self.verdict
+        if self.mde_pct < self.min_effect_pct:
+            return f"within noise; below the {self.min_effect_pct:g}% minimum effect"
+        return f"within noise; could not resolve < {self.mde_pct:.1f}%"
+
+
+def _blocks(groups: Sequence[np.ndarray] | np.ndarray, arm: str) -> list[np.ndarray]:
     if isinstance(groups, np.ndarray) and groups.ndim == 1:
-        groups = [groups]  # one repeat
+        groups = [groups]  # one block
     out = [np.asarray(g, dtype=np.float64).ravel() for g in groups]
-    out = [g for g in out if g.size]
-    if not out:
+    if not any(g.size for g in out):
         raise InvalidRunError(
             f"error: the {arm} arm has no successful requests (A/B statistics); "
             f"check the run's failures before comparing"
@@ -91,62 +232,42 @@ def _strata(groups: Sequence[np.ndarray] | np.ndarray, arm: str) -> list[np.ndar
     return out
 
 
-def _stratified_block(strata: list[np.ndarray], rows: int, rng: np.random.Generator) -> np.ndarray:
-    """[rows, N] values drawn with replacement within each repeat; N = total request count."""
-    parts = [g[rng.integers(0, g.size, size=(rows, g.size))] for g in strata]
-    return np.concatenate(parts, axis=1)
+def _paired(base: list[np.ndarray], test: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Blocks where both arms have values (a block with one arm's phase all failed is dropped)."""
+    if len(base) != len(test):
+        raise ValueError(f"blocks must be paired: base has {len(base)}, test has {len(test)}")
+    pairs = [(b, t) for b, t in zip(base, test) if b.size and t.size]
+    if not pairs:
+        raise InvalidRunError(
+            "error: no block has successful requests in both arms (A/B statistics); "
+            "check the run's failures before comparing"
+        )
+    return pairs
 
 
-def _hierarchical_block(strata: list[np.ndarray], rows: int, rng: np.random.Generator) -> np.ndarray:
-    """[rows, K * max_n]: K repeats drawn with replacement, then requests within each drawn
-    repeat. Repeats shorter than the longest are padded with NaN (callers use nan-reductions)."""
-    sizes = np.array([g.size for g in strata])
-    k, m = len(strata), int(sizes.max())
-    data = np.full((k, m), np.nan)
-    for i, g in enumerate(strata):
-        data[i, : g.size] = g
-    reps = rng.integers(0, k, size=(rows, k))  # [rows, K] which repeat fills each slot
-    n = sizes[reps]  # [rows, K]
-    idx = (rng.random((rows, k, m)) * n[..., None]).astype(np.int64)  # uniform in [0, n)
-    vals = data[reps[..., None], idx]  # [rows, K, m]
-    vals[np.arange(m) >= n[..., None]] = np.nan
-    return vals.reshape(rows, k * m)
+def _log_ratios(pairs: list[tuple[np.ndarray, np.ndarray]], stat) -> np.ndarray:
+    b = np.array([stat(x) for x, _ in pairs])
+    t = np.array([stat(y) for _, y in pairs])
+    if (b <= 0).any() or (t <= 0).any():
+        raise InvalidRunError(
+            "error: a block's mean or median is <= 0 (A/B statistics); a relative delta is "
+            "undefined, check the metric"
+        )
+    return np.log(t / b)
 
 
-def _bootstrap_stats(
-    strata: list[np.ndarray], resamples: int, rng: np.random.Generator, method: Method
-) -> tuple[np.ndarray, np.ndarray]:
-    """Means and medians of `resamples` bootstrap resamples: two [resamples] arrays."""
-    hierarchical = method == "hierarchical" and len(strata) > 1
-    width = len(strata) * max(g.size for g in strata) if hierarchical else sum(g.size for g in strata)
-    padded = hierarchical and len({g.size for g in strata}) > 1
-    mean, median = (np.nanmean, np.nanmedian) if padded else (np.mean, np.median)
-    block = max(1, _BLOCK_VALUES // width)
-    means, medians = [], []
-    for start in range(0, resamples, block):
-        rows = min(block, resamples - start)
-        if hierarchical:
-            sample = _hierarchical_block(strata, rows, rng)
-        else:
-            sample = _stratified_block(strata, rows, rng)
-        means.append(mean(sample, axis=1))
-        medians.append(median(sample, axis=1))
-    return np.concatenate(means), np.concatenate(medians)
+def _ci_pct(iv: BlockInterval) -> tuple[float, float] | None:
+    return None if iv.lo is None or iv.hi is None else (pct(iv.lo), pct(iv.hi))
 
 
-def _rel_pct(test: np.ndarray | float, base: np.ndarray | float) -> np.ndarray | float:
-    return 100.0 * (np.asarray(test) / np.asarray(base) - 1.0)
-
-
-def _verdict(
-    delta_pct: float, ci: tuple[float, float], min_effect_pct: float, lower_is_better: bool
-) -> Verdict:
+def _verdict(delta_pct: float, ci: tuple[float, float] | None, min_effect_pct: float,
+             lower_is_better: bool) -> Verdict:
+    if ci is None:
+        return UNRESOLVED
     lo, hi = ci
-    lower = hi < 0 and delta_pct <= -min_effect_pct
-    higher = lo > 0 and delta_pct >= min_effect_pct
-    if lower:
+    if hi < 0 and delta_pct <= -min_effect_pct:
         return "faster" if lower_is_better else "slower"
-    if higher:
+    if lo > 0 and delta_pct >= min_effect_pct:
         return "slower" if lower_is_better else "faster"
     return "within noise"
 
@@ -156,62 +277,48 @@ def compare(
     test: Sequence[np.ndarray] | np.ndarray,
     *,
     min_effect_pct: float = 2.0,
-    resamples: int = 2000,
-    seed: int = 0,
     lower_is_better: bool = True,
-    method: Method = "hierarchical",
+    calibrated: CalibratedSpread | None = None,
+    alpha: float = ALPHA,
+    power: float = POWER,
 ) -> Comparison:
-    """Compare two arms given per-repeat arrays of per-request values (a 1-D array = 1 repeat).
+    """Compare two arms given per-block arrays of per-request values, paired by position
+    (block k of `base` ran back to back with block k of `test`; a 1-D array is one block).
 
-    `method`: `hierarchical` resamples repeats, then requests within them (honest when whole
-    repeats shift together); `stratified` keeps every repeat and resamples only requests.
-    With a single repeat the two are the same.
-    """
-    if resamples < 1:
-        raise ValueError(f"resamples must be >= 1, got {resamples}")
-    if method not in METHODS:
-        raise ValueError(f"unknown bootstrap method {method!r}; valid: {', '.join(METHODS)}")
-    b, t = _strata(base, "base"), _strata(test, "test")
-    b_all, t_all = np.concatenate(b), np.concatenate(t)
-    b_mean, b_median = float(b_all.mean()), float(np.median(b_all))
-    if b_mean == 0 or b_median == 0:
-        raise InvalidRunError(
-            "error: the base arm's mean or median is 0 (A/B statistics); a relative delta is "
-            "undefined, check the metric"
-        )
-    t_mean, t_median = float(t_all.mean()), float(np.median(t_all))
-    rng = np.random.default_rng(seed)
-    bm, bmed = _bootstrap_stats(b, resamples, rng, method)
-    tm, tmed = _bootstrap_stats(t, resamples, rng, method)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        d_mean, d_median = _rel_pct(tm, bm), _rel_pct(tmed, bmed)
-    ci = _percentile_ci(d_mean)
-    ci_median = _percentile_ci(d_median)
-    delta_mean = float(_rel_pct(t_mean, b_mean))
+    `calibrated` is used only with a single block (see the module docstring)."""
+    pairs = _paired(_blocks(base, "base"), _blocks(test, "test"))
+    d_mean, d_median = _log_ratios(pairs, np.mean), _log_ratios(pairs, np.median)
+    cal_mean = calibrated.sd_mean if calibrated else None
+    cal_median = calibrated.sd_median if calibrated else None
+    df_cal = calibrated.df if calibrated else None
+    iv = block_interval(d_mean, calibrated_sd=cal_mean, calibrated_df=df_cal, alpha=alpha)
+    iv_med = block_interval(d_median, calibrated_sd=cal_median, calibrated_df=df_cal, alpha=alpha)
+    ci = _ci_pct(iv)
+    delta = pct(iv.center)
+    mde = pct(mde_log(iv.sd, iv.blocks, iv.df, alpha=alpha, power=power)) if iv.sd is not None else None
+    b_all = np.concatenate([b for b, _ in pairs])
+    t_all = np.concatenate([t for _, t in pairs])
     return Comparison(
-        delta_mean_pct=delta_mean,
-        delta_median_pct=float(_rel_pct(t_median, b_median)),
+        delta_mean_pct=delta,
+        delta_median_pct=pct(iv_med.center),
         ci95_pct=ci,
-        ci95_median_pct=ci_median,
-        verdict=_verdict(delta_mean, ci, min_effect_pct, lower_is_better),
-        base_mean=b_mean,
-        base_median=b_median,
-        test_mean=t_mean,
-        test_median=t_median,
+        ci95_median_pct=_ci_pct(iv_med),
+        verdict=_verdict(delta, ci, min_effect_pct, lower_is_better),
+        mde_pct=mde,
+        blocks=iv.blocks,
+        block_sd_pct=pct(iv.sd) if iv.sd is not None else None,
+        df=iv.df,
+        interval=iv.interval,
+        min_effect_pct=min_effect_pct,
+        base_mean=float(b_all.mean()),
+        base_median=float(np.median(b_all)),
+        test_mean=float(t_all.mean()),
+        test_median=float(np.median(t_all)),
         n_base=int(b_all.size),
         n_test=int(t_all.size),
-        resamples=resamples,
-        method=method,
+        block_deltas_pct=tuple(pct(x) for x in d_mean),
+        calibration=calibrated.source if calibrated and iv.interval == "calibrated" else None,
     )
-
-
-def _percentile_ci(deltas: np.ndarray) -> tuple[float, float]:
-    # A resampled base of all zeros gives inf/nan; drop those rather than poison the interval.
-    finite = deltas[np.isfinite(deltas)]
-    if finite.size == 0:
-        return (float("nan"), float("nan"))
-    lo, hi = np.percentile(finite, [2.5, 97.5])
-    return (float(lo), float(hi))
 
 
 def summarize(

@@ -4,8 +4,11 @@ Builders (`ab_table`, ...) turn comparison records into a DataFrame of display s
 turns any DataFrame into text. The markdown is a plain pipe table meant to be pasted into a PR,
 shaped like the tables engineers already write by hand:
 
-    | Tier (conc x repl) | base mean / median | test mean / median | delta (mean) | 95% CI | verdict |
-    | 64 x 4 | 0.7486 / 0.7291 | 0.7105 / 0.7069 | -5.1% | [-6.3%, -3.9%] | faster |
+    | Tier (conc x repl) | base mean / median | test mean / median | delta (mean) | 95% CI | verdict | MDE |
+    | 64 x 4 | 0.7486 / 0.7291 | 0.7105 / 0.7069 | -5.1% | [-6.3%, -3.9%] | faster | 2.1% |
+
+(the MDE column appears when the tiers carry `mde_pct`: the smallest |delta| the run could
+resolve; a `within noise` cell then says so: "within noise; could not resolve < 7.9%").
 
     df = ab_table(tiers)                         # tiers: list of dicts, see `ab_table`
     sys.stdout.write(render(df, default_format(sys.stdout), title="A/B audio RTF"))
@@ -39,6 +42,7 @@ AB_COLUMNS = (
     "95% CI",
     "verdict",
 )
+MDE_COLUMN = "MDE"
 NOTE_COLUMN = "note"
 _VERDICT_STYLE = {"faster": "bold green", "slower": "bold red", "within noise": "dim"}
 
@@ -116,12 +120,15 @@ def ab_table(
     - the arms, either `arms: {base: {mean_audio_rtf, median_audio_rtf, failed}, test: {...}}`
       (the first arm is the base when the names differ) or flat `base_mean`, `base_median`,
       `test_mean`, `test_median`;
-    - `delta_mean_pct`, `ci95_pct` ([lo, hi]), `verdict`;
+    - `delta_mean_pct`, `ci95_pct` ([lo, hi]), `verdict` (the cell shows `verdict_detail` when
+      given: "within noise; could not resolve < 7.9%");
+    - optional `mde_pct` (an `MDE` column after the verdict when any tier has the key);
     - optional `duration_mismatch` (bool) with `duration_delta_pct`, and a free `note`.
 
     A `note` column is added only when some tier has a note (length mismatch, failures).
     """
     rows, notes = [], []
+    with_mde = any("mde_pct" in row for row in tiers)
     for row in tiers:
         base = _arm_stats(row, "base", 0, metric)
         test = _arm_stats(row, "test", 1, metric)
@@ -132,11 +139,13 @@ def ab_table(
                 AB_COLUMNS[2]: _mean_median(test, metric, digits),
                 AB_COLUMNS[3]: fmt_pct(row.get("delta_mean_pct")),
                 AB_COLUMNS[4]: fmt_ci(row.get("ci95_pct")),
-                AB_COLUMNS[5]: str(row.get("verdict") or "n/a"),
+                AB_COLUMNS[5]: str(row.get("verdict_detail") or row.get("verdict") or "n/a"),
+                MDE_COLUMN: fmt_pct(row.get("mde_pct")).lstrip("+"),
             }
         )
         notes.append(_note(row, base, test))
-    df = pd.DataFrame(rows, columns=list(AB_COLUMNS), dtype=object)
+    columns = [*AB_COLUMNS, MDE_COLUMN] if with_mde else list(AB_COLUMNS)
+    df = pd.DataFrame(rows, columns=columns, dtype=object)
     if any(notes):
         df[NOTE_COLUMN] = notes
     if (base_label, test_label) != ("base", "test"):
@@ -190,7 +199,7 @@ def to_rich(df: pd.DataFrame, *, title: str | None = None) -> Table:
         cells = []
         for col, value in zip(df.columns, r):
             text = _cell(value)
-            style = _VERDICT_STYLE.get(text) if col == "verdict" else None
+            style = _VERDICT_STYLE.get(text.split(";")[0]) if col == "verdict" else None
             cells.append(f"[{style}]{text}[/]" if style else text.replace("[", "\\["))
         table.add_row(*cells)
     return table

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from tts_bench.cli import app
@@ -38,26 +39,32 @@ def invoke(tmp_path: Path, *args: str):
 
 
 def test_markdown_table_is_shaped_like_the_seed(tmp_path):
-    result = invoke(tmp_path, "--tiers", "2x1,4x2", "--num-prompts", "4", "--format", "md")
+    result = invoke(tmp_path, "--tiers", "2x1,4x2", "--num-prompts", "4", "--repeats", "2", "--format", "md")
     assert result.return_value == ExitStatus.OK
     lines = result.stdout.splitlines()
     assert lines[0] == "**audio RTF (lower is faster)**"
     cells = [c.strip() for c in lines[2].strip("|").split("|")]  # widths follow the numbers
     assert cells == ["Tier (conc x repl)", "base mean / median", "test mean / median", "delta (mean)",
-                     "95% CI", "verdict"]
-    assert re.fullmatch(r"\| -+ \| -+ \| -+ \| -+ \| -+ \| -+ \|", lines[3])
+                     "95% CI", "verdict", "MDE"]
+    assert re.fullmatch(r"\| -+ \| -+ \| -+ \| -+ \| -+ \| -+ \| -+ \|", lines[3])
     row = re.compile(r"\| 2 x 1 +\| \d\.\d{4} / \d\.\d{4} +\| \d\.\d{4} / \d\.\d{4} +\| [+-]\d+\.\d% +"
-                     r"\| \[[+-]\d+\.\d%, [+-]\d+\.\d%\] +\| (within noise|faster|slower) +\|")
+                     r"\| \[[+-]\d+\.\d%, [+-]\d+\.\d%\] +\| (within noise(; could not resolve < \d+\.\d%|"
+                     r"; below the 2% minimum effect)?|faster|slower) +\| \d+\.\d% +\|")
     assert row.fullmatch(lines[4]), lines[4]
     assert lines[5].startswith("| 4 x 2 ")
     assert "**audio TTFP ms**" in lines
-    assert "identical outputs (test vs base): 2x1: 4/4, 4x2: 4/4" in lines
+    assert "identical outputs (test vs base): 2x1: 8/8, 4x2: 8/8" in lines
     assert "\x1b[" not in result.stdout  # NO_COLOR, not a TTY
 
 
-def test_one_repeat_says_its_ci_misses_run_to_run_noise_and_two_do_not(tmp_path):
+def test_one_repeat_is_unresolved_and_says_why_and_two_are_not(tmp_path):
     one = invoke(tmp_path, "--tiers", "2x1", "--num-prompts", "4", "--format", "md")
-    assert one.stdout.splitlines()[-2].startswith("note: 1 repeat: the CI covers request-to-request")
+    assert one.stdout.splitlines()[-2].startswith("note: 1 repeat: one block has no run-to-run spread")
+    row = one.stdout.splitlines()[4]
+    assert "| n/a " in row and "unresolved (1 repeat)" in row
+    doc = json.loads(invoke(tmp_path, "--tiers", "2x1", "--num-prompts", "4", "--format", "json").stdout)
+    (tier,) = doc["tiers"]
+    assert tier["verdict"] == "unresolved (1 repeat)" and tier["ci95_pct"] is None and tier["mde_pct"] is None
     two = invoke(tmp_path, "--tiers", "2x1", "--num-prompts", "4", "--format", "md", "--repeats", "2")
     assert "note: 1 repeat" not in two.stdout
     doc = json.loads(invoke(tmp_path, "--tiers", "2x1", "--num-prompts", "4", "--repeats", "2",
@@ -66,16 +73,19 @@ def test_one_repeat_says_its_ci_misses_run_to_run_noise_and_two_do_not(tmp_path)
 
 
 def test_json_is_one_document_with_the_documented_keys(tmp_path):
-    result = invoke(tmp_path, "--tiers", "2x1", "--num-prompts", "4", "--format", "json",
+    result = invoke(tmp_path, "--tiers", "2x1", "--num-prompts", "4", "--format", "json", "--repeats", "2",
                     "--test-set", "synthetic.delay_scale=1.1")
     doc = json.loads(result.stdout)
     (tier,) = doc["tiers"]
     assert tier["tier"] == "2x1"
     for arm in ("base", "test"):
         assert {"mean_audio_rtf", "median_audio_rtf", "completed", "failed"} <= set(tier["arms"][arm])
-        assert tier["arms"][arm]["completed"] == 4
+        assert tier["arms"][arm]["completed"] == 8
     assert isinstance(tier["delta_mean_pct"], float) and len(tier["ci95_pct"]) == 2
     assert tier["verdict"] in ("faster", "slower", "within noise")
+    assert isinstance(tier["mde_pct"], float) and tier["blocks"] == 2 and tier["interval"] == "t"
+    assert tier["verdict_detail"].startswith(tier["verdict"])
+    assert isinstance(tier["ttfp"]["mde_pct"], float)
     run = RunDir.open(doc["run_dir"])
     assert run.doc["status"] == "complete" and run.doc["result"]["tiers"][0]["tier"] == "2x1"
     assert all(r["audio_sha256"] for r in run.read_requests())
@@ -153,3 +163,24 @@ def test_disable_shuffle_sends_prompts_in_file_order_to_both_arms(tmp_path):
     for arm in ("base", "test"):
         mine = sorted((r for r in records if r["arm"] == arm), key=lambda r: r["request_id"])
         assert [r["utt"] for r in mine] == expected
+
+
+def test_until_resolved_says_what_stopped_it_in_the_table_and_the_json(tmp_path):
+    md = invoke(tmp_path, "--tiers", "2x1", "--num-prompts", "4", "--format", "md", "--until-resolved",
+                "--max-repeats", "4", "--set", "bench.min_effect_pct=0.0001")
+    line = next(x for x in md.stdout.splitlines() if x.startswith("until-resolved:"))
+    assert line.startswith("until-resolved: stopped by max repeats (target half-width < 5e-05%, max repeats 4)")
+    assert "repeats 2x1 4" in line
+    doc = json.loads(invoke(tmp_path, "--tiers", "2x1", "--num-prompts", "4", "--format", "json",
+                            "--until-resolved", "--set", "bench.min_effect_pct=400").stdout)
+    assert doc["until_resolved"]["stopped_by"] == "resolved" and doc["until_resolved"]["repeats"] == {"2x1": 2}
+    assert RunDir.open(doc["run_dir"]).doc["ab"]["until_resolved"]["target_half_width_pct"] == 200.0
+
+
+def test_until_resolved_options_are_checked(tmp_path):
+    from tts_bench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="only apply with --until-resolved"):
+        invoke(tmp_path, "--tiers", "2x1", "--budget", "5")
+    with pytest.raises(ConfigError, match="max-repeats must be >= 2"):
+        invoke(tmp_path, "--tiers", "2x1", "--until-resolved", "--max-repeats", "1")

@@ -42,7 +42,7 @@ def fake_world(tmp_path, monkeypatch):
     cfg = tmp_path / "wer.yaml"
     cfg.write_text(
         f"backend: synthetic\nprompts:\n  meta: {meta}\nbench:\n  disable_shuffle: true\n"
-        f"wer:\n  num_prompts: 4\n  bootstrap_resamples: 200\n"
+        f"wer:\n  num_prompts: 4\n"
         f"  history_dir: {tmp_path / 'history'}\n  cache_dir: {tmp_path / 'cache'}\n"
     )
 
@@ -78,7 +78,7 @@ def test_degraded_arm_exits_4_and_the_table_shows_why(fake_world):
     result = CliRunner().invoke(_app(), ["wer", "--config", str(cfg), "--test-set", "piper.length_scale=1.2",
                                          "--result-dir", str(tmp_path / "runs"), "--format", "md"])
     assert result.exit_code == ExitStatus.ACCURACY_REGRESSION, result.output
-    assert "| test" in result.stdout and "exceeds tolerance" in result.stdout
+    assert "| test" in result.stdout and "upper bound >= margin 3" in result.stdout
     assert "verdict: regression" in result.stdout
 
 
@@ -125,3 +125,22 @@ def test_piper_end_to_end_with_faster_whisper_tiny_en(tmp_path):
     doc = json.loads(result.stdout)
     assert doc["arms"]["base"]["completed"] == 3 and doc["arms"]["base"]["mean_wer"] < 0.2
     assert doc["asr"]["model"] == "tiny.en" and doc["asr"]["compute_type"] == "int8"
+
+
+def test_a_wer_set_is_never_cycled_num_prompts_only_caps(fake_world):
+    tmp_path, cfg = fake_world
+    result = _wer(["--config", str(cfg), "--num-prompts", "10"], tmp_path)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["arms"]["base"]["total"] == 4  # the set's 4 utterances, each once
+    ids = [u["request_id"] for u in doc["arms"]["base"].get("utterances", [])] or None
+    assert ids is None or len(set(ids)) == 4
+
+
+def test_non_inferiority_runs_say_first_whether_the_prompt_count_resolves_the_margin(fake_world):
+    tmp_path, cfg = fake_world
+    result = _wer(["--config", str(cfg), "--set", "wer.margin_points=3"], tmp_path)
+    assert "wer: non-inferiority margin 3 points with 4 prompts" in result.output
+    assert "NOT resolvable" in result.output
+    exact = _wer(["--config", str(cfg), "--set", "wer.mode=exact"], tmp_path)
+    assert "non-inferiority margin" not in exact.output and exact.exit_code == 0

@@ -52,6 +52,26 @@ def test_lower_is_better_metric_rising_is_worse_and_throughput_rising_is_better(
     assert row.mark == "worse"
 
 
+def test_a_whole_run_shift_within_the_calibrated_run_to_run_sd_is_tilde_not_worse():
+    # tiny-embedded on a shared CPU: one run 30% slower, every request with it (U test p ~ 0),
+    # while whole runs move with a calibrated SD of 25%: not evidence of a regression.
+    from tts_bench.gate.judge import RunLevel, run_p_value
+
+    base = {"center": 1.0, "samples": list(np.linspace(0.95, 1.05, 40)), "per_run": [1.0, 1.0, 1.0]}
+    cur = list(np.linspace(1.25, 1.35, 40))
+    noisy = RunLevel(phase_sd=0.25, df=80, current_phases=1, baseline_phases=3)
+    row = compare_metric("2x1", "audio_rtf", base, cur, threshold=25.0, alpha=0.01, run_level=noisy)
+    assert row.p_value < 1e-6 and row.run_p_value > 0.01 and row.mark == "~"
+    quiet = RunLevel(phase_sd=0.02, df=80, current_phases=1, baseline_phases=3)
+    row = compare_metric("2x1", "audio_rtf", base, cur, threshold=25.0, alpha=0.01, run_level=quiet)
+    assert row.run_p_value < 1e-6 and row.mark == "worse"
+    # z = ln(1.3) / (0.25 * sqrt(1 + 1/3)), two-sided t with 80 df
+    from scipy import stats
+
+    z = np.log(1.3) / (0.25 * np.sqrt(4 / 3))
+    assert run_p_value(np.log(1.3), noisy) == pytest.approx(2 * stats.t.sf(z, 80))
+
+
 def test_beyond_threshold_but_not_significant_is_tilde():
     # Three samples a side cannot reach p < 0.01 however far apart they are.
     base = {"center": 1.0, "samples": [0.9, 1.0, 1.1]}

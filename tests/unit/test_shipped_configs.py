@@ -62,4 +62,4 @@ def test_wer_default_config_is_the_shipped_one_from_another_folder(tmp_path, mon
 
     monkeypatch.chdir(tmp_path)
     arms = wer_cmd._arms(None, "base,test", [], [], [])
-    assert arms["base"].backend == "piper" and arms["base"].wer.num_prompts == 20
+    assert arms["base"].backend == "piper" and arms["base"].wer.num_prompts == 80

@@ -175,3 +175,18 @@ def test_missing_comparison_reads_n_a():
     row = {"tier": "2x1", "arms": {"base": {"mean_audio_rtf": None}, "test": {}},
            "delta_mean_pct": None, "ci95_pct": None, "verdict": None}
     assert ab_table([row]).iloc[0].tolist() == ["2 x 1", "n/a / n/a", "n/a / n/a", "n/a", "n/a", "n/a"]
+
+
+def test_rows_with_an_mde_get_an_mde_column_and_the_verdict_detail(monkeypatch):
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    rows = [dict(TIERS[0], mde_pct=7.93, verdict_detail="within noise; could not resolve < 7.9%"),
+            dict(TIERS[1], mde_pct=2.1),
+            {"tier": "2x1", "base_mean": 1.0, "base_median": 1.0, "test_mean": 2.0, "test_median": 2.0,
+             "delta_mean_pct": 100.0, "ci95_pct": None, "verdict": "unresolved (1 repeat)", "mde_pct": None}]
+    df = ab_table(rows)
+    assert tuple(df.columns) == (*AB_COLUMNS, "MDE")
+    assert df.iloc[0, 5:].tolist() == ["within noise; could not resolve < 7.9%", "7.9%"]
+    assert df.iloc[1, 5:].tolist() == ["faster", "2.1%"]
+    assert df.iloc[2, 4:].tolist() == ["n/a", "unresolved (1 repeat)", "n/a"]
+    text = render(df, "table", width=200, color=True)
+    assert "\x1b[2mwithin noise; could not resolve < 7.9%" in text  # styled like plain `within noise`

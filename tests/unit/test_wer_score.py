@@ -7,7 +7,7 @@ import pytest
 
 from tts_bench.wer.generate import GenRecord
 from tts_bench.wer.normalize import seed_tts_normalize
-from tts_bench.wer.score import bootstrap_mean_ci, compare_utterances, score_arm, score_utterance
+from tts_bench.wer.score import compare_utterances, score_arm, score_utterance, scored_wer, t_mean_ci
 from tts_bench.wer.transcribe import UttTranscript
 
 
@@ -62,14 +62,32 @@ def test_paired_delta_and_identity_lines():
     base = [{"request_id": f"u{i}", "wer": 0.0, "audio_sha256": f"h{i}", "transcript": "t"} for i in range(10)]
     test = [dict(u) for u in base]
     test[0] = {**test[0], "wer": 0.5, "audio_sha256": "other", "transcript": "x"}
-    p = compare_utterances("base", base, "test", test, resamples=500)
+    p = compare_utterances("base", base, "test", test)
     assert p.n_paired == 10 and p.identical_audio == 9 and p.identical_transcripts == 9
     assert p.delta_mean_wer == pytest.approx(0.05)
-    lo, hi = p.delta_mean_wer_ci95
-    assert 0.0 <= lo <= 0.05 <= hi <= 0.5
+    # t interval, 9 df: 0.05 +- 2.262 * sd / sqrt(10), sd of nine 0s and one 0.5
+    half = 2.2621571627 * np.std([0.5] + [0.0] * 9, ddof=1) / np.sqrt(10)
+    assert p.delta_mean_wer_ci95 == pytest.approx((0.05 - half, 0.05 + half))
+    assert p.differing == [{"request_id": "u0", "base": "t", "test": "x", "base_wer": 0.0, "test_wer": 0.5}]
 
 
-def test_bootstrap_ci_of_constant_deltas_is_a_point():
-    assert bootstrap_mean_ci(np.zeros(20)) == (0.0, 0.0)
-    lo, hi = bootstrap_mean_ci(np.array([0.0, 1.0] * 50), seed=1)
+def test_t_interval_of_constant_deltas_is_a_point_and_needs_two_values():
+    assert t_mean_ci(np.zeros(20)) == (0.0, 0.0)
+    lo, hi = t_mean_ci(np.array([0.0, 1.0] * 50))
     assert lo < 0.5 < hi
+    assert t_mean_ci(np.array([0.3])) is None
+
+
+def test_empty_transcripts_count_as_one_in_the_seed_tts_wer_and_in_the_pairing():
+    results = [
+        _utt("u1", "one two", "one two"),
+        _utt("u2", "one two", "", kind="empty_transcript"),
+        _utt("u3", "one two", None, kind="request_failed"),
+    ]
+    arm = score_arm("test", results, seed_tts_normalize)
+    assert arm.mean_wer == 0.0 and arm.mean_wer_seedtts == pytest.approx(0.5)
+    assert [scored_wer(u) for u in arm.utterances] == [0.0, 1.0, None]
+    base = score_arm("base", [_utt("u1", "one two", "one two"), _utt("u2", "one two", "one two"),
+                              _utt("u3", "one two", "one two")], seed_tts_normalize)
+    p = compare_utterances("base", base.utterances, "test", arm.utterances)
+    assert p.n_paired == 2 and p.delta_mean_wer == pytest.approx(0.5)

@@ -4,10 +4,13 @@
     tts-bench ab --config configs/ab/fused-prelude.yaml --tiers 32x1,64x4,128x8 --repeats 3
     tts-bench ab --config configs/ab/synthetic.yaml --test-set synthetic.delay_scale=1.2
     tts-bench ab --resume results/runs/20261129-194500-ab-3fa9c1
+    tts-bench ab --config configs/ab/synthetic.yaml --until-resolved --max-repeats 8 --budget 10
 
 The table goes to stdout (`--format md|table|csv|json`); progress and logs to stderr. Exit 0, or
 5 when too many requests failed (bench.max_failure_fraction) and the comparison is not to be
-trusted. The library call behind it is `tts_bench.ab.run_ab`.
+trusted. The library call behind it is `tts_bench.ab.run_ab`. A calibration of the config on this
+hardware profile (`tts-bench calibrate`, results/baselines/*.calibration.json) is found by its
+key and used for one-repeat intervals and the calibrated MDE note.
 """
 
 from __future__ import annotations
@@ -41,22 +44,30 @@ def ab(
     resume: Optional[Path] = typer.Option(None, "--resume", help="Finish a killed run (its directory); other options are ignored."),
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
     mem: bool = typer.Option(False, "--mem", help="Sample device memory during every tier (tts-bench mem)."),
+    until_resolved: bool = typer.Option(False, "--until-resolved", help="Add counterbalanced repeat pairs until every tier's 95% CI half-width is under bench.min_effect_pct / 2."),
+    max_repeats: Optional[int] = typer.Option(None, "--max-repeats", help="With --until-resolved: at most this many repeats per tier (default 10)."),
+    budget: Optional[float] = typer.Option(None, "--budget", help="With --until-resolved: minutes; no round starts that would end past it."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Hardware profile whose calibration to use (default: cpu-<N>core)."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration file (default: the matching results/baselines/*.<profile>.calibration.json)."),
 ) -> ExitStatus:
-    """A/B two arms of a config, interleaved per tier, with bootstrap CIs and verdicts."""
+    """A/B two arms of a config, interleaved per tier, with paired-block CIs, MDEs and verdicts."""
     from tts_bench import ab as lib
 
     fmt = check_format(fmt)
     shuffle_set = ["bench.disable_shuffle=true"] if disable_shuffle else []
     if per_client is not None:
         shuffle_set.append(f"bench.prompts_per_client={per_client}")
+    until = dict(on=until_resolved, max_repeats=max_repeats, budget=budget)
     run, plan = _open_run(resume) if resume else _new_run(
         config, tiers=tiers, num_prompts=num_prompts, repeats=repeats, sets=[*sets, *shuffle_set],
-        base_sets=base_sets, test_sets=test_sets, result_dir=result_dir)
+        base_sets=base_sets, test_sets=test_sets, result_dir=result_dir, until=until, profile=profile,
+        calibration=calibration)
     with run.finishing():  # any exit (error, Ctrl-C) leaves run.json failed / interrupted
         hooks = _mem_hooks(plan, run) if mem else None
         with _progress() as progress:
             result = lib.run_ab(plan.arms, plan.tiers, repeats=plan.repeats, num_prompts=plan.num_prompts,
-                                run_dir=run, progress=progress, resume=resume is not None, hooks=hooks)
+                                run_dir=run, progress=progress, resume=resume is not None, hooks=hooks,
+                                until=plan.until, calibration=_load_calibration(plan.calibration))
         run.update(status="complete" if result.valid else "invalid", result=result.to_dict())
     sys.stdout.write(render_result(result, fmt, mem=hooks))
     for reason in result.invalid_reasons:
@@ -64,10 +75,12 @@ def ab(
     return result.exit_status
 
 
-def _new_run(config, *, tiers, num_prompts, repeats, sets, base_sets, test_sets, result_dir):
+def _new_run(config, *, tiers, num_prompts, repeats, sets, base_sets, test_sets, result_dir, until,
+             profile, calibration):
     """Load both arms, fix the plan (CLI options over the config's bench section), make the run."""
     from tts_bench.ab import AbPlan, load_arms
     from tts_bench.config import config_hash, config_to_dict, parse_tiers
+    from tts_bench.gate.case import default_profile
     from tts_bench.preflight import check_arms
     from tts_bench.prompts import load_prompts
     from tts_bench.results import RunDir, python_argv
@@ -77,10 +90,13 @@ def _new_run(config, *, tiers, num_prompts, repeats, sets, base_sets, test_sets,
     arms = load_arms(config, sets, base_sets, test_sets)
     bench = next(iter(arms.values())).bench
     load_prompts(next(iter(arms.values())).prompts.meta)  # a bad meta.lst fails before the run exists
+    profile = profile or default_profile()
     # An explicit value is used as given (a 0 never falls back to the config: typer's min=1).
+    num_prompts = bench.num_prompts if num_prompts is None else num_prompts
     plan = AbPlan(arms, parse_tiers(bench.tiers if tiers is None else tiers),
-                  bench.repeats if repeats is None else repeats,
-                  bench.num_prompts if num_prompts is None else num_prompts)
+                  bench.repeats if repeats is None else repeats, num_prompts,
+                  until=_until_rule(until, bench), profile=profile,
+                  calibration=_calibration_path(calibration, arms, profile, num_prompts))
     check_arms(arms, plan.tiers)  # before the run directory exists and before any stage starts
     run = RunDir.create(
         result_dir, "ab", command_line=python_argv(),
@@ -88,6 +104,40 @@ def _new_run(config, *, tiers, num_prompts, repeats, sets, base_sets, test_sets,
         config_hashes={n: config_hash(c) for n, c in arms.items()}, extra={"ab": plan.to_dict()},
     )
     return run, plan
+
+
+def _until_rule(opts: dict, bench):
+    """--until-resolved [--max-repeats K] [--budget MIN] as a rule (None without the flag)."""
+    from tts_bench.errors import ConfigError
+    from tts_bench.until_resolved import DEFAULT_MAX_REPEATS, UntilResolved
+
+    if not opts["on"]:
+        if opts["max_repeats"] is not None or opts["budget"] is not None:
+            raise ConfigError("error: --max-repeats and --budget only apply with --until-resolved (tts-bench ab); "
+                              "add --until-resolved or drop them")
+        return None
+    try:
+        return UntilResolved(bench.min_effect_pct / 2.0, opts["max_repeats"] or DEFAULT_MAX_REPEATS, opts["budget"])
+    except ValueError as exc:
+        raise ConfigError(f"error: {exc} (--until-resolved); fix the value") from None
+
+
+def _calibration_path(given: Path | None, arms: dict, profile: str, num_prompts: int) -> str | None:
+    """--calibration, else the calibration in results/baselines whose key matches an arm."""
+    from tts_bench.calibration import find_calibration, load_calibration
+    from tts_bench.config import config_to_dict
+
+    if given is not None:
+        return load_calibration(given).path
+    found = find_calibration([config_to_dict(c) for c in arms.values()], profile=profile,
+                             num_prompts=num_prompts)
+    return found.path if found else None
+
+
+def _load_calibration(path: str | None):
+    from tts_bench.calibration import load_calibration
+
+    return load_calibration(path) if path else None
 
 
 def _open_run(path: Path):
@@ -121,8 +171,9 @@ def _mem_hooks(plan, run):
 # Measured: a fused-prelude A/B at 128x8 on an H200 read "slower, +8.9% [+4.4%, +13.7%]" with one
 # repeat and "+0.2% [-4.2%, +5.0%], within noise" with two (results/h200/README.md).
 SINGLE_REPEAT_NOTE = (
-    "note: 1 repeat: the CI covers request-to-request noise only, not run-to-run drift, so a "
-    "verdict can be wrong; rerun with --repeats 2 or more (order A B, B A)"
+    "note: 1 repeat: one block has no run-to-run spread to build an interval from, so the verdict "
+    "is unresolved; rerun with --repeats 2 or more (order A B, B A) or --until-resolved, or record "
+    "a calibration of this case and machine (tts-bench calibrate)"
 )
 
 
@@ -143,20 +194,49 @@ def render_result(result, fmt: str, *, mem=None) -> str:
     ttfp_rows = [{**t, **{k: (t["ttfp"] or {}).get(k) for k in ("delta_mean_pct", "ci95_pct", "verdict")},
                   "duration_mismatch": False, "note": ""} for t in doc["tiers"]]
     for row, tier in zip(ttfp_rows, doc["tiers"]):
+        row["verdict_detail"] = (tier["ttfp"] or {}).get("verdict_detail")
+        row["mde_pct"] = (tier["ttfp"] or {}).get("mde_pct")
         if tier["invalid_reasons"]:  # as for RTF: no speed verdict on a tier with failures
-            row["verdict"] = "invalid"
+            row["verdict"] = row["verdict_detail"] = "invalid"
     ttfp = ab_table(ttfp_rows, metric="audio_ttfp_ms", digits=1, base_label=base, test_label=test)
     identity = ", ".join(_identity_text(t) for t in doc["tiers"])
     text = (render(rtf, fmt, title="audio RTF (lower is faster)") + "\n"
             + render(ttfp, fmt, title="audio TTFP ms") + "\n"
             + f"identical outputs ({test} vs {base}): {identity}\n")
-    if result.single_repeat:
-        text += SINGLE_REPEAT_NOTE + "\n"
+    text += "".join(line + "\n" for line in notes(result, doc))
     if mem is not None:
         from tts_bench.mem.summary import mem_table, table_title
 
         text += "".join(render(mem_table(s), fmt, title=table_title(s)) + "\n" for s in mem.summaries())
     return text + f"run: {doc['run_dir']}\n"
+
+
+def notes(result, doc: dict) -> list[str]:
+    """Lines under the tables: how the intervals were made and what stopped --until-resolved."""
+    from tts_bench.tables import fmt_pct
+
+    out = []
+    calibrated = [t for t in result.tiers if t.rtf is not None and t.rtf.interval == "calibrated"]
+    cal = result.calibration
+    if calibrated and cal is not None:
+        out.append(f"note: 1 repeat: the intervals of {', '.join(t.tier for t in calibrated)} use the "
+                   f"calibrated run-to-run SD of {cal.case} on {cal.profile} ({cal.path}, {cal.runs} A/As)")
+    elif result.single_repeat:
+        out.append(SINGLE_REPEAT_NOTE)
+    if cal is not None:
+        for tier in result.tiers:
+            mdes = [(k, cal.mde_pct(tier.tier, blocks=k)) for k in (1, 2, 4, 8)]
+            if mdes[0][1] is not None:
+                out.append(f"calibration {cal.case}.{cal.profile} {tier.tier}: audio RTF MDE at 1/2/4/8 repeats "
+                           + " / ".join(fmt_pct(m).lstrip("+") for _, m in mdes))
+    ur = doc.get("until_resolved")
+    if ur:
+        reps = ", ".join(f"{t} {k}" for t, k in ur["repeats"].items())
+        budget = f", budget {ur['budget_min']:g} min" if ur.get("budget_min") else ""
+        out.append(f"until-resolved: stopped by {ur['stopped_by']} (target half-width < "
+                   f"{ur['target_half_width_pct']:g}%, max repeats {ur['max_repeats']}{budget}); "
+                   f"repeats {reps}; {ur['elapsed_s']:.0f} s")
+    return out
 
 
 def _identity_text(tier: dict) -> str:

@@ -49,7 +49,8 @@ def gate(
                      sets=sets, result_dir=result_dir)
     c = target.case
     report = judge(target.baseline_doc, read_run(target.current, arm=arm, profile=target.profile),
-                   c.thresholds, alpha=c.alpha, min_samples=c.min_samples, wer_doc=_wer_doc(wer_run))
+                   c.thresholds, alpha=c.alpha, min_samples=c.min_samples, wer_doc=_wer_doc(wer_run),
+                   calibration=_calibration(target))
     doc = {**report.to_dict(report_only=report_only), "baseline_file": str(target.baseline_path)}
     if run_case is not None:  # the run keeps its own verdict
         from tts_bench.results import RunDir
@@ -96,6 +97,25 @@ def _target(*, run_case, current, baseline, case, profile, sets, result_dir) -> 
         typer.echo("warning: no case file (--case); using default thresholds", err=True)
     return _Target(Path(current), loaded.case if loaded else cases.Case(name=recorded, config="-"),
                    base_path, base_doc, profile)
+
+
+def _calibration(target: _Target):
+    """The case's A/A calibration next to the baseline, when it was made with the baseline's
+    config (the same `sut_hash` as the baseline)."""
+    from tts_bench.calibration import calibration_path, load_calibration
+
+    path = calibration_path(target.case.name, target.profile, target.baseline_path.parent)
+    if not path.is_file():
+        return None
+    try:
+        cal = load_calibration(path)
+    except ConfigError as exc:  # an older format: the gate still runs, on the U test alone
+        typer.echo(f"warning: {exc}; gating without it", err=True)
+        return None
+    if cal.doc.get("sut_hash") != target.baseline_doc.get("sut_hash"):
+        typer.echo(f"warning: {path} was recorded for another config of the case; not used", err=True)
+        return None
+    return cal
 
 
 def _recorded(current: Path) -> dict:

@@ -99,18 +99,22 @@ def _arms(config, arm_names, sets, base_sets, test_sets) -> dict:
 def _plan(config, arm_names, sets, *, base_sets, test_sets, disable_shuffle, result_dir, accept):
     """Arms, prompts and checks; then the run directory and phase 1 as a coroutine factory."""
     from tts_bench.config import config_hash, config_to_dict
-    from tts_bench.prompts import load_prompts, select_prompts
+    from tts_bench.prompts import load_prompts
     from tts_bench.results import RunDir, python_argv
     from tts_bench.wer import runner
+    from tts_bench.wer.advice import prompt_advice
 
     arms = _arms(config, arm_names, sets, base_sets, test_sets)
     first = next(iter(arms.values()))
     params = first.wer
     shuffle = not (disable_shuffle or first.bench.disable_shuffle)
-    prompts = select_prompts(load_prompts(first.prompts.meta), params.num_prompts,
-                             shuffle=shuffle, seed=first.prompts.shuffle_seed)
+    available = load_prompts(first.prompts.meta)
+    prompts = runner.select_wer_prompts(available, params.num_prompts, shuffle=shuffle,
+                                        seed=first.prompts.shuffle_seed)
     check_before_generating(arms, params, prompts)
-    selection = runner.selection_doc(prompts, num_prompts=params.num_prompts, shuffle=shuffle)
+    if params.mode != "exact":  # say before minutes of synthesis whether the margin is in reach
+        typer.echo(prompt_advice(params, len(prompts), available=len(available)).line(), err=True)
+    selection = runner.selection_doc(prompts, num_prompts=len(prompts), shuffle=shuffle)
     configs = {n: config_to_dict(c) for n, c in arms.items()}
     if not accept:
         runner.precheck_history(configs, selection["wer_selection"], params)

@@ -5,17 +5,23 @@ For each gated metric (a case threshold that is not null):
     delta%   = 100 * (center(current) / center(baseline) - 1)
     worse%   = delta% for lower-is-better metrics (RTF, TTFP, memory), -delta% for throughput
     p        = two-sided Mann-Whitney U of the current samples against the baseline's pool
-    mark     = worse   worse% >  threshold and p < alpha
-               better  worse% < -threshold and p < alpha
+    run p    = with a calibration (`tts-bench calibrate`): two-sided t test of the run's log shift
+               against the calibrated run-to-run SD of a phase's center,
+               z = ln(current / baseline) / (phase_sd * sqrt(1/m + 1/b)), m and b the phases
+               behind each center, df = the calibration's
+    mark     = worse   worse% >  threshold and p < alpha (and run p < alpha when calibrated)
+               better  worse% < -threshold and the same significance
                ~       beyond the threshold either way, but not significant
                =       within the threshold
 
 Both conditions are needed: significance alone flags harmless 1% shifts on thousands of
 samples, a threshold alone flags one noisy run. Landmine: the U test treats requests as
 independent, but requests of one run share that run's machine state; on a shared CPU a whole
-run can shift by tens of percent and the test is then (correctly) sure the *run* is slower. Only
-an A/A calibration on the target machine (scripts/calibrate_gate.py) says whether a case can
-fail CI or must run `--report-only`. Exit status, most serious first:
+run can shift by tens of percent and the U test is then (correctly) sure the *run* is slower.
+The run-level test is what separates that from a regression: it asks whether the shift is
+large for a whole run on this machine, from A/A calibration data. Without a calibration next
+to the baseline (`<case>.<profile>.calibration.json`) only the U test runs. Exit status, most
+serious first:
 
     5 invalid run   provenance mismatch (case, backend, config hash, hardware profile), failed or
                     missing requests (all requests failing is 5, never "-100% throughput")
@@ -30,6 +36,7 @@ fail CI or must run `--report-only`. Exit status, most serious first:
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -38,6 +45,7 @@ import pandas as pd
 from tts_bench.errors import ExitStatus
 from tts_bench.gate.mannwhitney import mann_whitney_u
 from tts_bench.gate.samples import METRICS, RunSamples, center
+from tts_bench.stats import two_sided_p
 from tts_bench.tables import fmt_pct
 
 Mark = Literal["worse", "better", "~", "=", "not gated"]
@@ -57,6 +65,7 @@ class GateRow:
     mark: Mark
     n_baseline: int
     n_current: int
+    run_p_value: float | None = None  # run-level test against the calibrated phase SD
 
 
 @dataclass(frozen=True)
@@ -97,25 +106,44 @@ class GateReport:
         }
 
 
-def mark_for(worse_pct: float, threshold: float | None, p_value: float, alpha: float) -> Mark:
+def mark_for(worse_pct: float, threshold: float | None, p_value: float, alpha: float,
+             run_p_value: float | None = None) -> Mark:
     if threshold is None:
         return "not gated"
     if abs(worse_pct) <= threshold:
         return "="
-    if p_value >= alpha:
+    if p_value >= alpha or (run_p_value is not None and run_p_value >= alpha):
         return "~"
     return "worse" if worse_pct > 0 else "better"
 
 
+@dataclass(frozen=True)
+class RunLevel:
+    """What a calibration says about whole runs of this tier and metric (see the docstring)."""
+
+    phase_sd: float  # log SD of one phase's center
+    df: int
+    current_phases: int
+    baseline_phases: int
+
+
+def run_p_value(log_shift: float, rl: RunLevel) -> float:
+    se = rl.phase_sd * math.sqrt(1.0 / max(rl.current_phases, 1) + 1.0 / max(rl.baseline_phases, 1))
+    if se <= 0:
+        return 0.0 if log_shift else 1.0
+    return two_sided_p(log_shift / se, max(rl.df, 1))
+
+
 def compare_metric(tier: str, metric: str, base: dict[str, Any], current: list[float], *,
-                   threshold: float | None, alpha: float) -> GateRow:
+                   threshold: float | None, alpha: float, run_level: RunLevel | None = None) -> GateRow:
     spec = METRICS[metric]
     b, c = float(base["center"]), center(current, spec.center)
     delta = 100.0 * (c / b - 1.0) if b else float("inf")
     worse = delta if spec.better == "lower" else -delta
     p = mann_whitney_u(current, base["samples"]).p_value
+    p_run = run_p_value(math.log(c / b), run_level) if run_level and b > 0 and c > 0 else None
     return GateRow(tier, metric, spec.better, b, c, delta, threshold, p,
-                   mark_for(worse, threshold, p, alpha), len(base["samples"]), len(current))
+                   mark_for(worse, threshold, p, alpha, p_run), len(base["samples"]), len(current), p_run)
 
 
 def provenance_problems(baseline: dict[str, Any], cur: RunSamples) -> list[str]:
@@ -148,12 +176,26 @@ def tier_problems(tier: str, t: Any, *, min_samples: int, max_failure_fraction: 
     return out
 
 
+def _run_level(calibration: Any, tier: str, metric: str, t: Any, base: dict[str, Any]) -> RunLevel | None:
+    if calibration is None or tier not in calibration.tiers:
+        return None
+    cal = calibration.tiers[tier]
+    sd = cal.phase_sd.get(metric)
+    if sd is None:
+        return None
+    return RunLevel(sd, cal.phase_df, t.phases, len(base.get("per_run") or [None]))
+
+
 def judge(baseline: dict[str, Any], cur: RunSamples, thresholds: Any, *, alpha: float,
           min_samples: int = 8, max_failure_fraction: float = 0.0,
-          wer_doc: dict[str, Any] | None = None) -> GateReport:
-    """Gate `cur` against `baseline` (see the module docstring). `thresholds.get(metric)`."""
+          wer_doc: dict[str, Any] | None = None, calibration: Any = None) -> GateReport:
+    """Gate `cur` against `baseline` (see the module docstring). `thresholds.get(metric)`;
+    `calibration`: a `tts_bench.calibration.Calibration` of the case on this profile, or None."""
     invalid = [f"provenance: {x}" for x in provenance_problems(baseline, cur)]
     notes = []
+    if calibration is not None:
+        notes.append(f"run-level test against the calibrated run-to-run SD ({calibration.path}, "
+                     f"{calibration.runs} A/As)")
     if cur.provenance.extra_sets:
         notes.append(f"current run has overrides beyond the case: {list(cur.provenance.extra_sets)}")
     if cur.provenance.git_dirty:
@@ -171,8 +213,8 @@ def judge(baseline: dict[str, Any], cur: RunSamples, thresholds: Any, *, alpha: 
             if not samples:
                 invalid.append(f"{tier}: no {metric} samples in the current run (the baseline has them)")
                 continue
-            rows.append(compare_metric(tier, metric, base, samples,
-                                       threshold=thresholds.get(metric), alpha=alpha))
+            rows.append(compare_metric(tier, metric, base, samples, threshold=thresholds.get(metric),
+                                       alpha=alpha, run_level=_run_level(calibration, tier, metric, t, base)))
     return GateReport(rows, invalid, _accuracy(wer_doc, invalid), notes, cur.path,
                       str(baseline.get("case")))
 
@@ -192,6 +234,8 @@ def _fmt_num(v: float) -> str:
 
 
 def gate_table(report: GateReport) -> pd.DataFrame:
+    """One row per tier and metric; a `run p` column when a calibration was used."""
+    with_run_p = any(r.run_p_value is not None for r in report.rows)
     rows = [{
         "tier": r.tier,
         "metric": f"{r.metric} ({r.better} is better)",
@@ -200,6 +244,8 @@ def gate_table(report: GateReport) -> pd.DataFrame:
         "delta": fmt_pct(r.delta_pct),
         "threshold": f"±{r.threshold_pct:g}%" if r.threshold_pct is not None else "n/a",
         "p-value": f"{r.p_value:.2g}",
+        "run p": "n/a" if r.run_p_value is None else f"{r.run_p_value:.2g}",
         "mark": r.mark,
     } for r in report.rows]
-    return pd.DataFrame(rows, columns=list(GATE_COLUMNS), dtype=object)
+    columns = [*GATE_COLUMNS[:-1], "run p", GATE_COLUMNS[-1]] if with_run_p else list(GATE_COLUMNS)
+    return pd.DataFrame(rows, columns=columns, dtype=object)

@@ -115,6 +115,7 @@ class TierSamples:
     failed: int = 0
     failed_by_kind: dict[str, int] = field(default_factory=dict)
     samples: dict[str, list[float]] = field(default_factory=dict)
+    phases: int = 0  # measured phases (repeats) with successful requests
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,7 @@ def _request_samples(records: list[RequestRecord], tiers: dict[str, TierSamples]
         t.samples.setdefault("audio_ttfp_ms", []).append(float(r.audio_ttfp_ms))
         phases[(r.tier, r.phase_id)].append(r)
     for (tier, _), recs in phases.items():
+        tiers[tier].phases += 1
         wall = max(r.t_end_s for r in recs) - min(r.t_send_s for r in recs)
         if wall > 0:
             tiers[tier].samples.setdefault("audio_throughput", []).append(

@@ -11,12 +11,23 @@ ASR provenance and normalizer. If entries with that config exist but none with t
 the comparison is refused (InvalidRunError, exit 5): a WER from another ASR setup is not
 comparable, and silently skipping it would let the gate pass unchecked.
 
+Each comparison (test arm vs base arm, or an arm vs its history) is judged in a mode
+(`wer.mode`; `auto` = exact when the comparison's audio is byte-identical, else
+non-inferiority):
+
+- exact (the seed's protocol): passes when every utterance's audio is byte-identical (a
+  deterministic ASR then gives identical transcripts, even for utterances that failed), or when
+  every transcript and audio hash is equal; on failure the differing utterances are listed with
+  both transcripts.
+- non-inferiority: passes when the upper bound of the 95% t interval of the mean per-utterance
+  ΔWER (test − base, empty transcripts scored 1.0) is under `wer.margin_points` percentage
+  points. Identical transcripts pass trivially. A WER that went *down* passes (it is not worse).
+  `tts_bench.wer.advice` says before a run whether its prompt count can resolve the margin.
+
 Verdict (exit code):
 - `invalid` (5): an arm has more failures than `wer.max_failures`.
-- `regression` (4): a comparison (test arm vs base arm, or an arm vs its history) whose audio
-  is not all byte-identical, whose transcripts are not all identical, and whose mean ΔWER 95% CI
-  upper bound is >= `wer.tolerance_points` percentage points (or where nothing scored in both).
-- `pass` (0): otherwise; the reasons list says what each arm was checked against.
+- `regression` (4): some comparison failed its mode (or nothing scored in both).
+- `pass` (0): otherwise; the reasons list says what each arm was checked against, and how.
 
     result = judge(arms, paired, history_checks, params)
     result.verdict, result.exit_status, result.reasons
@@ -38,12 +49,19 @@ from tts_bench.wer.params import WerParams
 from tts_bench.wer.score import ArmScore, Paired, compare_utterances
 
 HISTORY_VERSION = 1
-_NOT_TTS = ("wer", "bench", "mem")  # config sections that do not change the audio
+# The config sections that determine an arm's audio, beside the backend's own section (the
+# embedded backend's is `stages`). Sections of other backends, wer/bench/mem, and fields added
+# to them later, do not change this arm's audio and must not orphan its history.
+_AUDIO_SECTIONS = ("backend", "prompts")
+_BACKEND_SECTION = {"embedded": "stages"}
 
 
 def tts_config_hash(config: dict[str, Any], *, num_prompts: int, shuffle: bool) -> str:
-    """Hash of what determines an arm's audio: its config minus wer/bench/mem, plus selection."""
-    tts = {k: v for k, v in config.items() if k not in _NOT_TTS}
+    """Hash of what determines an arm's audio: the backend, its section and the prompts, plus
+    the selection."""
+    backend = config.get("backend", "")
+    keys = (*_AUDIO_SECTIONS, _BACKEND_SECTION.get(backend, backend))
+    tts = {k: config[k] for k in keys if k in config}
     tts["selection"] = {"num_prompts": num_prompts, "shuffle": shuffle}
     blob = json.dumps(tts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -125,6 +143,7 @@ def write_history(
                 "config_hash": config_hashes.get(a.arm),
                 "mean_wer": a.mean_wer, "median_wer": a.median_wer, "corpus_wer": a.corpus_wer,
                 "failures": a.failures,
+                "mean_wer_seedtts": a.mean_wer_seedtts,
                 "utterances": [{k: u[k] for k in ("request_id", "text", "transcript", "wer", "audio_sha256",
                                                   "failure_kind")} for u in a.utterances],
             }
@@ -148,9 +167,8 @@ class HistoryCheck:
     paired: Paired
 
 
-def check_history(arm: ArmScore, ref: HistoryEntry, params: WerParams) -> HistoryCheck:
-    paired = compare_utterances(f"history:{ref.source}", ref.utterances, arm.arm, arm.utterances,
-                                resamples=params.bootstrap_resamples)
+def check_history(arm: ArmScore, ref: HistoryEntry) -> HistoryCheck:
+    paired = compare_utterances(f"history:{ref.source}", ref.utterances, arm.arm, arm.utterances)
     return HistoryCheck(arm.arm, ref.source, paired)
 
 
@@ -159,24 +177,57 @@ class GateResult:
     verdict: str  # pass | regression | invalid
     exit_status: ExitStatus
     reasons: list[str] = field(default_factory=list)
+    # exact-mode failures: one line per differing utterance, "<label> <id>: base "..." | test "...""
+    differences: list[str] = field(default_factory=list)
+    modes: list[str] = field(default_factory=list)  # the mode each comparison was judged in
 
 
-def _judge_pair(p: Paired, params: WerParams) -> tuple[bool, str]:
-    label = f"{p.test} vs {p.base}"
-    if p.n_total and p.identical_audio == p.n_total:
+def pair_mode(p: Paired, params: WerParams) -> str:
+    """The mode a comparison is judged in: `auto` -> exact when all audio is byte-identical."""
+    if params.mode != "auto":
+        return params.mode
+    return "exact" if p.n_total and p.identical_audio == p.n_total else "noninferiority"
+
+
+def _quote(text: str | None, limit: int = 90) -> str:
+    text = "" if text is None else text
+    return '"' + (text if len(text) <= limit else text[: limit - 3] + "...") + '"'
+
+
+def _judge_exact(p: Paired, label: str) -> tuple[bool, str, list[str]]:
+    n = p.n_total
+    if n and p.identical_audio == n:
         # Byte-identical audio gets identical transcripts from a deterministic ASR (and the same
         # failures): the seed's "bit-for-bit identical" pass, valid even where nothing scored.
-        return True, f"{label}: audio byte-identical ({p.n_total}/{p.n_total})"
+        return True, f"{label}: exact: audio byte-identical ({n}/{n})", []
+    lines = [f"{label} {d['request_id']}: {p.base} {_quote(d['base'])} | {p.test} {_quote(d['test'])}"
+             for d in p.differing]
+    audio_only = n - p.identical_audio - len(p.differing)
+    if audio_only > 0:
+        lines.append(f"{label}: {audio_only} more utterances with equal transcripts but different audio")
+    return False, (f"{label}: exact: {len(p.differing)}/{n} transcripts and {n - p.identical_audio}/{n} "
+                   f"audio hashes differ"), lines
+
+
+def _judge_noninferiority(p: Paired, label: str, params: WerParams) -> tuple[bool, str]:
     if p.n_paired == p.n_total and p.identical_transcripts == p.n_total:
-        return True, f"{label}: transcripts identical ({p.n_total}/{p.n_total})"
+        return True, f"{label}: non-inferiority: transcripts identical ({p.n_total}/{p.n_total})"
     if p.delta_mean_wer_ci95 is None:
-        return False, f"{label}: no utterance scored in both"
+        return False, f"{label}: non-inferiority: fewer than 2 utterances scored in both"
     lo, hi = (100.0 * x for x in p.delta_mean_wer_ci95)
     delta = 100.0 * (p.delta_mean_wer or 0.0)
-    ok = hi < params.tolerance_points
-    word = "within" if ok else "exceeds"
-    return ok, (f"{label}: ΔWER {delta:+.2f} points, 95% CI [{lo:+.2f}, {hi:+.2f}] {word} tolerance "
-                f"{params.tolerance_points:g}")
+    ok = hi < params.margin_points
+    return ok, (f"{label}: non-inferiority: ΔWER {delta:+.2f} points, 95% CI [{lo:+.2f}, {hi:+.2f}] over "
+                f"{p.n_paired} utterances; upper bound {'<' if ok else '>='} margin {params.margin_points:g}")
+
+
+def judge_pair(p: Paired, params: WerParams) -> tuple[bool, str, list[str]]:
+    """(passed, reason line, differing-utterance lines) of one comparison in its mode."""
+    label = f"{p.test} vs {p.base}"
+    if pair_mode(p, params) == "exact":
+        return _judge_exact(p, label)
+    ok, why = _judge_noninferiority(p, label, params)
+    return ok, why, []
 
 
 def judge(
@@ -187,15 +238,17 @@ def judge(
     for a in invalid:
         kinds = ", ".join(f"{k} {n}" for k, n in a.failures.items() if n)
         reasons.append(f"{a.arm}: {a.failed} failures ({kinds}) > max_failures {params.max_failures}")
-    regressed = False
+    regressed, differences, modes = False, [], []
     for p in [*paired, *(h.paired for h in history)]:
-        ok, why = _judge_pair(p, params)
+        ok, why, diff = judge_pair(p, params)
         regressed |= not ok
         reasons.append(why)
+        differences += diff
+        modes.append(pair_mode(p, params))
     if not paired and not history:
         reasons.append("no reference: single arm and no matching history (record one with --accept)")
     if invalid:
-        return GateResult("invalid", ExitStatus.INVALID_RUN, reasons)
+        return GateResult("invalid", ExitStatus.INVALID_RUN, reasons, differences, modes)
     if regressed:
-        return GateResult("regression", ExitStatus.ACCURACY_REGRESSION, reasons)
-    return GateResult("pass", ExitStatus.OK, reasons)
+        return GateResult("regression", ExitStatus.ACCURACY_REGRESSION, reasons, differences, modes)
+    return GateResult("pass", ExitStatus.OK, reasons, differences, modes)

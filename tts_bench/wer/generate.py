@@ -45,6 +45,7 @@ _LOADGEN_TO_WER = {
     "timeout": "request_failed", "backend_error": "request_failed", "http_error": "request_failed",
     "connection_error": "request_failed", "empty_audio": "no_audio",
     "invalid_request": "request_failed",
+    "bad_prompt": "request_failed",  # its reference voice could not be used
 }  # fmt: skip
 
 

@@ -1,15 +1,22 @@
 """WER results as a table (shaped like the seed's) and as one JSON document.
 
-    | Branch / arm | mean WER | median | corpus | ASR failures |
-    | base         | 0.65%    | 0.00%  | 0.52%  | 0            |
-    | test         | 0.65%    | 0.00%  | 0.52%  | 0            |
+    | Branch / arm | mean WER | WER (empty = 1) | median | corpus | ASR failures |
+    | base         | 0.65%    | 0.65%           | 0.00%  | 0.52%  | 0            |
+    | test         | 0.65%    | 0.65%           | 0.00%  | 0.52%  | 0            |
 
     paired test vs base: 20/20 identical audio, 20/20 identical transcripts, ΔWER +0.00 points [+0.00, +0.00]
+    - test vs base: exact: audio byte-identical (20/20)
     verdict: pass
 
-The JSON (`--format json`) carries at least `arms.<arm>.mean_wer/.median_wer/.corpus_wer/
-.completed/.failures.<kind>`, `paired.identical_audio`, `paired.delta_mean_wer_ci95`,
-`asr.{backend,model,normalizer}` and `verdict`. WER values are fractions (0.0065 = 0.65%).
+`WER (empty = 1)` counts every empty transcript as WER 1.0 (seed-tts-eval's convention, the
+number comparable with published ones); `mean WER` averages the utterances with a transcript,
+with the failures counted beside it. A failed exact comparison lists the differing utterances
+with both transcripts under the reasons.
+
+The JSON (`--format json`) carries at least `arms.<arm>.mean_wer/.mean_wer_seedtts/.median_wer/
+.corpus_wer/.completed/.failures.<kind>`, `paired.identical_audio`, `paired.delta_mean_wer_ci95`,
+`paired.differing`, `modes`, `differences`, `asr.{backend,model,normalizer}` and `verdict`. WER
+values are fractions (0.0065 = 0.65%).
 
     df = wer_table(report); text = render_report(report, "md")
 """
@@ -42,6 +49,7 @@ def wer_table(report: WerReport) -> pd.DataFrame:
     rows = [{
         "Branch / arm": a.arm,
         "mean WER": _pct(a.mean_wer),
+        "WER (empty = 1)": _pct(a.mean_wer_seedtts),
         "median": _pct(a.median_wer),
         "corpus": _pct(a.corpus_wer),
         "ASR failures": _failures(a),
@@ -71,6 +79,7 @@ def footer_lines(report: WerReport) -> list[str]:
                  f"{decoded_audio_seconds(report):.1f} s of it in {decode_wall_seconds(report):.1f} s wall "
                  f"(+ model load {report.asr_load_s:.1f} s; the rest came from the transcript cache)")
     lines += [f"- {r}" for r in report.gate.reasons]
+    lines += [f"  differs: {d}" for d in report.gate.differences]
     lines.append(f"verdict: {report.gate.verdict}")
     if report.history_written:
         lines.append(f"recorded in history: {report.history_written}")
@@ -117,6 +126,8 @@ def report_doc(report: WerReport, *, include_utterances: bool = False) -> dict[s
         "verdict": report.gate.verdict,
         "exit_status": int(report.gate.exit_status),
         "reasons": report.gate.reasons,
+        "modes": report.gate.modes,
+        "differences": report.gate.differences,
         "history_written": report.history_written,
     }
 

@@ -58,6 +58,19 @@ def asr_options(params: WerParams) -> AsrOptions:
                       workers=params.asr_workers)
 
 
+def select_wer_prompts(prompts: Sequence, num_prompts: int, *, shuffle: bool, seed: int) -> list:
+    """The prompts of a WER run: each utterance of the set at most once. `num_prompts` caps the
+    count; a set smaller than that is used whole (cycling would score the same utterance twice
+    and pretend to more evidence than there is)."""
+    from tts_bench.prompts import select_prompts
+
+    n = min(num_prompts, len(prompts))
+    if n < num_prompts:
+        log.warning("the prompt set has %d utterances, fewer than wer.num_prompts=%d: each is "
+                    "evaluated once (a WER set is never cycled)", len(prompts), num_prompts)
+    return select_prompts(prompts, n, shuffle=shuffle, seed=seed)
+
+
 def selection_doc(prompts: Sequence, *, num_prompts: int, shuffle: bool) -> dict:
     """What run.json keeps about the prompt selection (order and texts live in requests.jsonl)."""
     return {"wer_selection": {"request_ids": [p.request_id for p in prompts],
@@ -165,8 +178,7 @@ def evaluate(
     normalize = get_normalizer(params.normalizer)
     arms = [score_arm(arm, res, normalize) for arm, res in results.items()]
     base = arms[0]
-    paired = [compare_utterances(base.arm, base.utterances, a.arm, a.utterances,
-                                 resamples=params.bootstrap_resamples) for a in arms[1:]]
+    paired = [compare_utterances(base.arm, base.utterances, a.arm, a.utterances) for a in arms[1:]]
     sel = run.doc["wer_selection"]
     hashes = {a: tts_config_hash(c, num_prompts=sel["num_prompts"], shuffle=sel["shuffle"])
               for a, c in run.doc["configs"].items()}
@@ -177,7 +189,7 @@ def evaluate(
     for a in arms:
         ref = find_reference(history, hashes[a.arm], asr_dict, params.normalizer, refuse=not accept)
         if ref is not None:
-            checks.append(check_history(a, ref, params))
+            checks.append(check_history(a, ref))
     gate = judge(arms, paired, checks, params)
     written = None
     if accept and gate.verdict != "invalid":

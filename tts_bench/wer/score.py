@@ -5,14 +5,18 @@ transcript; `wer = (S + D + I) / N` over reference words. WER is unbounded above
 transcript inserts words), so insertions are also reported on their own and the median and the
 count above 50% sit next to the mean.
 
-Per arm: `mean_wer` (mean of per-utterance WER: the number papers report, seed-tts-eval's
-`content_error_mean`), `median_wer`, `corpus_wer` (Σ errors / Σ reference words: long
-utterances weigh more), `above_50`, `insertions`, `completed`, and `failures` by kind. Failed
-utterances have no WER; they are counted, never silently dropped, and the gate judges them.
+Per arm: `mean_wer` (mean of per-utterance WER over the utterances that got a transcript),
+`mean_wer_seedtts` (the same with every empty transcript counted as WER 1.0: seed-tts-eval's
+`content_error_mean` convention, the number to compare with published ones), `median_wer`,
+`corpus_wer` (Σ errors / Σ reference words: long utterances weigh more), `above_50`,
+`insertions`, `completed`, and `failures` by kind. Failed utterances are counted, never silently
+dropped, and the gate judges them.
 
-Paired (test arm vs base arm, same prompts): per-utterance ΔWER over utterances scored in both
-arms, its mean with a bootstrap 95% CI (resampling utterances), and identity lines: utterances
-whose WAV files are byte-identical, and whose transcripts are identical.
+Paired (test arm vs base arm, same prompts): per-utterance ΔWER (empty transcripts as 1.0) over
+utterances scored in both arms, its mean with a Student t 95% interval (n - 1 df over the paired
+differences: at n = 20-40 a percentile bootstrap is too narrow), the SD of the differences, and
+identity lines: utterances whose WAV files are byte-identical, whose transcripts are identical,
+and the ones whose transcripts differ (both texts, for the exact mode's failure list).
 
     s = score_utterance("Hello, world!", "hello word", seed_tts_normalize)   # s.wer == 0.5
 """
@@ -26,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 import jiwer
 import numpy as np
 
+from tts_bench.stats import t_quantile
 from tts_bench.wer.transcribe import UttTranscript
 
 FAILURE_KINDS = ("request_failed", "no_audio", "asr_failed", "empty_transcript")
@@ -65,6 +70,7 @@ class ArmScore:
     total: int
     failures: dict[str, int]
     mean_wer: float | None
+    mean_wer_seedtts: float | None  # empty transcripts counted as 1.0 (seed-tts-eval)
     median_wer: float | None
     corpus_wer: float | None
     above_50: int
@@ -79,6 +85,14 @@ class ArmScore:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def scored_wer(u: dict) -> float | None:
+    """An utterance row's WER with an empty transcript counted as 1.0 (seed-tts-eval's
+    convention); None for utterances without audio or ASR (counted as failures instead)."""
+    if u.get("wer") is not None:
+        return float(u["wer"])
+    return 1.0 if u.get("failure_kind") == "empty_transcript" else None
 
 
 def _utt_row(t: UttTranscript, s: UttScore | None) -> dict:
@@ -100,19 +114,22 @@ def score_arm(arm: str, results: Sequence[UttTranscript], normalize: Callable[[s
     wers = np.array([s.wer for s in ok])
     failures = Counter(t.failure_kind for t in results if not t.ok)
     ref_words = sum(s.ref_words for s in ok)
+    rows = [_utt_row(t, s) for t, s in zip(results, scores)]
+    seedtts = [w for w in map(scored_wer, rows) if w is not None]
     return ArmScore(
         arm=arm,
         completed=len(ok),
         total=len(results),
         failures={k: failures.get(k, 0) for k in FAILURE_KINDS},
         mean_wer=float(wers.mean()) if ok else None,
+        mean_wer_seedtts=float(np.mean(seedtts)) if seedtts else None,
         median_wer=float(np.median(wers)) if ok else None,
         corpus_wer=sum(s.errors for s in ok) / ref_words if ok else None,
         above_50=int((wers > 0.5).sum()),
         insertions=sum(s.insertions for s in ok),
         audio_seconds=sum(t.gen.audio_seconds for t in results),
         asr_seconds=sum(t.asr_seconds for t in results),
-        utterances=[_utt_row(t, s) for t, s in zip(results, scores)],
+        utterances=rows,
     )
 
 
@@ -120,52 +137,60 @@ def score_arm(arm: str, results: Sequence[UttTranscript], normalize: Callable[[s
 class Paired:
     base: str
     test: str
-    n_paired: int  # utterances scored in both arms
+    n_paired: int  # utterances scored in both arms (empty transcripts scored as 1.0)
     n_total: int
     delta_mean_wer: float | None  # test - base, fraction
-    delta_mean_wer_ci95: tuple[float, float] | None
+    delta_mean_wer_ci95: tuple[float, float] | None  # t interval; None with fewer than 2 pairs
     identical_audio: int
     identical_transcripts: int
+    sd_delta_wer: float | None = None  # SD of the per-utterance differences
+    # utterances whose transcripts differ: request_id, base/test transcript and WER
+    differing: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def bootstrap_mean_ci(
-    deltas: np.ndarray, *, resamples: int = 2000, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile 95% CI of the mean of `deltas` (utterances resampled with replacement)."""
+def t_mean_ci(deltas: np.ndarray, *, alpha: float = 0.05) -> tuple[float, float] | None:
+    """Student t (1 - alpha) interval of the mean of `deltas`; None with fewer than 2 values."""
     # deltas: [n]
-    if deltas.size == 0:
-        raise ValueError("bootstrap of an empty sample")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, deltas.size, size=(resamples, deltas.size))
-    means = deltas[idx].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return float(lo), float(hi)
+    n = deltas.size
+    if n < 2:
+        return None
+    mean = float(deltas.mean())
+    half = t_quantile(1 - alpha / 2, n - 1) * float(deltas.std(ddof=1)) / np.sqrt(n)
+    return mean - half, mean + half
 
 
 def paired_rows(base: Sequence[dict], test: Sequence[dict]) -> tuple[list[str], np.ndarray]:
-    """Request ids scored in both and the per-utterance ΔWER (test − base)."""
-    b = {u["request_id"]: u["wer"] for u in base if u.get("wer") is not None}
-    t = {u["request_id"]: u["wer"] for u in test if u.get("wer") is not None}
-    ids = [u["request_id"] for u in base if u["request_id"] in b and u["request_id"] in t]
+    """Request ids scored in both and the per-utterance ΔWER (test − base), empty = 1.0."""
+    b = {u["request_id"]: scored_wer(u) for u in base}
+    t = {u["request_id"]: scored_wer(u) for u in test}
+    ids = [u["request_id"] for u in base if b.get(u["request_id"]) is not None and t.get(u["request_id"]) is not None]
     return ids, np.array([t[i] - b[i] for i in ids], dtype=np.float64)
 
 
-def compare_utterances(
-    base_name: str, base: Sequence[dict], test_name: str, test: Sequence[dict], *,
-    resamples: int = 2000, seed: int = 0,
-) -> Paired:
+def _differing(base: Sequence[dict], tb: dict[str, dict]) -> list[dict]:
+    out = []
+    for u in base:
+        v = tb.get(u["request_id"])
+        if v is not None and (u.get("transcript") or "") != (v.get("transcript") or ""):
+            out.append({"request_id": u["request_id"], "base": u.get("transcript"), "test": v.get("transcript"),
+                        "base_wer": scored_wer(u), "test_wer": scored_wer(v)})
+    return out
+
+
+def compare_utterances(base_name: str, base: Sequence[dict], test_name: str, test: Sequence[dict]) -> Paired:
     """Paired comparison of two per-utterance lists (an arm's, or a history record's)."""
     ids, deltas = paired_rows(base, test)
     tb = {u["request_id"]: u for u in test}
     same_audio = sum(1 for u in base if u.get("audio_sha256") and u["audio_sha256"] == tb.get(u["request_id"], {}).get("audio_sha256"))
     same_text = sum(1 for u in base if u.get("transcript") is not None
                     and u["transcript"] == tb.get(u["request_id"], {}).get("transcript"))
-    ci = bootstrap_mean_ci(deltas, resamples=resamples, seed=seed) if deltas.size else None
     return Paired(
         base=base_name, test=test_name, n_paired=len(ids), n_total=len(base),
         delta_mean_wer=float(deltas.mean()) if deltas.size else None,
-        delta_mean_wer_ci95=ci, identical_audio=same_audio, identical_transcripts=same_text,
+        delta_mean_wer_ci95=t_mean_ci(deltas), identical_audio=same_audio, identical_transcripts=same_text,
+        sd_delta_wer=float(deltas.std(ddof=1)) if deltas.size > 1 else None,
+        differing=_differing(base, tb),
     )

@@ -1,0 +1,143 @@
+"""Calibrations: what A/A runs measured about a case's noise on one hardware profile.
+
+`tts-bench calibrate CASE --runs N` (library: `tts_bench.gate.calibrate`) runs N A/As of a case and
+writes `results/baselines/<case>.<profile>.calibration.json` next to the case's baseline. Per
+tier and metric (`audio_rtf`, `audio_ttfp_ms`) it holds:
+
+- `sd_mean` / `sd_median`: the run-to-run SD of one block's log ratio d = ln(test / base) over
+  every A/A block (true d = 0, so sqrt(mean d^2), with as many degrees of freedom as blocks);
+  `tts-bench ab` uses it for the interval and MDE of a single-block run and prints the MDE it
+  implies at other repeat counts;
+- `phase_sd`: the SD of one phase's log center (median RTF/TTFP, mean throughput) over every A/A
+  phase: how far a whole run moves on this machine; `tts-bench gate` tests a run's shift
+  against it, not only against per-request noise;
+- the false-verdict counts the runs produced, with Clopper-Pearson 95% intervals.
+
+A calibration applies to a config when its *calibration key* matches: the system-under-test hash
+(`tts_bench.gate.samples.sut_hash`: non-default, measurement-relevant config values) with the
+repeat count and the tier list left out (the calibration is per tier; K is the run's own) and
+the measured prompt count of the run put in.
+
+    cal = find_calibration([base_cfg_dict, test_cfg_dict], profile="cpu-2core", num_prompts=12)
+    cal.spread("2x1", "audio_rtf")          # CalibratedSpread for a one-block interval
+    cal.mde_pct("2x1", "audio_rtf", blocks=4)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tts_bench.errors import ConfigError
+from tts_bench.stats import CalibratedSpread, mde_log, pct
+
+CALIBRATION_VERSION = 2
+DEFAULT_DIR = Path("results/baselines")
+SUFFIX = ".calibration.json"
+_PER_TIER_KEYS = ("repeats", "tiers")
+
+
+def calibration_key(config: dict[str, Any], *, num_prompts: int | None = None) -> str:
+    """The key a calibration is filed under (see the module docstring)."""
+    from tts_bench.gate.samples import sut_hash
+
+    bench = {k: v for k, v in (config.get("bench") or {}).items() if k not in _PER_TIER_KEYS}
+    if num_prompts is not None:
+        bench["num_prompts"] = num_prompts
+    return sut_hash({**config, "bench": bench})
+
+
+def calibration_path(case: str, profile: str, directory: Path | str = DEFAULT_DIR) -> Path:
+    # Not Path.with_suffix: it would replace `.calibration` and overwrite the baseline.
+    return Path(directory) / f"{case}.{profile}{SUFFIX}"
+
+
+@dataclass(frozen=True)
+class TierCalibration:
+    spreads: dict[str, CalibratedSpread]  # per metric: block log-ratio SDs
+    phase_sd: dict[str, float]  # per metric: SD of a phase's log center
+    phase_df: int
+
+
+@dataclass(frozen=True)
+class Calibration:
+    path: str
+    case: str
+    profile: str
+    key: str
+    runs: int
+    tiers: dict[str, TierCalibration]
+    doc: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def spread(self, tier: str, metric: str = "audio_rtf") -> CalibratedSpread | None:
+        t = self.tiers.get(tier)
+        return None if t is None else t.spreads.get(metric)
+
+    def mde_pct(self, tier: str, metric: str = "audio_rtf", *, blocks: int = 1) -> float | None:
+        """The MDE a K-block run can expect at the calibrated block SD: one block uses the
+        calibration's degrees of freedom, K >= 2 blocks their own K - 1 (as `compare` does)."""
+        s = self.spread(tier, metric)
+        if s is None:
+            return None
+        return pct(mde_log(s.sd_mean, blocks, s.df if blocks == 1 else blocks - 1))
+
+    def describe(self) -> dict[str, Any]:
+        return {"path": self.path, "case": self.case, "profile": self.profile, "key": self.key,
+                "runs": self.runs}
+
+
+def _tier(doc: dict[str, Any], source: str) -> TierCalibration:
+    spreads = {m: CalibratedSpread(float(d["sd_mean"]), float(d["sd_median"]), int(d["df"]), source)
+               for m, d in doc["metrics"].items()}
+    return TierCalibration(spreads, {m: float(v) for m, v in doc.get("phase_sd", {}).items()},
+                           int(doc.get("phase_df", 0)))
+
+
+def load_calibration(path: Path | str) -> Calibration:
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"error: no calibration at {path} (--calibration); record one with "
+                          f"tts-bench calibrate <case> --runs N") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"error: {path} is not valid JSON: {exc} (--calibration); restore it from git") from None
+    if doc.get("calibration_version") != CALIBRATION_VERSION:
+        raise ConfigError(f"error: {path} has calibration_version {doc.get('calibration_version')!r}, "
+                          f"this tts-bench reads {CALIBRATION_VERSION} (--calibration); rerun tts-bench calibrate")
+    return Calibration(str(path), doc["case"], doc["profile"], doc["key"], int(doc["runs"]),
+                       {t: _tier(d, str(path)) for t, d in doc["tiers"].items()}, doc)
+
+
+def find_calibration(
+    configs: Iterable[dict[str, Any]], *, profile: str, num_prompts: int | None = None,
+    directory: Path | str = DEFAULT_DIR,
+) -> Calibration | None:
+    """The calibration of `profile` in `directory` whose key matches one of `configs` (an A/B's
+    arms: an A/A of either arm describes the noise), or None."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    keys = {calibration_key(c, num_prompts=num_prompts) for c in configs}
+    for path in sorted(directory.glob(f"*.{profile}{SUFFIX}")):
+        try:
+            cal = load_calibration(path)
+        except ConfigError:
+            continue  # an old-format file: not this run's calibration
+        if cal.key in keys and cal.profile == profile:
+            return cal
+    return None
+
+
+def write_calibration(doc: dict[str, Any], path: Path | str) -> Path:
+    """Write atomically (a reader never sees half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
