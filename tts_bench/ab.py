@@ -55,6 +55,7 @@ from tts_bench.results import RunDir, request_key
 from tts_bench.shipped import resolve_config_path
 from tts_bench.stats import Comparison, compare
 from tts_bench.until_resolved import UntilResolved, drive
+from tts_bench.voices import request_voice
 
 log = logging.getLogger(__name__)
 
@@ -253,14 +254,19 @@ def _pair_key(rec: RequestRecord) -> tuple[int, str]:
     return rec.repeat, rec.request_id[len(rec.arm) + 1 :]
 
 
-def plan_jobs(prompts: Sequence[Any], labels: PhaseLabels, *, seed: int, warmup: int) -> tuple[list[Job], list[Job]]:
-    """(warmup jobs, measured jobs) for one phase; identical across arms but for the ids."""
+def plan_jobs(
+    prompts: Sequence[Any], labels: PhaseLabels, *, seed: int, warmup: int, voices: str = "file"
+) -> tuple[list[Job], list[Job]]:
+    """(warmup jobs, measured jobs) for one phase; identical across arms but for the ids.
+    `voices`: which reference voice each request gets (tts_bench.voices, `prompts.voices`)."""
+    first = prompts[0].prompt_wav if prompts else None
 
     def job(i: int, slot: str, is_warmup: bool) -> Job:
         p = prompts[i % len(prompts)]
+        wav, audio = request_voice(p, slot, mode=voices, first=first)
         req = SynthesisRequest(
             request_id=request_id(labels.arm, labels.tier, labels.repeat, slot),
-            text=p.text, prompt_text=p.prompt_text, prompt_wav=p.prompt_wav, seed=seed + i,
+            text=p.text, prompt_text=p.prompt_text, prompt_wav=wav, seed=seed + i, prompt_audio=audio,
         )
         return Job(req, p.utt, warmup=is_warmup)
 
@@ -310,7 +316,7 @@ class _Runner:
         labels = PhaseLabels(arm, tier.label, repeat)
         warm, measured = plan_jobs(
             self.prompts_for(tier), labels, seed=cfg.bench.seed,
-            warmup=cfg.bench.warmup_for(tier.concurrency),
+            warmup=cfg.bench.warmup_for(tier.concurrency), voices=cfg.prompts.voices,
         )  # fmt: skip
         skip = {j.request.request_id for j in measured if request_key(_key_dict(labels, j)) in self.done}
         if len(skip) == len(measured):
@@ -437,6 +443,25 @@ def summarize_ab(
     reasons = tuple(reason for t in results for reason in t.invalid_reasons)
     repeats = min((len({r.repeat for r in rs}) for rs in by_tier_arm.values()), default=0)
     return AbResult(results, run_dir, names, reasons, repeats, calibration)
+
+
+VOICE_CACHE = ("hit", "miss")
+
+
+def voice_cache_view(
+    run_dir: RunDir, arms: dict[str, BenchConfig], tiers: Sequence[Tier], which: str, *,
+    calibration: Calibration | None = None,
+) -> tuple[AbResult, int, int]:
+    """The A/B over the measured requests whose voice was a prompt-cache `which` (hit: its
+    prompt setup reused; miss: built for it), with how many of all measured requests that is.
+    A request the backend did not report on (failed, or a backend without voices) is left out."""
+    if which not in VOICE_CACHE:
+        raise ConfigError(f"error: unknown voice cache filter {which!r} (--voice-cache); valid: hit, miss")
+    records = [RequestRecord.from_dict(d) for d in run_dir.iter_requests()]
+    measured = [r for r in records if not r.warmup]
+    kept = [r for r in measured if r.prompt_cache_hit is (which == "hit")]
+    view = summarize_ab(kept, arms, tiers, run_dir=str(run_dir.path), calibration=calibration)
+    return view, len(kept), len(measured)
 
 
 def _by_repeat(records: Sequence[RequestRecord], metric: str) -> dict[int, list[float]]:

@@ -93,3 +93,55 @@ def test_metrics_exposition_carries_the_voices_a_stage_holds():
     assert 'tts_bench_stage_prompt_cache_bytes{process="code2wav-0",pid="7",source="rss"} 4096.0' in text
     (_, stage) = memory_rows(parse(text))
     assert stage["prompt_cache_entries"] == 3 and stage["prompt_cache_bytes"] == 4096
+
+
+def _prompts():
+    from tts_bench.prompts import load_prompts
+
+    return load_prompts("builtin:seed-tts-en")[:4]
+
+
+def test_voice_modes_give_each_request_its_file_one_voice_a_unique_voice_or_none():
+    from tts_bench.ab import plan_jobs
+
+    prompts = _prompts()
+    labels = PhaseLabels("a", "2x1", 0)
+
+    def voices(mode, arm="a"):
+        _, measured = plan_jobs(prompts, PhaseLabels(arm, "2x1", 0), seed=0, warmup=0, voices=mode)
+        return [(j.request.prompt_wav, j.request.prompt_audio) for j in measured]
+
+    assert voices("file") == [(p.prompt_wav, None) for p in prompts]
+    assert voices("one") == [(prompts[0].prompt_wav, None)] * 4
+    assert voices("default") == [(None, None)] * 4
+    distinct = [audio for _, audio in voices("distinct")]
+    assert len(set(distinct)) == 4 and voices("distinct", arm="b") == voices("distinct")  # arms agree
+    from stages.code2wav.prompt import read_wav
+
+    nudged, rate = read_wav(distinct[0])
+    original, _ = read_wav(prompts[0].prompt_wav)
+    assert rate == 24000 and nudged.shape == original.shape
+    diff = (nudged - original).abs()
+    assert 0 < diff.max() <= 15 / 32768 and (diff[..., 8:] == 0).all()  # a few LSBs of 8 samples
+    assert labels.arm == "a"
+
+
+def test_the_ab_view_over_voice_cache_misses_keeps_only_those_requests(tmp_path):
+    from tts_bench.ab import voice_cache_view
+    from tts_bench.config import parse_tiers
+    from tts_bench.loadgen import RequestRecord
+    from tts_bench.results import RunDir
+
+    arms = {"base": BenchConfig(), "test": BenchConfig()}
+    run = RunDir.create(tmp_path, "ab", command_line=["x"], configs={a: {} for a in arms})
+    for arm in arms:
+        for rep in range(2):
+            for i in range(4):
+                run.append_request(RequestRecord(
+                    arm, "2x1", rep, f"{arm}:2x1:r{rep}:{i:04d}", f"u{i}", False, "p", 0.0, 1.0,
+                    audio_ttfp_ms=100.0 + i, audio_rtf=0.5 + 0.01 * i, audio_seconds=1.0,
+                    prompt_cache_hit=i > 0, prompt_setup_ms=None if i else 30.0).to_dict())
+    view, kept, measured = voice_cache_view(run, arms, parse_tiers("2x1"), "miss")
+    assert (kept, measured) == (4, 16)
+    assert all(a.completed == 2 for a in view.tiers[0].arms.values())
+    assert view.tiers[0].arms["base"].prompt_cache_misses == 2

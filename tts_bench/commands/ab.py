@@ -23,7 +23,7 @@ from typing import Optional
 import typer
 
 from tts_bench.commands._common import check_format
-from tts_bench.errors import ExitStatus
+from tts_bench.errors import ConfigError, ExitStatus
 from tts_bench.limits import MAX_PROMPTS, MAX_REPEATS
 from tts_bench.shipped import shipped_config
 
@@ -49,11 +49,14 @@ def ab(
     budget: Optional[float] = typer.Option(None, "--budget", help="With --until-resolved: minutes; no round starts that would end past it."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Hardware profile whose calibration to use (default: cpu-<N>core)."),
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration file (default: the matching results/baselines/*.<profile>.calibration.json)."),
+    voice_cache: Optional[str] = typer.Option(None, "--voice-cache", help="Tables over the requests whose voice was a prompt-cache hit or miss only (the run record keeps all)."),
 ) -> ExitStatus:
     """A/B two arms of a config, interleaved per tier, with paired-block CIs, MDEs and verdicts."""
     from tts_bench import ab as lib
 
     fmt = check_format(fmt)
+    if voice_cache not in (None, *lib.VOICE_CACHE):
+        raise ConfigError(f"error: unknown voice cache filter {voice_cache!r} (--voice-cache); valid: hit, miss")
     shuffle_set = ["bench.disable_shuffle=true"] if disable_shuffle else []
     if per_client is not None:
         shuffle_set.append(f"bench.prompts_per_client={per_client}")
@@ -69,6 +72,11 @@ def ab(
                                 run_dir=run, progress=progress, resume=resume is not None, hooks=hooks,
                                 until=plan.until, calibration=_load_calibration(plan.calibration))
         run.update(status="complete" if result.valid else "invalid", result=result.to_dict())
+    if voice_cache is not None:  # a view: the record above keeps every request
+        view, kept, measured = lib.voice_cache_view(run, plan.arms, plan.tiers, voice_cache,
+                                                    calibration=_load_calibration(plan.calibration))
+        typer.echo(f"voice cache {voice_cache}: {kept} of {measured} measured requests", err=True)
+        result = view
     sys.stdout.write(render_result(result, fmt, mem=hooks))
     for reason in result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)

@@ -62,7 +62,7 @@ async def _phase(rc: ResolvedCase, run: RunDir, prompts: list, tier, repeat: int
     cfg = rc.config
     labels = PhaseLabels(rc.arm, tier.label, repeat)
     warm, measured = plan_jobs(prompts, labels, seed=cfg.bench.seed,
-                               warmup=cfg.bench.warmup_for(tier.concurrency))
+                               warmup=cfg.bench.warmup_for(tier.concurrency), voices=cfg.prompts.voices)
     sink = lambda rec: run.append_request(rec.to_dict())  # noqa: E731
     backend = make_backend(cfg)
     try:

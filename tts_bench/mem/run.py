@@ -104,7 +104,7 @@ async def _warm(backend: Any, cfg: BenchConfig, arm: str, plan: MemPlan, prompts
         return
     warm_prompts = [prompts[i % len(prompts)] for i in range(plan.warm_requests)]
     labels = PhaseLabels(arm, f"warm-{plan.warm_tier.label}", 0)
-    _, jobs = plan_jobs(warm_prompts, labels, seed=cfg.bench.seed, warmup=0)
+    _, jobs = plan_jobs(warm_prompts, labels, seed=cfg.bench.seed, warmup=0, voices=cfg.prompts.voices)
     log.info("%s: warm tier %s (%d requests, not sampled)", arm, plan.warm_tier.label, len(jobs))
     await run_phase(backend, jobs, concurrency=plan.warm_tier.concurrency, labels=labels,
                     timeout_s=cfg.bench.timeout_s, sink=_sink(run_dir))
@@ -131,7 +131,8 @@ async def _run_arm(arm: str, cfg: BenchConfig, plan: MemPlan, prompts: list, run
         await _warm(backend, cfg, arm, plan, prompts, run_dir)
         labels = PhaseLabels(arm, plan.tier.label, 0)
         warm, measured = plan_jobs(prompts, labels, seed=cfg.bench.seed,
-                                   warmup=cfg.bench.warmup_for(plan.tier.concurrency))
+                                   warmup=cfg.bench.warmup_for(plan.tier.concurrency),
+                                   voices=cfg.prompts.voices)
         recorders = _recorders(plan, backend)
         for rec in recorders:
             rec.start("warmup")
