@@ -90,7 +90,8 @@ def test_metrics_exposition_carries_the_voices_a_stage_holds():
     rows = [{"process": "code2wav-0", "pid": 7, "source": "rss", "allocated_bytes": 5,
              "prompt_cache_entries": 3, "prompt_cache_bytes": 4096}]
     text = render(rows, rss_bytes=1, counters={})
-    assert 'tts_bench_stage_prompt_cache_bytes{process="code2wav-0",pid="7",source="rss"} 4096.0' in text
+    # prometheus_client writes labels in sorted order
+    assert 'tts_bench_stage_prompt_cache_bytes{pid="7",process="code2wav-0",source="rss"} 4096.0' in text
     (_, stage) = memory_rows(parse(text))
     assert stage["prompt_cache_entries"] == 3 and stage["prompt_cache_bytes"] == 4096
 
