@@ -24,9 +24,10 @@ import time
 
 import torch
 
+from stages.code2wav.audio import decode_audio
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.mel import FbankConfig, kaldi_fbank, resample
-from stages.code2wav.prompt import TOKENIZER_RATE, normalize_reference, read_wav
+from stages.code2wav.prompt import TOKENIZER_RATE, normalize_reference
 from stages.code2wav.speaker import SpeakerEmbedder
 from stages.platform import resolve_device, synchronize
 from tts_bench.prompts import load_prompts
@@ -53,8 +54,8 @@ def parity(meta: str, device: torch.device, reps: int, weights: str | None) -> l
         if prompt.prompt_wav in seen:  # a voice used by several lines is measured once
             continue
         seen.add(prompt.prompt_wav)
-        wav, rate = read_wav(prompt.prompt_wav)
-        wav24 = normalize_reference(wav, rate, cfg, where=str(prompt.prompt_wav))
+        wav, rate = decode_audio(prompt.prompt_wav)
+        wav24 = normalize_reference(torch.from_numpy(wav), rate, cfg, where=str(prompt.prompt_wav))
         fbank = kaldi_fbank(resample(wav24, cfg.sample_rate, TOKENIZER_RATE), FbankConfig(n_mels=cfg.speaker.fbank_bins))
         a, ms_device = _timed(lambda: on_device.embed(fbank), device, reps)
         b, ms_cpu = _timed(lambda: on_cpu.embed(fbank), device, reps)

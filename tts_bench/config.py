@@ -1,7 +1,9 @@
 """Bench configs: the schema (frozen dataclasses) and the one strict YAML loader.
 
-A config file is YAML whose shape is the `BenchConfig` dataclass tree. The loader is generic over
-dataclass type hints, so every section (stage configs, `wer:`, `mem:`) is checked the same way:
+A config file is YAML whose shape is the `BenchConfig` dataclass tree. The loader
+(`tts_bench._dataclass_yaml`: pydantic's strict validation over these dataclasses, its errors in
+our words) is generic over type hints, so every section (stage configs, `wer:`, `mem:`) is
+checked the same way:
 
 - an unknown key fails with the file, the dotted key and the nearest valid name;
 - a wrong type fails with the dotted key and the expected type (an int is accepted where a float
@@ -16,9 +18,10 @@ config (`tts_bench.shipped`); a file with no `stages:` section and the embedded 
 tiny stage config on a host without an accelerator (`with_default_stages`). Sizes (tiers,
 prompts, repeats, seeds) have upper bounds (`tts_bench.limits`).
 
-Overrides `--set a.b.c=value` are parsed with YAML, typed by the schema and applied with
-`dataclasses.replace` (configs are never mutated). `code2wav.extra.x=false` is routed to
-`stages.code2wav.extra.x` because `code2wav` is a stage section, not a bench section.
+Overrides `--set a.b.c=value` are parsed with YAML, set in the config's data and the whole tree
+validated again, like a file (configs are never mutated; `dataclasses.replace` works on them).
+`code2wav.extra.x=false` is routed to `stages.code2wav.extra.x` because `code2wav` is a stage
+section, not a bench section.
 
     cfg = load_config(Path("configs/ab/default.yaml"), ["bench.num_prompts=4"])
     cfg = apply_overrides(cfg, ["code2wav.extra.token2wav_device_spk=false"])
@@ -38,11 +41,11 @@ from typing import Any, Literal
 
 from stages.config import StageConfig
 from tts_bench._dataclass_yaml import (
-    convert_value,
     load_dataclass,
     load_yaml_file,
     parse_yaml_value,
     set_path,
+    to_data,
 )
 from tts_bench.errors import ConfigError
 from tts_bench.limits import (
@@ -64,7 +67,6 @@ __all__ = [
     "apply_overrides",
     "config_hash",
     "config_to_dict",
-    "convert_value",
     "load_config",
     "load_dataclass",
     "load_yaml_file",
@@ -360,21 +362,9 @@ def apply_overrides(cfg: Any, sets: Sequence[str], *, source: str = "--set") -> 
     return cfg
 
 
-def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
 def config_to_dict(cfg: Any) -> dict[str, Any]:
     """The config tree as JSON-safe data (tuples as lists); round-trips through load_dataclass."""
-    out = _jsonable(cfg)
+    out = to_data(cfg)
     assert isinstance(out, dict), "config_to_dict expects a dataclass instance"
     return out
 

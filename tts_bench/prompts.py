@@ -137,7 +137,7 @@ def parse_meta(text: str, *, source: Path, base: Path | None = None) -> list[Pro
 def check_prompt_wavs(prompts: Sequence[Prompt], *, source: str | Path = "prompts.meta") -> None:
     """Every selected prompt's reference wav exists and decodes to audio; else a ConfigError
     (exit 2) naming the meta.lst line. Each file is read once, however many lines share it."""
-    from stages.code2wav.prompt import read_wav  # what the stages accept as a voice
+    from stages.code2wav.audio import decode_audio  # what the stages accept as a voice
     from stages.code2wav.streaming import PromptError
 
     checked: dict[Path, str | None] = {}
@@ -145,7 +145,7 @@ def check_prompt_wavs(prompts: Sequence[Prompt], *, source: str | Path = "prompt
         if p.prompt_wav is None:
             continue
         if p.prompt_wav not in checked:
-            checked[p.prompt_wav] = _wav_problem(p.prompt_wav, read_wav, PromptError)
+            checked[p.prompt_wav] = _wav_problem(p.prompt_wav, decode_audio, PromptError)
         problem = checked[p.prompt_wav]
         if problem:
             where = f"{source}:{p.line}" if p.line else str(source)
@@ -154,14 +154,14 @@ def check_prompt_wavs(prompts: Sequence[Prompt], *, source: str | Path = "prompt
                 f"fix or replace it (prompt wav paths are relative to the meta.lst)")
 
 
-def _wav_problem(path: Path, read_wav, error) -> str | None:
+def _wav_problem(path: Path, decode, error) -> str | None:
     if not path.is_file():
         return "does not exist"
     try:
-        wav, _ = read_wav(path)
+        decode(path)  # empty audio is an error too
     except error as exc:
         return f"cannot be read as audio: {str(exc).removeprefix('error: ')}"
-    return "holds no samples" if wav.numel() == 0 else None
+    return None
 
 
 def load_prompts(meta: str | Path) -> list[Prompt]:

@@ -15,6 +15,15 @@ pipeline calls, so official weights see the inputs they were trained on:
 `resample` is a Hann-windowed sinc resampler (same construction as torchaudio's default
 `sinc_interp_hann`, lowpass width 6, rolloff 0.99) for any integer rate pair.
 
+Why not torchaudio (measured 2026-12): the stages depend on torch alone, and torchaudio cannot
+follow them. Its last release (2.11.1, maintenance mode) needs torch >= 2.11 while the stages
+take torch >= 2.6 (a GPU or NPU host keeps its own build), and its PyPI wheel links the CUDA
+build of torch: with the CPU torch of the README's setup (2.13.0+cpu) `import torchaudio` fails
+on libc10_cuda.so, and the CPU wheel is not on PyPI. So `kaldi_fbank` stays, and
+tests/stages/test_mel.py checks it against torchaudio's `compliance.kaldi.fbank` source on the
+builtin real-speech prompts (max |diff| 2.6e-4 on log energies of about +-13, mean 2.5e-6; the
+`audio-reference` extra installs it, CI runs it).
+
     >>> wav = torch.zeros(24000 * 6)
     >>> prompt_mel(wav).shape            # [T, 80]
     torch.Size([300, 80])

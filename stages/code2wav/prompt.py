@@ -1,8 +1,8 @@
 """Prompt setup inputs from a reference voice: speech tokens, flow mel, speaker embedding.
 
-Spec §4.2. A reference WAV (any rate, up to 8 channels) is normalised once — mono, 24 kHz,
-truncated or zero-padded to `ref_audio_max_seconds` so every request shares one cache origin —
-then:
+Spec §4.2. A reference voice (any format `audio.decode_audio` reads, any rate, up to 8
+channels) is normalised once — mono, 24 kHz, truncated or zero-padded to `ref_audio_max_seconds`
+so every request shares one cache origin — then:
   tokens   [Tp]       25 Hz speech tokens from 16 kHz audio (S3 tokenizer or stand-in, below)
   mel      [2*Tp, 80] 24 kHz prompt mel (`mel.prompt_mel`), replicate-padded / cropped to 2*Tp
   spk      [192]      CAM++ on the Kaldi fbank of the 16 kHz audio (`speaker.SpeakerEmbedder`)
@@ -15,7 +15,7 @@ documented deterministic stand-in: each 40 ms (4 log-mel frames) mean is project
 flow real-shaped, audio-dependent, reproducible prompt tokens.
 
 Results are cached per (path, content hash) — or per waveform hash for in-memory audio — in a
-small LRU. WAVs are read with the stdlib (PCM via `wave`, IEEE float via a minimal RIFF reader).
+small LRU. Voices are decoded by `stages.code2wav.audio` (libsndfile: WAV, FLAC, OGG, MP3).
 
     builder = PromptBuilder(cfg, device=torch.device("cpu"), dtype=torch.float32, extra={}, weights_dir=None)
     prompt = builder.build(None)          # the packaged default voice
@@ -25,8 +25,6 @@ small LRU. WAVs are read with the stdlib (PCM via `wave`, IEEE float via a minim
 from __future__ import annotations
 
 import hashlib
-import io
-import struct
 import threading
 import wave
 from collections import OrderedDict
@@ -36,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from stages.code2wav.audio import decode_audio
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.mel import (
     FbankConfig,
@@ -65,7 +64,7 @@ class PromptFeatures:
     spk_embedding: torch.Tensor  # [192]
 
 
-# ---- WAV reading -------------------------------------------------------------------------------
+# ---- reference audio -------------------------------------------------------------------------
 
 
 def prompt_id_of(data: bytes) -> str:
@@ -73,71 +72,9 @@ def prompt_id_of(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def read_wav(source: Path | bytes, *, where: str | None = None) -> tuple[torch.Tensor, int]:
-    """WAV file or its bytes -> (float32 [C, N] in ±1, sample rate). PCM 8/16/24/32-bit and
-    float 32/64; anything else is a PromptError naming `where` (default: the path)."""
-    where = where or str(source if isinstance(source, Path) else "reference audio bytes")
-    data = source if isinstance(source, bytes) else None
-    try:
-        if data is None:
-            data = Path(source).read_bytes()
-        with wave.open(io.BytesIO(data), "rb") as f:
-            channels, width, rate = f.getnchannels(), f.getsampwidth(), f.getframerate()
-            raw = f.readframes(f.getnframes())
-        if channels < 1 or width not in (1, 2, 3, 4) or rate < 1:
-            raise PromptError(f"error: malformed WAV header ({where}); re-export the file")
-        return _pcm_to_float(raw, width, channels), rate
-    except wave.Error:
-        return _read_float_wav(data, where)  # `wave` only knows PCM (format 1)
-    except (OSError, EOFError, ValueError) as exc:
-        if isinstance(exc, PromptError):
-            raise
-        raise PromptError(f"error: cannot read reference audio ({where}): {exc}; give a readable WAV file") from exc
-
-
-def _pcm_to_float(raw: bytes, width: int, channels: int) -> torch.Tensor:
-    if width == 1:
-        x = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
-    elif width == 2:
-        x = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
-    elif width == 3:
-        b = np.frombuffer(raw, np.uint8).reshape(-1, 3).astype(np.int32)
-        v = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)
-        x = (np.where(v >= 1 << 23, v - (1 << 24), v)).astype(np.float32) / float(1 << 23)
-    else:
-        x = np.frombuffer(raw, "<i4").astype(np.float32) / float(1 << 31)
-    return torch.from_numpy(x.reshape(-1, channels).T.copy())
-
-
-def _read_float_wav(data: bytes, path: str) -> tuple[torch.Tensor, int]:
-    """Minimal RIFF reader for what `wave` rejects: IEEE float and WAVE_FORMAT_EXTENSIBLE."""
-    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        raise PromptError(f"error: not a WAV file ({path}); give a RIFF/WAVE file")
-    pos, fmt, code, payload = 12, None, None, None
-    while pos + 8 <= len(data):
-        cid, size = data[pos : pos + 4], struct.unpack("<I", data[pos + 4 : pos + 8])[0]
-        body = data[pos + 8 : pos + 8 + size]
-        if cid == b"fmt " and len(body) >= 16:
-            fmt = struct.unpack("<HHIIHH", body[:16])
-            code = fmt[0]
-            if code == 0xFFFE and len(body) >= 26:  # extensible: the sub-format GUID starts with it
-                code = struct.unpack("<H", body[24:26])[0]
-        elif cid == b"data":
-            payload = body
-        pos += 8 + size + (size & 1)
-    if fmt is None or payload is None:
-        raise PromptError(f"error: WAV file has no fmt/data chunk ({path}); re-export the file")
-    channels, rate, bits = fmt[1], fmt[2], fmt[5]
-    if channels < 1 or bits < 8 or rate < 1:
-        raise PromptError(f"error: malformed WAV header ({path}); re-export the file")
-    frame = channels * (bits // 8)
-    payload = payload[: len(payload) // frame * frame]
-    if code == 1 and bits in (8, 16, 24, 32):
-        return _pcm_to_float(payload, bits // 8, channels), rate
-    if code == 3 and bits in (32, 64):
-        x = np.frombuffer(payload, "<f4" if bits == 32 else "<f8").astype(np.float32)
-        return torch.from_numpy(x.reshape(-1, channels).T.copy()), rate
-    raise PromptError(f"error: unsupported WAV encoding (format {code}, {bits} bit) ({path}); use PCM or float WAV")
+def _decoded(data: bytes, where: str) -> tuple[torch.Tensor, int]:
+    wav, rate = decode_audio(data, where=where)  # [C, N] float32
+    return torch.from_numpy(wav), rate
 
 
 def write_wav_int16(path: Path, wav: torch.Tensor, sample_rate: int) -> None:
@@ -249,16 +186,18 @@ class PromptBuilder:
         return DEFAULT_REF_WAV
 
     def build(self, wav_path: Path | None) -> PromptFeatures:
-        """Prompt for a WAV file (None = the default voice), cached by path and content hash."""
+        """Prompt for an audio file (None = the default voice), cached by path and content hash."""
         path = Path(wav_path) if wav_path is not None else self.default_wav
         if not path.is_file():
-            raise PromptError(f"error: reference audio not found ({path}); give an existing WAV file")
-        key = (str(path.resolve()), hashlib.sha256(path.read_bytes()).hexdigest())
-        return self._cached(key, lambda: read_wav(path), str(path))
+            raise PromptError(f"error: reference audio not found ({path}); give an existing audio file")
+        data = path.read_bytes()
+        key = (str(path.resolve()), hashlib.sha256(data).hexdigest())
+        return self._cached(key, lambda: _decoded(data, str(path)), str(path))
 
     def build_bytes(self, data: bytes) -> PromptFeatures:
         """Prompt for an encoded reference voice (a request's prompt wav), cached by content."""
-        return self._cached(("<bytes>", prompt_id_of(data)), lambda: read_wav(data), "request reference audio")
+        where = "request reference audio"
+        return self._cached(("<bytes>", prompt_id_of(data)), lambda: _decoded(data, where), where)
 
     def build_waveform(self, wav: torch.Tensor, sample_rate: int) -> PromptFeatures:
         """Prompt for in-memory audio [C, N] or [N] (e.g. a payload's ref audio), cached by hash."""

@@ -223,7 +223,7 @@ class FakeToken2Wav:
         if p.chunk_seq != 0:
             return None
         if p.prompt_audio is not None and p.prompt_audio.startswith(b"BAD"):
-            raise PromptError(f"error: not a WAV file (request {p.request_id}); give a RIFF/WAVE file")
+            raise PromptError(f"error: cannot decode reference audio (request {p.request_id}): Format not recognised.; give a WAV, FLAC, OGG or MP3 file")
         hit = p.prompt_audio is None or p.prompt_audio in self.voices
         if p.prompt_audio is not None:
             self.voices.add(p.prompt_audio)

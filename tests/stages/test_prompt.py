@@ -1,4 +1,5 @@
-"""Prompt features: default voice, normalisation, WAV reading, caching, both tokenizer paths."""
+"""Prompt features: default voice, normalisation, caching, both tokenizer paths (decoding the
+voice itself: tests/stages/test_audio.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from stages.code2wav.audio import decode_audio
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.mel import resample, whisper_log_mel
 from stages.code2wav.prompt import (
@@ -17,8 +19,6 @@ from stages.code2wav.prompt import (
     PromptError,
     StandInTokenizer,
     normalize_reference,
-    read_wav,
-    write_wav_int16,
 )
 
 CFG = Code2WavConfig()
@@ -44,7 +44,7 @@ def _write_float_wav(path, wav: torch.Tensor, sr: int) -> None:
 
 
 def test_default_voice_gives_150_tokens_300_mel_frames_and_192_dim_speaker():
-    wav, sr = read_wav(DEFAULT_REF_WAV)
+    wav, sr = decode_audio(DEFAULT_REF_WAV)
     assert sr == 24000 and wav.shape == (1, 144000)  # the packaged voice: 6.0 s mono 24 kHz
     builder = _builder()
     prompt = builder.build(None)
@@ -74,26 +74,14 @@ def test_empty_non_finite_or_too_many_channels_raise_prompt_error(wav, match):
         normalize_reference(wav, 24000, CFG, where="test")
 
 
-def test_float_and_int16_wavs_read_alike(tmp_path):
-    wav = torch.stack([_tone(500, 22050, 0.3), _tone(700, 22050, 0.3)])
-    _write_float_wav(tmp_path / "f.wav", wav, 22050)
-    got, sr = read_wav(tmp_path / "f.wav")
-    assert sr == 22050 and torch.equal(got, wav)
-    write_wav_int16(tmp_path / "i.wav", wav[0], 22050)
-    got16, _ = read_wav(tmp_path / "i.wav")
-    assert (got16[0] - wav[0]).abs().max() < 1e-4
-    (tmp_path / "bad.wav").write_bytes(b"RIFF....JUNK")
-    with pytest.raises(PromptError, match="not a WAV"):
-        read_wav(tmp_path / "bad.wav")
-
-
 def test_cache_follows_file_content_and_waveform_path_matches_file_path(tmp_path):
     builder = _builder()
     path = tmp_path / "ref.wav"
     _write_float_wav(path, _tone(220, 16000, 3.0)[None], 16000)
     first = builder.build(path)
     assert builder.build(path) is first
-    assert torch.equal(builder.build_waveform(*read_wav(path)).mel, first.mel)
+    wav, sr = decode_audio(path)
+    assert torch.equal(builder.build_waveform(torch.from_numpy(wav), sr).mel, first.mel)
     _write_float_wav(path, _tone(330, 16000, 3.0)[None], 16000)
     second = builder.build(path)
     assert second is not first and not torch.equal(second.mel, first.mel)
@@ -107,15 +95,6 @@ def test_stand_in_tokens_are_deterministic_per_seed_and_25_hz():
     b = StandInTokenizer(CFG.flow.vocab_size, CFG.token_rate_hz, seed=0)(wav16)
     c = StandInTokenizer(CFG.flow.vocab_size, CFG.token_rate_hz, seed=1)(wav16)
     assert a.shape == (150,) and torch.equal(a, b) and not torch.equal(a, c)
-
-
-def test_extensible_pcm_wav_is_read(tmp_path):
-    pcm = (torch.linspace(-0.5, 0.5, 100) * 32767).round().to(torch.int16).numpy().astype("<i2").tobytes()
-    ext = struct.pack("<HHIIHHHHI", 0xFFFE, 1, 16000, 32000, 2, 16, 22, 16, 4) + struct.pack("<H", 1) + bytes(14)
-    body = b"WAVE" + b"fmt " + struct.pack("<I", len(ext)) + ext + b"data" + struct.pack("<I", len(pcm)) + pcm
-    (tmp_path / "x.wav").write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
-    wav, sr = read_wav(tmp_path / "x.wav")
-    assert sr == 16000 and wav.shape == (1, 100) and abs(float(wav[0, 0]) + 0.5) < 1e-4
 
 
 def _fake_official_assets(root, n_tokens: int) -> None:

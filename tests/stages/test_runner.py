@@ -345,7 +345,7 @@ def test_a_bad_reference_voice_fails_its_request_alone_and_voices_are_cached():
                           col.expect(rid))
         col.wait()
         (err,) = col.events["bad-voice"]
-        assert isinstance(err, RequestError) and err.kind == "bad_prompt" and "not a WAV" in err.message
+        assert isinstance(err, RequestError) and err.kind == "bad_prompt" and "cannot decode reference audio" in err.message
         assert col.events["voice-1"][0].prompt == {"cache_hit": False, "setup_ms": 1.0}
         assert col.events["no-voice"][0].prompt["cache_hit"] is True  # the default voice
         assert all(e.prompt is None for e in col.events["voice-1"][1:])  # first chunk only

@@ -297,7 +297,7 @@ def test_bad_and_over_long_voices_are_prompt_errors_and_the_lru_keeps_registered
     def first(rid, audio):
         return Chunker(t2w.cfg, rid, prompt_id_of(audio), prompt_audio=audio).finish()
 
-    with pytest.raises(PromptError, match="not a WAV"):
+    with pytest.raises(PromptError, match="cannot decode reference audio"):
         t2w.prepare(first("bad", b"this is a text file named x.wav"))
     with pytest.raises(PromptError, match="empty"):
         t2w.prepare(first("empty", _wav_bytes(np.zeros(0, np.float32))))

@@ -316,3 +316,51 @@ def test_prompts_per_client_scales_each_tier_and_defaults_to_num_prompts():
     assert BenchParams(num_prompts=5, prompts_per_client=2).prompts_for(64) == 128
     with pytest.raises(ValueError, match="prompts_per_client"):
         BenchParams(prompts_per_client=0)
+
+
+def test_a_date_looking_scalar_is_the_string_it_looks_like(tmp_path):
+    # YAML 1.2 core has no timestamps (1.1 made `2026-12-01` a date, which no str field takes).
+    assert load_config(write(tmp_path / "a.yaml", "http: {voice: 2026-12-01}\n")).http.voice == "2026-12-01"
+
+
+def test_a_nested_override_runs_the_checks_of_every_enclosing_section():
+    # code2wav's own __post_init__ relates hift's rate to the flow's: an override deep inside
+    # hift must meet it, as the same key in a file would.
+    msg = config_error(None, ["code2wav.hift.sampling_rate=16000"])
+    assert "code2wav rates disagree" in msg and "(--set)" in msg
+
+
+@pytest.mark.parametrize(
+    ("sets", "fragment"),
+    [
+        (["backend=&a [*a]"], "backend[0] contains itself (a YAML alias cycle)"),
+        (["http.extra_body.x=" + "[" * 80 + "]" * 80], "http.extra_body.x nests lists or mappings more than 64 deep"),
+        (["http.extra_body.x=" + "[" * 5000 + "]" * 5000], "nested too deeply"),
+        (["http.extra_body=!!binary aGVsbG8="], "http.extra_body holds a bytes, not plain YAML data"),
+        (["http.extra_body={1: 2}"], "key 1 under http.extra_body must be a string"),
+    ],
+)
+def test_yaml_that_is_not_plain_data_is_a_config_error(sets, fragment):
+    msg = config_error(None, sets)
+    assert fragment in msg and "(--set" in msg, msg
+
+
+def test_loaded_configs_are_plain_dataclasses_that_replace_validates():
+    cfg = load_config(None, ["bench.num_prompts=4"])
+    assert type(cfg) is BenchConfig and dataclasses.is_dataclass(cfg)
+    assert dataclasses.asdict(cfg)["bench"]["num_prompts"] == 4
+    assert dataclasses.replace(cfg.bench, num_prompts=5).num_prompts == 5
+    with pytest.raises(ValueError, match="num_prompts"):  # __post_init__ still guards replace()
+        dataclasses.replace(cfg.bench, num_prompts=0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["bench: {num_prompts: abc, repeats: x}\n", "bench: {nope: 1}\n", "stages: {talker: {sampling: {top_p: 9}}}\n",
+     "stages: {runner: {devices: [0, x]}}\n", "stages: {code2wav: {hift: {resblock_dilation_sizes: [[1, 2], 3]}}}\n"],
+)
+def test_validation_errors_are_ours_never_pydantics(tmp_path, text):
+    msg = config_error(write(tmp_path / "a.yaml", text))
+    for raw in ("pydantic", "Input should", "validation error", "errors.pydantic.dev"):
+        assert raw not in msg, msg
+    assert msg.endswith(("fix the value", "?")) or "valid keys here" in msg, msg

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import socket
+import urllib.request
 
 import numpy as np
 import pytest
@@ -202,6 +203,9 @@ def test_models_and_metrics_endpoints_feed_describe_and_memory_snapshot():
 
         described = asyncio.run(main())
         rows = backend.memory_snapshot()  # blocking scrape of /metrics, outside any loop
+        with urllib.request.urlopen(server.url.removesuffix("/v1") + "/metrics", timeout=5) as resp:
+            content_type = resp.headers["Content-Type"]
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"  # what Prometheus asks for
     (model,) = described["server_models"]
     assert model["id"] == HttpConfig().model and model["tts_bench"]["backend"] == "synthetic"
     assert model["tts_bench"]["replicas"] == 2

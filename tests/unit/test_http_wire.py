@@ -123,3 +123,34 @@ def test_metrics_text_round_trips_to_memory_rows():
     assert rows[0] == {"process": "serve", "pid": None, "rss_bytes": 4096, "source": "rss"}
     assert rows[1] == stages[0]
     assert rows[2] == {k: v for k, v in stages[1].items() if v is not None}
+
+
+def test_metrics_keep_their_names_and_types_for_any_prometheus_reader():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    stages = [{"process": "code2wav-0", "pid": 7, "source": "rss", "allocated_bytes": 1, "reserved_bytes": 2,
+               "peak_bytes": 3, "rss_bytes": 4, "prompt_cache_entries": 5, "prompt_cache_bytes": 6}]
+    text = exposition.render(stages, rss_bytes=1 << 40, counters={
+        "requests_total": 3, "request_failures_total": 1, "requests_in_flight": 2})
+    samples = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}
+    assert set(samples) == {
+        "process_resident_memory_bytes", "tts_bench_stage_allocated_bytes", "tts_bench_stage_reserved_bytes",
+        "tts_bench_stage_peak_bytes", "tts_bench_stage_rss_bytes", "tts_bench_stage_prompt_cache_entries",
+        "tts_bench_stage_prompt_cache_bytes", "tts_bench_requests_total", "tts_bench_request_failures_total",
+        "tts_bench_requests_in_flight"}
+    assert samples["process_resident_memory_bytes"].value == 1 << 40  # big values survive the float format
+    assert samples["tts_bench_stage_prompt_cache_bytes"].labels == {"process": "code2wav-0", "pid": "7", "source": "rss"}
+    assert "# TYPE tts_bench_request_failures_total counter" in text
+    assert "# TYPE tts_bench_requests_in_flight gauge" in text
+    assert exposition.CONTENT_TYPE == "text/plain; version=0.0.4; charset=utf-8"
+
+
+def test_metrics_of_a_foreign_server_keep_what_parses_before_a_bad_line():
+    text = ('process_resident_memory_bytes 2048\n'
+            'tts_bench_stage_rss_bytes{process="talker",pid="3",source="rss"} 1e3\n'
+            'vllm_thing{broken 1\n'
+            'tts_bench_stage_rss_bytes{process="late",pid="4",source="rss"} 5\n')
+    rows = exposition.memory_rows(exposition.parse(text))
+    assert rows == [{"process": "serve", "pid": None, "rss_bytes": 2048, "source": "rss"},
+                    {"process": "talker", "pid": 3, "source": "rss", "rss_bytes": 1000}]
+    assert exposition.parse("") == [] and exposition.memory_rows([]) == []

@@ -76,12 +76,30 @@ def test_serve_takes_ref_audio_as_base64_or_a_data_url_and_refuses_what_is_not_a
     assert parse_ref_audio(b64) == raw == parse_ref_audio("data:audio/wav;base64," + b64)
     spec = parse_speech_body({"input": "Hi.", "ref_audio": b64, "ref_text": "t"}, "minicpmo45")
     assert spec.prompt_audio == raw and spec.prompt_text == "t"
-    for bad, what in ((base64.b64encode(b"a text file named x.wav").decode(), "not a WAV"),
+    for bad, what in ((base64.b64encode(b"a text file named x.wav").decode(), "cannot decode reference audio (ref_audio)"),
                       ("%%%", "not valid base64"), (5, "must be a base64 string"),
                       ("data:audio/wav," + b64, "must be base64")):
         with pytest.raises(BadRequest) as info:
             parse_ref_audio(bad)
         assert info.value.status == 400 and info.value.param == "ref_audio" and what in str(info.value)
+
+
+def test_serve_takes_a_flac_voice_and_refuses_an_empty_one_as_the_stages_would():
+    import io
+
+    import soundfile
+
+    from stages.code2wav.audio import decode_audio
+
+    wav, rate = decode_audio(VOICE)
+    buf = io.BytesIO()
+    soundfile.write(buf, wav.T, rate, format="FLAC")
+    assert parse_ref_audio(base64.b64encode(buf.getvalue()).decode()) == buf.getvalue()
+    empty = io.BytesIO()
+    soundfile.write(empty, wav[:, :0].T, rate, format="WAV", subtype="PCM_16")
+    with pytest.raises(BadRequest, match=r"reference audio is empty \(ref_audio\)") as info:
+        parse_ref_audio(base64.b64encode(empty.getvalue()).decode())
+    assert info.value.status == 400
 
 
 def test_metrics_exposition_carries_the_voices_a_stage_holds():
@@ -90,7 +108,8 @@ def test_metrics_exposition_carries_the_voices_a_stage_holds():
     rows = [{"process": "code2wav-0", "pid": 7, "source": "rss", "allocated_bytes": 5,
              "prompt_cache_entries": 3, "prompt_cache_bytes": 4096}]
     text = render(rows, rss_bytes=1, counters={})
-    assert 'tts_bench_stage_prompt_cache_bytes{process="code2wav-0",pid="7",source="rss"} 4096.0' in text
+    # prometheus_client writes labels in sorted order
+    assert 'tts_bench_stage_prompt_cache_bytes{pid="7",process="code2wav-0",source="rss"} 4096.0' in text
     (_, stage) = memory_rows(parse(text))
     assert stage["prompt_cache_entries"] == 3 and stage["prompt_cache_bytes"] == 4096
 
@@ -116,12 +135,12 @@ def test_voice_modes_give_each_request_its_file_one_voice_a_unique_voice_or_none
     assert voices("default") == [(None, None)] * 4
     distinct = [audio for _, audio in voices("distinct")]
     assert len(set(distinct)) == 4 and voices("distinct", arm="b") == voices("distinct")  # arms agree
-    from stages.code2wav.prompt import read_wav
+    from stages.code2wav.audio import decode_audio
 
-    nudged, rate = read_wav(distinct[0])
-    original, _ = read_wav(prompts[0].prompt_wav)
+    nudged, rate = decode_audio(distinct[0])
+    original, _ = decode_audio(prompts[0].prompt_wav)
     assert rate == 24000 and nudged.shape == original.shape
-    diff = (nudged - original).abs()
+    diff = np.abs(nudged - original)
     assert 0 < diff.max() <= 15 / 32768 and (diff[..., 8:] == 0).all()  # a few LSBs of 8 samples
     assert labels.arm == "a"
 

@@ -6,7 +6,8 @@
     tts-bench calibrate synthetic --runs 200
 
 Modules: `case` (case YAML), `bench` (run a case), `samples` (read a run: samples + provenance),
-`baseline` (build / write baselines), `mannwhitney` (the U test), `judge` (marks and exit code),
+`baseline` (build / write baselines), `judge` (marks and exit code; the U test is scipy's, through
+`tts_bench.stats.mann_whitney_p`),
 `calibrate` (A/A runs of a case: false-verdict rate and run-to-run variance, read back through
 `tts_bench.calibration`).
 """

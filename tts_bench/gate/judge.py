@@ -5,6 +5,7 @@ For each gated metric (a case threshold that is not null):
     delta%   = 100 * (center(current) / center(baseline) - 1)
     worse%   = delta% for lower-is-better metrics (RTF, TTFP, memory), -delta% for throughput
     p        = two-sided Mann-Whitney U of the current samples against the baseline's pool
+               (`stats.mann_whitney_p`: scipy, normal approximation, tie + continuity corrected)
     run p    = with a calibration (`tts-bench calibrate`): two-sided t test of the run's log shift
                against the calibrated run-to-run SD of a phase's center,
                z = ln(current / baseline) / (phase_sd * sqrt(1/m + 1/b)), m and b the phases
@@ -43,9 +44,8 @@ from typing import Any, Literal
 import pandas as pd
 
 from tts_bench.errors import ExitStatus
-from tts_bench.gate.mannwhitney import mann_whitney_u
 from tts_bench.gate.samples import METRICS, RunSamples, center
-from tts_bench.stats import two_sided_p
+from tts_bench.stats import mann_whitney_p, two_sided_p
 from tts_bench.tables import fmt_pct
 
 Mark = Literal["worse", "better", "~", "=", "not gated"]
@@ -140,7 +140,7 @@ def compare_metric(tier: str, metric: str, base: dict[str, Any], current: list[f
     b, c = float(base["center"]), center(current, spec.center)
     delta = 100.0 * (c / b - 1.0) if b else float("inf")
     worse = delta if spec.better == "lower" else -delta
-    p = mann_whitney_u(current, base["samples"]).p_value
+    p = mann_whitney_p(current, base["samples"])
     p_run = run_p_value(math.log(c / b), run_level) if run_level and b > 0 and c > 0 else None
     return GateRow(tier, metric, spec.better, b, c, delta, threshold, p,
                    mark_for(worse, threshold, p, alpha, p_run), len(base["samples"]), len(current), p_run)

@@ -187,8 +187,7 @@ class SpeechServer:
             rows = await asyncio.to_thread(self.backend.memory_snapshot)
         text = exposition.render(rows, rss_bytes=psutil.Process().memory_info().rss,
                                  counters=self.counters)
-        return web.Response(text=text, content_type="text/plain", charset="utf-8",
-                            headers={"X-Content-Type-Version": "0.0.4"})
+        return web.Response(body=text.encode("utf-8"), headers={"Content-Type": exposition.CONTENT_TYPE})
 
     async def _speech(self, request: web.Request) -> web.StreamResponse:
         self.counters["requests_total"] += 1

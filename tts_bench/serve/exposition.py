@@ -1,11 +1,16 @@
-"""Prometheus text exposition for `tts-bench serve`'s `/metrics`, and the parser the client uses.
+"""Prometheus exposition for `tts-bench serve`'s `/metrics`, and the reading the client does.
 
-The server exposes (all gauges unless noted; bytes as in Prometheus conventions):
+Rendering and parsing are prometheus_client's (`generate_latest` over a one-scrape collector,
+`parser.text_string_to_metric_families`): the text format, its escaping and its number
+formatting are the library's, so any Prometheus scraper reads what we write and we read what
+other servers write. The server exposes (all gauges unless noted; bytes as in Prometheus
+conventions):
 
 | metric | labels | from |
 |---|---|---|
 | `process_resident_memory_bytes` | | RSS of the serve process (psutil) |
 | `tts_bench_stage_{allocated,reserved,peak,rss}_bytes` | process, pid, source | the backend's `memory_snapshot()` (ReportsMemory), one series per stage process |
+| `tts_bench_stage_prompt_cache_{entries,bytes}` | process, pid, source | the voices a code2wav process holds |
 | `tts_bench_requests_total` (counter) | | speech requests received |
 | `tts_bench_request_failures_total` (counter) | | requests that ended in an error |
 | `tts_bench_requests_in_flight` | | requests being served now |
@@ -19,9 +24,19 @@ returns, so a remote server's memory reads like a local runner's.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+log = logging.getLogger(__name__)
+
+# What `render` writes (generate_latest's classic text format). Spelled out rather than taken
+# from the library: its CONTENT_TYPE_LATEST moved to 1.0.0 in recent releases.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Per stage process: its memory, and the voices (prompt setups) a code2wav process holds.
 _STAGE_FIELDS = ("allocated_bytes", "reserved_bytes", "peak_bytes", "rss_bytes",
@@ -30,12 +45,10 @@ _LABELS = ("process", "pid", "source")
 _STAGE_PREFIX = "tts_bench_stage_"
 _RSS = "process_resident_memory_bytes"
 _COUNTERS = {
-    "requests_total": ("counter", "Speech requests received."),
-    "request_failures_total": ("counter", "Speech requests that ended in an error."),
-    "requests_in_flight": ("gauge", "Speech requests being served now."),
+    "requests_total": (CounterMetricFamily, "Speech requests received."),
+    "request_failures_total": (CounterMetricFamily, "Speech requests that ended in an error."),
+    "requests_in_flight": (GaugeMetricFamily, "Speech requests being served now."),
 }
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True)
@@ -45,45 +58,47 @@ class Sample:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-def _escape(value: object) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _Scrape:
+    """A collector over the values of one scrape (the registry asks it once, in `render`)."""
+
+    def __init__(self, stage_rows: list[Mapping], rss_bytes: int, counters: Mapping[str, float]):
+        self.rows, self.rss_bytes, self.counters = stage_rows, rss_bytes, counters
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(_RSS, "Resident set size of the serve process.", value=self.rss_bytes)
+        for name in _STAGE_FIELDS:
+            what = "voices held" if name.startswith("prompt_cache") else "memory"
+            family = GaugeMetricFamily(_STAGE_PREFIX + name, f"Backend stage process {what} ({name}).",
+                                       labels=_LABELS)
+            for row in self.rows:
+                if row.get(name) is not None:
+                    family.add_metric([_label(row.get(k)) for k in _LABELS], float(row[name]))
+            yield family
+        for key, value in self.counters.items():
+            kind, help_text = _COUNTERS[key]
+            yield kind(f"tts_bench_{key}", help_text, value=float(value))
+
+
+def _label(value: object) -> str:
+    return "" if value is None else str(value)
 
 
 def render(stage_rows: Iterable[Mapping], *, rss_bytes: int, counters: Mapping[str, float]) -> str:
-    """The `/metrics` body (text format 0.0.4)."""
-    lines = [f"# HELP {_RSS} Resident set size of the serve process.", f"# TYPE {_RSS} gauge",
-             f"{_RSS} {float(rss_bytes)}"]
-    rows = list(stage_rows)
-    for name in _STAGE_FIELDS:
-        metric = _STAGE_PREFIX + name
-        what = "voices held" if name.startswith("prompt_cache") else "memory"
-        lines += [f"# HELP {metric} Backend stage process {what} ({name}).", f"# TYPE {metric} gauge"]
-        for row in rows:
-            if row.get(name) is None:
-                continue
-            labels = ",".join(f'{k}="{_escape(row.get(k, ""))}"' for k in _LABELS)
-            lines.append(f"{metric}{{{labels}}} {float(row[name])}")
-    for key, value in counters.items():
-        kind, help_text = _COUNTERS[key]
-        lines += [f"# HELP tts_bench_{key} {help_text}", f"# TYPE tts_bench_{key} {kind}",
-                  f"tts_bench_{key} {float(value)}"]
-    return "\n".join(lines) + "\n"
+    """The `/metrics` body (text format 0.0.4, served as `CONTENT_TYPE`)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Scrape(list(stage_rows), rss_bytes, counters))
+    return generate_latest(registry).decode("utf-8")
 
 
 def parse(text: str) -> list[Sample]:
-    """Samples of a text exposition; comments and malformed lines are skipped."""
-    out = []
-    for line in text.splitlines():
-        m = _LINE.match(line.strip())
-        if line.startswith("#") or m is None:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        labels = {k: v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
-                  for k, v in _LABEL.findall(m.group(2) or "")}
-        out.append(Sample(m.group(1), value, labels))
+    """Samples of a text exposition. A malformed line ends the reading there (with a debug
+    log): a server that is not ours may expose anything, and what came before still counts."""
+    out: list[Sample] = []
+    try:
+        for family in text_string_to_metric_families(text):
+            out += [Sample(s.name, float(s.value), dict(s.labels)) for s in family.samples]
+    except ValueError as exc:
+        log.debug("unparsable /metrics text after %d samples: %s", len(out), exc)
     return out
 
 

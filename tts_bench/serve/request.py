@@ -90,15 +90,13 @@ def parse_ref_audio(value: Any) -> bytes | None:
         audio = base64.b64decode(data, validate=True)
     except (ValueError, binascii.Error):
         raise BadRequest(400, "'ref_audio' is not valid base64", "ref_audio") from None
-    from stages.code2wav.prompt import read_wav  # the stages' own reader: what they accept
+    from stages.code2wav.audio import decode_audio  # the stages' own decoder: what they accept
     from stages.code2wav.streaming import PromptError
 
     try:
-        wav, rate = read_wav(audio, where="ref_audio")
+        wav, rate = decode_audio(audio, where="ref_audio")  # empty audio is a PromptError too
     except PromptError as exc:
         raise BadRequest(400, str(exc).removeprefix("error: "), "ref_audio") from None
-    if wav.numel() == 0:
-        raise BadRequest(400, "'ref_audio' holds no samples", "ref_audio")
     if wav.shape[-1] > REF_AUDIO_LIMIT_SECONDS * rate:
         raise BadRequest(400, f"'ref_audio' is {wav.shape[-1] / rate:.1f} s long, more than "
                               f"{REF_AUDIO_LIMIT_SECONDS:g} s", "ref_audio")

@@ -1,0 +1,59 @@
+"""Decoding a reference voice: an audio file or its bytes -> float32 [C, N] in ±1 and its rate.
+
+One decoder for every place that takes a voice: the prompt builder (`stages.code2wav.prompt`),
+and, through it, the harness's checks of a prompt list and of a `ref_audio` request field, so
+what they accept is what the stages can use. It is libsndfile's (via `soundfile`): WAV (PCM 8-32
+bit, float, extensible), FLAC, OGG Vorbis/Opus and MP3, at any sample rate. Integer PCM is scaled
+by 2^(bits-1) (8-bit unsigned around 128), as the stdlib reader this replaces did, so 16-bit
+prompts decode to exactly the same floats. Only numpy and soundfile are imported here: the
+harness checks voices without loading torch.
+
+Errors are PromptError (the request's or the prompt list's fault, never the stage's):
+
+    error: cannot decode reference audio (ref_audio): Format not recognised.; give a WAV, FLAC, OGG or MP3 file
+
+    wav, rate = decode_audio(Path("ref.wav"))          # [1, 144000], 24000
+    wav, rate = decode_audio(request_bytes, where="ref_audio")
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import soundfile
+
+from stages.code2wav.streaming import PromptError
+
+FORMATS = "WAV, FLAC, OGG or MP3"
+
+
+def decode_audio(source: Path | str | bytes, *, where: str | None = None) -> tuple[np.ndarray, int]:
+    """An audio file (path) or its bytes -> (float32 [C, N], sample rate). Unreadable,
+    undecodable or empty audio is a PromptError naming `where` (default: the path)."""
+    where = where or ("reference audio bytes" if isinstance(source, bytes) else str(source))
+    if isinstance(source, bytes):
+        data = source
+    else:
+        try:
+            data = Path(source).read_bytes()
+        except FileNotFoundError:
+            raise PromptError(f"error: reference audio not found ({where}); give an existing audio file") from None
+        except OSError as exc:
+            raise PromptError(
+                f"error: cannot read reference audio ({where}): {exc.strerror or exc}; give a readable file"
+            ) from None
+    try:
+        frames, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)  # [N, C]
+    except soundfile.LibsndfileError as exc:
+        raise PromptError(
+            f"error: cannot decode reference audio ({where}): {exc.error_string}; give a {FORMATS} file"
+        ) from None
+    except (RuntimeError, ValueError, TypeError) as exc:  # soundfile's checks before libsndfile's
+        raise PromptError(
+            f"error: cannot decode reference audio ({where}): {exc}; give a {FORMATS} file"
+        ) from None
+    if frames.shape[0] == 0:
+        raise PromptError(f"error: reference audio is empty ({where}): no samples; give a recording of speech")
+    return np.ascontiguousarray(frames.T), int(rate)
