@@ -126,7 +126,8 @@ class ReplicaLoop:
                 prompts[p.request_id] = prepare(p)
             except Exception as exc:  # noqa: BLE001 - this request's voice, this request's failure
                 kind = BAD_PROMPT if isinstance(exc, PromptError) else STAGE_ERROR
-                log.warning("%s: voice of %s refused: %s", self.ctx.spec.name, p.request_id, exc)
+                log.warning("%s: voice of %s refused: %s", self.ctx.spec.name, p.request_id, exc,
+                            exc_info=kind == STAGE_ERROR)  # a bad voice is the request's; a stage error is ours
                 self._fail(p.request_id, f"{self.ctx.spec.name}: {short_error(exc)}", kind)
                 continue
             kept.append(p)
@@ -145,7 +146,8 @@ class ReplicaLoop:
         try:
             decoded = self.t2w.decode(batch)
         except Exception as exc:
-            log.warning("%s: decode of %d rows failed: %s", self.ctx.spec.name, len(batch), exc)
+            # The traceback once, here: the requests only carry its last line.
+            log.warning("%s: decode of %d rows failed: %s", self.ctx.spec.name, len(batch), exc, exc_info=True)
             message = f"{self.ctx.spec.name}: {short_error(exc)}"
             for p in batch:
                 self._fail(p.request_id, message)
