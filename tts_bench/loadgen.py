@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from tts_bench._records import from_known_fields
+from tts_bench.records import from_known_fields
 from tts_bench.backends.base import Backend, RequestFailed, SynthesisRequest
 
 log = logging.getLogger(__name__)
