@@ -38,9 +38,10 @@ from tts_bench.backends import make_backend
 from tts_bench.backends.base import SynthesisRequest
 from tts_bench.commands.serve import load_served_config
 from tts_bench.config import BenchConfig, parse_tier
-from tts_bench.loadgen import Job, PhaseLabels, RequestRecord, run_phase
+from tts_bench.loadgen import run_phase
 from tts_bench.metrics import aggregate
 from tts_bench.prompts import load_prompts, select_prompts
+from tts_bench.records import Job, PhaseLabels, RequestRecord
 from tts_bench.stats import compare
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -48,9 +48,10 @@ from tts_bench.config import (
     BenchConfig, Tier, apply_overrides, load_dataclass, parse_tiers, with_default_stages,
 )
 from tts_bench.errors import BackendError, ConfigError, ExitStatus, InvalidRunError
-from tts_bench.loadgen import Job, PhaseLabels, RequestRecord, run_phase
+from tts_bench.loadgen import run_phase
 from tts_bench.metrics import Aggregates, aggregate
 from tts_bench.prompts import load_prompts, select_prompts
+from tts_bench.records import Job, PhaseLabels, RequestRecord
 from tts_bench.results import RunDir, request_key
 from tts_bench.shipped import resolve_config_path
 from tts_bench.stats import Comparison, compare

@@ -17,8 +17,9 @@ from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.backends.embedded import EmbeddedBackend, _runner_request
 from tts_bench.backends.http import HttpBackend
 from tts_bench.config import BenchConfig, HttpConfig, load_config
-from tts_bench.loadgen import Job, PhaseLabels, run_phase
+from tts_bench.loadgen import run_phase
 from tts_bench.metrics import aggregate
+from tts_bench.records import Job, PhaseLabels
 from tts_bench.serve.request import BadRequest, parse_ref_audio, parse_speech_body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,7 +149,7 @@ def test_voice_modes_give_each_request_its_file_one_voice_a_unique_voice_or_none
 def test_the_ab_view_over_voice_cache_misses_keeps_only_those_requests(tmp_path):
     from tts_bench.ab import voice_cache_view
     from tts_bench.config import parse_tiers
-    from tts_bench.loadgen import RequestRecord
+    from tts_bench.records import RequestRecord
     from tts_bench.results import RunDir
 
     arms = {"base": BenchConfig(), "test": BenchConfig()}

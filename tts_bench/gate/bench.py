@@ -20,7 +20,8 @@ from tts_bench.backends import make_backend
 from tts_bench.config import config_hash, config_to_dict
 from tts_bench.gate.case import ResolvedCase
 from tts_bench.gate.samples import sut_hash
-from tts_bench.loadgen import PhaseLabels, run_phase
+from tts_bench.loadgen import run_phase
+from tts_bench.records import PhaseLabels
 from tts_bench.results import RunDir, python_argv
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from tts_bench.config import apply_overrides, config_to_dict
 from tts_bench.errors import InvalidRunError
 from tts_bench.gate.case import LoadedCase, resolve_case
 from tts_bench.gate.samples import METRICS, center, sut_hash
-from tts_bench.loadgen import RequestRecord
+from tts_bench.records import RequestRecord
 from tts_bench.results import RunDir, python_argv
 from tts_bench.stats import ALPHA, clopper_pearson, mde_log, pct, repeats_needed, t_quantile
 

@@ -25,11 +25,12 @@ from tts_bench.ab import plan_jobs, select_ab_prompts
 from tts_bench.backends import make_backend
 from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import ConfigError, ExitStatus
-from tts_bench.loadgen import PhaseLabels, RequestRecord, run_phase
+from tts_bench.loadgen import run_phase
 from tts_bench.mem.plot import preload, write_timeline
 from tts_bench.mem.recorder import MemoryRecorder, MemSeries
 from tts_bench.mem.samplers import make_sampler, resolve_names
 from tts_bench.mem.summary import MemSummary, summarize
+from tts_bench.records import PhaseLabels, RequestRecord
 from tts_bench.results import RunDir
 
 log = logging.getLogger(__name__)

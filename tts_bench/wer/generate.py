@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tts_bench.records import from_known_fields
 from tts_bench.asr.base import write_wav
 from tts_bench.backends.base import AudioChunk, Backend, SynthesisRequest
-from tts_bench.loadgen import Job, PhaseLabels, RequestRecord, run_phase
+from tts_bench.loadgen import run_phase
+from tts_bench.records import Job, PhaseLabels, RequestRecord, from_known_fields
 
 log = logging.getLogger(__name__)
 
