@@ -32,31 +32,23 @@ Hooks: pass `hooks` with `on_phase(arm, tier, repeat, phase, backend)`; it is ca
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any, Protocol
 
-from tts_bench._dataclass_yaml import load_yaml_file
 from tts_bench.backends import make_backend
-from tts_bench.backends.base import SynthesisRequest
 from tts_bench.calibration import Calibration
-from tts_bench.config import (
-    BenchConfig, Tier, apply_overrides, load_dataclass, parse_tiers, with_default_stages,
-)
+from tts_bench.config import BenchConfig, Tier, load_dataclass, parse_tiers
 from tts_bench.errors import BackendError, ConfigError, ExitStatus, InvalidRunError
 from tts_bench.loadgen import run_phase
 from tts_bench.metrics import Aggregates, aggregate
-from tts_bench.prompts import load_prompts, select_prompts
+from tts_bench.prompts import plan_jobs, select_bench_prompts
 from tts_bench.records import Job, PhaseLabels, RequestRecord
 from tts_bench.results import RunDir, request_key
-from tts_bench.shipped import resolve_config_path
 from tts_bench.stats import Comparison, compare
 from tts_bench.until_resolved import UntilResolved, drive
-from tts_bench.voices import request_voice
 
 log = logging.getLogger(__name__)
 
@@ -164,9 +156,6 @@ def _comparison_dict(cmp: Comparison | None) -> dict[str, Any] | None:
 
 # ---------------------------------------------------------------- arms and plans
 
-DEFAULT_ARMS = ("base", "test")
-
-
 @dataclass(frozen=True)
 class AbPlan:
     """What to run: the arms (ordered base, test) and the bench shape."""
@@ -184,47 +173,6 @@ class AbPlan:
                 "repeats": self.repeats, "num_prompts": self.num_prompts,
                 "until_resolved": self.until.to_dict() if self.until else None,
                 "profile": self.profile, "calibration": self.calibration}
-
-
-def _yaml_arms(raw: dict[str, Any], source: str) -> dict[str, list[str]]:
-    """The optional top-level `arms: {base: [sets...], test: [sets...]}` of an A/B config."""
-    arms = raw.pop("arms", None)
-    if arms is None:
-        return {name: [] for name in DEFAULT_ARMS}
-    ok = isinstance(arms, dict) and len(arms) == 2 and all(
-        isinstance(v, list | type(None)) and all(isinstance(x, str) for x in v or []) for v in arms.values()
-    )
-    if not ok:
-        raise ConfigError(
-            f"error: arms must map exactly two arm names to lists of overrides ({source}: arms); "
-            f"write arms: {{base: [], test: [\"code2wav.extra.x=false\"]}}"
-        )
-    return {str(k): list(v or []) for k, v in arms.items()}
-
-
-def load_arms(
-    path: Path | None, sets: Sequence[str] = (), base_sets: Sequence[str] = (),
-    test_sets: Sequence[str] = (),
-) -> dict[str, BenchConfig]:
-    """Both arms' configs: file -> `--set` (both) -> the file's `arms:` lists -> `--base-set` /
-    `--test-set`. Without `arms:` in the file the arms are named base and test."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        path = resolve_config_path(path)  # configs/... names a shipped config from any folder
-        raw = load_yaml_file(path)
-        if not isinstance(raw, dict):
-            raise ConfigError(f"error: the config must be a mapping ({path}); write key: value lines")
-        raw = with_default_stages(dict(raw))
-    arm_sets = _yaml_arms(raw, str(path))
-    cfg = load_dataclass(BenchConfig, raw, source=str(path or "defaults"),
-                         base_dir=path.parent if path else None)
-    cfg = apply_overrides(cfg, sets)
-    out = {}
-    for (name, yaml_sets), cli_sets, flag in zip(arm_sets.items(), (base_sets, test_sets),
-                                                ("--base-set", "--test-set")):
-        arm = apply_overrides(cfg, yaml_sets, source=f"{path}: arms.{name}")
-        out[name] = apply_overrides(arm, cli_sets, source=flag)
-    return out
 
 
 def plan_from_run(run_dir: RunDir) -> AbPlan:
@@ -245,35 +193,9 @@ def plan_from_run(run_dir: RunDir) -> AbPlan:
 # ---------------------------------------------------------------- planning the requests
 
 
-def request_id(arm: str, tier: str, repeat: int, slot: str) -> str:
-    """`base:2x1:r0:0003` (measured) / `base:2x1:r0:w01` (warmup); unique within a run."""
-    return f"{arm}:{tier}:r{repeat}:{slot}"
-
-
 def _pair_key(rec: RequestRecord) -> tuple[int, str]:
     # The id without its arm prefix: the same prompt position in the other arm.
     return rec.repeat, rec.request_id[len(rec.arm) + 1 :]
-
-
-def plan_jobs(
-    prompts: Sequence[Any], labels: PhaseLabels, *, seed: int, warmup: int, voices: str = "file"
-) -> tuple[list[Job], list[Job]]:
-    """(warmup jobs, measured jobs) for one phase; identical across arms but for the ids.
-    `voices`: which reference voice each request gets (tts_bench.voices, `prompts.voices`)."""
-    first = prompts[0].prompt_wav if prompts else None
-
-    def job(i: int, slot: str, is_warmup: bool) -> Job:
-        p = prompts[i % len(prompts)]
-        wav, audio = request_voice(p, slot, mode=voices, first=first)
-        req = SynthesisRequest(
-            request_id=request_id(labels.arm, labels.tier, labels.repeat, slot),
-            text=p.text, prompt_text=p.prompt_text, prompt_wav=wav, seed=seed + i, prompt_audio=audio,
-        )
-        return Job(req, p.utt, warmup=is_warmup)
-
-    warm = [job(i, f"w{i:02d}", True) for i in range(warmup)]
-    measured = [job(i, f"{i:04d}", False) for i in range(len(prompts))]
-    return warm, measured
 
 
 # ---------------------------------------------------------------- running
@@ -294,7 +216,7 @@ class _Runner:
         base = next(iter(self.arms.values()))
         n = base.bench.prompts_for(tier.concurrency, self.num_prompts)
         if n not in self._prompt_cache:
-            self._prompt_cache[n] = select_ab_prompts(base, n)
+            self._prompt_cache[n] = select_bench_prompts(base, n)
         return self._prompt_cache[n]
 
     def sink(self, rec: RequestRecord) -> None:
@@ -343,13 +265,6 @@ class _Runner:
 def _key_dict(labels: PhaseLabels, job: Job) -> dict[str, Any]:
     return {"arm": labels.arm, "tier": labels.tier, "repeat": labels.repeat,
             "request_id": job.request.request_id}
-
-
-def select_ab_prompts(cfg: BenchConfig, num_prompts: int) -> list[Any]:
-    """The prompts both arms send, from the base arm's prompt config."""
-    prompts = load_prompts(cfg.prompts.meta)
-    return list(select_prompts(prompts, num_prompts, shuffle=not cfg.bench.disable_shuffle,
-                               seed=cfg.prompts.shuffle_seed))
 
 
 def phase_order(arms: Sequence[str], repeat: int) -> list[str]:

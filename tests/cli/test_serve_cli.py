@@ -145,13 +145,14 @@ def test_wer_through_http_on_piper_matches_in_process(tmp_path):
 
 
 def test_serve_picks_an_arm_of_an_ab_config_and_rejects_bad_choices(tmp_path):
-    from tts_bench.commands.serve import load_served_config, serve
+    from tts_bench.commands.serve import serve
+    from tts_bench.config import load_arm
     from tts_bench.errors import ConfigError
 
     default = ROOT / "configs/ab/default.yaml"
-    assert load_served_config(default, [], "test").stages.code2wav.extra == {
+    assert load_arm(default, [], "test").stages.code2wav.extra == {
         "code2wav_batched_cache_split": True}
     with pytest.raises(ConfigError, match=r"no arm 'tset' .*valid: base, test"):
-        load_served_config(default, [], "tset")
+        load_arm(default, [], "tset")
     with pytest.raises(ConfigError, match=r"backend is http"):
         serve(config=SYNTH_YAML, host="127.0.0.1", port=0, replicas=1, sets=["backend=http"], arm=None)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tts_bench.ab import load_arms, plan_from_run, run_ab
-from tts_bench.config import config_to_dict, load_config, parse_tiers
+from tts_bench.ab import plan_from_run, run_ab
+from tts_bench.config import config_to_dict, load_arms, load_config, parse_tiers
 from tts_bench.errors import ConfigError, ExitStatus
 from tts_bench.results import RunDir
 

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tts_bench.ab import load_arms
 from tts_bench.cli import app
-from tts_bench.config import load_config
+from tts_bench.config import load_arms, load_config
 from tts_bench.errors import ConfigError
 from tts_bench.shipped import resolve_config_path, shipped_config, shipped_dir, shipped_names
 

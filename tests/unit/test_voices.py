@@ -122,7 +122,7 @@ def _prompts():
 
 
 def test_voice_modes_give_each_request_its_file_one_voice_a_unique_voice_or_none():
-    from tts_bench.ab import plan_jobs
+    from tts_bench.prompts import plan_jobs
 
     prompts = _prompts()
     labels = PhaseLabels("a", "2x1", 0)

@@ -86,8 +86,8 @@ def ab(
 def _new_run(config, *, tiers, num_prompts, repeats, sets, base_sets, test_sets, result_dir, until,
              profile, calibration):
     """Load both arms, fix the plan (CLI options over the config's bench section), make the run."""
-    from tts_bench.ab import AbPlan, load_arms
-    from tts_bench.config import config_hash, config_to_dict, parse_tiers
+    from tts_bench.ab import AbPlan
+    from tts_bench.config import config_hash, config_to_dict, load_arms, parse_tiers
     from tts_bench.gate.case import default_profile
     from tts_bench.preflight import check_arms
     from tts_bench.prompts import load_prompts

@@ -76,8 +76,7 @@ def _flag_sets(*, tier, warm_tier, interval, sampler, device_index, disable_shuf
 
 def _new_run(config, sets, base_sets, test_sets, num_prompts, result_dir):
     """Both arms' configs, the plan (from the base arm's `mem:`), and the run directory."""
-    from tts_bench.ab import load_arms
-    from tts_bench.config import config_hash, config_to_dict, parse_tier
+    from tts_bench.config import config_hash, config_to_dict, load_arms, parse_tier
     from tts_bench.mem.run import MemPlan, prepare_plan
     from tts_bench.mem.samplers import parse_sampler_names
     from tts_bench.preflight import check_memory

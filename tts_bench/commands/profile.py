@@ -45,7 +45,7 @@ def profile(
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
 ) -> ExitStatus:
     """Count kernel launches (CUDA) or operators (CPU) per step for both arms, with the delta."""
-    from tts_bench.ab import load_arms
+    from tts_bench.config import load_arms
     from tts_bench.profile import profile_arms
 
     fmt = check_format(fmt)

@@ -39,13 +39,14 @@ def serve(
     max_body_bytes: int = typer.Option(MAX_BODY_BYTES, "--max-body-bytes", min=1024, max=1 << 30, help="Largest request body accepted (bytes); larger is a 413."),
 ) -> ExitStatus:
     """Serve a config's backend at /v1/audio/speech, /v1/models and /metrics."""
+    from tts_bench.config import load_arm
     from tts_bench.preflight import check_memory
     from tts_bench.serve.app import serve_until_signalled
 
     if replicas < 1 or not 0 <= port <= 65535:
         raise ConfigError(f"error: bad --replicas {replicas} or --port {port} (tts-bench serve); "
                           "use --replicas >= 1 and a port in 0..65535")
-    cfg = load_served_config(config, sets, arm)
+    cfg = load_arm(config, sets, arm)
     if cfg.backend == "http":
         raise ConfigError(f"error: the config's backend is http ({config}: backend); serve a local "
                           "backend (embedded, piper, synthetic), not another server")
@@ -56,13 +57,3 @@ def serve(
                                       max_input_chars=max_input_chars, max_body_bytes=max_body_bytes))
     return ExitStatus.OK
 
-
-def load_served_config(config: Path, sets: list[str], arm: str | None = None):
-    """The BenchConfig to serve: a plain bench config, or one arm of an A/B config."""
-    from tts_bench.ab import load_arms
-
-    arms = load_arms(config, sets)
-    name = arm if arm is not None else next(iter(arms))
-    if name not in arms:
-        raise ConfigError(f"error: no arm {name!r} in {config} (--arm); valid: {', '.join(arms)}")
-    return arms[name]

@@ -85,7 +85,7 @@ def _quote(v) -> str:
 
 
 def _arms(config, arm_names, sets, base_sets, test_sets) -> dict:
-    from tts_bench.ab import load_arms
+    from tts_bench.config import load_arms
 
     if config is None:
         config = shipped_config(DEFAULT_CONFIG)

@@ -15,12 +15,12 @@ import asyncio
 import logging
 from pathlib import Path
 
-from tts_bench.ab import plan_jobs, select_ab_prompts
 from tts_bench.backends import make_backend
 from tts_bench.config import config_hash, config_to_dict
 from tts_bench.gate.case import ResolvedCase
 from tts_bench.gate.samples import sut_hash
 from tts_bench.loadgen import run_phase
+from tts_bench.prompts import plan_jobs, select_bench_prompts
 from tts_bench.records import PhaseLabels
 from tts_bench.results import RunDir, python_argv
 
@@ -88,7 +88,7 @@ def run_case(rc: ResolvedCase, *, profile: str, result_dir: Path) -> RunDir:
     hooks = _mem_hooks(rc, run)
     async def main() -> None:
         for tier in rc.config.bench.tier_list:
-            prompts = select_ab_prompts(rc.config, _num_prompts(rc, tier))
+            prompts = select_bench_prompts(rc.config, _num_prompts(rc, tier))
             for repeat in range(rc.config.bench.repeats):
                 log.info("case %s: %s r%d", rc.loaded.case.name, tier.label, repeat)
                 await _phase(rc, run, prompts, tier, repeat, hooks)

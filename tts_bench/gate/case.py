@@ -138,7 +138,7 @@ def _bench_sets(bench: CaseBench) -> list[str]:
 
 def resolve_case(loaded: LoadedCase, extra_sets: Sequence[str] = ()) -> ResolvedCase:
     """Config file -> its arm -> case overrides -> case bench shape (-> extra sets)."""
-    from tts_bench.ab import load_arms
+    from tts_bench.config import load_arms
 
     case = loaded.case
     if not loaded.config_path.is_file():

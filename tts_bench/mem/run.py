@@ -21,7 +21,6 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tts_bench.ab import plan_jobs, select_ab_prompts
 from tts_bench.backends import make_backend
 from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import ConfigError, ExitStatus
@@ -30,6 +29,7 @@ from tts_bench.mem.plot import preload, write_timeline
 from tts_bench.mem.recorder import MemoryRecorder, MemSeries
 from tts_bench.mem.samplers import make_sampler, resolve_names
 from tts_bench.mem.summary import MemSummary, summarize
+from tts_bench.prompts import plan_jobs, select_bench_prompts
 from tts_bench.records import PhaseLabels, RequestRecord
 from tts_bench.results import RunDir
 
@@ -194,7 +194,7 @@ def run_mem(arms: dict[str, BenchConfig], plan: MemPlan, *, run_dir: RunDir) -> 
     base_cfg = next(iter(arms.values()))
     plan = prepare_plan(arms, plan)
     preload()  # every arm is sampled with matplotlib already in this process (rss counts it)
-    prompts = select_ab_prompts(base_cfg, plan.num_prompts)
+    prompts = select_bench_prompts(base_cfg, plan.num_prompts)
 
     async def main() -> dict[str, _ArmRun]:
         return {arm: await _run_arm(arm, cfg, plan, prompts, run_dir) for arm, cfg in arms.items()}
