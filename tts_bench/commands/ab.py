@@ -170,7 +170,7 @@ def _mem_hooks(plan, run):
     from tts_bench.errors import ConfigError
 
     try:
-        from tts_bench.mem.ab_hooks import make_ab_hooks
+        from tts_bench.mem.hooks import make_ab_hooks
     except ImportError:
         raise ConfigError("error: --mem is not available in this build (tts-bench ab); run without --mem") from None
     return make_ab_hooks(next(iter(plan.arms.values())), run)

@@ -44,7 +44,7 @@ def _create_run(rc: ResolvedCase, profile: str, result_dir: Path) -> RunDir:
 def _mem_hooks(rc: ResolvedCase, run: RunDir):
     if not rc.loaded.case.bench.mem:
         return None
-    from tts_bench.mem.ab_hooks import MemoryHooks
+    from tts_bench.mem.hooks import MemoryHooks
     from tts_bench.mem.samplers import resolve_names
 
     p = rc.config.mem
