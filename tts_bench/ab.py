@@ -38,12 +38,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
-from tts_bench.backends import make_backend
 from tts_bench.calibration import Calibration
 from tts_bench.config import BenchConfig, Tier, load_dataclass, parse_tiers
 from tts_bench.errors import BackendError, ConfigError, ExitStatus, InvalidRunError
-from tts_bench.loadgen import run_phase
 from tts_bench.metrics import Aggregates, aggregate
+from tts_bench.phases import PhaseHooks, run_fresh_phase
 from tts_bench.prompts import plan_jobs, select_bench_prompts
 from tts_bench.records import Job, PhaseLabels, RequestRecord
 from tts_bench.results import RunDir, request_key
@@ -51,13 +50,6 @@ from tts_bench.stats import Comparison, compare
 from tts_bench.until_resolved import UntilResolved, drive
 
 log = logging.getLogger(__name__)
-
-PHASES = ("warmup", "measure", "end")
-
-
-class AbHooks(Protocol):
-    def on_phase(self, arm: str, tier: str, repeat: int, phase: str, backend: Any) -> None: ...
-
 
 class AbProgress(Protocol):
     """What the CLI's progress bar implements: one task per (tier, arm, repeat)."""
@@ -208,7 +200,7 @@ class _Runner:
     run_dir: RunDir
     done: set
     progress: AbProgress | None
-    hooks: AbHooks | None
+    hooks: PhaseHooks | None
     _prompt_cache: dict[int, list[Any]] = field(default_factory=dict)
 
     def prompts_for(self, tier: Tier) -> list[Any]:
@@ -230,10 +222,6 @@ class _Runner:
         if self.progress is not None and not rec.warmup:
             self.progress.advance()
 
-    def _hook(self, labels: PhaseLabels, phase: str, backend: Any) -> None:
-        if self.hooks is not None:
-            self.hooks.on_phase(labels.arm, labels.tier, labels.repeat, phase, backend)
-
     async def phase(self, arm: str, tier: Tier, repeat: int) -> None:
         cfg = self.arms[arm]
         labels = PhaseLabels(arm, tier.label, repeat)
@@ -247,19 +235,8 @@ class _Runner:
             return
         if self.progress is not None:
             self.progress.start(f"{tier.label} {arm} r{repeat}", len(measured) - len(skip))
-        backend = make_backend(cfg)
-        try:  # stop() also cleans up after a start() that failed half-way (some workers up)
-            await backend.start(tier.replicas)
-            common = dict(concurrency=tier.concurrency, labels=labels,
-                          timeout_s=cfg.bench.timeout_s, sink=self.sink)
-            self._hook(labels, "warmup", backend)
-            await run_phase(backend, warm, **common)
-            self._hook(labels, "measure", backend)
-            await run_phase(backend, measured, **common, progress=self.advance, skip_ids=skip)
-            self._hook(labels, "end", backend)
-            self.run_dir.update(backends={**self.run_dir.doc.get("backends", {}), arm: backend.describe()})
-        finally:
-            await backend.stop()
+        await run_fresh_phase(cfg, tier, labels, (warm, measured), run_dir=self.run_dir, sink=self.sink,
+                              hooks=self.hooks, progress=self.advance, skip_ids=skip)
 
 
 def _key_dict(labels: PhaseLabels, job: Job) -> dict[str, Any]:
@@ -284,7 +261,7 @@ def run_ab(
     run_dir: RunDir,
     progress: AbProgress | None = None,
     resume: bool = False,
-    hooks: AbHooks | None = None,
+    hooks: PhaseHooks | None = None,
     until: UntilResolved | None = None,
     calibration: Calibration | None = None,
 ) -> AbResult:

@@ -4,10 +4,11 @@ The procedure is the seed's (both arms identical): for each arm in order, build 
 and `start(R)` with the measured tier's R; send the warm tier (concurrency C_w, not sampled; its
 R is the backend's, since a started service does not change its replica count); start the
 samplers; send the tier's warmup requests (phase "warmup"), then the measured requests (phase
-"measure") with exactly C in flight through the shared load generator (`tts_bench.loadgen`, the
-one `tts-bench ab` uses); stop the samplers; stop the backend. Every request is appended to the
-run's JSONL as it finishes; the samples, summaries and timeline PNG paths go into run.json under
-`mem`.
+"measure") with exactly C in flight; stop the samplers; stop the backend. That is one
+`tts_bench.phases.run_fresh_phase` (the phase `tts-bench ab` runs) with the warm tier as its
+`before` step and `tts_bench.mem.hooks.MemoryHooks` starting and stopping the samplers. Every
+request is appended to the run's JSONL as it finishes; the samples, summaries and timeline PNG
+paths go into run.json under `mem`.
 
     result = run_mem(arms, MemPlan(tier=parse_tier("128x8"), warm_tier=parse_tier("4x1"),
                      num_prompts=128, samplers=("nvml", "torch"), interval_s=2.0), run_dir=run)
@@ -25,10 +26,12 @@ from tts_bench.backends import make_backend
 from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import ConfigError, ExitStatus
 from tts_bench.loadgen import run_phase
+from tts_bench.mem.hooks import MemoryHooks
 from tts_bench.mem.plot import preload, write_timeline
-from tts_bench.mem.recorder import MemoryRecorder, MemSeries
-from tts_bench.mem.samplers import make_sampler, resolve_names
+from tts_bench.mem.recorder import MemSeries
+from tts_bench.mem.samplers import resolve_names
 from tts_bench.mem.summary import MemSummary, summarize
+from tts_bench.phases import run_fresh_phase
 from tts_bench.prompts import plan_jobs, select_bench_prompts
 from tts_bench.records import PhaseLabels, RequestRecord
 from tts_bench.results import RunDir
@@ -92,12 +95,8 @@ class MemResult:
 class _ArmRun:
     """One arm: what it recorded."""
 
-    series: dict[str, MemSeries]
-    records: list[RequestRecord]
-
-
-def _sink(run_dir: RunDir):
-    return lambda rec: run_dir.append_request(rec.to_dict())
+    series: dict[str, MemSeries]  # by sampler
+    records: list[RequestRecord]  # the measured requests
 
 
 async def _warm(backend: Any, cfg: BenchConfig, arm: str, plan: MemPlan, prompts: list, run_dir: RunDir) -> None:
@@ -108,50 +107,19 @@ async def _warm(backend: Any, cfg: BenchConfig, arm: str, plan: MemPlan, prompts
     _, jobs = plan_jobs(warm_prompts, labels, seed=cfg.bench.seed, warmup=0, voices=cfg.prompts.voices)
     log.info("%s: warm tier %s (%d requests, not sampled)", arm, plan.warm_tier.label, len(jobs))
     await run_phase(backend, jobs, concurrency=plan.warm_tier.concurrency, labels=labels,
-                    timeout_s=cfg.bench.timeout_s, sink=_sink(run_dir))
+                    timeout_s=cfg.bench.timeout_s, sink=lambda rec: run_dir.append_request(rec.to_dict()))
 
 
-def _recorders(plan: MemPlan, backend: Any) -> list[MemoryRecorder]:
-    """One recorder per requested sampler; two names resolving to one sampler record once."""
-    out: dict[str, MemoryRecorder] = {}
-    for name in plan.samplers:
-        sampler = make_sampler(name, device_index=plan.device_index, backend=backend)
-        if sampler.name in out:
-            log.warning("mem sampler %r resolves to %s, already sampling; recorded once", name, sampler.name)
-            sampler.close()
-            continue
-        out[sampler.name] = MemoryRecorder(sampler, plan.interval_s)
-    return list(out.values())
-
-
-async def _run_arm(arm: str, cfg: BenchConfig, plan: MemPlan, prompts: list, run_dir: RunDir) -> _ArmRun:
-    backend = make_backend(cfg)
-    await backend.start(plan.tier.replicas)
-    recorders: list[MemoryRecorder] = []
-    try:
-        await _warm(backend, cfg, arm, plan, prompts, run_dir)
-        labels = PhaseLabels(arm, plan.tier.label, 0)
-        warm, measured = plan_jobs(prompts, labels, seed=cfg.bench.seed,
-                                   warmup=cfg.bench.warmup_for(plan.tier.concurrency),
-                                   voices=cfg.prompts.voices)
-        recorders = _recorders(plan, backend)
-        for rec in recorders:
-            rec.start("warmup")
-        common = dict(concurrency=plan.tier.concurrency, labels=labels,
-                      timeout_s=cfg.bench.timeout_s, sink=_sink(run_dir))
-        await run_phase(backend, warm, **common)
-        for rec in recorders:
-            rec.mark("measure")
-        result = await run_phase(backend, measured, **common)
-        series = {rec.sampler.name: rec.stop() for rec in recorders}
-        run_dir.update(backends={**run_dir.doc.get("backends", {}), arm: backend.describe()})
-        return _ArmRun(series, result.records)
-    finally:
-        for rec in recorders:
-            if rec.running:  # an exception left it sampling: stop the thread, drop the series
-                rec.stop()
-            rec.sampler.close()
-        await backend.stop()
+async def _run_arm(arm: str, cfg: BenchConfig, plan: MemPlan, prompts: list, run_dir: RunDir,
+                   hooks: MemoryHooks) -> _ArmRun:
+    """One arm on a fresh backend: the warm tier (not sampled), then the sampled tier."""
+    labels = PhaseLabels(arm, plan.tier.label, 0)
+    jobs = plan_jobs(prompts, labels, seed=cfg.bench.seed, warmup=cfg.bench.warmup_for(plan.tier.concurrency),
+                     voices=cfg.prompts.voices)
+    result = await run_fresh_phase(cfg, plan.tier, labels, jobs, run_dir=run_dir, hooks=hooks,
+                                   before=lambda backend: _warm(backend, cfg, arm, plan, prompts, run_dir))
+    series = {name: arms[arm] for name, arms in hooks.series(plan.tier.label).items() if arm in arms}
+    return _ArmRun(series, result.records)
 
 
 def _invalid(runs: dict[str, _ArmRun], summaries: list[MemSummary], arms: dict[str, BenchConfig]) -> list[str]:
@@ -196,8 +164,13 @@ def run_mem(arms: dict[str, BenchConfig], plan: MemPlan, *, run_dir: RunDir) -> 
     preload()  # every arm is sampled with matplotlib already in this process (rss counts it)
     prompts = select_bench_prompts(base_cfg, plan.num_prompts)
 
+    # Samplers start after each arm's warm tier and stop after its measured requests; the
+    # summary below is this run's own (run.json `mem`), so the hooks keep the series only.
+    hooks = MemoryHooks(plan.samplers, interval_s=plan.interval_s, device_index=plan.device_index,
+                        arms_per_tier=len(arms))
+
     async def main() -> dict[str, _ArmRun]:
-        return {arm: await _run_arm(arm, cfg, plan, prompts, run_dir) for arm, cfg in arms.items()}
+        return {arm: await _run_arm(arm, cfg, plan, prompts, run_dir, hooks) for arm, cfg in arms.items()}
 
     runs = asyncio.run(main())
     summaries = [summarize({arm: r.series[name] for arm, r in runs.items()}, tier=plan.tier.label)
