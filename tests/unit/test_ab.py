@@ -168,7 +168,7 @@ def test_a_tier_with_too_many_failures_has_verdict_invalid_not_a_speed_call():
 
 
 def test_the_calibrated_spread_of_the_tier_reaches_a_one_block_comparison(monkeypatch):
-    import tts_bench.ab.run as ab_mod
+    import tts_bench.ab.summary as ab_mod
     from tts_bench.config import BenchParams
     from tts_bench.stats import CalibratedSpread
 

@@ -24,10 +24,9 @@ from typing import Optional
 import typer
 
 from tts_bench.commands._common import check_format
-from tts_bench.commands.ab import DEFAULT_CONFIG
 from tts_bench.errors import ExitStatus
 from tts_bench.limits import MAX_PROMPTS
-from tts_bench.shipped import shipped_config
+from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
 
 
 def mem(
@@ -84,7 +83,7 @@ def _new_run(config, sets, base_sets, test_sets, num_prompts, result_dir):
     from tts_bench.results import RunDir, python_argv
 
     if config is None:
-        config = shipped_config(DEFAULT_CONFIG)
+        config = shipped_config(DEFAULT_AB_CONFIG)
     arms = load_arms(config, sets, base_sets, test_sets)
     base = next(iter(arms.values()))
     load_prompts(base.prompts.meta)  # a bad meta.lst fails before the run exists

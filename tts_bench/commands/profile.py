@@ -28,9 +28,8 @@ from typing import Optional
 import typer
 
 from tts_bench.commands._common import check_format
-from tts_bench.commands.ab import DEFAULT_CONFIG
 from tts_bench.errors import ConfigError, ExitStatus
-from tts_bench.shipped import shipped_config
+from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
 
 
 def profile(
@@ -50,7 +49,7 @@ def profile(
 
     fmt = check_format(fmt)
     if config is None:
-        config = shipped_config(DEFAULT_CONFIG)
+        config = shipped_config(DEFAULT_AB_CONFIG)
     arms = load_arms(config, sets, base_sets, test_sets)
     result = profile_arms(
         arms, rows=parse_rows(rows), chunks=chunks,
