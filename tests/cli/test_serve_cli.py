@@ -138,8 +138,8 @@ def test_wer_through_http_on_piper_matches_in_process(tmp_path):
             "wer", "--config", str(wer_yaml), "--num-prompts", "3", "--format", "json",
             "--result-dir", str(tmp_path / "runs"), "--set", f"wer.history_dir={tmp_path / 'history'}",
             "--test-set", "backend=http", "--test-set", f"http.base_url={server.url}",
-        ])
-    assert result.exit_code == 0, result.output
+        ], standalone_mode=False)
+    assert result.return_value == 0, result.output
     paired = json.loads(result.stdout)["paired"]
     assert paired["n_paired"] == paired["identical_audio"] == paired["identical_transcripts"] == 3
 

@@ -57,8 +57,8 @@ def test_ab_without_a_config_runs_the_shipped_default_from_another_folder(tmp_pa
 
 
 def test_wer_default_config_is_the_shipped_one_from_another_folder(tmp_path, monkeypatch):
-    from tts_bench.commands import wer as wer_cmd
+    from tts_bench.wer.session import load_wer_arms
 
     monkeypatch.chdir(tmp_path)
-    arms = wer_cmd._arms(None, "base,test", [], [], [])
+    arms = load_wer_arms(None, "base,test")
     assert arms["base"].backend == "piper" and arms["base"].wer.num_prompts == 80
