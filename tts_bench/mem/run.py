@@ -13,28 +13,33 @@ paths go into run.json under `mem`.
     result = run_mem(arms, MemPlan(tier=parse_tier("128x8"), warm_tier=parse_tier("4x1"),
                      num_prompts=128, samplers=("nvml", "torch"), interval_s=2.0), run_dir=run)
     result.summaries[0].to_dict()["arms"]["test"]["delta_mib"]
+    result = measure_memory(Path("configs/ab/default.yaml"), sets=["mem.tier=4x2"])   # the command
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from tts_bench.backends import make_backend
-from tts_bench.config import BenchConfig, Tier
+from tts_bench.config import BenchConfig, Tier, config_hash, config_to_dict, load_arms, parse_tier
 from tts_bench.errors import ConfigError, ExitStatus
 from tts_bench.loadgen import run_phase
 from tts_bench.mem.hooks import MemoryHooks
 from tts_bench.mem.plot import preload, write_timeline
 from tts_bench.mem.recorder import MemSeries
-from tts_bench.mem.samplers import resolve_names
+from tts_bench.mem.samplers import parse_sampler_names, resolve_names
 from tts_bench.mem.summary import MemSummary, summarize
 from tts_bench.phases import run_fresh_phase
-from tts_bench.prompts import plan_jobs, select_bench_prompts
+from tts_bench.preflight import check_memory
+from tts_bench.prompts import load_prompts, plan_jobs, select_bench_prompts
 from tts_bench.records import PhaseLabels, RequestRecord
-from tts_bench.results import RunDir
+from tts_bench.results import RunDir, python_argv
+from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +162,53 @@ def prepare_plan(arms: dict[str, BenchConfig], plan: MemPlan) -> MemPlan:
     return plan
 
 
+def measure_memory(
+    config: Path | None, *, sets: Sequence[str] = (), base_sets: Sequence[str] = (),
+    test_sets: Sequence[str] = (), num_prompts: int | None = None, result_dir: Path = Path("results/runs"),
+) -> MemResult:
+    """`tts-bench mem` as one call: both arms of `config` (default: the shipped
+    configs/ab/default.yaml), the plan from the base arm's `mem:` section (`num_prompts` None:
+    max(bench.num_prompts, 2 x C)), every check before the run directory exists, then the run."""
+    arms = load_arms(config or shipped_config(DEFAULT_AB_CONFIG), sets, base_sets, test_sets)
+    plan = plan_from_config(next(iter(arms.values())), num_prompts)
+    plan = prepare_plan(arms, plan)  # a sampler that cannot start fails before the run exists
+    _check_memory(arms, plan)
+    run = RunDir.create(
+        result_dir, "mem", command_line=python_argv(),
+        configs={n: config_to_dict(c) for n, c in arms.items()},
+        config_hashes={n: config_hash(c) for n, c in arms.items()}, extra={"mem_plan": plan.to_dict()},
+    )
+    with run.finishing():  # any exit (error, Ctrl-C) leaves run.json failed / interrupted
+        return _run_prepared(arms, plan, run)
+
+
+def plan_from_config(base: BenchConfig, num_prompts: int | None = None) -> MemPlan:
+    """The plan of the base arm's `mem:` section (its prompt list read, so a bad one fails now)."""
+    load_prompts(base.prompts.meta)  # a bad meta.lst fails before the run exists
+    params, tier = base.mem, parse_tier(base.mem.tier, where="--tier / mem.tier")
+    return MemPlan(
+        tier=tier,
+        warm_tier=parse_tier(params.warm_tier, where="--warm-tier / mem.warm_tier") if params.warm_tier else None,
+        num_prompts=max(base.bench.num_prompts, 2 * tier.concurrency) if num_prompts is None else num_prompts,
+        samplers=parse_sampler_names(params.sampler), interval_s=params.interval_s,
+        device_index=params.device_index, warm_prompts=params.warm_prompts,
+    )
+
+
+def _check_memory(arms: dict[str, BenchConfig], plan: MemPlan) -> None:
+    warm_c = plan.warm_tier.concurrency if plan.warm_tier else 0
+    for name, cfg in arms.items():  # the warm tier runs on the same backend (the tier's R)
+        check_memory(cfg, replicas=plan.tier.replicas, concurrency=max(plan.tier.concurrency, warm_c),
+                     label=f"arm {name!r} at tier {plan.tier.label}")
+
+
 def run_mem(arms: dict[str, BenchConfig], plan: MemPlan, *, run_dir: RunDir) -> MemResult:
     """Run every arm in order on a fresh backend and summarise, record and plot the memory."""
+    return _run_prepared(arms, prepare_plan(arms, plan), run_dir)
+
+
+def _run_prepared(arms: dict[str, BenchConfig], plan: MemPlan, run_dir: RunDir) -> MemResult:
     base_cfg = next(iter(arms.values()))
-    plan = prepare_plan(arms, plan)
     preload()  # every arm is sampled with matplotlib already in this process (rss counts it)
     prompts = select_bench_prompts(base_cfg, plan.num_prompts)
 
