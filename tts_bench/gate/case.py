@@ -155,6 +155,9 @@ def resolve_case(loaded: LoadedCase, extra_sets: Sequence[str] = ()) -> Resolved
     return ResolvedCase(loaded, arm, cfg, current, tuple(extra_sets))
 
 
+CASES_DIR = Path("configs/cases")
+
+
 def baseline_path(case: Case, profile: str, directory: Path = DEFAULT_BASELINE_DIR) -> Path:
     return Path(directory) / f"{case.name}.{profile}.json"
 
@@ -162,3 +165,12 @@ def baseline_path(case: Case, profile: str, directory: Path = DEFAULT_BASELINE_D
 def default_profile() -> str:
     """`cpu-<N>core` from the CPU count; GPU hosts name theirs (`--profile h200`)."""
     return f"cpu-{os.cpu_count() or 1}core"
+
+
+def case_path(case: str | Path, cases_dir: Path = CASES_DIR) -> Path:
+    """A case file as given, or a case name under configs/cases/ (`synthetic` ->
+    configs/cases/synthetic.yaml)."""
+    path = Path(case)
+    if path.is_file() or path.suffix in (".yaml", ".yml"):
+        return path
+    return Path(cases_dir) / f"{case}.yaml"
