@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tts_bench.loadgen import pcm16
-from tts_bench.serve import exposition
-from tts_bench.serve.wire import (
+from tts_bench.wire import exposition
+from tts_bench.wire.audio import (
     PcmDecoder,
     SseDecoder,
     WavDecoder,

@@ -104,7 +104,7 @@ def test_serve_takes_a_flac_voice_and_refuses_an_empty_one_as_the_stages_would()
 
 
 def test_metrics_exposition_carries_the_voices_a_stage_holds():
-    from tts_bench.serve.exposition import memory_rows, parse, render
+    from tts_bench.wire.exposition import memory_rows, parse, render
 
     rows = [{"process": "code2wav-0", "pid": 7, "source": "rss", "allocated_bytes": 5,
              "prompt_cache_entries": 3, "prompt_cache_bytes": 4096}]

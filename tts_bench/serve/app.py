@@ -10,7 +10,7 @@ Endpoints:
   with the streaming size 0xFFFFFFFF followed by PCM, each backend chunk written as it arrives;
   `stream_format: sse` sends OpenAI-style `speech.audio.delta` events with base64 PCM instead.
 - `GET /v1/models` — the one served model, with the backend's `describe()` under `tts_bench`.
-- `GET /metrics` — Prometheus text (`tts_bench.serve.exposition`): serve RSS, the backend's
+- `GET /metrics` — Prometheus text (`tts_bench.wire.exposition`): serve RSS, the backend's
   `memory_snapshot()` when it implements ReportsMemory, request counters.
 - `GET /health` — 200 `{"status": "ok"}` while the backend serves; 503 (JSON, saying why) once
   it stopped serving (a stage process died) or the server is stopping.
@@ -64,7 +64,6 @@ from tts_bench.backends.base import (
     AudioChunk, ReportsHealth, ReportsMemory, RequestFailed, SynthesisRequest,
 )
 from tts_bench.errors import BackendError, ConfigError
-from tts_bench.serve import exposition
 from tts_bench.serve.request import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_INPUT_CHARS,
@@ -75,7 +74,8 @@ from tts_bench.serve.request import (
     parse_speech_body,
     read_json_body,
 )
-from tts_bench.serve.wire import encode_pcm16, sse_audio_event, sse_event, wav_header
+from tts_bench.wire import exposition
+from tts_bench.wire.audio import encode_pcm16, sse_audio_event, sse_event, wav_header
 
 if TYPE_CHECKING:
     from tts_bench.config import BenchConfig
