@@ -9,7 +9,8 @@ Per request (a `tts_bench.records.RequestRecord`, handed to `sink` as soon as it
 everything already measured):
 - `audio_ttfp_ms` = first chunk arrival − send, `audio_rtf` = (last chunk arrival − send) /
   audio seconds, `audio_seconds`, `num_chunks`, `num_codes`;
-- `audio_sha256` = sha256 of the audio as int16 PCM (float32 × 32767, rounded, clipped), and
+- `audio_sha256` = sha256 of the audio as int16 PCM (`tts_bench.wire.audio.pcm16`: float32 ×
+  32767, rounded, clipped, the rounding the server and the WAV writer use too), and
   `codes_sha256` over the codec tokens (int32) when the backend reports them — equal hashes across
   arms mean identical outputs;
 - failures never crash a phase: a timeout → `timeout`, `RequestFailed` → its kind, any other
@@ -34,11 +35,9 @@ import numpy as np
 
 from tts_bench.backends.base import Backend, RequestFailed, SynthesisRequest
 from tts_bench.records import Job, PhaseLabels, RequestRecord
+from tts_bench.wire.audio import pcm16
 
 log = logging.getLogger(__name__)
-
-_PCM_SCALE = 32767.0
-
 
 @dataclass(frozen=True)
 class PhaseResult:
@@ -47,11 +46,6 @@ class PhaseResult:
 
 
 Sink = Callable[[RequestRecord], None]
-
-
-def pcm16(samples: np.ndarray) -> np.ndarray:
-    """float32 [-1, 1] -> int16 PCM, the form audio hashes are taken over."""
-    return np.clip(np.round(samples * _PCM_SCALE), -32768, 32767).astype(np.int16)
 
 
 class _Collector:
