@@ -63,7 +63,7 @@ from stages.talker.prelude import (
     penalty_temperature_eager,
     select_prelude,
 )
-from tts_bench.launches import count_launches
+from stages.profiling.launches import count_launches
 
 SCHEMA = "tts-bench/bench-prelude/1"
 MIN_SPEEDUP = 10.0  # fused vs eager, every B

@@ -2,7 +2,7 @@
 
 For each arm the stages are built in this process from the arm's `stages` config (seeded random
 weights, `runner.device` / `runner.dtype`); no runner processes, no load generator. At each
-batch size B we count, with `tts_bench.launches.count_launches` (device kernels on CUDA,
+batch size B we count, with `stages.profiling.launches.count_launches` (device kernels on CUDA,
 top-level non-view aten operators on CPU):
 
 * `talker_step`: one talker decode step with B active rows (after prefill, warmed up);
@@ -21,7 +21,7 @@ The split runs on B rows at the arm's steady cache shapes (the prompt's caches g
 past prompt + keep frames, so every store trims). The split mode is the arm's own
 (`code2wav.extra.code2wav_batched_cache_split`).
 
-The same profiler run also times named ranges (`tts_bench.launches.measure`): the talker step
+The same profiler run also times named ranges (`stages.profiling.launches.measure`): the talker step
 (`talker.decode_step`, wrapped here), the whole decode (`code2wav.decode`, wrapped here) and its
 parts (`code2wav.flow_encoder`, `code2wav.cfm`, `code2wav.hift`, annotated in
 stages/code2wav/token2wav.py): device ms on CUDA, host cpu_ms on CPU. With `tier=CxR` the talker
@@ -61,10 +61,10 @@ from stages.code2wav.streaming import Chunker, CodecPayload
 from stages.code2wav.token2wav import Token2Wav
 from stages.config import StageConfig
 from stages.platform import dtype_from_name, resolve_device
+from stages.profiling.launches import LaunchCount, Measured, RangeTimes, count_launches, measure
 from stages.talker.engine import KV_LEN_BUCKET, TalkerEngine, TalkerRequest
 from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import ConfigError
-from tts_bench.launches import LaunchCount, Measured, RangeTimes, count_launches, measure
 from tts_bench.profile_split import DECODE_RANGE, RANGES, TALKER_RANGE, TierPlan, TierSplit
 
 log = logging.getLogger(__name__)

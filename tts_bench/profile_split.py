@@ -23,8 +23,8 @@ from typing import Any, Protocol
 import pandas as pd
 
 from stages.code2wav.config import Code2WavConfig
+from stages.profiling.launches import RangeTimes
 from tts_bench.config import Tier
-from tts_bench.launches import RangeTimes
 
 # Profiler ranges timed per step. The talker step is wrapped here; the code2wav decode is wrapped
 # here as a whole and annotated inside (stages/code2wav/token2wav.py) per component.

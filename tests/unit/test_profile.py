@@ -9,12 +9,12 @@ import torch
 
 from stages.code2wav.token2wav import Token2Wav
 from stages.config import StageConfig
+from stages.profiling.launches import count_launches
 from stages.talker.engine import TalkerEngine
 from tests.stages.code2wav_tiny import single_thread, tiny_config  # noqa: F401
 from tts_bench._dataclass_yaml import load_dataclass, load_yaml_file
 from tts_bench.config import BenchConfig
 from tts_bench.errors import ConfigError
-from tts_bench.launches import count_launches
 from tts_bench.profile import (
     count_cache_split,
     measure_talker_step,
@@ -123,7 +123,7 @@ def test_cuda_split_launches_are_4b_per_row_and_3_batched():
 
 
 def test_device_tables_show_memcpy_launches_beside_the_kernels():
-    from tts_bench.launches import LaunchCount
+    from stages.profiling.launches import LaunchCount
     from tts_bench.profile import STEPS, ArmProfile, ProfileResult
 
     def counts(kernels: float, copies: float) -> dict:

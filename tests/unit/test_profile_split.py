@@ -12,12 +12,12 @@ from torch.profiler import record_function
 
 from stages.code2wav.config import Code2WavConfig
 from stages.config import StageConfig
+from stages.profiling.launches import count_launches, measure, range_times
 from stages.talker.engine import TalkerEngine
 from stages.talker.tokenizer import WordHashTokenizer
 from tests.stages.code2wav_tiny import single_thread  # noqa: F401
 from tts_bench._dataclass_yaml import load_dataclass, load_yaml_file
 from tts_bench.config import Tier
-from tts_bench.launches import count_launches, measure, range_times
 from tts_bench.profile import _talker_seq_len, measure_talker_step, profile_text
 from tts_bench.profile_split import TALKER_RANGE, TierPlan
 

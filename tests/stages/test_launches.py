@@ -2,7 +2,7 @@
 
 import torch
 
-from tts_bench.launches import count_launches
+from stages.profiling.launches import count_launches
 
 
 def test_cpu_counts_top_level_operators_per_call():
