@@ -27,6 +27,10 @@ from functools import lru_cache
 
 import torch
 
+# Untimed calls before each profiled run: the first call pays for the allocator's growth and
+# for caches built on first use (row-order tensors), which a steady step never pays again.
+WARMUP = 1
+
 # Operators that only allocate or relabel storage: no kernel on CUDA, so no launch on CPU either.
 _NO_LAUNCH = frozenset(
     f"aten::{n}"
@@ -106,7 +110,7 @@ def _cpu_launches(event) -> Counter[str]:
 
 
 def count_launches(
-    fn: Callable[[], object], *, device: torch.device, repeats: int = 3, warmup: int = 1
+    fn: Callable[[], object], *, device: torch.device, repeats: int = 3, warmup: int = WARMUP
 ) -> LaunchCount:
     """Profile `fn` `repeats` times after `warmup` calls; return launches per call."""
     return measure(fn, device=device, repeats=repeats, warmup=warmup).launches
@@ -135,7 +139,7 @@ class Measured:
 
 
 def measure(
-    fn: Callable[[], object], *, device: torch.device, repeats: int = 3, warmup: int = 1,
+    fn: Callable[[], object], *, device: torch.device, repeats: int = 3, warmup: int = WARMUP,
     ranges: tuple[str, ...] = (),
 ) -> Measured:
     """Profile `fn` `repeats` times after `warmup` calls, once: launches per call and the time
