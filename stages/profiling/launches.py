@@ -27,6 +27,8 @@ from functools import lru_cache
 
 import torch
 
+from stages.platform import is_cuda, synchronize
+
 # Untimed calls before each profiled run: the first call pays for the allocator's growth and
 # for caches built on first use (row-order tensors), which a steady step never pays again.
 WARMUP = 1
@@ -148,17 +150,17 @@ def measure(
 
     for _ in range(warmup):
         fn()
-    on_device = device.type == "cuda"
+    on_device = is_cuda(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
     if on_device:
-        torch.cuda.synchronize(device)
+        synchronize(device)
     # No shapes, stacks or memory: they cost host time per operator and we read none of them.
     with profile(activities=activities, record_shapes=False, with_stack=False,
                  profile_memory=False) as prof:  # fmt: skip
         for _ in range(repeats):
             fn()
         if on_device:
-            torch.cuda.synchronize(device)
+            synchronize(device)
     events = prof.events()
     return Measured(
         _launches(events, on_device, repeats), range_times(events, ranges, on_device, repeats)
