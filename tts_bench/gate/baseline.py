@@ -29,10 +29,16 @@ from typing import Any
 
 import numpy as np
 
+from tts_bench._versioned_json import VersionedJson, write_json_atomic
 from tts_bench.errors import ConfigError, InvalidRunError
 from tts_bench.gate.samples import METRICS, RunSamples, center
 
 BASELINE_VERSION = 1
+BASELINE_FILE = VersionedJson(
+    "baseline", "baseline_version", BASELINE_VERSION, flag="--baseline",
+    record_hint="record one with tts-bench baseline update --case <case> --from <run dirs>",
+    stale_hint="re-record it",
+)
 PRIMARY_METRIC = "audio_rtf"
 
 
@@ -98,7 +104,7 @@ def build_baseline(runs: Sequence[RunSamples], *, case: str, profile: str, sut: 
         metrics = {m: _metric_doc(m, runs, tier) for m in METRICS}
         tiers[tier] = {m: d for m, d in metrics.items() if d is not None}
     return {
-        "baseline_version": BASELINE_VERSION,
+        **BASELINE_FILE.stamp(),
         "case": case, "profile": profile, "backend": runs[0].provenance.backend, "sut_hash": sut,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": shas[0] if len(shas) == 1 else shas,
@@ -119,18 +125,7 @@ def _load_avg() -> list[float] | None:
 
 
 def load_baseline(path: Path | str) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"error: no baseline at {path} (--baseline); record one with "
-                          f"tts-bench baseline update --case <case> --from <run dirs>") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"error: {path} is not valid JSON: {exc} (--baseline); restore it from git") from None
-    if doc.get("baseline_version") != BASELINE_VERSION:
-        raise ConfigError(f"error: {path} has baseline_version {doc.get('baseline_version')!r}, this "
-                          f"tts-bench reads {BASELINE_VERSION} (--baseline); re-record it")
-    return doc
+    return BASELINE_FILE.load(path)
 
 
 def is_faster(new: dict[str, Any], old: dict[str, Any], metric: str = PRIMARY_METRIC) -> bool:
@@ -163,10 +158,7 @@ def write_baseline(doc: dict[str, Any], path: Path | str, *, tighten_only: bool 
         if not is_faster(doc, old):
             return UpdateDecision(False, path, f"kept {path}: the new runs are not faster on "
                                                f"{PRIMARY_METRIC} in every tier")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json_atomic(doc, path)
     return UpdateDecision(True, path, f"wrote {path} ({doc['n_runs']} runs)")
 
 

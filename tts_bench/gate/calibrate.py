@@ -37,7 +37,7 @@ import numpy as np
 
 from tts_bench.ab import run_ab
 from tts_bench.calibration import (
-    CALIBRATION_VERSION, DEFAULT_DIR, calibration_key, calibration_path, write_calibration,
+    CALIBRATION_FILE, DEFAULT_DIR, calibration_key, calibration_path, write_calibration,
 )
 from tts_bench.config import apply_overrides, config_to_dict
 from tts_bench.errors import ExitStatus, InvalidRunError
@@ -205,7 +205,7 @@ def _document(loaded, rc, *, profile, repeats, rows, obs, test_sets, wall_s) -> 
     called = sum(any(t["verdict"] in CALLED for t in r["tiers"].values()) for r in valid)
     loads = [x[0] for r in rows for x in (r["load_before"], r["load_after"]) if x]
     return {
-        "calibration_version": CALIBRATION_VERSION,
+        **CALIBRATION_FILE.stamp(),
         "case": loaded.case.name, "case_file": str(loaded.path), "profile": profile,
         "key": calibration_key(config_to_dict(rc.config), num_prompts=bench.num_prompts),
         # What `tts-bench gate` matches against its baseline's sut_hash (judging-only --set values,
