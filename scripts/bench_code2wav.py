@@ -31,7 +31,7 @@ from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.streaming import Chunker
 from stages.code2wav.token2wav import Token2Wav
 from stages.platform import deterministic_kernels, resolve_device, synchronize
-from tts_bench.launches import count_launches
+from stages.profiling.launches import count_launches
 
 WARM_CHUNKS = 3  # chunk 0, growth, first trim: steady shapes afterwards
 

@@ -55,6 +55,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from stages.platform import synchronize
+from stages.profiling.launches import count_launches
 from stages.talker import prelude
 from stages.talker.config import SamplingConfig, TalkerConfig
 from stages.talker.prelude import (
@@ -63,7 +65,6 @@ from stages.talker.prelude import (
     penalty_temperature_eager,
     select_prelude,
 )
-from tts_bench.launches import count_launches
 
 SCHEMA = "tts-bench/bench-prelude/1"
 MIN_SPEEDUP = 10.0  # fused vs eager, every B
@@ -89,8 +90,8 @@ class Cell:
 
 
 def resolve_device(kind: str) -> torch.device:
-    """auto|cuda|cpu. Not stages.platform: its memory helpers import psutil, and this script
-    must run with torch + triton + numpy only."""
+    """auto|cuda|cpu, with errors that name this script's flag (stages.platform's name the
+    stage config's key, and this script has no NPU kernel to time)."""
     if kind not in ("auto", "cuda", "cpu"):
         raise SystemExit(f"error: unknown device {kind!r} (--device); valid: auto, cuda, cpu")
     if kind == "auto":
@@ -98,11 +99,6 @@ def resolve_device(kind: str) -> torch.device:
     if kind == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: no CUDA device (--device cuda); use --device auto or cpu")
     return torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def make_inputs(batch: int, device: torch.device, seed: int) -> tuple[torch.Tensor, ...]:

@@ -5,7 +5,7 @@ estimator_cnn caches written into the rows' slots of the replica's slot pool, th
 implementations differ in (the estimator_att stores are batched in both) — at full-size cache
 shapes for B = 1, 4, 8, 16, plus the estimator_cnn store alone. Device time with CUDA events on
 CUDA (perf_counter on CPU), warmup excluded, synchronize before every clock read. Launches per
-split are counted with `tts_bench.launches.count_launches` (CUDA kernels plus memcpys on CUDA,
+split are counted with `stages.profiling.launches.count_launches` (CUDA kernels plus memcpys on CUDA,
 top-level non-view aten ops on CPU): per-row is 4B (one `index_copy_` per row for each conformer
 cache, one per CFG half of each row for the estimator cnn), batched is 3. Prints a header, a
 fixed-width table, and one JSON line last; with $OUT set the JSON is also written to
@@ -32,7 +32,7 @@ import torch
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.chunk_decode import store_small_caches
 from stages.code2wav.slots import SlotPool
-from tts_bench.launches import count_launches
+from stages.profiling.launches import count_launches
 
 
 @dataclass

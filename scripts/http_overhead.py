@@ -36,19 +36,19 @@ import numpy as np
 
 from tts_bench.backends import make_backend
 from tts_bench.backends.base import SynthesisRequest
-from tts_bench.commands.serve import load_served_config
-from tts_bench.config import BenchConfig, parse_tier
-from tts_bench.loadgen import Job, PhaseLabels, RequestRecord, run_phase
+from tts_bench.config import BenchConfig, load_arm, parse_tier
+from tts_bench.loadgen import run_phase
 from tts_bench.metrics import aggregate
 from tts_bench.prompts import load_prompts, select_prompts
+from tts_bench.records import Job, PhaseLabels, RequestRecord
 from tts_bench.stats import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SEED = SynthesisRequest("", "").seed  # what `tts-bench serve` uses when no seed is sent
 _SERVE = ("import asyncio, logging, sys; from pathlib import Path; logging.basicConfig(level=logging.INFO); "
-          "from tts_bench.commands.serve import load_served_config; "
+          "from tts_bench.config import load_arm; "
           "from tts_bench.serve.app import serve_until_signalled; "
-          "asyncio.run(serve_until_signalled(load_served_config(Path(sys.argv[1]), sys.argv[3:]), "
+          "asyncio.run(serve_until_signalled(load_arm(Path(sys.argv[1]), sys.argv[3:]), "
           "replicas=int(sys.argv[2]), host='127.0.0.1', port=0))")
 
 
@@ -120,7 +120,7 @@ async def run_arm(cfg: BenchConfig, arm: str, tier, repeat: int, jobs) -> list[R
 
 
 def measure(args: argparse.Namespace) -> dict:
-    cfg = load_served_config(args.config, args.sets)  # an A/B config: its first (base) arm
+    cfg = load_arm(args.config, args.sets)  # an A/B config: its first (base) arm
     tier = parse_tier(args.tier)
     jobs = make_jobs(cfg, args.num_prompts, cfg.bench.warmup_for(tier.concurrency))
     records: dict[str, list[list[RequestRecord]]] = {"in-process": [], "http": []}

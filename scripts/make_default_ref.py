@@ -19,7 +19,8 @@ import torch
 
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.mel import resample
-from stages.code2wav.prompt import ASSETS, write_wav_int16
+from stages.code2wav.pcm import write_wav16
+from stages.code2wav.prompt import ASSETS
 
 PEAK = 0.9
 TEXT = (
@@ -49,7 +50,7 @@ def main() -> None:
     wav = torch.nn.functional.pad(wav, (0, max(0, target - wav.shape[0])))[:target]
     wav = wav * (PEAK / wav.abs().max())  # piper normalises to full scale; leave int16 headroom
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    write_wav_int16(args.out_dir / "default_ref.wav", wav, cfg.sample_rate)
+    write_wav16(args.out_dir / "default_ref.wav", wav.numpy(), cfg.sample_rate)
     (args.out_dir / "default_ref.txt").write_text(args.text + "\n")
     print(f"wrote {args.out_dir / 'default_ref.wav'}: {len(audio) / rate:.2f} s of speech -> {target} samples")
 

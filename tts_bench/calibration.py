@@ -26,16 +26,21 @@ the measured prompt count of the run put in.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tts_bench._versioned_json import VersionedJson, write_json_atomic
 from tts_bench.errors import ConfigError
 from tts_bench.stats import CalibratedSpread, mde_log, pct
 
 CALIBRATION_VERSION = 2
+CALIBRATION_FILE = VersionedJson(
+    "calibration", "calibration_version", CALIBRATION_VERSION, flag="--calibration",
+    record_hint="record one with tts-bench calibrate <case> --runs N",
+    stale_hint="rerun tts-bench calibrate",
+)
 DEFAULT_DIR = Path("results/baselines")
 SUFFIX = ".calibration.json"
 _PER_TIER_KEYS = ("repeats", "tiers")
@@ -99,16 +104,7 @@ def _tier(doc: dict[str, Any], source: str) -> TierCalibration:
 
 def load_calibration(path: Path | str) -> Calibration:
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"error: no calibration at {path} (--calibration); record one with "
-                          f"tts-bench calibrate <case> --runs N") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"error: {path} is not valid JSON: {exc} (--calibration); restore it from git") from None
-    if doc.get("calibration_version") != CALIBRATION_VERSION:
-        raise ConfigError(f"error: {path} has calibration_version {doc.get('calibration_version')!r}, "
-                          f"this tts-bench reads {CALIBRATION_VERSION} (--calibration); rerun tts-bench calibrate")
+    doc = CALIBRATION_FILE.load(path)
     return Calibration(str(path), doc["case"], doc["profile"], doc["key"], int(doc["runs"]),
                        {t: _tier(d, str(path)) for t, d in doc["tiers"].items()}, doc)
 
@@ -135,9 +131,4 @@ def find_calibration(
 
 def write_calibration(doc: dict[str, Any], path: Path | str) -> Path:
     """Write atomically (a reader never sees half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_json_atomic(doc, path)

@@ -26,6 +26,12 @@ section, not a bench section.
     cfg = load_config(Path("configs/ab/default.yaml"), ["bench.num_prompts=4"])
     cfg = apply_overrides(cfg, ["code2wav.extra.token2wav_device_spk=false"])
     config_hash(cfg)  # '3f9c0a...' stored in every run record
+
+An A/B config is a bench config plus an optional `arms:` mapping of two arm names to override
+lists; `load_arms` applies file, `--set`, the file's `arms:` lists, then `--base-set` /
+`--test-set`, in that order:
+
+    arms = load_arms(Path("configs/ab/default.yaml"), test_sets=["synthetic.delay_scale=1.2"])
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ __all__ = [
     "apply_overrides",
     "config_hash",
     "config_to_dict",
+    "load_arm",
+    "load_arms",
     "load_config",
     "load_dataclass",
     "load_yaml_file",
@@ -332,6 +340,60 @@ def load_config(path: Path | str | None, sets: Sequence[str] = ()) -> BenchConfi
             data = with_default_stages(data)
         cfg = load_dataclass(BenchConfig, data, source=str(path), base_dir=path.parent)
     return apply_overrides(cfg, sets)
+
+
+DEFAULT_ARMS = ("base", "test")
+
+
+def _yaml_arms(raw: dict[str, Any], source: str) -> dict[str, list[str]]:
+    """The optional top-level `arms: {base: [sets...], test: [sets...]}` of an A/B config."""
+    arms = raw.pop("arms", None)
+    if arms is None:
+        return {name: [] for name in DEFAULT_ARMS}
+    ok = isinstance(arms, dict) and len(arms) == 2 and all(
+        isinstance(v, list | type(None)) and all(isinstance(x, str) for x in v or []) for v in arms.values()
+    )
+    if not ok:
+        raise ConfigError(
+            f"error: arms must map exactly two arm names to lists of overrides ({source}: arms); "
+            f"write arms: {{base: [], test: [\"code2wav.extra.x=false\"]}}"
+        )
+    return {str(k): list(v or []) for k, v in arms.items()}
+
+
+def load_arms(
+    path: Path | None, sets: Sequence[str] = (), base_sets: Sequence[str] = (),
+    test_sets: Sequence[str] = (),
+) -> dict[str, BenchConfig]:
+    """Both arms' configs: file -> `--set` (both) -> the file's `arms:` lists -> `--base-set` /
+    `--test-set`. Without `arms:` in the file the arms are named base and test."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = resolve_config_path(path)  # configs/... names a shipped config from any folder
+        raw = load_yaml_file(path)
+        if not isinstance(raw, dict):
+            raise ConfigError(f"error: the config must be a mapping ({path}); write key: value lines")
+        raw = with_default_stages(dict(raw))
+    arm_sets = _yaml_arms(raw, str(path))
+    cfg = load_dataclass(BenchConfig, raw, source=str(path or "defaults"),
+                         base_dir=path.parent if path else None)
+    cfg = apply_overrides(cfg, sets)
+    out = {}
+    for (name, yaml_sets), cli_sets, flag in zip(arm_sets.items(), (base_sets, test_sets),
+                                                ("--base-set", "--test-set")):
+        arm = apply_overrides(cfg, yaml_sets, source=f"{path}: arms.{name}")
+        out[name] = apply_overrides(arm, cli_sets, source=flag)
+    return out
+
+
+def load_arm(path: Path, sets: Sequence[str] = (), arm: str | None = None) -> BenchConfig:
+    """One arm of a config (default: the first, e.g. `base`): a plain bench config, or one arm
+    of an A/B config with that arm's overrides applied."""
+    arms = load_arms(path, sets)
+    name = arm if arm is not None else next(iter(arms))
+    if name not in arms:
+        raise ConfigError(f"error: no arm {name!r} in {path} (--arm); valid: {', '.join(arms)}")
+    return arms[name]
 
 
 def _split_override(text: str, source: str) -> tuple[list[str], Any]:

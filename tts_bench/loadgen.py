@@ -5,11 +5,12 @@ repeat): C worker coroutines pull jobs from a shared queue, so a new request is 
 one finishes and the in-flight count stays at C until the queue drains. Times are
 `time.perf_counter()` read in the client coroutine when a chunk *arrives*, like a real client.
 
-Per request (a `RequestRecord`, handed to `sink` as soon as it finishes, so a killed run keeps
+Per request (a `tts_bench.records.RequestRecord`, handed to `sink` as soon as it finishes, so a killed run keeps
 everything already measured):
 - `audio_ttfp_ms` = first chunk arrival − send, `audio_rtf` = (last chunk arrival − send) /
   audio seconds, `audio_seconds`, `num_chunks`, `num_codes`;
-- `audio_sha256` = sha256 of the audio as int16 PCM (float32 × 32767, rounded, clipped), and
+- `audio_sha256` = sha256 of the audio as int16 PCM (`tts_bench.wire.audio.pcm16`: float32 ×
+  32767, rounded, clipped, the rounding the server and the WAV writer use too), and
   `codes_sha256` over the codec tokens (int32) when the backend reports them — equal hashes across
   arms mean identical outputs;
 - failures never crash a phase: a timeout → `timeout`, `RequestFailed` → its kind, any other
@@ -28,73 +29,15 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
-from tts_bench._records import from_known_fields
 from tts_bench.backends.base import Backend, RequestFailed, SynthesisRequest
+from tts_bench.records import Job, PhaseLabels, RequestRecord
+from tts_bench.wire.audio import pcm16
 
 log = logging.getLogger(__name__)
-
-_PCM_SCALE = 32767.0
-
-
-@dataclass(frozen=True)
-class Job:
-    """One request to send; `utt` is the prompt's id (the same in both arms)."""
-
-    request: SynthesisRequest
-    utt: str
-    warmup: bool = False
-
-
-@dataclass(frozen=True)
-class PhaseLabels:
-    arm: str
-    tier: str
-    repeat: int
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """What the JSONL stores per request. Times `t_send_s`/`t_end_s` are seconds from the start of
-    the phase identified by `phase_id` (perf_counter has no meaning across phases/processes)."""
-
-    arm: str
-    tier: str
-    repeat: int
-    request_id: str
-    utt: str
-    warmup: bool
-    phase_id: str
-    t_send_s: float
-    t_end_s: float
-    audio_ttfp_ms: float | None = None
-    audio_rtf: float | None = None
-    audio_seconds: float = 0.0
-    num_chunks: int = 0
-    num_codes: int = 0
-    audio_sha256: str | None = None
-    codes_sha256: str | None = None
-    failure_kind: str | None = None
-    failure_detail: str = ""
-    # How the request's voice was set up, where the backend reports it (the embedded runner):
-    # a cache hit reuses a voice's prompt setup; a miss builds it (setup_ms, device synced).
-    prompt_cache_hit: bool | None = None
-    prompt_setup_ms: float | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.failure_kind is None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> RequestRecord:
-        return from_known_fields(cls, data)
-
 
 @dataclass(frozen=True)
 class PhaseResult:
@@ -103,11 +46,6 @@ class PhaseResult:
 
 
 Sink = Callable[[RequestRecord], None]
-
-
-def pcm16(samples: np.ndarray) -> np.ndarray:
-    """float32 [-1, 1] -> int16 PCM, the form audio hashes are taken over."""
-    return np.clip(np.round(samples * _PCM_SCALE), -32768, 32767).astype(np.int16)
 
 
 class _Collector:

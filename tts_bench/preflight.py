@@ -65,7 +65,13 @@ def check_memory(cfg: BenchConfig, *, replicas: int, concurrency: int, label: st
         if cfg.backend == "embedded":
             log.warning("memory preflight skipped (%s is set)", SKIP_ENV)
         return
-    from stages.platform import PlatformError, free_memory_bytes, host_available_bytes, resolve_device
+    from stages.platform import (
+        PlatformError,
+        free_memory_bytes,
+        host_available_bytes,
+        is_cpu,
+        resolve_device,
+    )
     from stages.runner.budget import estimate_stage_memory
 
     try:
@@ -75,7 +81,7 @@ def check_memory(cfg: BenchConfig, *, replicas: int, concurrency: int, label: st
     budget = estimate_stage_memory(cfg.stages, replicas=replicas, concurrency=concurrency,
                                    device_type=device.type)
     free = {"host": host_available_bytes()}
-    if device.type != "cpu":
+    if not is_cpu(device):
         free["device"] = free_memory_bytes(device)  # None on NPU: not checked
     for where, available in free.items():
         needed = budget.total(where)

@@ -6,8 +6,7 @@ of b = min(max_num_seqs, ceil(C / R)) rows (`TierPlan`). `TierSplit` multiplies 
 call of each component, measured inside its profiler range, by those call rates and reports
 each component's share: talker / flow encoder / CFM / HiFT / the rest of the decode.
 
-Range names are shared with stages/code2wav/token2wav.py (the three component ranges) and
-`tts_bench.profile` (the talker step and the whole decode, wrapped there).
+Range names come from `stages.profiling.ranges`, where the workloads that time them live.
 
     plan = TierPlan.of(Tier(128, 8), max_num_seqs=8, cfg=stages.code2wav)
     split = TierSplit.build(plan, ("base", "test"), timings)   # timings: profile.StageTiming
@@ -18,20 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
 
-from stages.code2wav.config import Code2WavConfig
+from stages.profiling.launches import RangeTimes
+from stages.profiling.ranges import COMPONENT_RANGES, DECODE_RANGE, TALKER_RANGE
 from tts_bench.config import Tier
-from tts_bench.launches import RangeTimes
 
-# Profiler ranges timed per step. The talker step is wrapped here; the code2wav decode is wrapped
-# here as a whole and annotated inside (stages/code2wav/token2wav.py) per component.
-TALKER_RANGE = "talker.decode_step"
-DECODE_RANGE = "code2wav.decode"
-COMPONENT_RANGES = ("code2wav.flow_encoder", "code2wav.cfm", "code2wav.hift")
-RANGES = {"talker_step": (TALKER_RANGE,), "code2wav_step": (DECODE_RANGE, *COMPONENT_RANGES)}
+if TYPE_CHECKING:
+    from stages.code2wav.config import Code2WavConfig
 
 
 class _Timing(Protocol):  # tts_bench.profile.StageTiming (not imported: it imports this module)
@@ -163,8 +158,6 @@ def _component_ms(times_of: Callable[[str], RangeTimes]) -> dict[str, float]:
     parts = sum(out[label] for label, _, rng in COMPONENTS if rng in COMPONENT_RANGES)
     out["code2wav other"] = max(0.0, out["code2wav other"] - parts)
     return out
-
-
 
 
 def _num(x: float) -> str:

@@ -1,4 +1,5 @@
-"""Prompt sets in the seed-tts `meta.lst` format, and the selection every command shares.
+"""Prompt sets in the seed-tts `meta.lst` format, the selection every command shares, and the
+requests a phase sends.
 
 A meta.lst line is `utt|prompt_text|prompt_wav|text`: an utterance id, the transcript of a
 reference recording, that recording's path (relative to the meta.lst directory) and the text to
@@ -18,6 +19,13 @@ the seed-tts normalization would count them as errors.
 
 When `n` exceeds the set, selection cycles and the copies get distinct request ids
 (`en_0001#2`), so results never hold the same id twice.
+
+A bench phase (`ab`, `mem`, `gate`) sends `plan_jobs(...)`: the same prompts, order and seeds in
+every arm, with ids that name the arm, tier, repeat and slot (`base:2x1:r0:0003`; warmups
+`base:2x1:r0:w01`), and each request's reference voice chosen by `prompts.voices`:
+
+    prompts = select_bench_prompts(cfg, 8)
+    warm, measured = plan_jobs(prompts, PhaseLabels("base", "2x1", 0), seed=42, warmup=2)
 """
 
 from __future__ import annotations
@@ -27,11 +35,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tts_bench._text import read_utf8
+from tts_bench.backends.base import SynthesisRequest
 from tts_bench.errors import ConfigError
+from tts_bench.records import Job
+from tts_bench.voices import request_voice
+
+if TYPE_CHECKING:
+    from tts_bench.config import BenchConfig
+    from tts_bench.records import PhaseLabels
 
 BUILTIN_PREFIX = "builtin:"
 _MAX_REPORTED = 10  # malformed lines listed in one error
@@ -195,3 +211,37 @@ def select_prompts(
         copy = i // len(prompts) + 1
         out.append(p if copy == 1 else dataclasses.replace(p, copy=copy))
     return out
+
+
+def select_bench_prompts(cfg: BenchConfig, num_prompts: int) -> list[Prompt]:
+    """The prompts every arm of a bench sends (`ab`, `mem`, `gate`), from the first arm's
+    prompt config: `num_prompts` of its meta.lst, shuffled unless bench.disable_shuffle."""
+    prompts = load_prompts(cfg.prompts.meta)
+    return list(select_prompts(prompts, num_prompts, shuffle=not cfg.bench.disable_shuffle,
+                               seed=cfg.prompts.shuffle_seed))
+
+
+def request_id(arm: str, tier: str, repeat: int, slot: str) -> str:
+    """`base:2x1:r0:0003` (measured) / `base:2x1:r0:w01` (warmup); unique within a run."""
+    return f"{arm}:{tier}:r{repeat}:{slot}"
+
+
+def plan_jobs(
+    prompts: Sequence[Prompt], labels: PhaseLabels, *, seed: int, warmup: int, voices: str = "file"
+) -> tuple[list[Job], list[Job]]:
+    """(warmup jobs, measured jobs) for one phase; identical across arms but for the ids.
+    `voices`: which reference voice each request gets (tts_bench.voices, `prompts.voices`)."""
+    first = prompts[0].prompt_wav if prompts else None
+
+    def job(i: int, slot: str, is_warmup: bool) -> Job:
+        p = prompts[i % len(prompts)]
+        wav, audio = request_voice(p, slot, mode=voices, first=first)
+        req = SynthesisRequest(
+            request_id=request_id(labels.arm, labels.tier, labels.repeat, slot),
+            text=p.text, prompt_text=p.prompt_text, prompt_wav=wav, seed=seed + i, prompt_audio=audio,
+        )
+        return Job(req, p.utt, warmup=is_warmup)
+
+    warm = [job(i, f"w{i:02d}", True) for i in range(warmup)]
+    measured = [job(i, f"{i:04d}", False) for i in range(len(prompts))]
+    return warm, measured

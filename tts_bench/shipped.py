@@ -10,8 +10,9 @@ include inside a YAML):
 
 So `--config configs/ab/default.yaml` means the shipped file from any folder and from a
 non-editable install, while a file of your own always wins where it exists. Defaults never
-depend on the working directory: `tts-bench ab` and `mem` read the shipped `ab/default.yaml`,
-`tts-bench wer` the shipped `wer/seed-tts-en.yaml`.
+depend on the working directory: `tts-bench ab`, `mem` and `profile` read the shipped
+`ab/default.yaml` (`DEFAULT_AB_CONFIG`), `tts-bench wer` the shipped `wer/seed-tts-en.yaml`
+(`DEFAULT_WER_CONFIG`).
 
     shipped_config("ab/default.yaml")                     # .../tts_bench/configs/ab/default.yaml
     resolve_config_path("configs/stages/minicpmo45.yaml")  # the shipped one, unless ./configs has it
@@ -24,6 +25,8 @@ from importlib import resources
 from pathlib import Path
 
 PREFIX = "configs"
+DEFAULT_AB_CONFIG = "ab/default.yaml"  # ab, mem and profile without --config
+DEFAULT_WER_CONFIG = "wer/seed-tts-en.yaml"  # wer without --config
 
 
 def shipped_dir() -> Path:

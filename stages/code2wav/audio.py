@@ -2,7 +2,8 @@
 
 One decoder for every place that takes a voice: the prompt builder (`stages.code2wav.prompt`),
 and, through it, the harness's checks of a prompt list and of a `ref_audio` request field, so
-what they accept is what the stages can use. It is libsndfile's (via `soundfile`): WAV (PCM 8-32
+what they accept is what the stages can use; the WER gate reads its generated WAVs with it too
+(`read_audio`, which leaves an empty file to the caller). It is libsndfile's (via `soundfile`): WAV (PCM 8-32
 bit, float, extensible), FLAC, OGG Vorbis/Opus and MP3, at any sample rate. Integer PCM is scaled
 by 2^(bits-1) (8-bit unsigned around 128), as the stdlib reader this replaces did, so 16-bit
 prompts decode to exactly the same floats. Only numpy and soundfile are imported here: the
@@ -33,6 +34,16 @@ def decode_audio(source: Path | str | bytes, *, where: str | None = None) -> tup
     """An audio file (path) or its bytes -> (float32 [C, N], sample rate). Unreadable,
     undecodable or empty audio is a PromptError naming `where` (default: the path)."""
     where = where or ("reference audio bytes" if isinstance(source, bytes) else str(source))
+    wav, rate = read_audio(source, where=where)
+    if wav.shape[1] == 0:
+        raise PromptError(f"error: reference audio is empty ({where}): no samples; give a recording of speech")
+    return wav, rate
+
+
+def read_audio(source: Path | str | bytes, *, where: str | None = None) -> tuple[np.ndarray, int]:
+    """`decode_audio` without its rule against empty audio: zero samples come back as [C, 0]
+    (the WER gate's reader tells an empty file from an undecodable one)."""
+    where = where or ("reference audio bytes" if isinstance(source, bytes) else str(source))
     if isinstance(source, bytes):
         data = source
     else:
@@ -54,6 +65,4 @@ def decode_audio(source: Path | str | bytes, *, where: str | None = None) -> tup
         raise PromptError(
             f"error: cannot decode reference audio ({where}): {exc}; give a {FORMATS} file"
         ) from None
-    if frames.shape[0] == 0:
-        raise PromptError(f"error: reference audio is empty ({where}): no samples; give a recording of speech")
     return np.ascontiguousarray(frames.T), int(rate)

@@ -33,6 +33,7 @@ from torch import nn
 
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.dit import CONV_CACHE_FRAMES, DiT, StepModulation
+from stages.platform.precision import tf32_enabled
 
 
 class AttSteps(Protocol):
@@ -74,7 +75,7 @@ class CausalCFM(nn.Module):
         est = self.estimator
         params = [*est.t_embedder.parameters(), *est.final_layer.parameters(),
                   *(p for b in est.blocks for p in b.adaLN_modulation.parameters())]
-        tf32 = like.is_cuda and torch.backends.cuda.matmul.allow_tf32
+        tf32 = tf32_enabled(like.device)
         key = (self.cfg.n_timesteps, like.dtype, like.device, tf32,
                tuple((p.data_ptr(), p._version) for p in params))
         if self._mods is None or self._mods[0] != key:

@@ -10,7 +10,8 @@ raises), and the TF32 mode is resolved once:
 * else "off".
 Values: "off" / "flow" / "all", booleans (true = "all"), and the tokens in `_TF32_TOKENS`;
 every value present is parsed (a typo in an unused alias still fails). The mode is applied
-only on CUDA, by `tf32_scope`, from the resolved value — never re-read per forward.
+only on CUDA, by `tf32_scope` (through `stages.platform.precision`), from the resolved value —
+never re-read per forward.
 
     opts = Code2WavOptions.from_extra({"code2wav_batched_cache_split": "false"})
     with tf32_scope(opts.tf32_mode, device, region="flow"):
@@ -21,8 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -144,33 +144,17 @@ class Code2WavOptions:
         )
 
 
-# torch's TF32 switch is one process-wide flag. "flow" flips it between regions, so replicas on
-# threads of one process take turns through those regions; "off" / "all" never flip it.
-_TF32_REGIONS = threading.RLock()
-
-
-@contextlib.contextmanager
-def tf32_scope(mode: Tf32Mode, device: torch.device, *, region: Literal["flow", "hift"]) -> Iterator[None]:
-    """TF32 matmuls for `region` from the resolved mode. CUDA only.
+def tf32_scope(
+    mode: Tf32Mode, device: torch.device, *, region: Literal["flow", "hift"]
+) -> contextlib.AbstractContextManager[None]:
+    """TF32 matmuls for `region` from the resolved mode (CUDA only: `stages.platform.precision`).
 
     "off" / "all": the flag is set (the same value for every region) and left set, so threads
-    never see each other's value. "flow": set for the region and restored after, under a lock.
-    Device graphs bake the flag in at capture; replays do not enter this scope.
+    never see each other's value. "flow": set for the region and restored after, under the
+    platform's lock (replicas on threads of one process take turns through flow regions).
     """
-    if device.type != "cuda":
-        yield
-        return
-    import torch
+    # Imported here: the harness parses these flags when loading configs, without torch.
+    from stages.platform.precision import tf32_scope as platform_tf32_scope
 
     want = mode == "all" or (mode == "flow" and region == "flow")
-    if mode != "flow":
-        torch.backends.cuda.matmul.allow_tf32 = want
-        yield
-        return
-    with _TF32_REGIONS:
-        before = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = want
-        try:
-            yield
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = before
+    return platform_tf32_scope(device, want, restore=mode == "flow")

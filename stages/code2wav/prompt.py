@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import wave
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,16 +74,6 @@ def prompt_id_of(data: bytes) -> str:
 def _decoded(data: bytes, where: str) -> tuple[torch.Tensor, int]:
     wav, rate = decode_audio(data, where=where)  # [C, N] float32
     return torch.from_numpy(wav), rate
-
-
-def write_wav_int16(path: Path, wav: torch.Tensor, sample_rate: int) -> None:
-    """Mono float [N] in ±1 -> 16-bit PCM WAV (used for the packaged default voice)."""
-    pcm = (wav.clamp(-1.0, 1.0) * 32767.0).round().to(torch.int16).numpy().astype("<i2")
-    with wave.open(str(path), "wb") as f:
-        f.setnchannels(1)
-        f.setsampwidth(2)
-        f.setframerate(sample_rate)
-        f.writeframes(pcm.tobytes())
 
 
 def normalize_reference(wav: torch.Tensor, sample_rate: int, cfg: Code2WavConfig, *, where: str) -> torch.Tensor:

@@ -1,12 +1,17 @@
 """The platform layer: the one place that knows CUDA from Ascend NPU from CPU.
 
-Everything else takes a `torch.device` and a `torch.dtype`. Nothing here constructs a device or
-imports `torch_npu` at import time.
+Everything else takes a `torch.device` and a `torch.dtype` and asks here when a decision depends
+on the platform (TF32, Triton, streams, graphs, allocator numbers). Nothing here constructs a
+device or imports `torch_npu` at import time, and importing it needs torch alone (psutil is
+imported by the memory helpers when called), so the sampling prelude and the kernel scripts can
+use it on a machine with torch + triton only.
 
     from stages.platform import resolve_device, dtype_from_name, synchronize, graph_api
     device = resolve_device("auto")     # cuda, else npu, else cpu
     api = graph_api(device)             # CUDAGraph / NPUGraph helpers, None on CPU
     memory_stats(device)                # allocator (or RSS on CPU) bytes of this process
+    with tf32_scope(device, True, restore=True):   # TF32 matmuls on CUDA, no-op elsewhere
+        ...
 """
 
 from stages.platform.device import (
@@ -18,18 +23,20 @@ from stages.platform.device import (
     deterministic_kernels,
     device_count,
     dtype_from_name,
+    is_cpu,
     is_cuda,
-    is_npu,
     npu_available,
     platform_override,
     resolve_device,
     set_current_device,
     synchronize,
     thread_stream,
-    triton_available,
+    triton_unavailable_reason,
+    unwrapped_current_device,
 )
 from stages.platform.graphs import GraphAPI, graph_api
 from stages.platform.memory import free_memory_bytes, host_available_bytes, memory_stats
+from stages.platform.precision import tf32_enabled, tf32_scope
 
 __all__ = [
     "DEVICE_KINDS",
@@ -44,14 +51,17 @@ __all__ = [
     "free_memory_bytes",
     "graph_api",
     "host_available_bytes",
+    "is_cpu",
     "is_cuda",
-    "is_npu",
     "memory_stats",
     "npu_available",
     "platform_override",
     "resolve_device",
     "set_current_device",
     "synchronize",
+    "tf32_enabled",
+    "tf32_scope",
     "thread_stream",
-    "triton_available",
+    "triton_unavailable_reason",
+    "unwrapped_current_device",
 ]

@@ -25,7 +25,7 @@ import importlib
 import importlib.util
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from types import ModuleType
 
@@ -34,6 +34,7 @@ import torch
 log = logging.getLogger(__name__)
 
 DEVICE_KINDS = ("auto", "cuda", "npu", "cpu")
+_TRITON_DEVICE_TYPES = frozenset({"cuda", "npu", "cpu"})  # cpu: interpreter (correctness only)
 
 _DTYPES = {
     "float32": torch.float32,
@@ -54,8 +55,8 @@ class _Override:
     """Forced answers for tests; None = ask the real platform."""
 
     cuda: bool | None = None  # cuda_available() and is_cuda(...)
-    npu: bool | None = None  # npu_available() and is_npu(...)
-    triton: bool | None = None  # triton_available(...)
+    npu: bool | None = None  # npu_available()
+    triton: bool | None = None  # triton_unavailable_reason(...): None when True
 
 
 _OVERRIDE = _Override()
@@ -116,10 +117,9 @@ def is_cuda(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda"
 
 
-def is_npu(device: torch.device | str) -> bool:
-    if _OVERRIDE.npu is not None:
-        return _OVERRIDE.npu
-    return torch.device(device).type == "npu"
+def is_cpu(device: torch.device | str) -> bool:
+    """Whether `device` is the host (no device allocator, no streams, no graphs)."""
+    return torch.device(device).type == "cpu"
 
 
 def device_count(kind: str = "auto") -> int:
@@ -221,19 +221,39 @@ def dtype_from_name(name: str) -> torch.dtype:
         ) from None
 
 
-def triton_available(device: torch.device) -> bool:
-    """Whether a Triton kernel can run for `device`.
+def triton_unavailable_reason(device: torch.device) -> str | None:
+    """Why a Triton kernel cannot run for `device` in this process, or None if it can.
 
-    cuda/npu: triton importable. cpu: only under the interpreter (`TRITON_INTERPRET=1`), which is
-    how kernel tests run in CI; it is far too slow for benchmarks, so CPU runs use eager code.
+    cuda/npu: triton must import (a broken install raises anything at import, so it is really
+    imported, once, not just looked up). cpu: only under the interpreter (`TRITON_INTERPRET=1`),
+    which is how kernel tests run in CI; it is far too slow for benchmarks, so CPU runs use
+    eager code. The test override (`platform_override(triton=...)`) wins.
     """
     if _OVERRIDE.triton is not None:
-        return _OVERRIDE.triton
-    if importlib.util.find_spec("triton") is None:
-        return False
-    if device.type in ("cuda", "npu"):
-        return True
-    return os.environ.get("TRITON_INTERPRET", "").strip() == "1"
+        return None if _OVERRIDE.triton else "Triton forced off (platform_override)"
+    if device.type not in _TRITON_DEVICE_TYPES:
+        return f"no Triton for device type {device.type!r}"
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "").strip() != "1":
+        return "CPU without TRITON_INTERPRET=1"
+    try:
+        importlib.import_module("triton")
+    except Exception as exc:  # ImportError, or a broken install raising anything at import
+        return f"triton does not import ({type(exc).__name__}: {exc})"
+    return None
+
+
+def unwrapped_current_device(get_device: Callable[[], int]) -> Callable[[], int]:
+    """`get_device` minus torch's lazy-init wrapper when it is torch's CUDA current-device query.
+
+    `torch.cuda.current_device()` is `_lazy_init(); torch._C._cuda_getDevice()`: three Python
+    frames per call. Once CUDA is initialised the C getter alone returns the same index, so a
+    caller that only runs after initialisation (a raw Triton launch) may call it instead.
+    Any other getter is returned as it is.
+    """
+    cuda_get_device = getattr(torch._C, "_cuda_getDevice", None)
+    if get_device is getattr(torch.cuda, "current_device", None) and cuda_get_device is not None:
+        return cuda_get_device
+    return get_device
 
 
 def describe_device(device: torch.device) -> str:

@@ -14,13 +14,14 @@ from __future__ import annotations
 import os
 import sys
 
-import psutil
 import torch
 
 from stages.platform.device import _torch_npu
 
 
 def _rss_bytes() -> int:
+    import psutil  # here, not at the top: importing stages.platform must need torch alone
+
     return int(psutil.Process(os.getpid()).memory_info().rss)
 
 
@@ -75,4 +76,6 @@ def free_memory_bytes(device: torch.device) -> int | None:
 
 def host_available_bytes() -> int:
     """RAM the host can give new allocations without swapping (psutil's `available`)."""
+    import psutil
+
     return int(psutil.virtual_memory().available)

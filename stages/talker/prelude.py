@@ -22,7 +22,9 @@ Switches (both default to the fused path):
 * env `TALKER_CODEC_FUSED_PRELUDE=0` (or `false`): process-wide opt-out to the eager chain, read
   ONCE when this module is imported; a non-boolean value raises at import.
 The fused path also needs triton and a CUDA/NPU device (or CPU under TRITON_INTERPRET=1, the
-correctness mode); otherwise the eager chain is used and one log line says so. If the kernel
+correctness mode), as `stages.platform.triton_unavailable_reason` decides (so a test's
+`platform_override(triton=...)` reaches it); otherwise the eager chain is used and one log line
+says so. If the kernel
 fails to compile or launch, a process-level latch logs one warning and every later call runs
 the eager chain (no retry). Nothing here imports triton or touches a device at import time.
 
@@ -35,7 +37,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import types
 from collections.abc import Callable
 from typing import Protocol
@@ -43,13 +44,13 @@ from typing import Protocol
 import torch
 
 from stages.flags import read_env_opt_out
+from stages.platform import triton_unavailable_reason
 from stages.talker.options import FUSED_PRELUDE_ENV
 
 log = logging.getLogger(__name__)
 
 HISTORY_WINDOW = 16
 ENV_OPT_OUT = FUSED_PRELUDE_ENV
-_TRITON_DEVICE_TYPES = frozenset({"cuda", "npu", "cpu"})  # cpu: interpreter (correctness only)
 
 # Read once at import (not per call, not per construction): flipping the variable later in the
 # process changes nothing, which is what "process-wide opt-out" means for a bisect.
@@ -226,24 +227,6 @@ def bind_prelude(
     return _BoundFused(kernel_step, eager)
 
 
-def _fused_unavailable_reason(device: torch.device) -> str | None:
-    """Why the fused path cannot run on `device` in this process, or None if it can.
-
-    Mirrors `stages.platform.triton_available` (cuda/npu, or cpu under the interpreter) without
-    importing `stages.platform`, whose memory helpers pull in psutil: the prelude must import
-    with torch alone. Also makes sure triton really imports (a broken install raises).
-    """
-    if device.type not in _TRITON_DEVICE_TYPES:
-        return f"no Triton for device type {device.type!r}"
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "").strip() != "1":
-        return "CPU without TRITON_INTERPRET=1"
-    try:
-        importlib.import_module("triton")
-    except Exception as exc:  # ImportError, or a broken install raising anything at import
-        return f"triton does not import ({type(exc).__name__}: {exc})"
-    return None
-
-
 def _eager_because(reason: str) -> Prelude:
     """Log (once per reason per process) that the eager chain is in use, and return it."""
     if reason not in _eager_notes_logged:
@@ -265,7 +248,7 @@ def select_prelude(*, fused: bool, device: torch.device) -> Prelude:
         return _eager_because(f"{ENV_OPT_OUT} opts out")
     if _latch_tripped:
         return _eager_because("the fused kernel failed earlier in this process")
-    reason = _fused_unavailable_reason(device)
+    reason = triton_unavailable_reason(device)
     if reason is not None:
         return _eager_because(reason)
     log.info("sampling prelude: fused Triton kernel in use (%s)", device.type)

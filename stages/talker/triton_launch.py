@@ -32,6 +32,8 @@ from collections.abc import Callable, Hashable
 
 import torch
 
+from stages.platform import unwrapped_current_device
+
 log = logging.getLogger(__name__)
 
 # (id(kernel), device type) -> launchable: interpreted twin for "cpu", compiled otherwise.
@@ -130,17 +132,10 @@ def _probe_launcher_call(run) -> bool:
 
 
 def _current_device_fn(driver_active) -> Callable[[], int]:
-    """Triton's "current device" query, minus torch's lazy-init wrapper when it is torch's.
-
-    `torch.cuda.current_device()` is `_lazy_init(); torch._C._cuda_getDevice()`: three Python
-    frames per launch. By the time a raw launch exists CUDA is initialised (the first launch
-    went through Triton), so the C getter alone returns the same index.
-    """
-    get_device = driver_active.get_current_device
-    cuda_get_device = getattr(torch._C, "_cuda_getDevice", None)
-    if get_device is getattr(torch.cuda, "current_device", None) and cuda_get_device is not None:
-        return cuda_get_device
-    return get_device
+    """Triton's "current device" query, minus torch's lazy-init wrapper when it is torch's
+    (`stages.platform.unwrapped_current_device`): by the time a raw launch exists CUDA is
+    initialised (the first launch went through Triton)."""
+    return unwrapped_current_device(driver_active.get_current_device)
 
 
 def _c_function(run) -> tuple | None:

@@ -83,7 +83,7 @@ def test_ab_with_one_repeat_uses_the_matching_calibration(calibration, tmp_path)
 
 
 def test_the_calibration_is_found_by_key_and_profile(calibration, case):
-    from tts_bench.ab import load_arms
+    from tts_bench.config import load_arms
 
     arms = load_arms(ROOT / "configs/ab/synthetic.yaml", [*FAST[1::2], "bench.warmup=1", "bench.min_effect_pct=25"])
     configs = [config_to_dict(c) for c in arms.values()]

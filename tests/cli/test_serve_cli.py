@@ -138,20 +138,21 @@ def test_wer_through_http_on_piper_matches_in_process(tmp_path):
             "wer", "--config", str(wer_yaml), "--num-prompts", "3", "--format", "json",
             "--result-dir", str(tmp_path / "runs"), "--set", f"wer.history_dir={tmp_path / 'history'}",
             "--test-set", "backend=http", "--test-set", f"http.base_url={server.url}",
-        ])
-    assert result.exit_code == 0, result.output
+        ], standalone_mode=False)
+    assert result.return_value == 0, result.output
     paired = json.loads(result.stdout)["paired"]
     assert paired["n_paired"] == paired["identical_audio"] == paired["identical_transcripts"] == 3
 
 
 def test_serve_picks_an_arm_of_an_ab_config_and_rejects_bad_choices(tmp_path):
-    from tts_bench.commands.serve import load_served_config, serve
+    from tts_bench.commands.serve import serve
+    from tts_bench.config import load_arm
     from tts_bench.errors import ConfigError
 
     default = ROOT / "configs/ab/default.yaml"
-    assert load_served_config(default, [], "test").stages.code2wav.extra == {
+    assert load_arm(default, [], "test").stages.code2wav.extra == {
         "code2wav_batched_cache_split": True}
     with pytest.raises(ConfigError, match=r"no arm 'tset' .*valid: base, test"):
-        load_served_config(default, [], "tset")
+        load_arm(default, [], "tset")
     with pytest.raises(ConfigError, match=r"backend is http"):
         serve(config=SYNTH_YAML, host="127.0.0.1", port=0, replicas=1, sets=["backend=http"], arm=None)

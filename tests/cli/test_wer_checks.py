@@ -42,7 +42,9 @@ def world(tmp_path, monkeypatch):
 
 
 def run(tmp_path: Path, *args: str):
-    return CliRunner().invoke(_app(), ["wer", *args, "--result-dir", str(tmp_path / "runs"), "--format", "json"])
+    # standalone_mode=False: the command's ExitStatus comes back as result.return_value.
+    return CliRunner().invoke(_app(), ["wer", *args, "--result-dir", str(tmp_path / "runs"), "--format", "json"],
+                              standalone_mode=False)
 
 
 @pytest.mark.parametrize(
@@ -63,5 +65,5 @@ def test_bad_asr_model_or_missing_prompt_wav_fail_before_any_audio_is_generated(
 def test_the_checks_pass_for_a_good_setup(world):
     tmp_path, cfg, started = world
     result = run(tmp_path, "--config", str(cfg), "--generate-only")
-    assert result.exit_code == 0, result.output
+    assert result.return_value == 0, result.output
     assert started == ["synthetic", "synthetic"]

@@ -56,14 +56,20 @@ def fake_world(tmp_path, monkeypatch):
     return tmp_path, cfg
 
 
+def _invoke(args: list[str]):
+    # standalone_mode=False: the command's ExitStatus comes back as result.return_value, the way
+    # tts_bench.cli.main turns it into the process exit code.
+    return CliRunner().invoke(_app(), args, standalone_mode=False)
+
+
 def _wer(args: list[str], tmp_path: Path):
-    return CliRunner().invoke(_app(), ["wer", *args, "--result-dir", str(tmp_path / "runs"), "--format", "json"])
+    return _invoke(["wer", *args, "--result-dir", str(tmp_path / "runs"), "--format", "json"])
 
 
 def test_identical_arms_pass_with_the_json_contract(fake_world):
     tmp_path, cfg = fake_world
     result = _wer(["--config", str(cfg)], tmp_path)
-    assert result.exit_code == 0, result.output
+    assert result.return_value == 0, result.output
     doc = json.loads(result.stdout)
     base = doc["arms"]["base"]
     assert (base["mean_wer"], base["median_wer"], base["corpus_wer"], base["completed"]) == (0.0, 0.0, 0.0, 4)
@@ -75,9 +81,9 @@ def test_identical_arms_pass_with_the_json_contract(fake_world):
 
 def test_degraded_arm_exits_4_and_the_table_shows_why(fake_world):
     tmp_path, cfg = fake_world
-    result = CliRunner().invoke(_app(), ["wer", "--config", str(cfg), "--test-set", "piper.length_scale=1.2",
-                                         "--result-dir", str(tmp_path / "runs"), "--format", "md"])
-    assert result.exit_code == ExitStatus.ACCURACY_REGRESSION, result.output
+    result = _invoke(["wer", "--config", str(cfg), "--test-set", "piper.length_scale=1.2",
+                      "--result-dir", str(tmp_path / "runs"), "--format", "md"])
+    assert result.return_value == ExitStatus.ACCURACY_REGRESSION, result.output
     assert "| test" in result.stdout and "upper bound >= margin 3" in result.stdout
     assert "verdict: regression" in result.stdout
 
@@ -85,7 +91,7 @@ def test_degraded_arm_exits_4_and_the_table_shows_why(fake_world):
 def test_failures_above_max_failures_exit_5(fake_world):
     tmp_path, cfg = fake_world
     result = _wer(["--config", str(cfg), "--set", "synthetic.fail_every=2"], tmp_path)
-    assert result.exit_code == ExitStatus.INVALID_RUN, result.output
+    assert result.return_value == ExitStatus.INVALID_RUN, result.output
     doc = json.loads(result.stdout)
     assert doc["arms"]["test"]["failures"]["request_failed"] == 2 and doc["verdict"] == "invalid"
 
@@ -93,11 +99,11 @@ def test_failures_above_max_failures_exit_5(fake_world):
 def test_generate_only_then_transcribe_only(fake_world):
     tmp_path, cfg = fake_world
     gen = _wer(["--config", str(cfg), "--generate-only", "--arms", "base"], tmp_path)
-    assert gen.exit_code == 0, gen.output
+    assert gen.return_value == 0, gen.output
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert len(list((run_dir / "wavs" / "base").glob("*.wav"))) == 4
     result = _wer(["--transcribe-only", str(run_dir)], tmp_path)
-    assert result.exit_code == 0, result.output
+    assert result.return_value == 0, result.output
     doc = json.loads(result.stdout)
     assert list(doc["arms"]) == ["base"] and doc["paired"] is None
 
@@ -105,7 +111,7 @@ def test_generate_only_then_transcribe_only(fake_world):
 def test_history_with_another_normalizer_is_refused(fake_world):
     pytest.importorskip("whisper")
     tmp_path, cfg = fake_world
-    assert _wer(["--config", str(cfg), "--accept"], tmp_path).exit_code == 0
+    assert _wer(["--config", str(cfg), "--accept"], tmp_path).return_value == 0
     assert list((tmp_path / "history").glob("*.json"))
     result = _wer(["--config", str(cfg), "--normalizer", "whisper"], tmp_path)
     assert isinstance(result.exception, InvalidRunError)  # tts_bench.cli.main maps it to exit 5
@@ -116,12 +122,12 @@ def test_history_with_another_normalizer_is_refused(fake_world):
 @pytest.mark.slow
 def test_piper_end_to_end_with_faster_whisper_tiny_en(tmp_path):
     root = Path(__file__).resolve().parents[2]
-    result = CliRunner().invoke(_app(), [
+    result = _invoke([
         "wer", "--config", str(root / "configs/wer/seed-tts-en.yaml"), "--num-prompts", "3",
         "--arms", "base", "--result-dir", str(tmp_path / "runs"), "--format", "json",
         "--set", f"wer.history_dir={tmp_path / 'history'}", "--set", f"wer.cache_dir={tmp_path / 'cache'}",
     ])
-    assert result.exit_code == 0, result.output
+    assert result.return_value == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["arms"]["base"]["completed"] == 3 and doc["arms"]["base"]["mean_wer"] < 0.2
     assert doc["asr"]["model"] == "tiny.en" and doc["asr"]["compute_type"] == "int8"
@@ -130,7 +136,7 @@ def test_piper_end_to_end_with_faster_whisper_tiny_en(tmp_path):
 def test_a_wer_set_is_never_cycled_num_prompts_only_caps(fake_world):
     tmp_path, cfg = fake_world
     result = _wer(["--config", str(cfg), "--num-prompts", "10"], tmp_path)
-    assert result.exit_code == 0, result.output
+    assert result.return_value == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["arms"]["base"]["total"] == 4  # the set's 4 utterances, each once
     ids = [u["request_id"] for u in doc["arms"]["base"].get("utterances", [])] or None
@@ -143,4 +149,4 @@ def test_non_inferiority_runs_say_first_whether_the_prompt_count_resolves_the_ma
     assert "wer: non-inferiority margin 3 points with 4 prompts" in result.output
     assert "NOT resolvable" in result.output
     exact = _wer(["--config", str(cfg), "--set", "wer.mode=exact"], tmp_path)
-    assert "non-inferiority margin" not in exact.output and exact.exit_code == 0
+    assert "non-inferiority margin" not in exact.output and exact.return_value == 0

@@ -116,6 +116,16 @@ def test_device_without_triton_backend_selects_eager():
     assert select_prelude(fused=True, device=torch.device("meta")) is penalty_temperature_eager
 
 
+def test_platform_override_decides_triton_for_the_prelude(interpreter, caplog):
+    from stages.platform import platform_override
+
+    caplog.set_level(logging.INFO, logger=prelude.__name__)
+    with platform_override(triton=False):  # the interpreter is on, but the platform says no
+        assert select_prelude(fused=True, device=torch.device("cpu")) is penalty_temperature_eager
+    assert any("platform_override" in m for m in eager_lines(caplog))
+    assert select_prelude(fused=True, device=torch.device("cpu")) is penalty_temperature_fused
+
+
 def test_cpu_under_interpreter_selects_fused_and_matches_eager(interpreter):
     fn = select_prelude(fused=True, device=torch.device("cpu"))
     assert fn is penalty_temperature_fused

@@ -18,7 +18,9 @@ from stages.platform import (
     platform_override,
     resolve_device,
     synchronize,
-    triton_available,
+    tf32_enabled,
+    tf32_scope,
+    triton_unavailable_reason,
 )
 
 
@@ -56,7 +58,7 @@ def test_override_forces_is_cuda_and_restores_it():
     with platform_override(cuda=False):
         assert not is_cuda(cuda0)
         with platform_override(triton=False):
-            assert not is_cuda(cuda0) and not triton_available(cuda0)
+            assert not is_cuda(cuda0) and triton_unavailable_reason(cuda0) is not None
     assert is_cuda(cuda0)
     assert not is_cuda(torch.device("cpu"))
 
@@ -86,9 +88,50 @@ def test_cpu_memory_stats_report_process_rss():
 def test_triton_on_cpu_only_under_the_interpreter(monkeypatch):
     cpu = torch.device("cpu")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert not triton_available(cpu)
+    assert triton_unavailable_reason(cpu) is not None
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert triton_available(cpu) == (importlib.util.find_spec("triton") is not None)
+    assert (triton_unavailable_reason(cpu) is None) == (importlib.util.find_spec("triton") is not None)
+
+
+def test_triton_reasons_name_what_is_missing(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert triton_unavailable_reason(torch.device("cpu")) == "CPU without TRITON_INTERPRET=1"
+    assert triton_unavailable_reason(torch.device("meta")) == "no Triton for device type 'meta'"
+    with platform_override(triton=True):
+        assert triton_unavailable_reason(torch.device("cpu")) is None
+
+
+def test_tf32_scope_is_a_no_op_off_cuda():
+    before = torch.backends.cuda.matmul.allow_tf32
+    for restore in (True, False):
+        with tf32_scope(torch.device("cpu"), not before, restore=restore):
+            assert torch.backends.cuda.matmul.allow_tf32 == before
+            assert not tf32_enabled(torch.device("cpu"))
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+
+
+@pytest.mark.gpu
+def test_tf32_scope_restores_only_when_asked():
+    dev = resolve_device("cuda")
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        with tf32_scope(dev, True, restore=True):
+            assert tf32_enabled(dev)
+        assert torch.backends.cuda.matmul.allow_tf32 == before
+        with tf32_scope(dev, True, restore=False):
+            pass
+        assert tf32_enabled(dev)  # left set: every caller of this mode asks the same value
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_importing_the_platform_layer_needs_torch_alone():
+    # The sampling prelude and the kernel scripts use the platform layer on machines with torch
+    # and triton only: psutil is imported by the memory helpers when they are called.
+    code = "import sys, stages.platform, stages.talker.prelude; print('psutil' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
 
 
 def test_importing_the_platform_layer_constructs_nothing_and_skips_torch_npu():

@@ -1,4 +1,4 @@
-"""The talker decode-step benchmark: preludes alternate window by window on one prefill.
+"""scripts/bench_talker.py: preludes alternate window by window on one prefill.
 
 Run: python -m pytest tests/stages/test_talker_bench.py -q
 """
@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from stages.talker import bench
+from scripts import bench_talker as bench
 from stages.talker.engine import TalkerEngine
 from stages.talker.prelude import penalty_temperature_eager
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tts_bench.ab import load_arms, plan_from_run, run_ab
-from tts_bench.config import config_to_dict, load_config, parse_tiers
+from tts_bench.ab import plan_from_run, run_ab
+from tts_bench.config import config_to_dict, load_arms, load_config, parse_tiers
 from tts_bench.errors import ConfigError, ExitStatus
 from tts_bench.results import RunDir
 
@@ -168,7 +168,7 @@ def test_a_tier_with_too_many_failures_has_verdict_invalid_not_a_speed_call():
 
 
 def test_the_calibrated_spread_of_the_tier_reaches_a_one_block_comparison(monkeypatch):
-    import tts_bench.ab as ab_mod
+    import tts_bench.ab.summary as ab_mod
     from tts_bench.config import BenchParams
     from tts_bench.stats import CalibratedSpread
 

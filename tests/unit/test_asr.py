@@ -9,10 +9,11 @@ import wave
 import numpy as np
 import pytest
 
-from tts_bench.asr.base import AsrOptions, AudioDecodeError, load_wav_16k, read_wav, resample, write_wav
+from tts_bench.asr.base import AsrOptions, AudioDecodeError, load_wav_16k, read_wav, resample
 from tts_bench.asr.ct2_convert import Ct2Model, ct2_to_openai_state, read_ct2_model
 from tts_bench.asr.models import resolve_ct2_model, weights_sha256
 from tts_bench.errors import ConfigError
+from tts_bench.wire.audio import write_wav
 
 HAS_WHISPER = importlib.util.find_spec("whisper") is not None
 

@@ -8,14 +8,14 @@ import struct
 import numpy as np
 import pytest
 
-from tts_bench.loadgen import pcm16
-from tts_bench.serve import exposition
-from tts_bench.serve.wire import (
+from tts_bench.wire import exposition
+from tts_bench.wire.audio import (
     PcmDecoder,
     SseDecoder,
     WavDecoder,
     WireError,
     encode_pcm16,
+    pcm16,
     sse_audio_event,
     wav_header,
 )
@@ -154,3 +154,20 @@ def test_metrics_of_a_foreign_server_keep_what_parses_before_a_bad_line():
     assert rows == [{"process": "serve", "pid": None, "rss_bytes": 2048, "source": "rss"},
                     {"process": "talker", "pid": 3, "source": "rss", "rss_bytes": 1000}]
     assert exposition.parse("") == [] and exposition.memory_rows([]) == []
+
+
+def test_a_wav_file_is_the_servers_header_and_pcm_and_what_stdlib_wave_writes(tmp_path):
+    # The WER gate hashes WAV files; the transcript cache keys on those hashes: the bytes must
+    # not depend on which writer made them.
+    import wave
+
+    from tts_bench.wire.audio import write_wav
+
+    x = _audio(2001) * 1.2  # some samples clip
+    write_wav(tmp_path / "a.wav", x, 24000)
+    with wave.open(str(tmp_path / "b.wav"), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(24000)
+        w.writeframes(pcm16(x).astype("<i2").tobytes())
+    data = (tmp_path / "a.wav").read_bytes()
+    assert data == (tmp_path / "b.wav").read_bytes()
+    assert data == wav_header(24000, 2 * len(x)) + encode_pcm16(x)

@@ -1,4 +1,5 @@
-"""The arrows point one way: the system under test (`stages`) never imports the harness."""
+"""The arrows point one way: the system under test (`stages`) never imports the harness, and
+only the platform layer (`stages/platform`) asks which device kind it is on."""
 
 import ast
 import subprocess
@@ -32,6 +33,76 @@ def test_stages_never_import_the_harness_typer_or_rich(path):
 def test_only_the_platform_layer_mentions_torch_npu():
     users = {p.relative_to(ROOT).parts[:2] for p in (ROOT / "stages").rglob("*.py") if "torch_npu" in _imports(p)}
     assert users <= {("stages", "platform")}
+
+
+# Platform decisions (the CUDA runtime, TF32, which device kind a branch runs on) are made in
+# stages/platform only; model, runner, profiling and harness code take a device and ask there.
+# scripts/ and tests/ may ask torch directly.
+PLATFORM_MODULES = ("torch.cuda", "torch.backends.cuda")
+DEVICE_KIND_NAMES = frozenset({"cuda", "npu", "cpu", "mps", "xpu", "meta"})
+OUTSIDE_PLATFORM = sorted(
+    p for p in [*(ROOT / "stages").rglob("*.py"), *(ROOT / "tts_bench").rglob("*.py")]
+    if p.relative_to(ROOT).parts[:2] != ("stages", "platform")
+)
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def _is_kind(node: ast.AST) -> bool:
+    """A device kind literal ("cuda"), or a tuple/list/set of them."""
+    if isinstance(node, ast.Constant):
+        return node.value in DEVICE_KIND_NAMES
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_is_kind(e) for e in node.elts)
+    return False
+
+
+def _platform_leaks(path: Path) -> list[str]:
+    """`torch.cuda` / `torch.backends.cuda` (as attributes or imports) and `x.type == "cuda"`
+    style comparisons of a device's kind, as `line: what`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    leaks = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _dotted(node) in PLATFORM_MODULES:
+            leaks.append(f"{node.lineno}: {_dotted(node)}")
+        elif isinstance(node, ast.Import):
+            leaks += [f"{node.lineno}: import {a.name}" for a in node.names
+                      if a.name.startswith(PLATFORM_MODULES)]  # fmt: skip
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+            if any(n.startswith(PLATFORM_MODULES) for n in names):
+                leaks.append(f"{node.lineno}: from {node.module} import ...")
+        elif isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            typed = any(isinstance(o, ast.Attribute) and o.attr == "type" for o in operands)
+            if typed and any(_is_kind(o) for o in operands):
+                leaks.append(f"{node.lineno}: {ast.unparse(node)}")
+    return leaks
+
+
+@pytest.mark.parametrize("path", OUTSIDE_PLATFORM, ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_the_platform_layer_asks_torch_cuda_or_compares_device_kinds(path):
+    assert _platform_leaks(path) == []
+
+
+def test_the_platform_rule_sees_what_it_forbids(tmp_path):
+    leaky = tmp_path / "leaky.py"
+    leaky.write_text(
+        "import torch\n"
+        "from torch.backends import cuda\n"
+        "torch.cuda.synchronize()\n"
+        "torch.backends.cuda.matmul.allow_tf32 = True\n"
+        "if device.type == 'cuda' or x.device.type in ('npu', 'cpu') or d.type != 'cpu': pass\n"
+        "if event.device_type == 'cpu' or schema.type == 'Tensor': pass\n"
+    )
+    lines = sorted(leak.split(":")[0] for leak in _platform_leaks(leaky))
+    assert lines == ["2", "3", "4", "5", "5", "5"]  # three kind comparisons on line 5; none on 6
 
 
 def test_decoding_a_voice_does_not_load_torch():

@@ -11,7 +11,8 @@ from tts_bench import loadgen
 from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.backends.synthetic import SyntheticBackend
 from tts_bench.config import BenchConfig, SyntheticConfig
-from tts_bench.loadgen import Job, PhaseLabels, run_phase, run_request
+from tts_bench.loadgen import run_phase, run_request
+from tts_bench.records import Job, PhaseLabels, RequestRecord
 
 LABELS = PhaseLabels("base", "4x1", 0)
 
@@ -91,7 +92,7 @@ class _Empty:
         yield AudioChunk(np.zeros(0, np.float32), 1000)
 
 
-def _one(backend, **kw) -> loadgen.RequestRecord:
+def _one(backend, **kw) -> RequestRecord:
     job = jobs(1)[0]
     return asyncio.run(run_request(backend, job, labels=LABELS, timeout_s=1.0, t0=0.0, phase_id="p", **kw))
 
@@ -139,7 +140,7 @@ def test_audio_hash_is_sha256_of_int16_pcm():
 
 def test_record_round_trips_through_a_dict():
     rec = _one(_Scripted())
-    assert loadgen.RequestRecord.from_dict(rec.to_dict()) == rec
+    assert RequestRecord.from_dict(rec.to_dict()) == rec
 
 
 def test_request_failed_rejects_unknown_kinds():

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tts_bench.ab import load_arms, run_ab
-from tts_bench.config import config_to_dict, parse_tiers
-from tts_bench.mem.ab_hooks import MemoryHooks, make_ab_hooks
+from tts_bench.ab import run_ab
+from tts_bench.config import config_to_dict, load_arms, parse_tiers
+from tts_bench.mem.hooks import MemoryHooks, make_ab_hooks
 from tts_bench.results import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tts_bench.loadgen import RequestRecord
+from tts_bench.records import RequestRecord
 from tts_bench.metrics import aggregate, measured_wall_s
 
 

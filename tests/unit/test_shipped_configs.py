@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tts_bench.ab import load_arms
 from tts_bench.cli import app
-from tts_bench.config import load_config
+from tts_bench.config import load_arms, load_config
 from tts_bench.errors import ConfigError
 from tts_bench.shipped import resolve_config_path, shipped_config, shipped_dir, shipped_names
 
@@ -58,8 +57,8 @@ def test_ab_without_a_config_runs_the_shipped_default_from_another_folder(tmp_pa
 
 
 def test_wer_default_config_is_the_shipped_one_from_another_folder(tmp_path, monkeypatch):
-    from tts_bench.commands import wer as wer_cmd
+    from tts_bench.wer.session import load_wer_arms
 
     monkeypatch.chdir(tmp_path)
-    arms = wer_cmd._arms(None, "base,test", [], [], [])
+    arms = load_wer_arms(None, "base,test")
     assert arms["base"].backend == "piper" and arms["base"].wer.num_prompts == 80

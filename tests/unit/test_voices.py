@@ -17,8 +17,9 @@ from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.backends.embedded import EmbeddedBackend, _runner_request
 from tts_bench.backends.http import HttpBackend
 from tts_bench.config import BenchConfig, HttpConfig, load_config
-from tts_bench.loadgen import Job, PhaseLabels, run_phase
+from tts_bench.loadgen import run_phase
 from tts_bench.metrics import aggregate
+from tts_bench.records import Job, PhaseLabels
 from tts_bench.serve.request import BadRequest, parse_ref_audio, parse_speech_body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,7 +104,7 @@ def test_serve_takes_a_flac_voice_and_refuses_an_empty_one_as_the_stages_would()
 
 
 def test_metrics_exposition_carries_the_voices_a_stage_holds():
-    from tts_bench.serve.exposition import memory_rows, parse, render
+    from tts_bench.wire.exposition import memory_rows, parse, render
 
     rows = [{"process": "code2wav-0", "pid": 7, "source": "rss", "allocated_bytes": 5,
              "prompt_cache_entries": 3, "prompt_cache_bytes": 4096}]
@@ -121,7 +122,7 @@ def _prompts():
 
 
 def test_voice_modes_give_each_request_its_file_one_voice_a_unique_voice_or_none():
-    from tts_bench.ab import plan_jobs
+    from tts_bench.prompts import plan_jobs
 
     prompts = _prompts()
     labels = PhaseLabels("a", "2x1", 0)
@@ -148,7 +149,7 @@ def test_voice_modes_give_each_request_its_file_one_voice_a_unique_voice_or_none
 def test_the_ab_view_over_voice_cache_misses_keeps_only_those_requests(tmp_path):
     from tts_bench.ab import voice_cache_view
     from tts_bench.config import parse_tiers
-    from tts_bench.loadgen import RequestRecord
+    from tts_bench.records import RequestRecord
     from tts_bench.results import RunDir
 
     arms = {"base": BenchConfig(), "test": BenchConfig()}

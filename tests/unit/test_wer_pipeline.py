@@ -269,7 +269,7 @@ def test_parallel_transcription_keeps_record_order_and_loads_the_model_once(tmp_
                 active[0] -= 1
             return f"len {len(audio)}"
 
-    from tts_bench.asr.base import write_wav
+    from tts_bench.wire.audio import write_wav
     import numpy as np
 
     records = []

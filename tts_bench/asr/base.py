@@ -13,14 +13,15 @@ digital silence without it).
     audio = load_wav_16k(Path("run/wavs/base/en_0001.wav"))   # [n] float32, 16 kHz
     text = transcriber.transcribe(audio)
 
-Audio is read with the stdlib `wave` module (the generator writes int16 PCM) and resampled with
-an FFT (the method of `scipy.signal.resample`, which seed-tts-eval uses), so no ffmpeg is needed.
+Audio is read with the stages' decoder (`stages.code2wav.audio.read_audio`, libsndfile: the
+generator writes 16-bit PCM WAV, `tts_bench.wire.audio.write_wav`; integer PCM scaled by
+2^(bits-1)) and resampled with an FFT (the method of `scipy.signal.resample`, which
+seed-tts-eval uses), so no ffmpeg is needed.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import wave
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -95,25 +96,19 @@ class Transcriber(Protocol):
 
 
 def read_wav(path: Path) -> tuple[np.ndarray, int]:
-    """An int16/int32/uint8 PCM WAV as [n] float32 mono in [-1, 1] and its sample rate."""
+    """An audio file (16-bit PCM WAV as the generator writes it, or anything the stages decode)
+    as [n] float32 mono in [-1, 1] and its sample rate; zero samples come back empty."""
+    from stages.code2wav.audio import read_audio
+    from stages.code2wav.streaming import PromptError
+
+    path = Path(path)
+    if not path.is_file():
+        raise AudioDecodeError(f"no such file: {path}")
     try:
-        with wave.open(str(path), "rb") as w:
-            width, channels, rate = w.getsampwidth(), w.getnchannels(), w.getframerate()
-            raw = w.readframes(w.getnframes())
-    except FileNotFoundError:
-        raise AudioDecodeError(f"no such file: {path}") from None
-    except (wave.Error, EOFError, OSError) as exc:
-        raise AudioDecodeError(f"cannot decode {path}: {type(exc).__name__}: {exc}") from None
-    dtypes = {1: np.uint8, 2: np.int16, 4: np.int32}
-    if width not in dtypes:
-        raise AudioDecodeError(f"cannot decode {path}: unsupported sample width {width} bytes")
-    pcm = np.frombuffer(raw, dtype=dtypes[width])
-    if width == 1:
-        samples = (pcm.astype(np.float32) - 128.0) / 128.0
-    else:
-        samples = pcm.astype(np.float32) / float(np.iinfo(dtypes[width]).max + 1)
-    if channels > 1:
-        samples = samples[: len(samples) // channels * channels].reshape(-1, channels).mean(axis=1)
+        wav, rate = read_audio(path, where=str(path))  # [C, N]
+    except PromptError as exc:
+        raise AudioDecodeError(f"cannot decode {path}: {str(exc).removeprefix('error: ')}") from None
+    samples = wav[0] if wav.shape[0] == 1 else wav.mean(axis=0)
     return samples.astype(np.float32), rate
 
 
@@ -137,13 +132,3 @@ def load_wav_16k(path: Path) -> np.ndarray:
     if samples.size == 0:
         raise AudioDecodeError(f"{path} has zero samples")
     return resample(samples, rate, WHISPER_SAMPLE_RATE)
-
-
-def write_wav(path: Path, samples: np.ndarray, sample_rate: int) -> None:
-    """[n] float32 in [-1, 1] -> 16-bit mono WAV (the same int16 rounding as the audio hashes)."""
-    pcm = np.clip(np.round(samples * 32767.0), -32768, 32767).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(sample_rate)
-        w.writeframes(pcm.tobytes())

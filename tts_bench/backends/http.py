@@ -11,7 +11,7 @@ A request with a reference voice (its prompt wav) also sends `ref_audio` (the fi
 (`extra_body` carries other server-specific fields such as `max_new_tokens`,
 or `stream_format: sse`; it is applied last, so it can override the others; per-request seeds
 are sent only where `http.send_seed` is set, since plain OpenAI servers reject unknown fields).
-The response is decoded while it arrives (`tts_bench.serve.wire`: raw s16le PCM at the
+The response is decoded while it arrives (`tts_bench.wire.audio`: raw s16le PCM at the
 `rate=` its Content-Type declares, else `http.sample_rate`; WAV, whose header rate wins; or
 `text/event-stream` with base64 audio), and every network read that completes at least one
 sample is yielded as an AudioChunk at once, so the load generator's TTFP is the arrival of the
@@ -66,8 +66,8 @@ import numpy as np
 
 from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.errors import BackendError
-from tts_bench.serve import exposition
-from tts_bench.serve.wire import PcmDecoder, SseDecoder, WavDecoder, WireError
+from tts_bench.wire import exposition
+from tts_bench.wire.audio import PcmDecoder, SseDecoder, WavDecoder, WireError
 
 if TYPE_CHECKING:
     from tts_bench.config import BenchConfig, HttpConfig

@@ -8,9 +8,10 @@
 
 The table goes to stdout (`--format md|table|csv|json`); progress and logs to stderr. Exit 0, or
 5 when too many requests failed (bench.max_failure_fraction) and the comparison is not to be
-trusted. The library call behind it is `tts_bench.ab.run_ab`. A calibration of the config on this
-hardware profile (`tts-bench calibrate`, results/baselines/*.calibration.json) is found by its
-key and used for one-repeat intervals and the calibrated MDE note.
+trusted. The library call behind it is `tts_bench.ab.run_session` (planning, the run through
+`tts_bench.ab.run_ab`, the record). A calibration of the config on this hardware profile
+(`tts-bench calibrate`, results/baselines/*.calibration.json) is found by its key and used for
+one-repeat intervals and the calibrated MDE note.
 """
 
 from __future__ import annotations
@@ -23,11 +24,8 @@ from typing import Optional
 import typer
 
 from tts_bench.commands._common import check_format
-from tts_bench.errors import ConfigError, ExitStatus
+from tts_bench.errors import ExitStatus
 from tts_bench.limits import MAX_PROMPTS, MAX_REPEATS
-from tts_bench.shipped import shipped_config
-
-DEFAULT_CONFIG = "ab/default.yaml"  # shipped (tts_bench.shipped): the same from any folder
 
 
 def ab(
@@ -52,128 +50,27 @@ def ab(
     voice_cache: Optional[str] = typer.Option(None, "--voice-cache", help="Tables over the requests whose voice was a prompt-cache hit or miss only (the run record keeps all)."),
 ) -> ExitStatus:
     """A/B two arms of a config, interleaved per tier, with paired-block CIs, MDEs and verdicts."""
-    from tts_bench import ab as lib
+    from tts_bench.ab import AbRequest, run_session
 
     fmt = check_format(fmt)
-    if voice_cache not in (None, *lib.VOICE_CACHE):
-        raise ConfigError(f"error: unknown voice cache filter {voice_cache!r} (--voice-cache); valid: hit, miss")
-    shuffle_set = ["bench.disable_shuffle=true"] if disable_shuffle else []
+    flag_sets = ["bench.disable_shuffle=true"] if disable_shuffle else []  # sugar for --set
     if per_client is not None:
-        shuffle_set.append(f"bench.prompts_per_client={per_client}")
-    until = dict(on=until_resolved, max_repeats=max_repeats, budget=budget)
-    run, plan = _open_run(resume) if resume else _new_run(
-        config, tiers=tiers, num_prompts=num_prompts, repeats=repeats, sets=[*sets, *shuffle_set],
-        base_sets=base_sets, test_sets=test_sets, result_dir=result_dir, until=until, profile=profile,
-        calibration=calibration)
-    with run.finishing():  # any exit (error, Ctrl-C) leaves run.json failed / interrupted
-        hooks = _mem_hooks(plan, run) if mem else None
-        with _progress() as progress:
-            result = lib.run_ab(plan.arms, plan.tiers, repeats=plan.repeats, num_prompts=plan.num_prompts,
-                                run_dir=run, progress=progress, resume=resume is not None, hooks=hooks,
-                                until=plan.until, calibration=_load_calibration(plan.calibration))
-        run.update(status="complete" if result.valid else "invalid", result=result.to_dict())
-    if voice_cache is not None:  # a view: the record above keeps every request
-        view, kept, measured = lib.voice_cache_view(run, plan.arms, plan.tiers, voice_cache,
-                                                    calibration=_load_calibration(plan.calibration))
-        typer.echo(f"voice cache {voice_cache}: {kept} of {measured} measured requests", err=True)
-        result = view
-    sys.stdout.write(render_result(result, fmt, mem=hooks))
-    for reason in result.invalid_reasons:
-        typer.echo(f"error: invalid run: {reason}", err=True)
-    return result.exit_status
-
-
-def _new_run(config, *, tiers, num_prompts, repeats, sets, base_sets, test_sets, result_dir, until,
-             profile, calibration):
-    """Load both arms, fix the plan (CLI options over the config's bench section), make the run."""
-    from tts_bench.ab import AbPlan, load_arms
-    from tts_bench.config import config_hash, config_to_dict, parse_tiers
-    from tts_bench.gate.case import default_profile
-    from tts_bench.preflight import check_arms
-    from tts_bench.prompts import load_prompts
-    from tts_bench.results import RunDir, python_argv
-
-    if config is None:
-        config = shipped_config(DEFAULT_CONFIG)
-    arms = load_arms(config, sets, base_sets, test_sets)
-    bench = next(iter(arms.values())).bench
-    load_prompts(next(iter(arms.values())).prompts.meta)  # a bad meta.lst fails before the run exists
-    profile = profile or default_profile()
-    # An explicit value is used as given (a 0 never falls back to the config: typer's min=1).
-    num_prompts = bench.num_prompts if num_prompts is None else num_prompts
-    plan = AbPlan(arms, parse_tiers(bench.tiers if tiers is None else tiers),
-                  bench.repeats if repeats is None else repeats, num_prompts,
-                  until=_until_rule(until, bench), profile=profile,
-                  calibration=_calibration_path(calibration, arms, profile, num_prompts))
-    check_arms(arms, plan.tiers)  # before the run directory exists and before any stage starts
-    run = RunDir.create(
-        result_dir, "ab", command_line=python_argv(),
-        configs={n: config_to_dict(c) for n, c in arms.items()},
-        config_hashes={n: config_hash(c) for n, c in arms.items()}, extra={"ab": plan.to_dict()},
+        flag_sets.append(f"bench.prompts_per_client={per_client}")
+    request = AbRequest(
+        config=config, tiers=tiers, num_prompts=num_prompts, repeats=repeats, sets=[*sets, *flag_sets],
+        base_sets=base_sets, test_sets=test_sets, result_dir=result_dir, resume=resume, mem=mem,
+        until_resolved=until_resolved, max_repeats=max_repeats, budget_min=budget, profile=profile,
+        calibration=calibration, voice_cache=voice_cache,
     )
-    return run, plan
-
-
-def _until_rule(opts: dict, bench):
-    """--until-resolved [--max-repeats K] [--budget MIN] as a rule (None without the flag)."""
-    from tts_bench.errors import ConfigError
-    from tts_bench.until_resolved import DEFAULT_MAX_REPEATS, UntilResolved
-
-    if not opts["on"]:
-        if opts["max_repeats"] is not None or opts["budget"] is not None:
-            raise ConfigError("error: --max-repeats and --budget only apply with --until-resolved (tts-bench ab); "
-                              "add --until-resolved or drop them")
-        return None
-    try:
-        return UntilResolved(bench.min_effect_pct / 2.0, opts["max_repeats"] or DEFAULT_MAX_REPEATS, opts["budget"])
-    except ValueError as exc:
-        raise ConfigError(f"error: {exc} (--until-resolved); fix the value") from None
-
-
-def _calibration_path(given: Path | None, arms: dict, profile: str, num_prompts: int) -> str | None:
-    """--calibration, else the calibration in results/baselines whose key matches an arm."""
-    from tts_bench.calibration import find_calibration, load_calibration
-    from tts_bench.config import config_to_dict
-
-    if given is not None:
-        return load_calibration(given).path
-    found = find_calibration([config_to_dict(c) for c in arms.values()], profile=profile,
-                             num_prompts=num_prompts)
-    return found.path if found else None
-
-
-def _load_calibration(path: str | None):
-    from tts_bench.calibration import load_calibration
-
-    return load_calibration(path) if path else None
-
-
-def _open_run(path: Path):
-    """Reopen a recorded A/B; its run.json fixes the arms and the plan."""
-    from tts_bench.ab import plan_from_run
-    from tts_bench.preflight import check_arms
-    from tts_bench.results import RunDir
-
-    run = RunDir.open(path, lock=True)  # a second writer of the same run exits 2 here
-    try:
-        plan = plan_from_run(run)
-        check_arms(plan.arms, plan.tiers)
-    except BaseException:
-        run.release()
-        raise
-    run.update(status="running", error=None)
-    return run, plan
-
-
-def _mem_hooks(plan, run):
-    # The memory sampler (tts_bench.mem) provides the hooks; see tts_bench.ab for the protocol.
-    from tts_bench.errors import ConfigError
-
-    try:
-        from tts_bench.mem.ab_hooks import make_ab_hooks
-    except ImportError:
-        raise ConfigError("error: --mem is not available in this build (tts-bench ab); run without --mem") from None
-    return make_ab_hooks(next(iter(plan.arms.values())), run)
+    with _progress() as progress:
+        session = run_session(request, progress=progress)
+    if session.voice_cache is not None:  # a view: the run record keeps every request
+        which, kept, measured = session.voice_cache
+        typer.echo(f"voice cache {which}: {kept} of {measured} measured requests", err=True)
+    sys.stdout.write(render_result(session.result, fmt, mem=session.mem))
+    for reason in session.result.invalid_reasons:
+        typer.echo(f"error: invalid run: {reason}", err=True)
+    return session.result.exit_status
 
 
 # Measured: a fused-prelude A/B at 128x8 on an H200 read "slower, +8.9% [+4.4%, +13.7%]" with one
@@ -199,14 +96,7 @@ def render_result(result, fmt: str, *, mem=None) -> str:
     rtf = ab_table(doc["tiers"], base_label=base, test_label=test)
     if fmt == "csv":
         return render(rtf, "csv")
-    ttfp_rows = [{**t, **{k: (t["ttfp"] or {}).get(k) for k in ("delta_mean_pct", "ci95_pct", "verdict")},
-                  "duration_mismatch": False, "note": ""} for t in doc["tiers"]]
-    for row, tier in zip(ttfp_rows, doc["tiers"]):
-        row["verdict_detail"] = (tier["ttfp"] or {}).get("verdict_detail")
-        row["mde_pct"] = (tier["ttfp"] or {}).get("mde_pct")
-        if tier["invalid_reasons"]:  # as for RTF: no speed verdict on a tier with failures
-            row["verdict"] = row["verdict_detail"] = "invalid"
-    ttfp = ab_table(ttfp_rows, metric="audio_ttfp_ms", digits=1, base_label=base, test_label=test)
+    ttfp = ab_table(result.ttfp_rows(), metric="audio_ttfp_ms", digits=1, base_label=base, test_label=test)
     identity = ", ".join(_identity_text(t) for t in doc["tiers"])
     text = (render(rtf, fmt, title="audio RTF (lower is faster)") + "\n"
             + render(ttfp, fmt, title="audio TTFP ms") + "\n"

@@ -6,7 +6,8 @@
 
 Refuses (exit 5) runs with failed or missing requests and runs of another case, backend,
 profile or config (or with extra overrides). `--tighten-only` keeps the old file unless the new
-baseline is faster on audio_rtf in every tier. The file is then reviewed and committed.
+baseline is faster on audio_rtf in every tier. The file is then reviewed and committed. The library
+call behind it is `tts_bench.gate.baseline.update_baseline`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from tts_bench.errors import ConfigError, ExitStatus
+from tts_bench.errors import ExitStatus
 
 app = typer.Typer(help="Perf-gate baselines: build, tighten.", no_args_is_help=True)
 
@@ -33,33 +34,11 @@ def update(
     result_dir: Path = typer.Option(Path("results/runs"), "--result-dir", help="Where --run makes run directories."),
 ) -> ExitStatus:
     """Build a baseline from N runs of a case (pooled samples, per-run dispersion, provenance)."""
-    from tts_bench.config import config_to_dict
-    from tts_bench.gate import case as cases
-    from tts_bench.gate.baseline import build_baseline, write_baseline
-    from tts_bench.gate.samples import read_run, sut_hash
+    from tts_bench.gate.baseline import update_baseline
 
-    loaded = cases.load_case(case)
-    profile = profile or cases.default_profile()
-    paths = [*runs_from, *(more or []), *_run_case(loaded, run, profile, result_dir)]
-    if not paths:
-        raise ConfigError("error: no runs given (baseline update --from); pass run directories made by "
-                          "tts-bench gate --run-case, or --run N")
-    sut = sut_hash(config_to_dict(cases.resolve_case(loaded).case_config))
-    doc = build_baseline([read_run(p, profile=profile) for p in paths],
-                         case=loaded.case.name, profile=profile, sut=sut)
-    doc["case_file"] = str(case)  # lets `gate --current <ab run>` find the thresholds
-    decision = write_baseline(doc, out or cases.baseline_path(loaded.case, profile), tighten_only=tighten_only)
+    decision = update_baseline(
+        case, runs_from=[*runs_from, *(more or [])], run=run, profile=profile, tighten_only=tighten_only,
+        out=out, result_dir=result_dir, on_run=lambda i, path: typer.echo(f"run {i + 1}/{run}: {path}", err=True),
+    )
     typer.echo(decision.reason)
     return ExitStatus.OK
-
-
-def _run_case(loaded, times: int, profile: str, result_dir: Path) -> list[Path]:
-    from tts_bench.gate.bench import run_case
-    from tts_bench.gate.case import resolve_case
-
-    out = []
-    for i in range(times):
-        run = run_case(resolve_case(loaded), profile=profile, result_dir=result_dir)
-        typer.echo(f"run {i + 1}/{times}: {run.path}", err=True)
-        out.append(run.path)
-    return out

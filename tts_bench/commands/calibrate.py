@@ -7,23 +7,20 @@
 Writes `results/baselines/<case>.<profile>.calibration.json` and `.md` (`--out DIR`; not with
 `--no-write`) and prints the markdown on stdout; one line per A/A on stderr. Exit 0; 3 with
 `--fail-on-false-verdict` when some A/A read faster/slower (`--test-set` perturbs the test arm,
-to see the check fail); 5 when no A/A was valid. The library is `tts_bench.gate.calibrate`.
+to see the check fail); 5 when no A/A was valid. The library call behind it is
+`tts_bench.gate.calibrate.calibrate_case`.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from tts_bench.errors import ConfigError, ExitStatus
-
-CASES_DIR = Path("configs/cases")
-
 
 def calibrate(
     case: str = typer.Argument(..., help="A case file, or a case name under configs/cases/."),
@@ -39,38 +36,23 @@ def calibrate(
     fmt: str = typer.Option("md", "--format", help="md | json (the whole document)."),
 ) -> ExitStatus:
     """Run A/As of a case: false-verdict rate (Clopper-Pearson) and run-to-run variance."""
-    from tts_bench.calibration import calibration_path, write_calibration
-    from tts_bench.gate import calibrate as lib
-    from tts_bench.gate.case import default_profile, load_case
+    from tts_bench.gate.calibrate import calibrate_case
 
     if fmt not in ("md", "json"):
         raise ConfigError(f"error: unknown format {fmt!r} (--format); valid: md, json")
     if runs < 1 or repeats < 1:
         raise ConfigError(f"error: --runs and --repeats must be >= 1, got {runs} and {repeats} (tts-bench calibrate)")
-    loaded = load_case(_case_path(case))
-    profile = profile or default_profile()
-    with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
-        doc = lib.run_calibration(loaded, runs=runs, repeats=repeats, profile=profile,
-                                  result_dir=result_dir or Path(tmp), sets=sets, test_sets=test_sets,
-                                  on_run=lambda i, row: typer.echo(_row_line(i, runs, row), err=True))
-    md = lib.to_markdown(doc)
-    if not no_write:
-        path = write_calibration(doc, calibration_path(doc["case"], profile, out))
-        path.with_suffix(".md").write_text(md, encoding="utf-8")  # <case>.<profile>.calibration.md
-        typer.echo(f"wrote {path}", err=True)
-    sys.stdout.write(json.dumps(doc, indent=2) + "\n" if fmt == "json" else md)
-    if fail_on_false_verdict and doc["false_verdicts"]["count"]:
-        typer.echo(f"error: {doc['false_verdicts']['count']} of {doc['false_verdicts']['of']} A/A runs read "
-                   f"faster/slower (--fail-on-false-verdict)", err=True)
-        return ExitStatus.PERF_REGRESSION
-    return ExitStatus.OK if doc["valid_runs"] == doc["runs"] else ExitStatus.INVALID_RUN
-
-
-def _case_path(case: str) -> Path:
-    path = Path(case)
-    if path.is_file() or path.suffix in (".yaml", ".yml"):
-        return path
-    return CASES_DIR / f"{case}.yaml"
+    done = calibrate_case(case, runs=runs, repeats=repeats, profile=profile, sets=sets, test_sets=test_sets,
+                          out=out, write=not no_write, result_dir=result_dir,
+                          on_run=lambda i, row: typer.echo(_row_line(i, runs, row), err=True))
+    if done.written is not None:
+        typer.echo(f"wrote {done.written}", err=True)
+    sys.stdout.write(json.dumps(done.doc, indent=2) + "\n" if fmt == "json" else done.markdown)
+    status = done.exit_status(fail_on_false_verdict=fail_on_false_verdict)
+    if status == ExitStatus.PERF_REGRESSION:
+        fv = done.doc["false_verdicts"]
+        typer.echo(f"error: {fv['count']} of {fv['of']} A/A runs read faster/slower (--fail-on-false-verdict)", err=True)
+    return status
 
 
 def _row_line(i: int, runs: int, row: dict) -> str:

@@ -11,7 +11,7 @@ the top level of `--format json` (`sampler`, `interval_s`, `arms.<arm>.steady_me
 every sampler gets its own table, timeline PNG (next to run.json) and JSON under `samplers`.
 Flags are sugar for `--set mem.*=...`, so the run record's resolved config holds them. Exit 0,
 or 5 when requests failed beyond bench.max_failure_fraction or an arm has no measure-phase
-sample. The library call behind it is `tts_bench.mem.run.run_mem`.
+sample. The library call behind it is `tts_bench.mem.run.measure_memory`.
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ from typing import Optional
 import typer
 
 from tts_bench.commands._common import check_format
-from tts_bench.commands.ab import DEFAULT_CONFIG
 from tts_bench.errors import ExitStatus
 from tts_bench.limits import MAX_PROMPTS
-from tts_bench.shipped import shipped_config
 
 
 def mem(
@@ -46,14 +44,13 @@ def mem(
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
 ) -> ExitStatus:
     """Sample memory over one tier for both arms: steady-state median, peak, delta, headroom."""
-    from tts_bench.mem.run import run_mem
+    from tts_bench.mem.run import measure_memory
 
     fmt = check_format(fmt)
     flag_sets = _flag_sets(tier=tier, warm_tier=warm_tier, interval=interval, sampler=sampler,
                            device_index=device_index, disable_shuffle=disable_shuffle)
-    arms, plan, run = _new_run(config, [*sets, *flag_sets], base_sets, test_sets, num_prompts, result_dir)
-    with run.finishing():  # any exit (error, Ctrl-C) leaves run.json failed / interrupted
-        result = run_mem(arms, plan, run_dir=run)
+    result = measure_memory(config, sets=[*sets, *flag_sets], base_sets=base_sets, test_sets=test_sets,
+                            num_prompts=num_prompts, result_dir=result_dir)
     sys.stdout.write(render_result(result, fmt))
     for reason in result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
@@ -72,42 +69,6 @@ def _flag_sets(*, tier, warm_tier, interval, sampler, device_index, disable_shuf
              ("mem.device_index", device_index),
              ("bench.disable_shuffle", "true" if disable_shuffle else None)]
     return [f"{k}={v}" for k, v in pairs if v is not None]
-
-
-def _new_run(config, sets, base_sets, test_sets, num_prompts, result_dir):
-    """Both arms' configs, the plan (from the base arm's `mem:`), and the run directory."""
-    from tts_bench.ab import load_arms
-    from tts_bench.config import config_hash, config_to_dict, parse_tier
-    from tts_bench.mem.run import MemPlan, prepare_plan
-    from tts_bench.mem.samplers import parse_sampler_names
-    from tts_bench.preflight import check_memory
-    from tts_bench.prompts import load_prompts
-    from tts_bench.results import RunDir, python_argv
-
-    if config is None:
-        config = shipped_config(DEFAULT_CONFIG)
-    arms = load_arms(config, sets, base_sets, test_sets)
-    base = next(iter(arms.values()))
-    load_prompts(base.prompts.meta)  # a bad meta.lst fails before the run exists
-    params, tier = base.mem, parse_tier(base.mem.tier, where="--tier / mem.tier")
-    plan = MemPlan(
-        tier=tier,
-        warm_tier=parse_tier(params.warm_tier, where="--warm-tier / mem.warm_tier") if params.warm_tier else None,
-        num_prompts=max(base.bench.num_prompts, 2 * tier.concurrency) if num_prompts is None else num_prompts,
-        samplers=parse_sampler_names(params.sampler), interval_s=params.interval_s,
-        device_index=params.device_index, warm_prompts=params.warm_prompts,
-    )
-    plan = prepare_plan(arms, plan)  # a sampler that cannot start fails before the run exists
-    warm_c = plan.warm_tier.concurrency if plan.warm_tier else 0
-    for name, cfg in arms.items():  # the warm tier runs on the same backend (the tier's R)
-        check_memory(cfg, replicas=tier.replicas, concurrency=max(tier.concurrency, warm_c),
-                     label=f"arm {name!r} at tier {tier.label}")
-    run = RunDir.create(
-        result_dir, "mem", command_line=python_argv(),
-        configs={n: config_to_dict(c) for n, c in arms.items()},
-        config_hashes={n: config_hash(c) for n, c in arms.items()}, extra={"mem_plan": plan.to_dict()},
-    )
-    return arms, plan, run
 
 
 def render_result(result, fmt: str) -> str:

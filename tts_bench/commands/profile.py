@@ -28,9 +28,8 @@ from typing import Optional
 import typer
 
 from tts_bench.commands._common import check_format
-from tts_bench.commands.ab import DEFAULT_CONFIG
 from tts_bench.errors import ConfigError, ExitStatus
-from tts_bench.shipped import shipped_config
+from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
 
 
 def profile(
@@ -45,12 +44,12 @@ def profile(
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
 ) -> ExitStatus:
     """Count kernel launches (CUDA) or operators (CPU) per step for both arms, with the delta."""
-    from tts_bench.ab import load_arms
+    from tts_bench.config import load_arms
     from tts_bench.profile import profile_arms
 
     fmt = check_format(fmt)
     if config is None:
-        config = shipped_config(DEFAULT_CONFIG)
+        config = shipped_config(DEFAULT_AB_CONFIG)
     arms = load_arms(config, sets, base_sets, test_sets)
     result = profile_arms(
         arms, rows=parse_rows(rows), chunks=chunks,

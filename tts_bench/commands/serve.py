@@ -11,14 +11,14 @@ arm's overrides applied, so two `serve` instances can stand for the two arms. Bi
 127.0.0.1 unless `--host` says otherwise. Serves until SIGINT/SIGTERM, then gives requests in
 flight a few seconds and stops the backend. The served model name is the config's
 `http.model`, so a client using the same config sends the right name. Endpoints and the failure
-contract: `tts_bench.serve.app`; every error is OpenAI-style JSON (`tts_bench.serve.request`),
-inputs over `--max-input-chars` (default 4096, OpenAI's limit) are a 400 and bodies over
-`--max-body-bytes` a 413. Logs (including the `listening on <url>` line) go to stderr.
+contract: `tts_bench.serve.app`, whose `serve_config` is the library call behind this command;
+every error is OpenAI-style JSON (`tts_bench.serve.request`), inputs over `--max-input-chars`
+(default 4096, OpenAI's limit) are a 400 and bodies over `--max-body-bytes` a 413. Logs
+(including the `listening on <url>` line) go to stderr.
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Optional
 
@@ -39,30 +39,11 @@ def serve(
     max_body_bytes: int = typer.Option(MAX_BODY_BYTES, "--max-body-bytes", min=1024, max=1 << 30, help="Largest request body accepted (bytes); larger is a 413."),
 ) -> ExitStatus:
     """Serve a config's backend at /v1/audio/speech, /v1/models and /metrics."""
-    from tts_bench.preflight import check_memory
-    from tts_bench.serve.app import serve_until_signalled
+    from tts_bench.serve.app import serve_config
 
     if replicas < 1 or not 0 <= port <= 65535:
         raise ConfigError(f"error: bad --replicas {replicas} or --port {port} (tts-bench serve); "
                           "use --replicas >= 1 and a port in 0..65535")
-    cfg = load_served_config(config, sets, arm)
-    if cfg.backend == "http":
-        raise ConfigError(f"error: the config's backend is http ({config}: backend); serve a local "
-                          "backend (embedded, piper, synthetic), not another server")
-    # Clients decide the concurrency; the talker admits at most talker_max_batch at once.
-    check_memory(cfg, replicas=replicas, concurrency=cfg.stages.runner.talker_max_batch,
-                 label=f"tts-bench serve --replicas {replicas}")
-    asyncio.run(serve_until_signalled(cfg, replicas=replicas, host=host, port=port,
-                                      max_input_chars=max_input_chars, max_body_bytes=max_body_bytes))
+    serve_config(config, sets=sets, arm=arm, replicas=replicas, host=host, port=port,
+                 max_input_chars=max_input_chars, max_body_bytes=max_body_bytes)
     return ExitStatus.OK
-
-
-def load_served_config(config: Path, sets: list[str], arm: str | None = None):
-    """The BenchConfig to serve: a plain bench config, or one arm of an A/B config."""
-    from tts_bench.ab import load_arms
-
-    arms = load_arms(config, sets)
-    name = arm if arm is not None else next(iter(arms))
-    if name not in arms:
-        raise ConfigError(f"error: no arm {name!r} in {config} (--arm); valid: {', '.join(arms)}")
-    return arms[name]

@@ -14,6 +14,7 @@ baseline is faster on `audio_rtf` in every tier.
     base = build_baseline(loaded_case, [read_run(p, profile="cpu-2core") for p in paths],
                           profile="cpu-2core", sut="3fa9c10b22aa")
     decision = write_baseline(base, path, tighten_only=True)
+    decision = update_baseline(Path("configs/cases/synthetic.yaml"), run=3)   # the command
 """
 
 from __future__ import annotations
@@ -21,17 +22,23 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tts_bench._versioned_json import VersionedJson, write_json_atomic
 from tts_bench.errors import ConfigError, InvalidRunError
 from tts_bench.gate.samples import METRICS, RunSamples, center
 
 BASELINE_VERSION = 1
+BASELINE_FILE = VersionedJson(
+    "baseline", "baseline_version", BASELINE_VERSION, flag="--baseline",
+    record_hint="record one with tts-bench baseline update --case <case> --from <run dirs>",
+    stale_hint="re-record it",
+)
 PRIMARY_METRIC = "audio_rtf"
 
 
@@ -97,7 +104,7 @@ def build_baseline(runs: Sequence[RunSamples], *, case: str, profile: str, sut: 
         metrics = {m: _metric_doc(m, runs, tier) for m in METRICS}
         tiers[tier] = {m: d for m, d in metrics.items() if d is not None}
     return {
-        "baseline_version": BASELINE_VERSION,
+        **BASELINE_FILE.stamp(),
         "case": case, "profile": profile, "backend": runs[0].provenance.backend, "sut_hash": sut,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": shas[0] if len(shas) == 1 else shas,
@@ -118,18 +125,7 @@ def _load_avg() -> list[float] | None:
 
 
 def load_baseline(path: Path | str) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"error: no baseline at {path} (--baseline); record one with "
-                          f"tts-bench baseline update --case <case> --from <run dirs>") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"error: {path} is not valid JSON: {exc} (--baseline); restore it from git") from None
-    if doc.get("baseline_version") != BASELINE_VERSION:
-        raise ConfigError(f"error: {path} has baseline_version {doc.get('baseline_version')!r}, this "
-                          f"tts-bench reads {BASELINE_VERSION} (--baseline); re-record it")
-    return doc
+    return BASELINE_FILE.load(path)
 
 
 def is_faster(new: dict[str, Any], old: dict[str, Any], metric: str = PRIMARY_METRIC) -> bool:
@@ -162,8 +158,36 @@ def write_baseline(doc: dict[str, Any], path: Path | str, *, tighten_only: bool 
         if not is_faster(doc, old):
             return UpdateDecision(False, path, f"kept {path}: the new runs are not faster on "
                                                f"{PRIMARY_METRIC} in every tier")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json_atomic(doc, path)
     return UpdateDecision(True, path, f"wrote {path} ({doc['n_runs']} runs)")
+
+
+def update_baseline(
+    case: Path, *, runs_from: Sequence[Path] = (), run: int = 0, profile: str | None = None,
+    tighten_only: bool = False, out: Path | None = None, result_dir: Path = Path("results/runs"),
+    on_run: Callable[[int, Path], None] | None = None,
+) -> UpdateDecision:
+    """`tts-bench baseline update` as one call: run the case `run` times (each run directory is
+    passed to `on_run(i, path)` as it finishes), add `runs_from`, build the baseline from all of
+    them and write it (default: results/baselines/<case>.<profile>.json)."""
+    from tts_bench.config import config_to_dict
+    from tts_bench.gate import case as cases
+    from tts_bench.gate.bench import run_case
+    from tts_bench.gate.samples import read_run, sut_hash
+
+    loaded = cases.load_case(case)
+    profile = profile or cases.default_profile()
+    paths = list(runs_from)
+    for i in range(run):
+        made = run_case(cases.resolve_case(loaded), profile=profile, result_dir=result_dir).path
+        if on_run is not None:
+            on_run(i, made)
+        paths.append(made)
+    if not paths:
+        raise ConfigError("error: no runs given (baseline update --from); pass run directories made by "
+                          "tts-bench gate --run-case, or --run N")
+    sut = sut_hash(config_to_dict(cases.resolve_case(loaded).case_config))
+    doc = build_baseline([read_run(p, profile=profile) for p in paths],
+                         case=loaded.case.name, profile=profile, sut=sut)
+    doc["case_file"] = str(case)  # lets `gate --current <ab run>` find the thresholds
+    return write_baseline(doc, out or cases.baseline_path(loaded.case, profile), tighten_only=tighten_only)

@@ -15,12 +15,12 @@ import asyncio
 import logging
 from pathlib import Path
 
-from tts_bench.ab import plan_jobs, select_ab_prompts
-from tts_bench.backends import make_backend
 from tts_bench.config import config_hash, config_to_dict
 from tts_bench.gate.case import ResolvedCase
 from tts_bench.gate.samples import sut_hash
-from tts_bench.loadgen import PhaseLabels, run_phase
+from tts_bench.phases import run_fresh_phase
+from tts_bench.prompts import plan_jobs, select_bench_prompts
+from tts_bench.records import PhaseLabels
 from tts_bench.results import RunDir, python_argv
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def _create_run(rc: ResolvedCase, profile: str, result_dir: Path) -> RunDir:
 def _mem_hooks(rc: ResolvedCase, run: RunDir):
     if not rc.loaded.case.bench.mem:
         return None
-    from tts_bench.mem.ab_hooks import MemoryHooks
+    from tts_bench.mem.hooks import MemoryHooks
     from tts_bench.mem.samplers import resolve_names
 
     p = rc.config.mem
@@ -58,39 +58,21 @@ def _num_prompts(rc: ResolvedCase, tier) -> int:
     return bench.prompts_for(tier.concurrency, bench.num_prompts)
 
 
-async def _phase(rc: ResolvedCase, run: RunDir, prompts: list, tier, repeat: int, hooks) -> None:
-    cfg = rc.config
-    labels = PhaseLabels(rc.arm, tier.label, repeat)
-    warm, measured = plan_jobs(prompts, labels, seed=cfg.bench.seed,
-                               warmup=cfg.bench.warmup_for(tier.concurrency), voices=cfg.prompts.voices)
-    sink = lambda rec: run.append_request(rec.to_dict())  # noqa: E731
-    backend = make_backend(cfg)
-    try:
-        await backend.start(tier.replicas)
-        common = dict(concurrency=tier.concurrency, labels=labels, timeout_s=cfg.bench.timeout_s, sink=sink)
-        if hooks:
-            hooks.on_phase(rc.arm, tier.label, repeat, "warmup", backend)
-        await run_phase(backend, warm, **common)
-        if hooks:
-            hooks.on_phase(rc.arm, tier.label, repeat, "measure", backend)
-        await run_phase(backend, measured, **common)
-        if hooks:
-            hooks.on_phase(rc.arm, tier.label, repeat, "end", backend)
-        run.update(backends={rc.arm: backend.describe()})
-    finally:
-        await backend.stop()
-
-
 def run_case(rc: ResolvedCase, *, profile: str, result_dir: Path) -> RunDir:
     """Run the case's bench; returns the finished run directory (status `complete`)."""
     run = _create_run(rc, profile, Path(result_dir))
     hooks = _mem_hooks(rc, run)
+    bench = rc.config.bench
+
     async def main() -> None:
-        for tier in rc.config.bench.tier_list:
-            prompts = select_ab_prompts(rc.config, _num_prompts(rc, tier))
-            for repeat in range(rc.config.bench.repeats):
+        for tier in bench.tier_list:
+            prompts = select_bench_prompts(rc.config, _num_prompts(rc, tier))
+            for repeat in range(bench.repeats):
                 log.info("case %s: %s r%d", rc.loaded.case.name, tier.label, repeat)
-                await _phase(rc, run, prompts, tier, repeat, hooks)
+                labels = PhaseLabels(rc.arm, tier.label, repeat)
+                jobs = plan_jobs(prompts, labels, seed=bench.seed, warmup=bench.warmup_for(tier.concurrency),
+                                 voices=rc.config.prompts.voices)
+                await run_fresh_phase(rc.config, tier, labels, jobs, run_dir=run, hooks=hooks)
 
     with run.finishing():  # an error or Ctrl-C leaves the run failed / interrupted, not running
         asyncio.run(main())

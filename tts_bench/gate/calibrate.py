@@ -16,6 +16,7 @@ against itself, K blocks per tier (default 2) in counterbalanced order. Over N A
     doc = run_calibration(load_case("configs/cases/synthetic.yaml"), runs=200, repeats=2,
                           profile="cpu-2core", result_dir=Path("/tmp/aa"))
     write_calibration(doc, calibration_path("synthetic", "cpu-2core"))
+    calibrate_case("synthetic", runs=200, profile="cpu-2core")          # the command: both, and the .md
 """
 
 from __future__ import annotations
@@ -24,21 +25,25 @@ import datetime as _dt
 import logging
 import math
 import os
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tts_bench.ab import run_ab
-from tts_bench.calibration import CALIBRATION_VERSION, calibration_key
+from tts_bench.calibration import (
+    CALIBRATION_FILE, DEFAULT_DIR, calibration_key, calibration_path, write_calibration,
+)
 from tts_bench.config import apply_overrides, config_to_dict
-from tts_bench.errors import InvalidRunError
-from tts_bench.gate.case import LoadedCase, resolve_case
+from tts_bench.errors import ExitStatus, InvalidRunError
+from tts_bench.gate.case import LoadedCase, case_path, default_profile, load_case, resolve_case
 from tts_bench.gate.samples import METRICS, center, sut_hash
-from tts_bench.loadgen import RequestRecord
+from tts_bench.records import RequestRecord
 from tts_bench.results import RunDir, python_argv
 from tts_bench.stats import ALPHA, clopper_pearson, mde_log, pct, repeats_needed, t_quantile
 
@@ -200,7 +205,7 @@ def _document(loaded, rc, *, profile, repeats, rows, obs, test_sets, wall_s) -> 
     called = sum(any(t["verdict"] in CALLED for t in r["tiers"].values()) for r in valid)
     loads = [x[0] for r in rows for x in (r["load_before"], r["load_after"]) if x]
     return {
-        "calibration_version": CALIBRATION_VERSION,
+        **CALIBRATION_FILE.stamp(),
         "case": loaded.case.name, "case_file": str(loaded.path), "profile": profile,
         "key": calibration_key(config_to_dict(rc.config), num_prompts=bench.num_prompts),
         # What `tts-bench gate` matches against its baseline's sut_hash (judging-only --set values,
@@ -250,3 +255,44 @@ def to_markdown(doc: dict[str, Any]) -> str:
     lines += ["", f"load average (1 min) around the runs: min {env['load_1min_min']}, mean "
                   f"{env['load_1min_mean']}, max {env['load_1min_max']} on {env['cpu_count']} CPUs"]
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """A finished `tts-bench calibrate`: the document, its markdown, where it was written."""
+
+    doc: dict[str, Any]
+    markdown: str
+    written: Path | None  # the .json (the .md beside it); None with write=False
+
+    @property
+    def false_verdicts(self) -> int:
+        return int(self.doc["false_verdicts"]["count"])
+
+    def exit_status(self, *, fail_on_false_verdict: bool = False) -> ExitStatus:
+        """3 when asked to fail on an A/A that read faster/slower, else 0, or 5 when some A/A
+        was not valid."""
+        if fail_on_false_verdict and self.false_verdicts:
+            return ExitStatus.PERF_REGRESSION
+        return ExitStatus.OK if self.doc["valid_runs"] == self.doc["runs"] else ExitStatus.INVALID_RUN
+
+
+def calibrate_case(
+    case: str | Path, *, runs: int, repeats: int = 2, profile: str | None = None, sets: Sequence[str] = (),
+    test_sets: Sequence[str] = (), out: Path = DEFAULT_DIR, write: bool = True, result_dir: Path | None = None,
+    on_run: Callable[[int, dict[str, Any]], None] | None = None,
+) -> Calibrated:
+    """`tts-bench calibrate` as one call: the case (a file, or a name under configs/cases/),
+    `runs` A/As (run directories in `result_dir`, default a temporary one), and, with `write`,
+    `<out>/<case>.<profile>.calibration.json` and `.md`."""
+    loaded = load_case(case_path(case))
+    profile = profile or default_profile()
+    with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
+        doc = run_calibration(loaded, runs=runs, repeats=repeats, profile=profile,
+                              result_dir=result_dir or Path(tmp), sets=sets, test_sets=test_sets, on_run=on_run)
+    md = to_markdown(doc)
+    if not write:
+        return Calibrated(doc, md, None)
+    path = write_calibration(doc, calibration_path(doc["case"], profile, out))
+    path.with_suffix(".md").write_text(md, encoding="utf-8")  # <case>.<profile>.calibration.md
+    return Calibrated(doc, md, path)

@@ -138,7 +138,7 @@ def _bench_sets(bench: CaseBench) -> list[str]:
 
 def resolve_case(loaded: LoadedCase, extra_sets: Sequence[str] = ()) -> ResolvedCase:
     """Config file -> its arm -> case overrides -> case bench shape (-> extra sets)."""
-    from tts_bench.ab import load_arms
+    from tts_bench.config import load_arms
 
     case = loaded.case
     if not loaded.config_path.is_file():
@@ -155,6 +155,9 @@ def resolve_case(loaded: LoadedCase, extra_sets: Sequence[str] = ()) -> Resolved
     return ResolvedCase(loaded, arm, cfg, current, tuple(extra_sets))
 
 
+CASES_DIR = Path("configs/cases")
+
+
 def baseline_path(case: Case, profile: str, directory: Path = DEFAULT_BASELINE_DIR) -> Path:
     return Path(directory) / f"{case.name}.{profile}.json"
 
@@ -162,3 +165,12 @@ def baseline_path(case: Case, profile: str, directory: Path = DEFAULT_BASELINE_D
 def default_profile() -> str:
     """`cpu-<N>core` from the CPU count; GPU hosts name theirs (`--profile h200`)."""
     return f"cpu-{os.cpu_count() or 1}core"
+
+
+def case_path(case: str | Path, cases_dir: Path = CASES_DIR) -> Path:
+    """A case file as given, or a case name under configs/cases/ (`synthetic` ->
+    configs/cases/synthetic.yaml)."""
+    path = Path(case)
+    if path.is_file() or path.suffix in (".yaml", ".yml"):
+        return path
+    return Path(cases_dir) / f"{case}.yaml"

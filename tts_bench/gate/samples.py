@@ -34,7 +34,7 @@ import numpy as np
 
 from tts_bench.config import parse_tier
 from tts_bench.errors import ConfigError
-from tts_bench.loadgen import RequestRecord
+from tts_bench.records import RequestRecord
 from tts_bench.results import RunDir
 
 Direction = Literal["lower", "higher"]

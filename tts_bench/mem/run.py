@@ -4,33 +4,42 @@ The procedure is the seed's (both arms identical): for each arm in order, build 
 and `start(R)` with the measured tier's R; send the warm tier (concurrency C_w, not sampled; its
 R is the backend's, since a started service does not change its replica count); start the
 samplers; send the tier's warmup requests (phase "warmup"), then the measured requests (phase
-"measure") with exactly C in flight through the shared load generator (`tts_bench.loadgen`, the
-one `tts-bench ab` uses); stop the samplers; stop the backend. Every request is appended to the
-run's JSONL as it finishes; the samples, summaries and timeline PNG paths go into run.json under
-`mem`.
+"measure") with exactly C in flight; stop the samplers; stop the backend. That is one
+`tts_bench.phases.run_fresh_phase` (the phase `tts-bench ab` runs) with the warm tier as its
+`before` step and `tts_bench.mem.hooks.MemoryHooks` starting and stopping the samplers. Every
+request is appended to the run's JSONL as it finishes; the samples, summaries and timeline PNG
+paths go into run.json under `mem`.
 
     result = run_mem(arms, MemPlan(tier=parse_tier("128x8"), warm_tier=parse_tier("4x1"),
                      num_prompts=128, samplers=("nvml", "torch"), interval_s=2.0), run_dir=run)
     result.summaries[0].to_dict()["arms"]["test"]["delta_mib"]
+    result = measure_memory(Path("configs/ab/default.yaml"), sets=["mem.tier=4x2"])   # the command
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from tts_bench.ab import plan_jobs, select_ab_prompts
 from tts_bench.backends import make_backend
-from tts_bench.config import BenchConfig, Tier
+from tts_bench.config import BenchConfig, Tier, config_hash, config_to_dict, load_arms, parse_tier
 from tts_bench.errors import ConfigError, ExitStatus
-from tts_bench.loadgen import PhaseLabels, RequestRecord, run_phase
+from tts_bench.loadgen import run_phase
+from tts_bench.mem.hooks import MemoryHooks
 from tts_bench.mem.plot import preload, write_timeline
-from tts_bench.mem.recorder import MemoryRecorder, MemSeries
-from tts_bench.mem.samplers import make_sampler, resolve_names
+from tts_bench.mem.recorder import MemSeries
+from tts_bench.mem.samplers import parse_sampler_names, resolve_names
 from tts_bench.mem.summary import MemSummary, summarize
-from tts_bench.results import RunDir
+from tts_bench.phases import run_fresh_phase
+from tts_bench.preflight import check_memory
+from tts_bench.prompts import load_prompts, plan_jobs, select_bench_prompts
+from tts_bench.records import PhaseLabels, RequestRecord
+from tts_bench.results import RunDir, python_argv
+from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +100,8 @@ class MemResult:
 class _ArmRun:
     """One arm: what it recorded."""
 
-    series: dict[str, MemSeries]
-    records: list[RequestRecord]
-
-
-def _sink(run_dir: RunDir):
-    return lambda rec: run_dir.append_request(rec.to_dict())
+    series: dict[str, MemSeries]  # by sampler
+    records: list[RequestRecord]  # the measured requests
 
 
 async def _warm(backend: Any, cfg: BenchConfig, arm: str, plan: MemPlan, prompts: list, run_dir: RunDir) -> None:
@@ -107,50 +112,19 @@ async def _warm(backend: Any, cfg: BenchConfig, arm: str, plan: MemPlan, prompts
     _, jobs = plan_jobs(warm_prompts, labels, seed=cfg.bench.seed, warmup=0, voices=cfg.prompts.voices)
     log.info("%s: warm tier %s (%d requests, not sampled)", arm, plan.warm_tier.label, len(jobs))
     await run_phase(backend, jobs, concurrency=plan.warm_tier.concurrency, labels=labels,
-                    timeout_s=cfg.bench.timeout_s, sink=_sink(run_dir))
+                    timeout_s=cfg.bench.timeout_s, sink=lambda rec: run_dir.append_request(rec.to_dict()))
 
 
-def _recorders(plan: MemPlan, backend: Any) -> list[MemoryRecorder]:
-    """One recorder per requested sampler; two names resolving to one sampler record once."""
-    out: dict[str, MemoryRecorder] = {}
-    for name in plan.samplers:
-        sampler = make_sampler(name, device_index=plan.device_index, backend=backend)
-        if sampler.name in out:
-            log.warning("mem sampler %r resolves to %s, already sampling; recorded once", name, sampler.name)
-            sampler.close()
-            continue
-        out[sampler.name] = MemoryRecorder(sampler, plan.interval_s)
-    return list(out.values())
-
-
-async def _run_arm(arm: str, cfg: BenchConfig, plan: MemPlan, prompts: list, run_dir: RunDir) -> _ArmRun:
-    backend = make_backend(cfg)
-    await backend.start(plan.tier.replicas)
-    recorders: list[MemoryRecorder] = []
-    try:
-        await _warm(backend, cfg, arm, plan, prompts, run_dir)
-        labels = PhaseLabels(arm, plan.tier.label, 0)
-        warm, measured = plan_jobs(prompts, labels, seed=cfg.bench.seed,
-                                   warmup=cfg.bench.warmup_for(plan.tier.concurrency),
-                                   voices=cfg.prompts.voices)
-        recorders = _recorders(plan, backend)
-        for rec in recorders:
-            rec.start("warmup")
-        common = dict(concurrency=plan.tier.concurrency, labels=labels,
-                      timeout_s=cfg.bench.timeout_s, sink=_sink(run_dir))
-        await run_phase(backend, warm, **common)
-        for rec in recorders:
-            rec.mark("measure")
-        result = await run_phase(backend, measured, **common)
-        series = {rec.sampler.name: rec.stop() for rec in recorders}
-        run_dir.update(backends={**run_dir.doc.get("backends", {}), arm: backend.describe()})
-        return _ArmRun(series, result.records)
-    finally:
-        for rec in recorders:
-            if rec.running:  # an exception left it sampling: stop the thread, drop the series
-                rec.stop()
-            rec.sampler.close()
-        await backend.stop()
+async def _run_arm(arm: str, cfg: BenchConfig, plan: MemPlan, prompts: list, run_dir: RunDir,
+                   hooks: MemoryHooks) -> _ArmRun:
+    """One arm on a fresh backend: the warm tier (not sampled), then the sampled tier."""
+    labels = PhaseLabels(arm, plan.tier.label, 0)
+    jobs = plan_jobs(prompts, labels, seed=cfg.bench.seed, warmup=cfg.bench.warmup_for(plan.tier.concurrency),
+                     voices=cfg.prompts.voices)
+    result = await run_fresh_phase(cfg, plan.tier, labels, jobs, run_dir=run_dir, hooks=hooks,
+                                   before=lambda backend: _warm(backend, cfg, arm, plan, prompts, run_dir))
+    series = {name: arms[arm] for name, arms in hooks.series(plan.tier.label).items() if arm in arms}
+    return _ArmRun(series, result.records)
 
 
 def _invalid(runs: dict[str, _ArmRun], summaries: list[MemSummary], arms: dict[str, BenchConfig]) -> list[str]:
@@ -188,15 +162,63 @@ def prepare_plan(arms: dict[str, BenchConfig], plan: MemPlan) -> MemPlan:
     return plan
 
 
+def measure_memory(
+    config: Path | None, *, sets: Sequence[str] = (), base_sets: Sequence[str] = (),
+    test_sets: Sequence[str] = (), num_prompts: int | None = None, result_dir: Path = Path("results/runs"),
+) -> MemResult:
+    """`tts-bench mem` as one call: both arms of `config` (default: the shipped
+    configs/ab/default.yaml), the plan from the base arm's `mem:` section (`num_prompts` None:
+    max(bench.num_prompts, 2 x C)), every check before the run directory exists, then the run."""
+    arms = load_arms(config or shipped_config(DEFAULT_AB_CONFIG), sets, base_sets, test_sets)
+    plan = plan_from_config(next(iter(arms.values())), num_prompts)
+    plan = prepare_plan(arms, plan)  # a sampler that cannot start fails before the run exists
+    _check_memory(arms, plan)
+    run = RunDir.create(
+        result_dir, "mem", command_line=python_argv(),
+        configs={n: config_to_dict(c) for n, c in arms.items()},
+        config_hashes={n: config_hash(c) for n, c in arms.items()}, extra={"mem_plan": plan.to_dict()},
+    )
+    with run.finishing():  # any exit (error, Ctrl-C) leaves run.json failed / interrupted
+        return _run_prepared(arms, plan, run)
+
+
+def plan_from_config(base: BenchConfig, num_prompts: int | None = None) -> MemPlan:
+    """The plan of the base arm's `mem:` section (its prompt list read, so a bad one fails now)."""
+    load_prompts(base.prompts.meta)  # a bad meta.lst fails before the run exists
+    params, tier = base.mem, parse_tier(base.mem.tier, where="--tier / mem.tier")
+    return MemPlan(
+        tier=tier,
+        warm_tier=parse_tier(params.warm_tier, where="--warm-tier / mem.warm_tier") if params.warm_tier else None,
+        num_prompts=max(base.bench.num_prompts, 2 * tier.concurrency) if num_prompts is None else num_prompts,
+        samplers=parse_sampler_names(params.sampler), interval_s=params.interval_s,
+        device_index=params.device_index, warm_prompts=params.warm_prompts,
+    )
+
+
+def _check_memory(arms: dict[str, BenchConfig], plan: MemPlan) -> None:
+    warm_c = plan.warm_tier.concurrency if plan.warm_tier else 0
+    for name, cfg in arms.items():  # the warm tier runs on the same backend (the tier's R)
+        check_memory(cfg, replicas=plan.tier.replicas, concurrency=max(plan.tier.concurrency, warm_c),
+                     label=f"arm {name!r} at tier {plan.tier.label}")
+
+
 def run_mem(arms: dict[str, BenchConfig], plan: MemPlan, *, run_dir: RunDir) -> MemResult:
     """Run every arm in order on a fresh backend and summarise, record and plot the memory."""
+    return _run_prepared(arms, prepare_plan(arms, plan), run_dir)
+
+
+def _run_prepared(arms: dict[str, BenchConfig], plan: MemPlan, run_dir: RunDir) -> MemResult:
     base_cfg = next(iter(arms.values()))
-    plan = prepare_plan(arms, plan)
     preload()  # every arm is sampled with matplotlib already in this process (rss counts it)
-    prompts = select_ab_prompts(base_cfg, plan.num_prompts)
+    prompts = select_bench_prompts(base_cfg, plan.num_prompts)
+
+    # Samplers start after each arm's warm tier and stop after its measured requests; the
+    # summary below is this run's own (run.json `mem`), so the hooks keep the series only.
+    hooks = MemoryHooks(plan.samplers, interval_s=plan.interval_s, device_index=plan.device_index,
+                        arms_per_tier=len(arms))
 
     async def main() -> dict[str, _ArmRun]:
-        return {arm: await _run_arm(arm, cfg, plan, prompts, run_dir) for arm, cfg in arms.items()}
+        return {arm: await _run_arm(arm, cfg, plan, prompts, run_dir, hooks) for arm, cfg in arms.items()}
 
     runs = asyncio.run(main())
     summaries = [summarize({arm: r.series[name] for arm, r in runs.items()}, tier=plan.tier.label)

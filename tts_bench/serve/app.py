@@ -10,7 +10,7 @@ Endpoints:
   with the streaming size 0xFFFFFFFF followed by PCM, each backend chunk written as it arrives;
   `stream_format: sse` sends OpenAI-style `speech.audio.delta` events with base64 PCM instead.
 - `GET /v1/models` — the one served model, with the backend's `describe()` under `tts_bench`.
-- `GET /metrics` — Prometheus text (`tts_bench.serve.exposition`): serve RSS, the backend's
+- `GET /metrics` — Prometheus text (`tts_bench.wire.exposition`): serve RSS, the backend's
   `memory_snapshot()` when it implements ReportsMemory, request counters.
 - `GET /health` — 200 `{"status": "ok"}` while the backend serves; 503 (JSON, saying why) once
   it stopped serving (a stage process died) or the server is stopping.
@@ -52,7 +52,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -62,8 +63,7 @@ from tts_bench.backends import make_backend
 from tts_bench.backends.base import (
     AudioChunk, ReportsHealth, ReportsMemory, RequestFailed, SynthesisRequest,
 )
-from tts_bench.errors import BackendError
-from tts_bench.serve import exposition
+from tts_bench.errors import BackendError, ConfigError
 from tts_bench.serve.request import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_INPUT_CHARS,
@@ -74,7 +74,8 @@ from tts_bench.serve.request import (
     parse_speech_body,
     read_json_body,
 )
-from tts_bench.serve.wire import encode_pcm16, sse_audio_event, sse_event, wav_header
+from tts_bench.wire import exposition
+from tts_bench.wire.audio import encode_pcm16, sse_audio_event, sse_event, wav_header
 
 if TYPE_CHECKING:
     from tts_bench.config import BenchConfig
@@ -285,6 +286,24 @@ class SpeechServer:
 
 
 # ---------------------------------------------------------------- running it
+
+
+def serve_config(config: Path, *, sets: Sequence[str] = (), arm: str | None = None, replicas: int = 1,
+                 host: str = "127.0.0.1", port: int = 8091, **limits: int) -> None:
+    """`tts-bench serve` as one call: one arm of `config` (`tts_bench.config.load_arm`), refused
+    when its backend is itself `http`, its memory checked at the talker's admission limit, then
+    served until SIGINT/SIGTERM (`serve_until_signalled`)."""
+    from tts_bench.config import load_arm
+    from tts_bench.preflight import check_memory
+
+    cfg = load_arm(config, sets, arm)
+    if cfg.backend == "http":
+        raise ConfigError(f"error: the config's backend is http ({config}: backend); serve a local "
+                          "backend (embedded, piper, synthetic), not another server")
+    # Clients decide the concurrency; the talker admits at most talker_max_batch at once.
+    check_memory(cfg, replicas=replicas, concurrency=cfg.stages.runner.talker_max_batch,
+                 label=f"tts-bench serve --replicas {replicas}")
+    asyncio.run(serve_until_signalled(cfg, replicas=replicas, host=host, port=port, **limits))
 
 
 async def serve_until_signalled(cfg: BenchConfig, *, replicas: int, host: str, port: int,

@@ -13,9 +13,9 @@ run's requests.jsonl as it finishes. Failures keep their cause:
 | `request_failed` | the backend raised, timed out, or the prompt wav is missing | the backend's kind (`timeout`, `backend_error`, `missing_prompt_wav`) |
 | `no_audio` | the request finished with zero samples | `empty_audio` |
 
-Audio is written as 16-bit mono WAV (`wavs/<arm>/<request_id>.wav`, stdlib `wave`); its
-`audio_sha256` is the sha256 of the WAV *file*, the same hash the transcript cache and the
-output-identity line use.
+Audio is written as 16-bit mono WAV (`wavs/<arm>/<request_id>.wav`,
+`tts_bench.wire.audio.write_wav`); its `audio_sha256` is the sha256 of the WAV *file*, the same
+hash the transcript cache and the output-identity line use.
 
     records = asyncio.run(generate_arm("base", backend, prompts, run, concurrency=4))
 """
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tts_bench._records import from_known_fields
-from tts_bench.asr.base import write_wav
 from tts_bench.backends.base import AudioChunk, Backend, SynthesisRequest
-from tts_bench.loadgen import Job, PhaseLabels, RequestRecord, run_phase
+from tts_bench.loadgen import run_phase
+from tts_bench.records import Job, PhaseLabels, RequestRecord, from_known_fields
+from tts_bench.wire.audio import write_wav
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,14 @@
-"""Memory sampling inside `tts-bench ab --mem`: hooks the A/B runner calls at each phase.
+"""Memory sampling during a phase: the hooks `tts_bench.phases.run_fresh_phase` calls.
 
-`tts_bench.ab.run_ab(..., hooks=MemoryHooks(...))` calls `on_phase(arm, tier, repeat, phase,
-backend)` with phase "warmup" (after the fresh backend started: samplers start), "measure"
-(before the measured requests: later samples are steady-state candidates) and "end" (after
-them: samplers stop). After each "end" the hooks write what they have so far into run.json
-(`mem`: one summary per tier, repeat and sampler, every arm seen), and once every arm of a
-tier ran, its timeline PNG; a killed A/B keeps the memory of what it finished.
+`run_fresh_phase(..., hooks=MemoryHooks(...))` (inside `tts-bench ab --mem`, `tts-bench mem` and
+a case with `bench.mem`) calls `on_phase(arm, tier, repeat, phase, backend)` with phase "warmup"
+(after the fresh backend started: samplers start), "measure" (before the measured requests:
+later samples are steady-state candidates) and "end" (after them: samplers stop), and
+`abandon()` when the phase raised in between (samplers stop, nothing is kept). With a `run_dir`,
+after each "end" the hooks write what they have so far into run.json (`mem`: one summary per
+tier, repeat and sampler, every arm seen), and once every arm of a tier ran, its timeline PNG; a
+killed A/B keeps the memory of what it finished. Without one (`tts-bench mem`, which records
+its own summary) they only keep the series (`series(tier)`).
 
     hooks = MemoryHooks(("nvml", "torch"), interval_s=2.0, run_dir=run)   # or make_ab_hooks(cfg, run)
     result = run_ab(arms, tiers, repeats=1, num_prompts=64, run_dir=run, hooks=hooks)
@@ -59,11 +62,21 @@ class MemoryHooks:
         else:
             raise ValueError(f"unknown phase {phase!r}; valid: warmup, measure, end")
 
+    def abandon(self) -> None:
+        """The phase raised after "warmup": stop sampling and keep nothing of it."""
+        self._stop_active()
+
+    def series(self, tier: str, repeat: int = 0) -> dict[str, dict[str, MemSeries]]:
+        """sampler -> arm -> series of one (tier, repeat), samplers in the order they started."""
+        return {name: dict(arms) for (t, r, name), arms in self._series.items() if (t, r) == (tier, repeat)}
+
     def _start(self, backend: Any) -> list[MemoryRecorder]:
+        """One recorder per requested sampler; two names resolving to one sampler record once."""
         recorders: dict[str, MemoryRecorder] = {}
         for name in self.sampler_names:
             sampler = make_sampler(name, device_index=self.device_index, backend=backend)
             if sampler.name in recorders:
+                log.warning("mem sampler %r resolves to %s, already sampling; recorded once", name, sampler.name)
                 sampler.close()
                 continue
             recorders[sampler.name] = MemoryRecorder(sampler, self.interval_s)

@@ -27,6 +27,12 @@ from functools import lru_cache
 
 import torch
 
+from stages.platform import is_cuda, synchronize
+
+# Untimed calls before each profiled run: the first call pays for the allocator's growth and
+# for caches built on first use (row-order tensors), which a steady step never pays again.
+WARMUP = 1
+
 # Operators that only allocate or relabel storage: no kernel on CUDA, so no launch on CPU either.
 _NO_LAUNCH = frozenset(
     f"aten::{n}"
@@ -106,7 +112,7 @@ def _cpu_launches(event) -> Counter[str]:
 
 
 def count_launches(
-    fn: Callable[[], object], *, device: torch.device, repeats: int = 3, warmup: int = 1
+    fn: Callable[[], object], *, device: torch.device, repeats: int = 3, warmup: int = WARMUP
 ) -> LaunchCount:
     """Profile `fn` `repeats` times after `warmup` calls; return launches per call."""
     return measure(fn, device=device, repeats=repeats, warmup=warmup).launches
@@ -135,7 +141,7 @@ class Measured:
 
 
 def measure(
-    fn: Callable[[], object], *, device: torch.device, repeats: int = 3, warmup: int = 1,
+    fn: Callable[[], object], *, device: torch.device, repeats: int = 3, warmup: int = WARMUP,
     ranges: tuple[str, ...] = (),
 ) -> Measured:
     """Profile `fn` `repeats` times after `warmup` calls, once: launches per call and the time
@@ -144,17 +150,17 @@ def measure(
 
     for _ in range(warmup):
         fn()
-    on_device = device.type == "cuda"
+    on_device = is_cuda(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
     if on_device:
-        torch.cuda.synchronize(device)
+        synchronize(device)
     # No shapes, stacks or memory: they cost host time per operator and we read none of them.
     with profile(activities=activities, record_shapes=False, with_stack=False,
                  profile_memory=False) as prof:  # fmt: skip
         for _ in range(repeats):
             fn()
         if on_device:
-            torch.cuda.synchronize(device)
+            synchronize(device)
     events = prof.events()
     return Measured(
         _launches(events, on_device, repeats), range_times(events, ranges, on_device, repeats)

@@ -1,4 +1,8 @@
-"""Audio wire formats of `/v1/audio/speech`, encoded whole and decoded incrementally.
+"""Audio as bytes: int16 PCM (hashes, WAV files) and the wire formats of `/v1/audio/speech`,
+encoded whole and decoded incrementally.
+
+Float -> int16 is `stages.code2wav.pcm.to_pcm16` everywhere (`pcm16` here): the load
+generator hashes it, the server sends it, the WER gate writes it to WAV files (`write_wav`).
 
 Servers answer in one of three shapes, and a benchmark client must decode each *as bytes arrive*
 (the arrival of the first samples is the TTFP):
@@ -15,8 +19,8 @@ Servers answer in one of three shapes, and a benchmark client must decode each *
   keys or a bare base64 payload), ended by `[DONE]` or `speech.audio.done`. `SseDecoder` returns
   the audio bytes, which then go through the PCM or WAV decoder.
 
-Landmine: s16 samples are scaled by 1/32767, the inverse of the load generator's hashing
-(`round(x * 32767)`), so audio that crossed HTTP hashes exactly like audio produced in-process.
+Landmine: s16 samples are scaled by 1/32767, the inverse of `pcm16` (`round(x * 32767)`), so
+audio that crossed HTTP hashes exactly like audio produced in-process.
 
     dec = WavDecoder()
     for piece in network_reads:
@@ -33,7 +37,12 @@ import struct
 
 import numpy as np
 
-PCM16_SCALE = 32767.0  # same as tts_bench.loadgen's hashing scale (see the landmine above)
+from stages.code2wav.pcm import PCM16_SCALE, to_pcm16, wav_header, write_wav16
+
+pcm16 = to_pcm16  # float32 [-1, 1] -> int16: the form audio hashes are taken over
+write_wav = write_wav16  # float32 [-1, 1] -> a mono 16-bit PCM WAV file (the same int16 values)
+__all__ = ["PCM16_SCALE", "PcmDecoder", "SseDecoder", "WavDecoder", "WireError", "encode_pcm16", "pcm16",
+           "sse_audio_event", "sse_event", "wav_header", "write_wav"]
 _UNKNOWN_SIZES = (0, 0xFFFFFFFF)  # data sizes a streaming WAV writer uses for "until the end"
 _WAVE_FORMAT_PCM, _WAVE_FORMAT_FLOAT, _WAVE_FORMAT_EXTENSIBLE = 1, 3, 0xFFFE
 _AUDIO_KEYS = ("audio", "delta", "data", "chunk", "b64_json")
@@ -49,18 +58,7 @@ class WireError(ValueError):
 def encode_pcm16(samples: np.ndarray) -> bytes:
     """float32 [-1, 1] mono -> int16 little-endian bytes (clipped)."""
     # samples: [n]
-    ints = np.clip(np.round(np.asarray(samples, dtype=np.float32) * PCM16_SCALE), -32768, 32767)
-    return ints.astype("<i2").tobytes()
-
-
-def wav_header(sample_rate: int, data_bytes: int | None = None) -> bytes:
-    """A 44-byte header for int16 mono; `data_bytes=None` writes the streaming sizes (0xFFFFFFFF)."""
-    data = 0xFFFFFFFF if data_bytes is None else data_bytes
-    riff = 0xFFFFFFFF if data_bytes is None else 36 + data_bytes
-    fmt = struct.pack("<HHIIHH", _WAVE_FORMAT_PCM, 1, sample_rate, sample_rate * 2, 2, 16)
-    return b"RIFF" + struct.pack("<I", riff) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + (
-        b"data" + struct.pack("<I", data)
-    )
+    return to_pcm16(samples).astype("<i2", copy=False).tobytes()
 
 
 def sse_event(payload: dict) -> bytes:

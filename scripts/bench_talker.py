@@ -8,14 +8,15 @@ pass that captures the graphs the timed pass needs: prefill B requests once, war
 `--reps` windows of `--steps` engine steps per prelude, the preludes alternating window by window
 (A B, B A, ...) on the same running requests (synchronize before each clock read; `step()`
 itself reads the sampled ids back once per step); report the median window per prelude, the
-selected/eager ratio (median of per-repetition pairs), and the device kernels of one step
-(`torch.profiler`). Timing the preludes one after another instead let host drift pose as a
+selected/eager ratio (median of per-repetition pairs), and the launches of one step
+(`stages.profiling.launches.count_launches`: kernels + memcpys on CUDA, top-level non-view aten
+operators on CPU). Timing the preludes one after another instead let host drift pose as a
 prelude effect (the eager-mode step at B = 128 read 26.5 ms with one and 38.7 ms with the
 other, run after it). Prints a header, a fixed-width table, and one JSON document as the last
 stdout line; `--out DIR` also writes `DIR/talker_bench.json`.
 
-    PYTHONPATH=. python3 -m stages.talker.bench --device cuda --out "$OUT"
-    PYTHONPATH=. python3 -m stages.talker.bench --device cpu --tiny --batches 1,4 --steps 5
+    PYTHONPATH=. python3 scripts/bench_talker.py --device cuda --out "$OUT"
+    PYTHONPATH=. python3 scripts/bench_talker.py --device cpu --tiny --batches 1,4 --steps 5
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 
 from stages.platform.device import describe_device, dtype_from_name, resolve_device, synchronize
+from stages.profiling.launches import count_launches
 from stages.talker.config import TalkerConfig
 from stages.talker.engine import TalkerEngine, TalkerRequest
 from stages.talker.prelude import penalty_temperature_eager, select_prelude
@@ -43,17 +45,10 @@ def tiny_config() -> TalkerConfig:
 
 
 def kernels_per_step(engine: TalkerEngine, device: torch.device) -> int:
-    """Device kernels (CUDA) or top-level aten ops (CPU) launched by one `step()`."""
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=acts) as prof:
-        engine.step()
-        synchronize(device)
-    if device.type == "cuda":
-        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-    return sum(1 for e in prof.events() if e.name.startswith("aten::") and (
-        e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+    """Launches of one `step()`: device kernels + memcpy/memset (CUDA), top-level non-view aten
+    operators (CPU). One profiled step, no warmup: the timed windows warmed it up."""
+    count = count_launches(engine.step, device=device, repeats=1, warmup=0)
+    return int(count.per_call + count.copies_per_call)
 
 
 @dataclasses.dataclass

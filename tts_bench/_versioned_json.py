@@ -1,0 +1,63 @@
+"""Versioned JSON files the harness keeps between runs (baselines, calibrations): one reader
+that checks the format version and answers in our words, and one atomic writer.
+
+A file's format is described once, next to the code that builds it; readers get the document
+only when it is there, parses, and carries the version this tts-bench reads. Every failure is
+a ConfigError (exit 2) that names the file, the flag it came from and what to do:
+
+    BASELINE = VersionedJson("baseline", "baseline_version", 1, flag="--baseline",
+                             record_hint="record one with tts-bench baseline update ...",
+                             stale_hint="re-record it")
+    doc = BASELINE.load(path)
+    write_json_atomic({**BASELINE.stamp(), ...}, path)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tts_bench.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class VersionedJson:
+    """One file format: what it is called, where its version lives, and the user's next step."""
+
+    what: str  # "baseline": the noun in "no baseline at <path>"
+    version_key: str  # the top-level key holding the format version
+    version: int  # the version this tts-bench reads and writes
+    flag: str  # the option the path came from, e.g. "--baseline"
+    record_hint: str  # how to make one when there is none
+    stale_hint: str  # what to do with a file of another version
+
+    def stamp(self) -> dict[str, int]:
+        """The version entry a new document of this format starts with."""
+        return {self.version_key: self.version}
+
+    def load(self, path: Path | str) -> dict[str, Any]:
+        path = Path(path)
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"error: no {self.what} at {path} ({self.flag}); {self.record_hint}") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"error: {path} is not valid JSON: {exc} ({self.flag}); restore it from git") from None
+        if doc.get(self.version_key) != self.version:
+            raise ConfigError(f"error: {path} has {self.version_key} {doc.get(self.version_key)!r}, this "
+                              f"tts-bench reads {self.version} ({self.flag}); {self.stale_hint}")
+        return doc
+
+
+def write_json_atomic(doc: dict[str, Any], path: Path | str) -> Path:
+    """Write `doc` (indented, newline-terminated) so a reader never sees half a file: to a
+    temporary name beside it, then renamed over it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path

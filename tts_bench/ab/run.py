@@ -1,0 +1,181 @@
+"""Same-day A/B of audio RTF: arms interleaved per tier, each phase on a fresh backend.
+
+For each tier `CxR`, for each of K repeats, each arm gets a fresh backend, in counterbalanced
+order (`phase_order`: A B, then B A, then A B ...: with an even K each arm runs first as often as
+second, so a drift within the session, e.g. the first phase on a cold machine running slower,
+cannot pose as an effect of either arm). Each phase is `tts_bench.phases.run_fresh_phase`:
+`start(R)`, `max(2, C)` warmup requests (recorded, flagged, excluded from stats), the measured
+requests with exactly C in flight, `stop()`. Both arms send the same prompts in the same order
+with the same per-request seeds (`tts_bench.prompts.plan_jobs`). The result is computed from the
+record by `tts_bench.ab.summary.summarize_ab` (aggregates, paired-block comparisons, verdicts,
+flags). A one-repeat run has no interval of its own: its verdict is `unresolved` unless a
+calibration of this case and hardware profile is given (`tts_bench.calibration`). With
+`until=UntilResolved(...)` blocks are added in counterbalanced pairs until every tier's interval
+is narrow enough (`tts_bench.until_resolved`).
+
+Every finished request is appended to the run's JSONL at once; the result is computed from
+the JSONL, so `resume=True` finishes a killed run without repeating completed requests (a phase
+with measured work left gets a fresh backend and its warmup again; warmup records already on
+disk are not written twice).
+
+Hooks: pass `hooks` (`tts_bench.phases.PhaseHooks`: `on_phase(arm, tier, repeat, phase,
+backend)`); it is called with phase "warmup" after `start`, "measure" before the measured
+requests, and "end" after them (before `stop`). The memory sampler (`tts-bench ab --mem`,
+`tts_bench.mem.hooks`) plugs in here.
+
+    result = run_ab({"base": cfg_a, "test": cfg_b}, parse_tiers("2x1,4x2"),
+                    repeats=2, num_prompts=8, run_dir=RunDir.create(...))
+    result.to_dict()["tiers"][0]["verdict"]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from tts_bench.ab.summary import AbResult, summarize_ab
+from tts_bench.calibration import Calibration
+from tts_bench.config import BenchConfig, Tier
+from tts_bench.errors import BackendError
+from tts_bench.phases import PhaseHooks, run_fresh_phase
+from tts_bench.prompts import plan_jobs, select_bench_prompts
+from tts_bench.records import Job, PhaseLabels, RequestRecord
+from tts_bench.results import RunDir, request_key
+from tts_bench.until_resolved import UntilResolved, drive
+
+log = logging.getLogger(__name__)
+
+
+class AbProgress(Protocol):
+    """What the CLI's progress bar implements: one task per (tier, arm, repeat)."""
+
+    def start(self, description: str, total: int) -> None: ...
+
+    def advance(self) -> None: ...
+
+
+@dataclass
+class _Runner:
+    arms: dict[str, BenchConfig]
+    num_prompts: int
+    run_dir: RunDir
+    done: set
+    progress: AbProgress | None
+    hooks: PhaseHooks | None
+    _prompt_cache: dict[int, list[Any]] = field(default_factory=dict)
+
+    def prompts_for(self, tier: Tier) -> list[Any]:
+        """The tier's prompts (same for both arms): K*C with bench.prompts_per_client."""
+        base = next(iter(self.arms.values()))
+        n = base.bench.prompts_for(tier.concurrency, self.num_prompts)
+        if n not in self._prompt_cache:
+            self._prompt_cache[n] = select_bench_prompts(base, n)
+        return self._prompt_cache[n]
+
+    def sink(self, rec: RequestRecord) -> None:
+        d = rec.to_dict()
+        key = request_key(d)
+        if key not in self.done:  # warmups of a resumed phase are already on disk
+            self.run_dir.append_request(d)
+            self.done.add(key)
+
+    def advance(self, rec: RequestRecord) -> None:
+        if self.progress is not None and not rec.warmup:
+            self.progress.advance()
+
+    async def phase(self, arm: str, tier: Tier, repeat: int) -> None:
+        cfg = self.arms[arm]
+        labels = PhaseLabels(arm, tier.label, repeat)
+        warm, measured = plan_jobs(
+            self.prompts_for(tier), labels, seed=cfg.bench.seed,
+            warmup=cfg.bench.warmup_for(tier.concurrency), voices=cfg.prompts.voices,
+        )  # fmt: skip
+        skip = {j.request.request_id for j in measured if request_key(_key_dict(labels, j)) in self.done}
+        if len(skip) == len(measured):
+            log.info("%s %s r%d: already complete, skipped", arm, tier.label, repeat)
+            return
+        if self.progress is not None:
+            self.progress.start(f"{tier.label} {arm} r{repeat}", len(measured) - len(skip))
+        await run_fresh_phase(cfg, tier, labels, (warm, measured), run_dir=self.run_dir, sink=self.sink,
+                              hooks=self.hooks, progress=self.advance, skip_ids=skip)
+
+
+def _key_dict(labels: PhaseLabels, job: Job) -> dict[str, Any]:
+    return {"arm": labels.arm, "tier": labels.tier, "repeat": labels.repeat,
+            "request_id": job.request.request_id}
+
+
+def phase_order(arms: Sequence[str], repeat: int) -> list[str]:
+    """The arms' order within one repeat: as given on even repeats, reversed on odd ones (A B B A).
+
+    Why: on an H200 the second of two arms ran 12-15% faster at 32x1 in two unrelated A/Bs with
+    one repeat each; with plain A B A B that position effect always favours the test arm."""
+    return list(arms) if repeat % 2 == 0 else list(arms)[::-1]
+
+
+def run_ab(
+    arms: dict[str, BenchConfig],
+    tiers: Sequence[Tier],
+    *,
+    repeats: int,
+    num_prompts: int,
+    run_dir: RunDir,
+    progress: AbProgress | None = None,
+    resume: bool = False,
+    hooks: PhaseHooks | None = None,
+    until: UntilResolved | None = None,
+    calibration: Calibration | None = None,
+) -> AbResult:
+    """Run the A/B (`arms` ordered base, test) and compute the result from the run's JSONL.
+
+    `until`: add block pairs until resolved (`tts_bench.until_resolved`) instead of exactly
+    `repeats` blocks; `calibration`: the case's A/A calibration (one-block intervals, MDE)."""
+    if len(arms) != 2:
+        raise ValueError(f"run_ab needs exactly two arms (base, test), got {list(arms)}")
+    done = run_dir.completed_keys() if resume else set()
+    runner = _Runner(arms, num_prompts, run_dir, done, progress, hooks)
+
+    by_label = {t.label: t for t in tiers}
+
+    async def blocks(tier: str, first: int, stop: int) -> None:
+        for repeat in range(first, stop):
+            for arm in phase_order(list(arms), repeat):
+                try:
+                    await runner.phase(arm, by_label[tier], repeat)
+                except BackendError as exc:
+                    # A backend that cannot start before anything was measured is a broken
+                    # setup (raise: exit 1). Once requests are recorded, it is a run that
+                    # stopped half-way (a server went down): report what was measured, as
+                    # invalid, rather than an error with no table.
+                    if not runner.done:
+                        raise
+                    raise _StoppedEarly(f"{arm} {tier} r{repeat}: {str(exc).removeprefix('error: ')}") from exc
+
+    async def fixed() -> None:
+        for tier in tiers:
+            await blocks(tier.label, 0, repeats)
+
+    def summary() -> AbResult:
+        records = [RequestRecord.from_dict(d) for d in run_dir.iter_requests()]
+        return summarize_ab(records, arms, tiers, run_dir=str(run_dir.path), calibration=calibration)
+
+    try:
+        if until is None:
+            asyncio.run(fixed())
+            return summary()
+        stopped = asyncio.run(drive(until, blocks, [t.label for t in tiers], repeats=repeats, run_dir=run_dir,
+                                    comparisons=lambda: {t.tier: t.rtf for t in summary().tiers}))
+        return replace(summary(), until_resolved=stopped)
+    except _StoppedEarly as early:
+        reason = f"the run stopped early, backend failed: {early}; fix it, then --resume"
+        result = summary()
+        return replace(result, invalid_reasons=(*result.invalid_reasons, reason))
+
+
+class _StoppedEarly(Exception):
+    """A backend failed after requests were recorded: the run ends, as invalid."""
+
+

@@ -1,0 +1,191 @@
+"""One `tts-bench ab` invocation as a library call: plan (or reopen) the run, run it, record it.
+
+`run_session(AbRequest(...))` is what the command calls: it loads both arms (file, `--set`, the
+file's `arms:`, `--base-set` / `--test-set`), fixes the plan (CLI options over the config's
+bench section: tiers, repeats, prompts, the `--until-resolved` rule, the hardware profile and
+the calibration found for it), checks memory and prompts before the run directory exists,
+runs `tts_bench.ab.run.run_ab` with the memory hooks when asked, records the status and result
+in run.json, and, with `voice_cache`, returns the view over one kind of request (the record
+keeps every request). `--resume` reopens a run instead; its run.json fixes the arms and plan
+(`plan_from_run`).
+
+    session = run_session(AbRequest(config=Path("configs/ab/synthetic.yaml"), tiers="2x1", repeats=2))
+    session.result.exit_status, session.run_dir.path
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tts_bench.ab.run import AbProgress, run_ab
+from tts_bench.ab.summary import AbResult, check_voice_cache, voice_cache_view
+from tts_bench.calibration import find_calibration, load_calibration
+from tts_bench.config import BenchConfig, Tier, config_hash, config_to_dict, load_arms, load_dataclass, parse_tiers
+from tts_bench.errors import ConfigError
+from tts_bench.results import RunDir, python_argv
+from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
+from tts_bench.until_resolved import DEFAULT_MAX_REPEATS, UntilResolved
+
+
+@dataclass(frozen=True)
+class AbPlan:
+    """What to run: the arms (ordered base, test) and the bench shape."""
+
+    arms: dict[str, BenchConfig]
+    tiers: tuple[Tier, ...]
+    repeats: int
+    num_prompts: int
+    until: UntilResolved | None = None  # --until-resolved settings (recorded for --resume)
+    profile: str | None = None  # hardware profile the calibration was looked up for
+    calibration: str | None = None  # the calibration file used (one-block intervals, MDE note)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"arms": list(self.arms), "tiers": [t.label for t in self.tiers],
+                "repeats": self.repeats, "num_prompts": self.num_prompts,
+                "until_resolved": self.until.to_dict() if self.until else None,
+                "profile": self.profile, "calibration": self.calibration}
+
+
+def plan_from_run(run_dir: RunDir) -> AbPlan:
+    """Rebuild the plan of a recorded A/B (for --resume) from its run.json."""
+    doc = run_dir.doc
+    if doc.get("kind") != "ab" or "ab" not in doc:
+        raise ConfigError(
+            f"error: {run_dir.path} is not an A/B run (--resume); pass a directory made by tts-bench ab"
+        )
+    arms = {name: load_dataclass(BenchConfig, d, source=f"{run_dir.run_json}: configs.{name}")
+            for name, d in doc["configs"].items()}
+    plan = doc["ab"]
+    until = UntilResolved.from_dict(plan["until_resolved"]) if plan.get("until_resolved") else None
+    return AbPlan(arms, parse_tiers(plan["tiers"]), int(plan["repeats"]), int(plan["num_prompts"]),
+                  until=until, profile=plan.get("profile"), calibration=plan.get("calibration"))
+
+
+
+@dataclass(frozen=True)
+class AbRequest:
+    """What `tts-bench ab` was asked for; None means "the config's value" (or the default)."""
+
+    config: Path | None = None  # None: the shipped configs/ab/default.yaml
+    tiers: str | None = None
+    num_prompts: int | None = None
+    repeats: int | None = None
+    sets: Sequence[str] = ()
+    base_sets: Sequence[str] = ()
+    test_sets: Sequence[str] = ()
+    result_dir: Path = Path("results/runs")
+    resume: Path | None = None  # finish this run; every option above is ignored
+    mem: bool = False
+    until_resolved: bool = False
+    max_repeats: int | None = None
+    budget_min: float | None = None
+    profile: str | None = None
+    calibration: Path | None = None
+    voice_cache: str | None = None  # hit | miss: the result over those requests only
+
+
+@dataclass(frozen=True)
+class AbSession:
+    """A finished `tts-bench ab`: the result to show (the voice-cache view when asked), the run
+    directory, the memory hooks (with --mem) and, for a view, (filter, kept, measured) counts."""
+
+    result: AbResult
+    run_dir: RunDir
+    mem: Any = None  # tts_bench.mem.hooks.MemoryHooks
+    voice_cache: tuple[str, int, int] | None = None
+
+
+def run_session(request: AbRequest, *, progress: AbProgress | None = None) -> AbSession:
+    """Plan (or reopen) the run, run the A/B, record status and result; see the module docstring."""
+    check_voice_cache(request.voice_cache)
+    run, plan = open_plan(request.resume) if request.resume else new_plan(request)
+    with run.finishing():  # any exit (error, Ctrl-C) leaves run.json failed / interrupted
+        calibration = load_calibration(plan.calibration) if plan.calibration else None
+        hooks = _mem_hooks(plan, run) if request.mem else None
+        result = run_ab(plan.arms, plan.tiers, repeats=plan.repeats, num_prompts=plan.num_prompts,
+                        run_dir=run, progress=progress, resume=request.resume is not None, hooks=hooks,
+                        until=plan.until, calibration=calibration)
+        run.update(status="complete" if result.valid else "invalid", result=result.to_dict())
+    if request.voice_cache is None:
+        return AbSession(result, run, hooks)
+    view, kept, measured = voice_cache_view(run, plan.arms, plan.tiers, request.voice_cache,
+                                            calibration=calibration)
+    return AbSession(view, run, hooks, (request.voice_cache, kept, measured))
+
+
+def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan]:
+    """Load both arms, fix the plan (options over the config's bench section), make the run."""
+    from tts_bench.gate.case import default_profile
+    from tts_bench.preflight import check_arms
+    from tts_bench.prompts import load_prompts
+
+    arms = load_arms(request.config or shipped_config(DEFAULT_AB_CONFIG), request.sets, request.base_sets,
+                     request.test_sets)
+    base = next(iter(arms.values()))
+    bench = base.bench
+    load_prompts(base.prompts.meta)  # a bad meta.lst fails before the run exists
+    profile = request.profile or default_profile()
+    # An explicit value is used as given (a 0 never falls back to the config: typer's min=1).
+    num_prompts = bench.num_prompts if request.num_prompts is None else request.num_prompts
+    plan = AbPlan(arms, parse_tiers(bench.tiers if request.tiers is None else request.tiers),
+                  bench.repeats if request.repeats is None else request.repeats, num_prompts,
+                  until=_until_rule(request, bench), profile=profile,
+                  calibration=_calibration_path(request.calibration, arms, profile, num_prompts))
+    check_arms(arms, plan.tiers)  # before the run directory exists and before any stage starts
+    run = RunDir.create(
+        request.result_dir, "ab", command_line=python_argv(),
+        configs={n: config_to_dict(c) for n, c in arms.items()},
+        config_hashes={n: config_hash(c) for n, c in arms.items()}, extra={"ab": plan.to_dict()},
+    )
+    return run, plan
+
+
+def _until_rule(request: AbRequest, bench) -> UntilResolved | None:
+    """--until-resolved [--max-repeats K] [--budget MIN] as a rule (None without the flag)."""
+    if not request.until_resolved:
+        if request.max_repeats is not None or request.budget_min is not None:
+            raise ConfigError("error: --max-repeats and --budget only apply with --until-resolved (tts-bench ab); "
+                              "add --until-resolved or drop them")
+        return None
+    try:
+        return UntilResolved(bench.min_effect_pct / 2.0, request.max_repeats or DEFAULT_MAX_REPEATS,
+                             request.budget_min)
+    except ValueError as exc:
+        raise ConfigError(f"error: {exc} (--until-resolved); fix the value") from None
+
+
+def _calibration_path(given: Path | None, arms: dict[str, BenchConfig], profile: str,
+                      num_prompts: int) -> str | None:
+    """--calibration, else the calibration in results/baselines whose key matches an arm."""
+    if given is not None:
+        return load_calibration(given).path
+    found = find_calibration([config_to_dict(c) for c in arms.values()], profile=profile,
+                             num_prompts=num_prompts)
+    return found.path if found else None
+
+
+def open_plan(path: Path) -> tuple[RunDir, AbPlan]:
+    """Reopen a recorded A/B; its run.json fixes the arms and the plan."""
+    from tts_bench.preflight import check_arms
+
+    run = RunDir.open(path, lock=True)  # a second writer of the same run exits 2 here
+    try:
+        plan = plan_from_run(run)
+        check_arms(plan.arms, plan.tiers)
+    except BaseException:
+        run.release()
+        raise
+    run.update(status="running", error=None)
+    return run, plan
+
+
+def _mem_hooks(plan: AbPlan, run: RunDir) -> Any:
+    # The memory sampler (tts_bench.mem) provides the hooks; see tts_bench.phases for the protocol.
+    try:
+        from tts_bench.mem.hooks import make_ab_hooks
+    except ImportError:
+        raise ConfigError("error: --mem is not available in this build (tts-bench ab); run without --mem") from None
+    return make_ab_hooks(next(iter(plan.arms.values())), run)

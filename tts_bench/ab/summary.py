@@ -1,0 +1,262 @@
+"""The A/B result: per tier, both arms' aggregates, the paired-block comparisons and the flags.
+
+Computed from the run's recorded requests (`summarize_ab`), never from what is in memory, so a
+resumed run and a finished one summarize alike. Per tier: both arms' aggregates
+(`tts_bench.metrics`), a paired-block comparison of per-request `audio_rtf` (each repeat is a
+block: `tts_bench.stats.compare`, a t interval over the blocks, the MDE and the verdict; the same
+for `audio_ttfp_ms`), a duration-mismatch flag (RTF moves with output length), an
+output-identity count (requests whose audio hash is equal across arms, paired by repeat and
+prompt position), and the reasons the tier is invalid (too many failures): an invalid tier has
+no speed verdict, for RTF and TTFP alike (`TierResult.to_dict`, `TierResult.ttfp_row`).
+
+    result = summarize_ab(records, arms, tiers, run_dir=str(run.path))
+    result.to_dict()["tiers"][0]["verdict"]          # faster | slower | within noise | invalid
+    view, kept, measured = voice_cache_view(run, arms, tiers, "miss")
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tts_bench.calibration import Calibration
+from tts_bench.config import BenchConfig, Tier
+from tts_bench.errors import ConfigError, ExitStatus, InvalidRunError
+from tts_bench.metrics import Aggregates, aggregate
+from tts_bench.records import RequestRecord
+from tts_bench.results import RunDir
+from tts_bench.stats import Comparison, compare
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TierResult:
+    tier: str
+    arms: dict[str, Aggregates]
+    rtf: Comparison | None
+    ttfp: Comparison | None
+    duration_delta_pct: float | None
+    duration_mismatch: bool
+    identical_outputs: int  # equal audio AND equal codes
+    paired_outputs: int
+    invalid_reasons: tuple[str, ...] = ()
+    identical_codes: int | None = None  # None when the backend reports no codec tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        """The tier as JSON (and as `tables.ab_table` reads it)."""
+        rtf = self.rtf
+        # A tier with too many failures has no verdict to trust, whatever its CI says.
+        valid = rtf is not None and not self.invalid_reasons
+        return {
+            "tier": self.tier,
+            "arms": {name: agg.to_dict() for name, agg in self.arms.items()},
+            "delta_mean_pct": rtf.delta_mean_pct if rtf else None,
+            "delta_median_pct": rtf.delta_median_pct if rtf else None,
+            "ci95_pct": list(rtf.ci95_pct) if rtf and rtf.ci95_pct else None,
+            "verdict": rtf.verdict if valid else "invalid",
+            "verdict_detail": rtf.verdict_text if valid else "invalid",
+            "mde_pct": rtf.mde_pct if rtf else None,
+            "blocks": rtf.blocks if rtf else 0,
+            "interval": rtf.interval if rtf else "none",
+            "block_sd_pct": rtf.block_sd_pct if rtf else None,
+            "calibration": rtf.calibration if rtf else None,
+            "ttfp": _comparison_dict(self.ttfp),
+            "duration_delta_pct": self.duration_delta_pct,
+            "duration_mismatch": self.duration_mismatch,
+            "identical_outputs": self.identical_outputs,
+            "identical_codes": self.identical_codes,
+            "paired_outputs": self.paired_outputs,
+            "invalid_reasons": list(self.invalid_reasons),
+        }
+
+    def ttfp_row(self) -> dict[str, Any]:
+        """The tier as `tables.ab_table` reads it for the TTFP table: `to_dict()` with the TTFP
+        comparison's delta, interval, verdict and MDE in RTF's place, no duration flag (TTFP
+        does not move with output length), and, as for RTF, no speed verdict on a tier with
+        too many failures."""
+        row = self.to_dict()
+        ttfp = row["ttfp"] or {}
+        row.update({k: ttfp.get(k) for k in ("delta_mean_pct", "ci95_pct", "verdict")},
+                   duration_mismatch=False, note="")
+        row.update(verdict_detail=ttfp.get("verdict_detail"), mde_pct=ttfp.get("mde_pct"))
+        if self.invalid_reasons:
+            row["verdict"] = row["verdict_detail"] = "invalid"
+        return row
+
+
+@dataclass(frozen=True)
+class AbResult:
+    tiers: list[TierResult]
+    run_dir: str
+    arm_names: tuple[str, str]
+    invalid_reasons: tuple[str, ...] = field(default=())
+    repeats: int = 1  # measured repeats found in the record (the fewest of any tier and arm)
+    calibration: Calibration | None = None  # the matching calibration, if any (1-block intervals, MDE)
+    until_resolved: dict[str, Any] | None = None  # rule, stop reason, repeats per tier
+
+    @property
+    def single_repeat(self) -> bool:
+        """One repeat: no run-to-run spread of its own to build an interval from."""
+        return self.repeats < 2
+
+    @property
+    def valid(self) -> bool:
+        return not self.invalid_reasons
+
+    @property
+    def exit_status(self) -> ExitStatus:
+        return ExitStatus.OK if self.valid else ExitStatus.INVALID_RUN
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_dir": self.run_dir,
+            "arms": list(self.arm_names),
+            "valid": self.valid,
+            "invalid_reasons": list(self.invalid_reasons),
+            "repeats": self.repeats,
+            "calibration": self.calibration.describe() if self.calibration else None,
+            "until_resolved": self.until_resolved,
+            "tiers": [t.to_dict() for t in self.tiers],
+        }
+
+    def ttfp_rows(self) -> list[dict[str, Any]]:
+        """Every tier's `TierResult.ttfp_row()`: what the TTFP table shows."""
+        return [t.ttfp_row() for t in self.tiers]
+
+
+def _comparison_dict(cmp: Comparison | None) -> dict[str, Any] | None:
+    if cmp is None:
+        return None
+    d = asdict(cmp)
+    for key in ("ci95_pct", "ci95_median_pct", "block_deltas_pct"):
+        d[key] = None if d[key] is None else list(d[key])
+    d["verdict_detail"] = cmp.verdict_text
+    return d
+
+
+
+def _pair_key(rec: RequestRecord) -> tuple[int, str]:
+    # The id without its arm prefix: the same prompt position in the other arm.
+    return rec.repeat, rec.request_id[len(rec.arm) + 1 :]
+
+
+def summarize_ab(
+    records: Sequence[RequestRecord], arms: dict[str, BenchConfig], tiers: Sequence[Tier], *, run_dir: str,
+    calibration: Calibration | None = None,
+) -> AbResult:
+    """Per-tier aggregates, comparisons, flags and validity from recorded requests."""
+    by_tier_arm: dict[tuple[str, str], list[RequestRecord]] = defaultdict(list)
+    for r in records:
+        if not r.warmup:
+            by_tier_arm[(r.tier, r.arm)].append(r)
+    names = tuple(arms)
+    bench = arms[names[0]].bench
+    results = [
+        _tier_result(tier.label, {a: by_tier_arm[(tier.label, a)] for a in names}, bench, calibration)
+        for tier in tiers
+    ]
+    reasons = tuple(reason for t in results for reason in t.invalid_reasons)
+    repeats = min((len({r.repeat for r in rs}) for rs in by_tier_arm.values()), default=0)
+    return AbResult(results, run_dir, names, reasons, repeats, calibration)
+
+
+VOICE_CACHE = ("hit", "miss")
+
+
+def check_voice_cache(which: str | None) -> None:
+    """`--voice-cache`: None (every request), `hit` or `miss`; anything else is a ConfigError."""
+    if which is not None and which not in VOICE_CACHE:
+        raise ConfigError(f"error: unknown voice cache filter {which!r} (--voice-cache); valid: hit, miss")
+
+
+def voice_cache_view(
+    run_dir: RunDir, arms: dict[str, BenchConfig], tiers: Sequence[Tier], which: str, *,
+    calibration: Calibration | None = None,
+) -> tuple[AbResult, int, int]:
+    """The A/B over the measured requests whose voice was a prompt-cache `which` (hit: its
+    prompt setup reused; miss: built for it), with how many of all measured requests that is.
+    A request the backend did not report on (failed, or a backend without voices) is left out."""
+    if which not in VOICE_CACHE:
+        raise ConfigError(f"error: unknown voice cache filter {which!r} (--voice-cache); valid: hit, miss")
+    records = [RequestRecord.from_dict(d) for d in run_dir.iter_requests()]
+    measured = [r for r in records if not r.warmup]
+    kept = [r for r in measured if r.prompt_cache_hit is (which == "hit")]
+    view = summarize_ab(kept, arms, tiers, run_dir=str(run_dir.path), calibration=calibration)
+    return view, len(kept), len(measured)
+
+
+def _by_repeat(records: Sequence[RequestRecord], metric: str) -> dict[int, list[float]]:
+    groups: dict[int, list[float]] = defaultdict(list)
+    for r in records:
+        if r.ok:
+            groups[r.repeat].append(getattr(r, metric))
+    return groups
+
+
+def _compare(base, test, metric: str, bench, spread=None) -> Comparison | None:
+    """Blocks paired by repeat index (a repeat one arm lacks is left out by `compare`)."""
+    b, t = _by_repeat(base, metric), _by_repeat(test, metric)
+    keys = sorted(set(b) | set(t))
+    try:
+        return compare([b.get(k, []) for k in keys], [t.get(k, []) for k in keys],
+                       min_effect_pct=bench.min_effect_pct, calibrated=spread)
+    except InvalidRunError as exc:  # no successful requests in an arm: reported, not raised
+        log.warning("%s", exc)
+        return None
+
+
+def _spread(calibration: Calibration | None, tier: str, metric: str):
+    return None if calibration is None else calibration.spread(tier, metric)
+
+
+@dataclass(frozen=True)
+class _Identity:
+    outputs: int  # pairs with equal audio and equal codes
+    codes: int | None  # pairs with equal codes (None: the backend reports no codes)
+    paired: int
+
+
+def _identity(base: Sequence[RequestRecord], test: Sequence[RequestRecord]) -> _Identity:
+    """Successful request pairs (same prompt, repeat) with equal audio and/or codes hashes.
+
+    Codes and audio are counted apart: a bit-exact change must keep the codes identical, while
+    audio can also differ by batch-composition-dependent GEMM rounding in code2wav when the two
+    arms' requests happened to share batches differently.
+    """
+    other = {_pair_key(r): r for r in test if r.ok}
+    pairs = [(r, other[_pair_key(r)]) for r in base if r.ok and _pair_key(r) in other]
+    same = sum(a.audio_sha256 == b.audio_sha256 and a.codes_sha256 == b.codes_sha256 for a, b in pairs)
+    has_codes = any(a.codes_sha256 for a, _ in pairs)
+    codes = sum(a.codes_sha256 == b.codes_sha256 for a, b in pairs) if has_codes else None
+    return _Identity(same, codes, len(pairs))
+
+
+def _tier_result(tier: str, per_arm: dict[str, list[RequestRecord]], bench,
+                 calibration: Calibration | None = None) -> TierResult:
+    (base_name, base), (test_name, test) = per_arm.items()
+    aggs = {name: aggregate(recs) for name, recs in per_arm.items()}
+    reasons = []
+    for name, agg in aggs.items():
+        if agg.completed + agg.failed == 0:
+            reasons.append(f"{tier} {name}: no measured requests")
+        elif agg.failure_fraction > bench.max_failure_fraction:
+            reasons.append(
+                f"{tier} {name}: {agg.failed} of {agg.completed + agg.failed} requests failed "
+                f"({agg.failed_by_kind}), above bench.max_failure_fraction={bench.max_failure_fraction:g}"
+            )
+    b_sec, t_sec = aggs[base_name].mean_audio_seconds, aggs[test_name].mean_audio_seconds
+    dur = 100.0 * (t_sec / b_sec - 1.0) if b_sec and t_sec is not None else None
+    ident = _identity(base, test)
+    return TierResult(
+        tier=tier, arms=aggs,
+        rtf=_compare(base, test, "audio_rtf", bench, _spread(calibration, tier, "audio_rtf")),
+        ttfp=_compare(base, test, "audio_ttfp_ms", bench, _spread(calibration, tier, "audio_ttfp_ms")),
+        duration_delta_pct=dur,
+        duration_mismatch=dur is not None and abs(dur) > bench.duration_mismatch_pct,
+        identical_outputs=ident.outputs, paired_outputs=ident.paired,
+        identical_codes=ident.codes, invalid_reasons=tuple(reasons),
+    )

@@ -1,0 +1,146 @@
+"""One `tts-bench gate` as a library call: find (or make) the run, its case and baseline, judge.
+
+`run_session(GateRequest(...))` takes exactly one of `run_case` (run that case's bench now, after
+loading its baseline so a missing one fails first) or `current` (a recorded run: its case from
+`case`, else the case file the run recorded, else the one the baseline was built for, else
+default thresholds), reads the run's samples (`tts_bench.gate.samples.read_run`), folds in a WER
+run's verdict, uses the A/A calibration next to the baseline when it was made with the
+baseline's config, and judges (`tts_bench.gate.judge.judge`). A `run_case` run keeps its own
+verdict in run.json (`gate`). Lines worth saying on stderr go to `notify`.
+
+    session = run_session(GateRequest(run_case=Path("configs/cases/synthetic.yaml"), profile="cpu-2core"))
+    session.report.exit_status(report_only=False)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tts_bench.calibration import Calibration, calibration_path, load_calibration
+from tts_bench.errors import ConfigError
+from tts_bench.gate import case as cases
+from tts_bench.gate.baseline import load_baseline
+from tts_bench.gate.judge import GateReport, judge
+from tts_bench.gate.samples import read_run
+from tts_bench.results import RunDir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GateRequest:
+    run_case: Path | None = None  # run this case's bench, then gate it
+    current: Path | None = None  # or gate this recorded run
+    baseline: Path | None = None  # default: results/baselines/<case>.<profile>.json
+    case: Path | None = None  # thresholds for `current` (default: the one the run recorded)
+    profile: str | None = None  # default: cpu-<N>core
+    arm: str | None = None  # of an `ab` run (default: its test arm)
+    sets: Sequence[str] = ()  # extra overrides on top of the case (recorded, reported)
+    wer_run: Path | None = None  # a `tts-bench wer` run whose verdict is folded in
+    report_only: bool = False
+    result_dir: Path = Path("results/runs")
+
+
+@dataclass(frozen=True)
+class GateSession:
+    report: GateReport
+    doc: dict[str, Any]  # the report as JSON, with the baseline file
+    baseline_path: Path
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What to gate: the run, its case (thresholds), the baseline and the hardware profile."""
+
+    current: Path
+    case: cases.Case
+    baseline_path: Path
+    baseline_doc: dict
+    profile: str
+
+
+def run_session(request: GateRequest, *, notify: Callable[[str], None] = log.warning) -> GateSession:
+    """See the module docstring."""
+    if (request.run_case is None) == (request.current is None):
+        raise ConfigError("error: give exactly one of --run-case and --current (tts-bench gate); "
+                          "e.g. --run-case configs/cases/synthetic.yaml")
+    target = _target(request, notify)
+    c = target.case
+    report = judge(target.baseline_doc, read_run(target.current, arm=request.arm, profile=target.profile),
+                   c.thresholds, alpha=c.alpha, min_samples=c.min_samples, wer_doc=_wer_doc(request.wer_run),
+                   calibration=_calibration(target, notify))
+    doc = {**report.to_dict(report_only=request.report_only), "baseline_file": str(target.baseline_path)}
+    if request.run_case is not None:  # the run keeps its own verdict
+        RunDir.open(target.current).update(gate=doc)
+    return GateSession(report, doc, target.baseline_path)
+
+
+def _target(request: GateRequest, notify: Callable[[str], None]) -> _Target:
+    """--run-case: load the baseline first (a missing one fails before the run), then run.
+    --current: the case from --case, else the run's recorded case, else the baseline's."""
+    profile = request.profile or cases.default_profile()
+    if request.run_case is not None:
+        loaded = cases.load_case(request.run_case)
+        base_path = request.baseline or cases.baseline_path(loaded.case, profile)
+        base_doc = load_baseline(base_path)
+        return _Target(_run(loaded, request, profile, notify), loaded.case, base_path, base_doc, profile)
+    current = Path(request.current)
+    recorded = RunDir.open(current).doc.get("case") or {}  # {} for runs not made by --run-case
+    loaded = _case_for(request.case, recorded)
+    name = (loaded.case.name if loaded else None) or recorded.get("name") or "adhoc"
+    base_path = request.baseline or cases.baseline_path(cases.Case(name=name, config="-"), profile)
+    base_doc = load_baseline(base_path)
+    if loaded is None and Path(base_doc.get("case_file") or "-").is_file():
+        loaded = cases.load_case(base_doc["case_file"])  # the case the baseline was built for
+    if loaded is None:
+        notify("warning: no case file (--case); using default thresholds")
+    return _Target(current, loaded.case if loaded else cases.Case(name=name, config="-"),
+                   base_path, base_doc, profile)
+
+
+def _calibration(target: _Target, notify: Callable[[str], None]) -> Calibration | None:
+    """The case's A/A calibration next to the baseline, when it was made with the baseline's
+    config (the same `sut_hash` as the baseline)."""
+    path = calibration_path(target.case.name, target.profile, target.baseline_path.parent)
+    if not path.is_file():
+        return None
+    try:
+        cal = load_calibration(path)
+    except ConfigError as exc:  # an older format: the gate still runs, on the U test alone
+        notify(f"warning: {exc}; gating without it")
+        return None
+    if cal.doc.get("sut_hash") != target.baseline_doc.get("sut_hash"):
+        notify(f"warning: {path} was recorded for another config of the case; not used")
+        return None
+    return cal
+
+
+def _run(loaded: cases.LoadedCase, request: GateRequest, profile: str, notify: Callable[[str], None]) -> Path:
+    from tts_bench.gate.bench import run_case
+
+    run = run_case(cases.resolve_case(loaded, request.sets), profile=profile, result_dir=request.result_dir)
+    notify(f"run: {run.path}")
+    return run.path
+
+
+def _case_for(case: Path | None, recorded: dict) -> cases.LoadedCase | None:
+    """--case, else the case file the run recorded (if it still exists), else None (defaults)."""
+    if case is not None:
+        return cases.load_case(case)
+    file = recorded.get("file")
+    if file and Path(file).is_file():
+        return cases.load_case(file)
+    return None
+
+
+def _wer_doc(path: Path | None) -> dict | None:
+    if path is None:
+        return None
+    doc = RunDir.open(path).doc.get("wer")
+    if not doc:
+        raise ConfigError(f"error: {path} holds no WER result (--wer-run); pass a finished tts-bench wer run")
+    return doc

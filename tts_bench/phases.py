@@ -1,0 +1,90 @@
+"""One phase on a fresh backend: the unit `ab`, `mem`, `gate` and `calibrate` repeat.
+
+A phase is one (arm, tier, repeat): build a fresh backend for the arm's config, `start(R)` with
+the tier's R replicas, optionally run something first on the started backend (`before`: the
+memory run's unsampled warm tier), send the warmup requests (recorded, flagged), then the
+measured requests with exactly C in flight (`tts_bench.loadgen.run_phase`), record the backend's
+`describe()` under run.json `backends.<arm>`, and `stop()` whatever happened (stop also cleans
+up after a start that failed half-way). Every finished request goes to `sink` at once (default:
+appended to the run's requests.jsonl).
+
+Hooks: `hooks.on_phase(arm, tier, repeat, phase, backend)` is called with phase "warmup" (after
+`start`, before the warmup requests), "measure" (before the measured requests) and "end" (after
+them, before `stop`). A hooks object may also have `abandon()`: called when the phase raised
+after "warmup" (before `stop`), so e.g. memory samplers stop and nothing half-done is recorded.
+`tts_bench.mem.hooks.MemoryHooks` is the one in the box.
+
+    warm, measured = plan_jobs(prompts, labels, seed=cfg.bench.seed, warmup=2)
+    result = asyncio.run(run_fresh_phase(cfg, Tier(4, 2), labels, (warm, measured), run_dir=run))
+    result.records      # the measured requests sent by this call, in completion order
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tts_bench.backends import make_backend
+from tts_bench.loadgen import PhaseResult, Sink, run_phase
+from tts_bench.records import Job, PhaseLabels
+
+if TYPE_CHECKING:
+    from tts_bench.backends.base import Backend
+    from tts_bench.config import BenchConfig, Tier
+    from tts_bench.results import RunDir
+
+log = logging.getLogger(__name__)
+
+PHASES = ("warmup", "measure", "end")
+
+
+class PhaseHooks(Protocol):
+    """Called at each phase boundary (see the module docstring)."""
+
+    def on_phase(self, arm: str, tier: str, repeat: int, phase: str, backend: Any) -> None: ...
+
+
+async def run_fresh_phase(
+    cfg: BenchConfig,
+    tier: Tier,
+    labels: PhaseLabels,
+    jobs: tuple[Sequence[Job], Sequence[Job]],
+    *,
+    run_dir: RunDir,
+    sink: Sink | None = None,
+    hooks: PhaseHooks | None = None,
+    progress: Sink | None = None,
+    skip_ids: frozenset[str] | set[str] = frozenset(),
+    before: Callable[[Backend], Awaitable[None]] | None = None,
+) -> PhaseResult:
+    """Run one phase: `jobs` is (warmup jobs, measured jobs); measured jobs whose id is in
+    `skip_ids` (already recorded, on resume) are not sent. Returns the measured phase's result."""
+    warm, measured = jobs
+    sink = sink if sink is not None else (lambda rec: run_dir.append_request(rec.to_dict()))
+    common = dict(concurrency=tier.concurrency, labels=labels, timeout_s=cfg.bench.timeout_s, sink=sink)
+    backend = make_backend(cfg)
+    hooked = False  # between the "warmup" and the "end" hook: abandon on the way out
+    try:  # stop() also cleans up after a start() that failed half-way (some workers up)
+        await backend.start(tier.replicas)
+        if before is not None:
+            await before(backend)
+        hooked = True
+        _hook(hooks, labels, "warmup", backend)
+        await run_phase(backend, warm, **common)
+        _hook(hooks, labels, "measure", backend)
+        result = await run_phase(backend, measured, **common, progress=progress, skip_ids=skip_ids)
+        _hook(hooks, labels, "end", backend)
+        hooked = False
+        run_dir.update(backends={**run_dir.doc.get("backends", {}), labels.arm: backend.describe()})
+        return result
+    finally:
+        abandon = getattr(hooks, "abandon", None)
+        if hooked and callable(abandon):
+            abandon()
+        await backend.stop()
+
+
+def _hook(hooks: PhaseHooks | None, labels: PhaseLabels, phase: str, backend: Any) -> None:
+    if hooks is not None:
+        hooks.on_phase(labels.arm, labels.tier, labels.repeat, phase, backend)

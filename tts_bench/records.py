@@ -1,0 +1,87 @@
+"""The records every part of the harness reads: one request as measured, and the JSON files
+that outlive the code that wrote them.
+
+`RequestRecord` is what the load generator measures per request and what requests.jsonl stores;
+metrics, the A/B summary, the memory run, the gate and the WER gate all read it from here (none
+of them needs the load generator). `Job` is one request to send and `PhaseLabels` names the
+phase it belongs to (arm, tier, repeat).
+
+Run records outlive the code that wrote them: a newer version may have added fields (an older
+reader must ignore them) and an older one may lack fields (they take their defaults). One rule
+for every record type (`from_known_fields`), so `--resume` and the readers of old runs behave
+alike.
+
+    record = RequestRecord.from_dict(json.loads(line))       # from_known_fields underneath
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from tts_bench.backends.base import SynthesisRequest
+
+T = TypeVar("T")
+
+
+def from_known_fields(cls: type[T], data: dict[str, Any]) -> T:
+    """`cls(**data)` keeping only the keys that are fields of the dataclass `cls`."""
+    names = cls.__dataclass_fields__  # type: ignore[attr-defined]
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request to send; `utt` is the prompt's id (the same in both arms)."""
+
+    request: SynthesisRequest
+    utt: str
+    warmup: bool = False
+
+
+@dataclass(frozen=True)
+class PhaseLabels:
+    arm: str
+    tier: str
+    repeat: int
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What the JSONL stores per request. Times `t_send_s`/`t_end_s` are seconds from the start of
+    the phase identified by `phase_id` (perf_counter has no meaning across phases/processes)."""
+
+    arm: str
+    tier: str
+    repeat: int
+    request_id: str
+    utt: str
+    warmup: bool
+    phase_id: str
+    t_send_s: float
+    t_end_s: float
+    audio_ttfp_ms: float | None = None
+    audio_rtf: float | None = None
+    audio_seconds: float = 0.0
+    num_chunks: int = 0
+    num_codes: int = 0
+    audio_sha256: str | None = None
+    codes_sha256: str | None = None
+    failure_kind: str | None = None
+    failure_detail: str = ""
+    # How the request's voice was set up, where the backend reports it (the embedded runner):
+    # a cache hit reuses a voice's prompt setup; a miss builds it (setup_ms, device synced).
+    prompt_cache_hit: bool | None = None
+    prompt_setup_ms: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure_kind is None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RequestRecord:
+        return from_known_fields(cls, data)
