@@ -174,3 +174,33 @@ def test_npu_device_and_graph_api():
     api = graph_api(device)
     assert api is not None and api.platform == "npu"
     assert memory_stats(device)["source"] == "npu-allocator"
+
+
+def test_deterministic_kernels_without_the_nan_fill_of_new_tensors(monkeypatch):
+    """Deterministic algorithms on, the fill of uninitialized memory off (one extra kernel per
+    torch.empty in a launch-bound replica), and decoding stays run-to-run identical."""
+    from stages.code2wav.streaming import Chunker
+    from stages.code2wav.token2wav import Token2Wav
+    from stages.platform import deterministic_kernels
+    from tests.stages.code2wav_tiny import tiny_config
+
+    def payloads(cfg):
+        gen = torch.Generator().manual_seed(0)
+        chunker = Chunker(cfg, "r0", seed=3)
+        return [*chunker.push(torch.randint(0, cfg.flow.vocab_size, (130,), generator=gen).tolist()), chunker.finish()]
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory)
+    try:
+        deterministic_kernels()
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.utils.deterministic.fill_uninitialized_memory is False
+        runs = []
+        for _ in range(2):
+            t2w = Token2Wav(tiny_config(), device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
+            runs.append([out.audio for p in payloads(t2w.cfg) for out in t2w.decode([p])])
+        assert all(torch.equal(torch.from_numpy(a), torch.from_numpy(b)) for a, b in zip(*runs))
+        assert len(runs[0]) == len(runs[1]) >= 5
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.utils.deterministic.fill_uninitialized_memory = before[1]

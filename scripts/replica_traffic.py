@@ -1,0 +1,128 @@
+"""One code2wav replica under runner-like traffic: graphs against an eager twin, chunk by chunk.
+
+A runner replica at CxR sees about C/R live requests, takes at most `max_num_seqs` rows a
+decode and one payload per request, and admits a new request whenever one ends (closed loop).
+This drives one `Token2Wav` with device graphs and one without through exactly that traffic,
+in one process, and reports:
+* whether every chunk's audio is bit-identical (`np.array_equal`; deterministic kernels on,
+  as in stage processes), with captures, replays and pool growth;
+* device memory (allocated / reserved, current and peak) and the median decode time of full
+  batches, synchronized, for each twin.
+
+It is the in-process control for the runner's A/Bs: on an H200 (2026-12-01) it stayed
+bit-identical with voices changing and the pool growing, while the same replica inside a
+runner process hit illegal memory accesses (results/h200/README.md).
+
+    PYTHONPATH=. python3 scripts/replica_traffic.py --live 16 --slots 16 --voices
+    PYTHONPATH=. python3 scripts/replica_traffic.py --live 20 --slots 4      # the pool grows twice
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from stages.code2wav.config import Code2WavConfig
+from stages.code2wav.streaming import Chunker
+from stages.code2wav.token2wav import Token2Wav
+from stages.platform import deterministic_kernels, resolve_device, synchronize
+
+PROMPTS = Path(__file__).resolve().parent.parent / "tts_bench" / "data" / "seed-tts-en" / "prompts"
+
+
+def _requests(cfg: Code2WavConfig, n: int, voices: list[bytes], seed: int) -> list[list]:
+    """n requests of 40-220 random codes, their payloads in order; voices cycled if given."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        voice = {"prompt_audio": voices[i % len(voices)]} if voices else {}
+        ch = Chunker(cfg, f"q{i}", seed=i, **voice)
+        codes = [rng.randrange(cfg.flow.vocab_size) for _ in range(rng.randint(40, 220))]
+        out.append([*ch.push(codes), ch.finish()])
+    return out
+
+
+def _traffic(requests: list[list], live: int, rows: int):
+    """Batches as a replica takes them: `live` requests in flight, the longest-waiting first."""
+    queue, active = list(requests), []
+    while queue or active:
+        while queue and len(active) < live:
+            active.append(queue.pop(0))
+        take, active = active[:rows], active[rows:]
+        yield [q.pop(0) for q in take]
+        active += [q for q in take if q]
+
+
+def _memory(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {}
+    s = torch.cuda.memory_stats(device)
+    return {
+        "allocated_mib": round(s["allocated_bytes.all.current"] / 2**20, 1),
+        "reserved_mib": round(s["reserved_bytes.all.current"] / 2**20, 1),
+        "peak_allocated_mib": round(s["allocated_bytes.all.peak"] / 2**20, 1),
+        "peak_reserved_mib": round(s["reserved_bytes.all.peak"] / 2**20, 1),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--live", type=int, default=16, help="requests in flight (C/R of the tier)")
+    ap.add_argument("--rows", type=int, default=8, help="rows a decode (runner.max_num_seqs)")
+    ap.add_argument("--slots", type=int, default=16, help="initial slot-pool capacity (2 x max_num_seqs in the runner)")
+    ap.add_argument("--requests", type=int, default=40)
+    ap.add_argument("--voices", action="store_true", help="each request brings a seed-tts prompt wav (3 voices)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    args = ap.parse_args()
+    deterministic_kernels()  # as in stage processes: a replay equals its eager chunk
+    device = resolve_device(args.device)
+    base = Code2WavConfig()
+    voices = [p.read_bytes() for p in sorted(PROMPTS.glob("ref_*.wav"))] if args.voices else []
+    twins = {}
+    for name, graph in (("graph", True), ("eager", False)):
+        twins[name] = Token2Wav(replace(base, extra={**base.extra, "code2wav_device_graph": graph}),
+                                device=device, dtype=torch.float32, slots=args.slots)
+        twins[name].prompt_setup()
+    times: dict[str, list[float]] = {name: [] for name in twins}
+    decodes = differing = 0
+    for batch in _traffic(_requests(base, args.requests, voices, args.seed), args.live, args.rows):
+        outs = {}
+        for name, t2w in twins.items():
+            synchronize(device)
+            t0 = time.perf_counter()
+            outs[name] = t2w.decode(batch)
+            synchronize(device)
+            if len(batch) == args.rows:
+                times[name].append((time.perf_counter() - t0) * 1e3)
+        differing += sum(not np.array_equal(a.audio, b.audio) for a, b in zip(outs["graph"], outs["eager"]))
+        decodes += 1
+    graphs = twins["graph"].graphs
+    report = {
+        "device": str(device), "torch": torch.__version__, "args": vars(args), "decodes": decodes,
+        "chunks_differing": differing,
+        "graphs": None if graphs is None else {"captures": graphs.captures, "replays": graphs.replays,
+                                               "disabled": graphs.disabled},
+        "pool": {"capacity": twins["graph"].pool.capacity, "generation": twins["graph"].pool.generation,
+                 "mib": round(twins["graph"].pool.nbytes / 2**20, 1)},
+        "median_full_batch_ms": {k: (float(np.median(v)) if v else None) for k, v in times.items()},
+        "memory_after_both_twins": _memory(device),
+    }
+    print(json.dumps(report))
+    if args.out:
+        Path(args.out, "replica_traffic.json").write_text(json.dumps(report, indent=1))
+    return 0 if differing == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
