@@ -181,7 +181,8 @@ def main() -> int:
     for mode in args.tf32.split(","):
         base = Code2WavConfig(extra={"token2wav_allow_tf32": mode})
         arms = {
-            "graph": Token2Wav(base, device=device, dtype=torch.float32, slots=max(rows)),
+            "graph": Token2Wav(replace(base, extra={**base.extra, "code2wav_device_graph": True}),
+                               device=device, dtype=torch.float32, slots=max(rows)),
             "eager": Token2Wav(replace(base, extra={**base.extra, "code2wav_device_graph": False}),
                                device=device, dtype=torch.float32, slots=max(rows)),
         }

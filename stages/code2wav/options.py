@@ -48,8 +48,11 @@ _TF32_TOKENS: dict[str, Tf32Mode] = {
 BOOL_FLAGS: dict[str, bool] = {
     "code2wav_batched_cache_split": True,
     "token2wav_device_spk": True,
-    # Replay whole chunks as device graphs on CUDA/NPU (no effect on CPU); false = eager.
-    "code2wav_device_graph": True,
+    # Replay whole chunks as device graphs on CUDA/NPU (no effect on CPU). Off by default: in a
+    # replica process on an H200 (torch 2.11) replays hit illegal memory accesses that the same
+    # replica driven in one process never showed (results/h200/README.md, 2026-12-01 second
+    # part); on until that is found, a default run would fail requests.
+    "code2wav_device_graph": False,
 }
 # Non-boolean keys read elsewhere in stage 2: `prompt_wav` (default voice path, prompt builder).
 OTHER_KEYS = frozenset({"prompt_wav"})
@@ -125,7 +128,7 @@ def check_known_keys(extra: Mapping[str, Any], known: frozenset[str] = KNOWN_KEY
 class Code2WavOptions:
     batched_cache_split: bool = True
     device_spk: bool = True
-    device_graph: bool = True
+    device_graph: bool = False
     tf32_mode: Tf32Mode = "off"
     dit_dtype: str = "float32"  # the CFM estimator's dtype (its caches too)
 
@@ -138,7 +141,7 @@ class Code2WavOptions:
         return cls(
             batched_cache_split=read_bool_flag(extra, "code2wav_batched_cache_split", True),
             device_spk=read_bool_flag(extra, "token2wav_device_spk", True),
-            device_graph=read_bool_flag(extra, "code2wav_device_graph", True),
+            device_graph=read_bool_flag(extra, "code2wav_device_graph", BOOL_FLAGS["code2wav_device_graph"]),
             tf32_mode=resolve_tf32_mode(extra, env),
             dit_dtype=parse_dit_dtype(extra.get(DIT_DTYPE_KEY)),
         )

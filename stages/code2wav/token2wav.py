@@ -12,7 +12,7 @@ cache lengths; rows of different voices batch together, since every prompt is no
 same length); each group is one `ChunkDecoder.run`: gather the rows' caches, encoder, CFM on 2B
 rows, HiFT, store the new caches back (trimmed to prompt + `prompt_keep_frames`). On CUDA/NPU
 a non-final group replays a device graph captured for its shape (`ChunkGraphs`, stage flag
-`code2wav_device_graph`, default true); the first chunk of a shape and every last chunk run
+`code2wav_device_graph`, default false); the first chunk of a shape and every last chunk run
 eagerly. Graph replay and eager run the same kernels, so outputs are equal bit for bit for the
 same batch composition.
 

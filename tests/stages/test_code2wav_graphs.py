@@ -213,10 +213,11 @@ def deterministic():
     """Deterministic kernels, as every stage process runs with them (runner.deterministic)."""
     from stages.platform import deterministic_kernels
 
-    before = torch.are_deterministic_algorithms_enabled()
+    before = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
     deterministic_kernels()
     yield
-    torch.use_deterministic_algorithms(before)
+    torch.use_deterministic_algorithms(before[0])
+    torch.utils.deterministic.fill_uninitialized_memory = before[1]
 
 
 def _cuda_pair(cfg):
@@ -224,7 +225,8 @@ def _cuda_pair(cfg):
     from dataclasses import replace
 
     dev = torch.device("cuda")
-    on = Token2Wav(cfg, device=dev, dtype=torch.float32, init_seed=0, keep_mel=True)
+    on = Token2Wav(replace(cfg, extra={**cfg.extra, "code2wav_device_graph": True}), device=dev,
+                   dtype=torch.float32, init_seed=0, keep_mel=True)
     off = Token2Wav(replace(cfg, extra=extra_off), device=dev, dtype=torch.float32, init_seed=0, keep_mel=True)
     return on, off
 
