@@ -16,6 +16,7 @@ on a CPU that is the host too):
 | code2wav request state | each replica's slot pool: 2 x max_num_seqs slots, doubled until its share of the C requests in flight fits, of estimator + conformer attention caches (the estimator's in code2wav_dit_dtype) | C (concurrency), runner.max_num_seqs, code2wav.prompt_keep_frames, code2wav.ref_audio_max_seconds, code2wav.extra.code2wav_dit_dtype |
 | code2wav voices | the default voice and up to prompt_cache_size request voices per module copy, each a prompt setup's caches | code2wav.prompt_cache_size |
 | code2wav decode transient | a quarter of a request's state per batched row (measured 0.158 on an H200), per replica | runner.max_num_seqs |
+| code2wav device graphs | with `code2wav_device_graph` on a GPU: the graphs' memory pool, 0.55 of a request's state per batched row (measured 0.53 on an H200), per replica | code2wav.extra.code2wav_device_graph, runner.max_num_seqs |
 | processes | torch and its libraries per process (~300 MiB RSS on a CPU; a CUDA context and workspaces on a GPU) | R |
 | model build | one more fp32 copy of each process's weights while it is built on the host | the stage dims |
 
@@ -35,7 +36,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stages.code2wav.config import Code2WavConfig
+from stages.code2wav.options import BOOL_FLAGS
 from stages.config import StageConfig
+from stages.flags import read_bool_flag
 from stages.talker.config import TalkerConfig
 
 MIB = 2**20
@@ -47,6 +50,10 @@ DEVICE_PROCESS_BYTES = 512 * MIB
 # A batched decode's transient, per row, as a fraction of one request's state (0.158 measured on
 # an H200 at B = 8 with the stepwise estimator cache; rounded up).
 TRANSIENT_PER_ROW = 0.25
+# A replica's device-graph pool, per row of its largest batch, as a fraction of one request's
+# state: 2,192 MiB more reserved with graphs than without on an H200 (one replica, 16 live
+# requests, 8 rows a decode, 518 MiB of state a request: 0.53), rounded up.
+GRAPH_POOL_PER_ROW = 0.55
 # The DiT's two causal convolutions per block use this kernel width (stages.code2wav.dit).
 _DIT_CONV_KERNEL = 3
 
@@ -163,6 +170,10 @@ def estimate_stage_memory(
     if device_type != "cpu":
         items.append(BudgetItem("device contexts", processes * DEVICE_PROCESS_BYTES, "device",
                                 ("tier R (replicas)",)))
+        if read_bool_flag(c.extra, "code2wav_device_graph", BOOL_FLAGS["code2wav_device_graph"]):
+            rows = min(r.max_num_seqs, in_flight)
+            items.append(BudgetItem("code2wav device graphs", int(replicas * rows * GRAPH_POOL_PER_ROW * state),
+                                    "device", ("code2wav.extra.code2wav_device_graph=false", "runner.max_num_seqs")))
     return StageBudget(tuple(items), device_type)
 
 

@@ -132,3 +132,19 @@ def test_ab_over_budget_exits_2_before_the_run_directory_exists(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "memory preflight" in proc.stderr and "runner.talker_max_batch" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
+
+
+def test_code2wav_device_graphs_count_their_pool_on_a_gpu_only():
+    # results/h200/replica_memprobe.json: one replica, 8 rows a decode, 2,192 MiB more reserved
+    # with graphs than without; the estimate is 0.55 of a request's state per row.
+    cfg_on = stages(FULL, "code2wav.extra.code2wav_device_graph=true")
+    on = estimate_stage_memory(cfg_on, replicas=1, concurrency=16, device_type="cuda")
+    off = estimate_stage_memory(stages(FULL), replicas=1, concurrency=16, device_type="cuda")
+    graphs = next(i for i in on.items if i.name == "code2wav device graphs")
+    assert 2000 * 2**20 < graphs.bytes < 2600 * 2**20
+    assert on.total("device") - off.total("device") == graphs.bytes
+    assert all(i.name != "code2wav device graphs" for i in off.items)
+    cpu = estimate_stage_memory(cfg_on, replicas=1, concurrency=16, device_type="cpu")
+    assert all(i.name != "code2wav device graphs" for i in cpu.items)
+    eight = estimate_stage_memory(cfg_on, replicas=8, concurrency=128, device_type="cuda")
+    assert next(i for i in eight.items if i.name == "code2wav device graphs").bytes == 8 * graphs.bytes
