@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from tts_bench.calibration import calibration_key, find_calibration, load_calibration
 from tts_bench.cli import app
 from tts_bench.config import config_to_dict
-from tts_bench.errors import ExitStatus, TtsBenchError
+from tts_bench.errors import ExitStatus
 from tts_bench.gate.calibrate import loo_false_verdicts
+from tests.cli.in_process import invoke_app
 
 ROOT = Path(__file__).resolve().parents[2]
 # A small synthetic case: 3 ms per chunk, 8 prompts, one tier; an A/A takes a second or two.
@@ -23,12 +23,7 @@ FAST = ["--set", "synthetic.chunk_seconds=0.1", "--set", "synthetic.seconds_per_
 
 
 def invoke(*args: str):
-    result = CliRunner().invoke(app, list(args), env={"NO_COLOR": "1", "COLUMNS": "160"}, standalone_mode=False)
-    if isinstance(result.exception, TtsBenchError):
-        return result, result.exception.exit_status
-    if result.exception is not None:
-        raise result.exception
-    return result, result.return_value
+    return invoke_app(app, *args, columns=160)
 
 
 @pytest.fixture

@@ -18,11 +18,8 @@ complements this with every key x every edge value at load time.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import string
-import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -34,6 +31,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from stages.runner.fakes import fake_factories
+from tests.cli.in_process import main_in_process
 from tts_bench.backends.embedded import EmbeddedBackend
 from tts_bench.config import BenchConfig, config_to_dict, load_config
 from tts_bench.serve.app import running_server
@@ -85,21 +83,8 @@ set_strings = st.one_of(st.tuples(keys, values).map("=".join), st.tuples(keys, v
 
 def run_cli(args: list[str]) -> tuple[int, str, str]:
     """`tts-bench <args>` in this process: (exit code, stdout, stderr)."""
-    from tts_bench.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    argv = sys.argv
-    sys.argv = ["tts-bench", *args]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                main()
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-    return code, out.getvalue(), err.getvalue()
+    proc = main_in_process(*args)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def check(args: list[str], result_dir: Path) -> int:

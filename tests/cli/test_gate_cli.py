@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import typer
-from typer.testing import CliRunner
 
-from tts_bench.errors import ExitStatus, TtsBenchError
+from tts_bench.errors import ExitStatus
+from tests.cli.in_process import invoke_app
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,13 +33,7 @@ def _app() -> typer.Typer:
 
 
 def invoke(*args: str):
-    result = CliRunner().invoke(_app(), list(args), env={"NO_COLOR": "1", "COLUMNS": "140"},
-                                standalone_mode=False)
-    if isinstance(result.exception, TtsBenchError):
-        return result, result.exception.exit_status
-    if result.exception is not None:
-        raise result.exception
-    return result, result.return_value
+    return invoke_app(_app(), *args, columns=140)
 
 
 @pytest.fixture

@@ -7,35 +7,19 @@ Through `tts_bench.cli.main`, where exceptions become exit codes: in this proces
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+
+from tests.cli.in_process import main_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNTH = ["--config", "configs/ab/synthetic.yaml"]
 
 
-def main_in_process(*args: str) -> SimpleNamespace:
-    from tts_bench.cli import main
-
-    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
-    sys.argv = ["tts-bench", *args]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                main()
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = argv
-    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def cli(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
