@@ -22,8 +22,9 @@ Landmines:
 * a capture that fails (an op that syncs, an unsupported kernel) switches graphs off for this
   instance for good (logged once) and the chunk's eager result stands;
 * captured graphs hold the slot pool's addresses: `invalidate()` after the pool reallocates;
-* captures are serialized process-wide (`_CAPTURE_LOCK`): capture entry syncs the device and
-  empties the allocator's cache, which must not interleave with another thread's capture.
+* captures are serialized process-wide (`_CAPTURE_LOCK`): replica threads could capture into
+  their own pools at once (thread-local capture mode), but that was never run; one capture at a
+  time costs little, since a replica captures each of its ~24 shapes once.
 
     graphs = ChunkGraphs(graph_api(device), max_graphs=48)
     out = graphs.run(shape, meta_host, lambda meta: decoder.run(meta, shape))
