@@ -6,8 +6,8 @@ This drives one `Token2Wav` with device graphs and one without through exactly t
 in one process, and reports:
 * whether every chunk's audio is bit-identical (`np.array_equal`; deterministic kernels on,
   as in stage processes), with captures, replays and pool growth;
-* device memory (allocated / reserved, current and peak) and the median decode time of full
-  batches, synchronized, for each twin.
+* device memory (allocated / reserved / peak, both twins together) and the median decode time
+  of full batches, synchronized, for each twin.
 
 It is the in-process control for the runner's A/Bs: on an H200 (2026-12-01) it stayed
 bit-identical with voices changing and the pool growing, while the same replica inside a
@@ -34,7 +34,7 @@ import torch
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.streaming import Chunker
 from stages.code2wav.token2wav import Token2Wav
-from stages.platform import deterministic_kernels, resolve_device, synchronize
+from stages.platform import deterministic_kernels, memory_stats, resolve_device, synchronize
 
 PROMPTS = Path(__file__).resolve().parent.parent / "tts_bench" / "data" / "seed-tts-en" / "prompts"
 
@@ -60,18 +60,6 @@ def _traffic(requests: list[list], live: int, rows: int):
         take, active = active[:rows], active[rows:]
         yield [q.pop(0) for q in take]
         active += [q for q in take if q]
-
-
-def _memory(device: torch.device) -> dict:
-    if device.type != "cuda":
-        return {}
-    s = torch.cuda.memory_stats(device)
-    return {
-        "allocated_mib": round(s["allocated_bytes.all.current"] / 2**20, 1),
-        "reserved_mib": round(s["reserved_bytes.all.current"] / 2**20, 1),
-        "peak_allocated_mib": round(s["allocated_bytes.all.peak"] / 2**20, 1),
-        "peak_reserved_mib": round(s["reserved_bytes.all.peak"] / 2**20, 1),
-    }
 
 
 def main() -> int:
@@ -116,7 +104,7 @@ def main() -> int:
         "pool": {"capacity": twins["graph"].pool.capacity, "generation": twins["graph"].pool.generation,
                  "mib": round(twins["graph"].pool.nbytes / 2**20, 1)},
         "median_full_batch_ms": {k: (float(np.median(v)) if v else None) for k, v in times.items()},
-        "memory_after_both_twins": _memory(device),
+        "memory_after_both_twins": memory_stats(device),
     }
     print(json.dumps(report))
     if args.out:
