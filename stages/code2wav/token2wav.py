@@ -137,6 +137,10 @@ class Token2Wav:
         else:
             self._build(weights_dir)
         self._requests: dict[str, _Stream] = {}
+        # The voice each new stream was prepared with, held until the stream is admitted: the
+        # LRU (shared by replica threads) may evict it meanwhile, and the stream must neither
+        # rebuild it nor find it gone.
+        self._prepared: dict[str, PromptSetup] = {}
         self._initial_slots = max(1, slots)
         self.pool: SlotPool | None = None  # made with the first prompt setup (it fixes the length)
         self._decoder: ChunkDecoder | None = None
@@ -218,13 +222,20 @@ class Token2Wav:
         """
         if p.chunk_seq != 0:
             return None
+        setup, info = self._voice(p)
+        self._prepared[p.request_id] = setup
+        return info
+
+    def _voice(self, p: CodecPayload) -> tuple[PromptSetup, dict]:
+        """The prompt setup of a first payload's voice, and how it was found."""
         if p.prompt_audio is None:
-            self.prompt_setup(p.prompt_id)  # registered voices are built once and kept
-            return {"cache_hit": True, "setup_ms": 0.0}
+            # Registered voices are built once and kept.
+            return self.prompt_setup(p.prompt_id), {"cache_hit": True, "setup_ms": 0.0}
         with self._prompt_lock:
-            if p.prompt_id in self._setups:
+            setup = self._setups.get(p.prompt_id)
+            if setup is not None:
                 self._setups.move_to_end(p.prompt_id)
-                return {"cache_hit": True, "setup_ms": 0.0}
+                return setup, {"cache_hit": True, "setup_ms": 0.0}
             t0 = time.perf_counter()
             setup = self._build_setup(self._prompts.build_bytes(p.prompt_audio))
             synchronize(self.device)
@@ -232,7 +243,7 @@ class Token2Wav:
             self._ensure_pool(setup.prompt_len)
             self._setups[p.prompt_id] = setup
             self._evict_voices()
-        return {"cache_hit": False, "setup_ms": ms}
+        return setup, {"cache_hit": False, "setup_ms": ms}
 
     def _evict_voices(self) -> None:
         """Drop the least recently used request voices past cfg.prompt_cache_size (registered
@@ -294,6 +305,7 @@ class Token2Wav:
     # -- streaming -------------------------------------------------------------------------------
 
     def drop(self, request_id: str) -> None:
+        self._prepared.pop(request_id, None)
         stream = self._requests.pop(request_id, None)
         if stream is not None:
             self.pool.release(stream.slot)
@@ -304,9 +316,14 @@ class Token2Wav:
 
     def decode(self, payloads: Sequence[CodecPayload]) -> list[DecodedAudio]:
         """Decode one step's payloads (at most one per request); output in input order."""
-        for p in payloads:  # validate everything before touching any state
-            self._validate(p, payloads)
-        streams = [self._admit(p) for p in payloads]
+        try:
+            for p in payloads:  # validate everything before touching any state
+                self._validate(p, payloads)
+            streams = [self._admit(p) for p in payloads]
+        except BaseException:
+            for p in payloads:  # a batch that fails here admits nothing: release its voices
+                self._prepared.pop(p.request_id, None)
+            raise
         groups: dict[BatchShape, list[int]] = {}
         for i, (p, s) in enumerate(zip(payloads, streams)):
             key = replace(s.caches, tokens=len(p.codes), last=p.last_chunk)
@@ -329,7 +346,8 @@ class Token2Wav:
         prev = None if (live is None or p.chunk_seq == 0) else live.chunk_seq
         validate_payload(p, prev, self.cfg)
         if p.chunk_seq == 0:
-            self.prepare(p)  # unknown prompt ids and bad voices fail here, before any state
+            if p.request_id not in self._prepared:  # prepared by the caller already, or now
+                self.prepare(p)  # unknown prompt ids and bad voices fail here, before any state
         elif p.prompt_id != live.prompt_id:
             raise Code2WavPayloadError(
                 p.request_id, p.chunk_seq, f"prompt id changed to {p.prompt_id!r} mid-stream",
@@ -339,10 +357,8 @@ class Token2Wav:
     def _admit(self, p: CodecPayload) -> _Stream:
         if p.chunk_seq != 0:
             return self._requests[p.request_id]
+        setup = self._prepared.pop(p.request_id)  # by _validate at the latest
         self.drop(p.request_id)  # a new epoch of a live stream starts from scratch
-        if p.prompt_audio is not None and p.prompt_id not in self._setups:
-            self.prepare(p)  # evicted by another new voice of this batch since _validate
-        setup = self.prompt_setup(p.prompt_id)
         slot = self.pool.acquire()
         self._load_setup(slot, setup)
         length = setup.prompt_len

@@ -309,6 +309,25 @@ def test_bad_and_over_long_voices_are_prompt_errors_and_the_lru_keeps_registered
     assert "default" in held and prompt_id_of(_voice("ref_0.wav")) not in held and len(held) == 3
 
 
+def test_a_batch_of_new_voices_builds_each_once_even_when_the_lru_evicts_them(monkeypatch):
+    """The replica prepares each new stream's voice, then decodes the batch: the decode uses
+    the voices it was prepared with, though the LRU (one voice) has evicted all but the last."""
+    from stages.code2wav.prompt import prompt_id_of
+
+    t2w = _t2w(prompt_cache_size=1)
+    builds = []
+    build = t2w._build_setup
+    monkeypatch.setattr(t2w, "_build_setup", lambda pf: builds.append(1) or build(pf))
+    voices = [_voice(f"ref_{i}.wav") for i in range(3)]
+    firsts = [Chunker(t2w.cfg, f"v{i}", prompt_id_of(v), seed=i, prompt_audio=v).push(_codes(30, 40 + i))[0]
+              for i, v in enumerate(voices)]
+    stats = [t2w.prepare(p) for p in firsts]
+    outs = t2w.decode(firsts)
+    assert len(builds) == 3 and all(s["cache_hit"] is False for s in stats)
+    assert [o.request_id for o in outs] == ["v0", "v1", "v2"] and t2w.active_requests == 3
+    assert len(t2w._prepared) == 0  # nothing held past the decode
+
+
 def _wav_bytes(samples: np.ndarray, rate: int = 24000) -> bytes:
     import io
     import wave
