@@ -34,7 +34,7 @@ from stages.code2wav import noise
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.flow import FlowModel
 from stages.code2wav.flow_cache import AttKeep, trim_conformer_att
-from stages.code2wav.hift import HiFTGenerator, NoiseKeys
+from stages.code2wav.hift import HiFTGenerator, NoiseKeys, crossfade_window
 from stages.code2wav.options import Code2WavOptions, tf32_scope
 from stages.code2wav.slots import SlotPool
 
@@ -135,10 +135,7 @@ class ChunkDecoder:
     ) -> None:
         self.flow, self.hift, self.pool, self.cfg, self.options = flow, hift, pool, cfg, options
         self.keep = AttKeep(prompt_len, cfg.prompt_keep_frames)
-        n = cfg.hift.source_cache_samples
-        # np.hamming is the symmetric window; float64 then rounded like upstream's from_numpy().
-        window = torch.hamming_window(2 * n, periodic=False, dtype=torch.float64).to(torch.float32)
-        self.window = window.to(pool.device)
+        self.window = crossfade_window(cfg.hift).to(pool.device)
 
     @torch.inference_mode()
     def run(self, meta: torch.Tensor, shape: BatchShape) -> ChunkOut:
@@ -175,10 +172,7 @@ class ChunkDecoder:
     def _store_flow(self, slots, pairs, enc, estimator_cnn) -> None:
         f = self.cfg.flow
         att = trim_conformer_att(enc.att_cache, self.keep, f.up_rate, f.num_blocks)
-        self.store_small_caches(slots, pairs, enc.cnn_cache, att, estimator_cnn)
-
-    def store_small_caches(self, slots, pairs, conformer_cnn, conformer_att, estimator_cnn) -> None:
-        store_small_caches(self.pool.tensors, slots, pairs, conformer_cnn, conformer_att, estimator_cnn,
+        store_small_caches(self.pool.tensors, slots, pairs, enc.cnn_cache, att, estimator_cnn,
                            batched=self.options.batched_cache_split)
 
     def _vocode(self, mel: torch.Tensor, slots: torch.Tensor, keys: NoiseKeys, shape: BatchShape) -> torch.Tensor:

@@ -35,7 +35,6 @@ contract, which the tests hold the pooled path to byte for byte.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -115,26 +114,22 @@ class NoiseKeys:
     keys: torch.Tensor  # [B] int64
 
 
-# One generator for the whole batch, one per row, or counter-based keys. Per-row generators and
-# keys make a row's NSF noise independent of which other requests share its batch, so a request's
-# audio does not change with scheduling (the A/B output-identity check depends on that); keys
-# also replay inside a device graph.
-Generators = torch.Generator | Sequence[torch.Generator] | NoiseKeys | None
+# One generator for the whole batch, or counter-based keys. Keys make a row's NSF noise
+# independent of which other requests share its batch, so a request's audio does not change with
+# scheduling (the A/B output-identity check depends on that), and they replay inside a device
+# graph.
+Generators = torch.Generator | NoiseKeys | None
 
 # Counter streams of the two NSF draws (distinct, so the phases and the noise never correlate).
 _PHASE_STREAM, _NOISE_STREAM = 1, 3
 
 
 def _draw(fn, shape: tuple[int, ...], like: torch.Tensor, generator: Generators) -> torch.Tensor:
-    """fn (torch.rand / torch.randn) of `shape` [B, ...], from one generator, one per row, or keys."""
+    """fn (torch.rand / torch.randn) of `shape` [B, ...], from one generator or counter keys."""
     if isinstance(generator, NoiseKeys):
         draw, stream = (noise.uniform, _PHASE_STREAM) if fn is torch.rand else (noise.normal, _NOISE_STREAM)
         return draw(generator.keys, stream=stream, shape=shape[1:], dtype=like.dtype)
-    if generator is None or isinstance(generator, torch.Generator):
-        return fn(shape, device=like.device, dtype=like.dtype, generator=generator)
-    assert len(generator) == shape[0], "one generator per batch row"
-    rows = [fn(shape[1:], device=like.device, dtype=like.dtype, generator=g) for g in generator]
-    return torch.stack(rows)
+    return fn(shape, device=like.device, dtype=like.dtype, generator=generator)
 
 
 class SourceModuleHnNSF2(nn.Module):
@@ -355,6 +350,13 @@ class HiFTState:
     speech_tail: torch.Tensor  # [<= source_cache_samples] held-back audio, cross-faded next chunk
 
 
+def crossfade_window(cfg: HiFTConfig) -> torch.Tensor:
+    """The Hamming window of 2 x source_cache_samples that cross-fades chunk boundaries (float32,
+    CPU): np.hamming is the symmetric window, so float64 then rounded like upstream's from_numpy()."""
+    n = cfg.source_cache_samples
+    return torch.hamming_window(2 * n, periodic=False, dtype=torch.float64).to(torch.float32)
+
+
 class HiFTStream:
     """Per-row streaming around `HiFTGenerator.inference` (spec §4.5): the reference of the
     pooled vocoder step in `chunk_decode` (tests compare them byte for byte).
@@ -367,9 +369,7 @@ class HiFTStream:
 
     def __init__(self, cfg: HiFTConfig):
         self.cfg = cfg
-        n = cfg.source_cache_samples
-        # np.hamming is the symmetric window; float64 then rounded like upstream's from_numpy().
-        self._window = torch.hamming_window(2 * n, periodic=False, dtype=torch.float64).to(torch.float32)
+        self._window = crossfade_window(cfg)
 
     def decode(
         self,

@@ -17,10 +17,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from stages.code2wav.chunk_decode import ChunkDecoder, PooledAttSteps
+from stages.code2wav.chunk_decode import PooledAttSteps, store_small_caches
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.flow import EncodedChunk
-from stages.code2wav.flow_cache import trim_conformer_att
+from stages.code2wav.flow_cache import AttKeep, trim_conformer_att
 from stages.code2wav.options import Code2WavOptions
 from stages.code2wav.token2wav import Token2Wav
 from stages.config import StageConfig
@@ -44,7 +44,8 @@ def with_split(stages: StageConfig, batched: bool) -> StageConfig:
 class StoreInputs:
     """A steady B-row chunk's new caches, as the flow and CFM hand them to the slot pool."""
 
-    decoder: ChunkDecoder
+    keep: AttKeep  # the steady keep ranges (prompt head + newest frames)
+    batched: bool  # the split mode measured
     slots: torch.Tensor  # [B] pool slots (taken for the measurement, released after)
     pairs: torch.Tensor  # [2B] estimator rows of those slots
     encoded: EncodedChunk  # conformer caches, one chunk longer than the keep (so they trim)
@@ -66,9 +67,8 @@ def steady_store_inputs(t2w: Token2Wav, rows: int, *, batched: bool) -> StoreInp
     cnn = one.conformer_cnn.expand(rows, -1, -1).contiguous()
     ecnn = one.estimator_cnn.repeat_interleave(rows, dim=2)  # [cond x B | uncond x B]
     step = _grow(one.estimator_att[0], 3, full).repeat_interleave(rows, dim=1)
-    options = replace(t2w.options, batched_cache_split=batched)
-    decoder = ChunkDecoder(t2w.flow, t2w.hift, pool, cfg, options, prompt_len=setup.prompt_len)
-    return StoreInputs(decoder, slots, pool.pair_index(slots), EncodedChunk(None, cnn, att), ecnn, step)
+    keep = AttKeep(setup.prompt_len, cfg.prompt_keep_frames)
+    return StoreInputs(keep, batched, slots, pool.pair_index(slots), EncodedChunk(None, cnn, att), ecnn, step)
 
 
 def _grow(t: torch.Tensor, dim: int, length: int) -> torch.Tensor:
@@ -92,13 +92,14 @@ def count_cache_split(
     batched = t2w.options.batched_cache_split if batched is None else batched
     x = steady_store_inputs(t2w, rows, batched=batched)
     att = PooledAttSteps(t2w.pool["estimator_att"], x.pairs, x.step_buffer.shape[3] - t2w.cfg.chunk_mel_frames,
-                         x.decoder.keep, store=True)
+                         x.keep, store=True)
 
     f = t2w.cfg.flow
-    trimmed = trim_conformer_att(x.encoded.att_cache, x.decoder.keep, f.up_rate, f.num_blocks)
+    trimmed = trim_conformer_att(x.encoded.att_cache, x.keep, f.up_rate, f.num_blocks)
 
     def small() -> None:
-        x.decoder.store_small_caches(x.slots, x.pairs, x.encoded.cnn_cache, trimmed, x.estimator_cnn)
+        store_small_caches(t2w.pool.tensors, x.slots, x.pairs, x.encoded.cnn_cache, trimmed, x.estimator_cnn,
+                           batched=x.batched)
 
     def total() -> None:
         small()

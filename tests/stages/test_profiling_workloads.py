@@ -55,7 +55,7 @@ def test_per_row_split_scales_with_rows_and_batched_split_does_not(t2w):
 
 def test_split_inputs_have_the_steady_shapes_and_trim(t2w):
     x = steady_store_inputs(t2w, 4, batched=True)
-    cfg, keep = t2w.cfg, x.decoder.keep
+    cfg, keep = t2w.cfg, x.keep
     assert x.encoded.cnn_cache.shape[0] == 4 and x.estimator_cnn.shape[2] == 8
     # Caches arrive one chunk longer than the keep, so every store trims (2 segments).
     full = keep.prompt_len + cfg.prompt_keep_frames + cfg.chunk_mel_frames
