@@ -36,8 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stages.code2wav.config import Code2WavConfig
-from stages.code2wav.options import BOOL_FLAGS
-from stages.config import StageConfig
+from stages.code2wav.options import BOOL_FLAGS, DIT_DTYPE_KEY, parse_dit_dtype
+from stages.config import StageConfig, resolve_execution
 from stages.flags import read_bool_flag
 from stages.talker.config import TalkerConfig
 
@@ -121,7 +121,7 @@ def request_state_bytes(c: Code2WavConfig, elem: int) -> int:
     dit, f = c.dit, c.flow
     estimator = c.n_timesteps * dit.depth * 2 * dit.num_heads * frames * 2 * dit.head_dim
     conformer = (f.num_blocks + f.num_up_blocks) * f.input_size * 2 * frames
-    dit_elem = 2 if str(c.extra.get("code2wav_dit_dtype") or "").lower() in ("bfloat16", "bf16") else elem
+    dit_elem = 2 if parse_dit_dtype(c.extra.get(DIT_DTYPE_KEY)) == "bfloat16" else elem
     return estimator * dit_elem + conformer * elem
 
 
@@ -141,7 +141,7 @@ def estimate_stage_memory(
     requests are in flight, on a device of type `device_type` (cpu, cuda, npu)."""
     t, c, r = cfg.talker, cfg.code2wav, cfg.runner
     elem = dtype_bytes(r.dtype)
-    threads = r.execution == "threads"
+    threads = resolve_execution(r) == "threads"
     processes = 2 if threads else 1 + replicas
     # Replicas on threads share one copy of the modules per device they use.
     copies = min(replicas, _devices_used(r, replicas)) if threads else replicas

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from stages.code2wav.streaming import PromptError
+from stages.runner.budget import pool_slots
 from stages.runner.messages import BAD_PROMPT, STAGE_ERROR, ChunkReady, Drop, MemoryQuery, RequestError
 from stages.runner.process import ProcessSpec, StageContext, drain, run_stage_process, short_error
 
@@ -39,7 +40,7 @@ def build_token2wav(ctx: StageContext, shared: Any = None) -> Any:
     # Two batches' worth of slots up front: growing the pool reallocates every cache and drops
     # the captured graphs, so a replica should rarely need to (it still grows when it must).
     kwargs = dict(device=ctx.device, dtype=ctx.dtype, init_seed=runner.seed, weights_dir=runner.weights,
-                  slots=2 * runner.max_num_seqs)
+                  slots=pool_slots(runner.max_num_seqs, 0))
     if shared is not None:
         kwargs["shared"] = shared
     t2w = ctx.spec.factories.token2wav(cfg.code2wav, **kwargs)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from stages.config import RunnerConfig, StageConfig
+from stages.config import StageConfig, resolve_execution
 from stages.runner.factories import StageFactories
 from stages.runner.messages import (
     RUNNER_BROKEN,
@@ -65,16 +65,6 @@ log = logging.getLogger(__name__)
 
 _POLL_S = 0.1  # wait granularity (seconds) while waiting for Ready or joining children
 _MEMORY_TIMEOUT_S = 10.0
-
-
-def resolve_execution(runner: RunnerConfig) -> str:
-    """`processes` or `threads` for `runner.execution`.
-
-    `auto` is processes everywhere for now: threads scaled code2wav alone 1.5x over one replica
-    on an H200 (8 threads x 8 rows: 121 vs 81 audio s/s, results/h200/README.md), but the one
-    runner-level A/B at 128x8 (configs/ab/execution.yaml) was not valid yet, so the measured
-    topology stays the default until that A/B says otherwise."""
-    return "processes" if runner.execution == "auto" else runner.execution
 
 
 class RunnerError(RuntimeError):
