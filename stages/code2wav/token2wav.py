@@ -195,7 +195,10 @@ class Token2Wav:
         graphs = self.graphs
         return {
             "batched_cache_split": self.options.batched_cache_split,
-            "device_spk": self.options.device_spk,
+            # The branch that runs, not the flag: an opt-out in the environment or weights that
+            # cannot be lifted to torch put the speaker embedding on the CPU whatever the flag says.
+            "device_spk": self._prompts.speaker.on_device,
+            "speaker_branch": self._prompts.speaker.branch,
             "tf32_mode": self.options.tf32_mode,
             "dit_dtype": self.options.dit_dtype,
             "device_graph": graphs is not None and graphs.disabled is None,

@@ -339,3 +339,14 @@ def _wav_bytes(samples: np.ndarray, rate: int = 24000) -> bytes:
         f.setframerate(rate)
         f.writeframes((samples * 32767).astype("<i2").tobytes())
     return buf.getvalue()
+
+
+def test_describe_reports_the_speaker_branch_that_runs(monkeypatch):
+    """The run record says where the speaker embedding ran: the flag, unless the environment
+    opts the device out (then the CPU branch runs and the record must say so)."""
+    assert _t2w(extra={"token2wav_device_spk": True}).describe()["speaker_branch"].startswith("device-torch")
+    off = _t2w(extra={"token2wav_device_spk": False}).describe()
+    assert off["device_spk"] is False and off["speaker_branch"] == "cpu-onnxruntime"
+    monkeypatch.setenv("VLLM_OMNI_DEVICE_SPK", "0")
+    opted_out = _t2w(extra={"token2wav_device_spk": True}).describe()
+    assert opted_out["device_spk"] is False and opted_out["speaker_branch"] == "cpu-onnxruntime"
