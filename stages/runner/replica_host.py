@@ -24,7 +24,7 @@ from typing import Any
 from stages.platform import resolve_device, set_current_device, thread_stream
 from stages.runner.messages import Fatal, MemoryQuery
 from stages.runner.process import ProcessSpec, StageContext, drain, run_stage_process, short_error
-from stages.runner.replica_proc import ReplicaLoop, build_token2wav
+from stages.runner.replica_proc import ReplicaLoop, build_token2wav, voice_stats
 
 log = logging.getLogger(__name__)
 
@@ -85,21 +85,9 @@ def _serve(ctx: StageContext, engines: list[tuple[StageContext, Any]], control: 
                     t.join()
                 return
             if isinstance(msg, MemoryQuery):
-                ctx.report_memory(msg.token, _voices([t2w for _, t2w in engines]))
+                ctx.report_memory(msg.token, voice_stats([t2w for _, t2w in engines]))
             else:
                 raise TypeError(f"{ctx.spec.name} got an unexpected control message {type(msg).__name__}")
-
-
-def _voices(engines: list[Any]) -> dict:
-    """The process's voices (replicas on one device share them: counted once)."""
-    seen, entries, nbytes = set(), 0, 0
-    for t2w in engines:
-        cache, key = getattr(t2w, "prompt_cache", None), id(getattr(t2w, "_setups", t2w))
-        if callable(cache) and key not in seen:
-            seen.add(key)
-            held = cache()
-            entries, nbytes = entries + held["entries"], nbytes + held["bytes"]
-    return {"prompt_cache_entries": entries, "prompt_cache_bytes": nbytes} if seen else {}
 
 
 def _replica_thread(ctx: StageContext, t2w: Any, inbox: Any) -> None:

@@ -58,6 +58,19 @@ def build_token2wav(ctx: StageContext, shared: Any = None) -> Any:
     return t2w
 
 
+def voice_stats(engines: list[Any]) -> dict:
+    """The voices (prompt setups) these engines hold, for memory reports; engines that share
+    their setups (replica threads on one device) are counted once."""
+    seen, entries, nbytes = set(), 0, 0
+    for t2w in engines:
+        cache, key = getattr(t2w, "prompt_cache", None), id(getattr(t2w, "_setups", t2w))
+        if callable(cache) and key not in seen:
+            seen.add(key)
+            held = cache()
+            entries, nbytes = entries + held["entries"], nbytes + held["bytes"]
+    return {"prompt_cache_entries": entries, "prompt_cache_bytes": nbytes} if seen else {}
+
+
 def take_batch(pending: deque[Any], max_rows: int) -> list[Any]:
     """Remove and return up to `max_rows` payloads, oldest first, at most one per request."""
     batch: list[Any] = []
@@ -98,17 +111,10 @@ class ReplicaLoop:
             self._drop(msg.request_id)
             self.failed.discard(msg.request_id)
         elif isinstance(msg, MemoryQuery):
-            self.ctx.report_memory(msg.token, self._memory_extra())
+            self.ctx.report_memory(msg.token, voice_stats([self.t2w]))
         else:
             raise TypeError(f"{self.ctx.spec.name} got an unexpected message {type(msg).__name__}")
 
-    def _memory_extra(self) -> dict:
-        """The voices this replica holds (prompt setups), beside its allocator figures."""
-        cache = getattr(self.t2w, "prompt_cache", None)
-        if not callable(cache):
-            return {}
-        held = cache()
-        return {"prompt_cache_entries": held["entries"], "prompt_cache_bytes": held["bytes"]}
 
     def _drop(self, request_id: str) -> None:
         self.pending = deque(p for p in self.pending if p.request_id != request_id)
