@@ -43,8 +43,9 @@ from tts_bench.config import apply_overrides, config_to_dict
 from tts_bench.errors import ExitStatus, InvalidRunError
 from tts_bench.gate.case import LoadedCase, case_path, default_profile, load_case, resolve_case
 from tts_bench.gate.samples import METRICS, center, sut_hash
-from tts_bench.records import RequestRecord
-from tts_bench.results import RunDir, python_argv
+from tts_bench.metrics import aggregate
+from tts_bench.records import RequestRecord, read_records
+from tts_bench.results import RunDir, load_avg, python_argv
 from tts_bench.stats import ALPHA, clopper_pearson, mde_log, pct, repeats_needed, t_quantile
 
 log = logging.getLogger(__name__)
@@ -55,13 +56,6 @@ EFFECTS_PCT = (2.0, 5.0, 10.0, 20.0)
 CALLED = ("faster", "slower")
 
 
-def _load() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
 def _phases(records: Sequence[RequestRecord]) -> dict[tuple[str, int, str], list[RequestRecord]]:
     """Measured, successful requests per (tier, repeat, arm)."""
     out: dict[tuple[str, int, str], list[RequestRecord]] = defaultdict(list)
@@ -69,11 +63,6 @@ def _phases(records: Sequence[RequestRecord]) -> dict[tuple[str, int, str], list
         if r.ok and not r.warmup:
             out[(r.tier, r.repeat, r.arm)].append(r)
     return out
-
-
-def _throughput(recs: Sequence[RequestRecord]) -> float | None:
-    wall = max(r.t_end_s for r in recs) - min(r.t_send_s for r in recs)
-    return sum(r.audio_seconds for r in recs) / wall if wall > 0 else None
 
 
 def run_observations(records: Sequence[RequestRecord], tier: str) -> dict[str, Any]:
@@ -93,7 +82,7 @@ def run_observations(records: Sequence[RequestRecord], tier: str) -> dict[str, A
         for recs in (b, t):
             for m in ("audio_rtf", "audio_ttfp_ms"):
                 centers[m].append(math.log(center([getattr(r, m) for r in recs], METRICS[m].center)))
-            thr = _throughput(recs)
+            thr = aggregate(recs).audio_throughput  # recs: one phase, measured and ok
             if thr:
                 centers["audio_throughput"].append(math.log(thr))
     return {"blocks": blocks, "centers": centers}
@@ -167,21 +156,21 @@ def run_calibration(
     rows, obs = [], defaultdict(list)
     t0 = time.perf_counter()
     for i in range(runs):
-        load_before, t_run = _load(), time.perf_counter()
+        load_before, t_run = load_avg(), time.perf_counter()
         run = RunDir.create(result_dir, "ab", command_line=python_argv(),
                             configs={n: config_to_dict(c) for n, c in arms.items()},
                             extra={"ab": {"tiers": [t.label for t in tiers], "repeats": repeats,
                                           "num_prompts": bench.num_prompts, "calibration_run": i}})
         result = run_ab(arms, tiers, repeats=repeats, num_prompts=bench.num_prompts, run_dir=run)
         run.close()
-        records = [RequestRecord.from_dict(d) for d in run.iter_requests()]
+        records = read_records(run)
         for t in result.tiers:
             if t.invalid_reasons or t.rtf is None or t.ttfp is None:
                 continue
             obs[t.tier].append({**run_observations(records, t.tier),
                                 "verdicts": {"audio_rtf": t.rtf.verdict, "audio_ttfp_ms": t.ttfp.verdict}})
         row = {"run": i, "dir": run.path.name, "valid": result.valid, "wall_s": round(time.perf_counter() - t_run, 2),
-               "load_before": load_before, "load_after": _load(),
+               "load_before": load_before, "load_after": load_avg(),
                "tiers": {t.tier: {"verdict": t.rtf.verdict if t.rtf else None,
                                   "ttfp_verdict": t.ttfp.verdict if t.ttfp else None,
                                   "delta_pct": t.rtf.delta_mean_pct if t.rtf else None,
