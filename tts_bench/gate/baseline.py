@@ -169,16 +169,17 @@ def update_baseline(
 
     loaded = cases.load_case(case)
     profile = profile or cases.default_profile()
+    if not runs_from and run < 1:
+        raise ConfigError("error: no runs given (baseline update --from); pass run directories made by "
+                          "tts-bench gate --run-case, or --run N")
+    resolved = cases.resolve_case(loaded)  # once: it reads the case's config file
     paths = list(runs_from)
     for i in range(run):
-        made = run_case(cases.resolve_case(loaded), profile=profile, result_dir=result_dir).path
+        made = run_case(resolved, profile=profile, result_dir=result_dir).path
         if on_run is not None:
             on_run(i, made)
         paths.append(made)
-    if not paths:
-        raise ConfigError("error: no runs given (baseline update --from); pass run directories made by "
-                          "tts-bench gate --run-case, or --run N")
-    sut = sut_hash(config_to_dict(cases.resolve_case(loaded).case_config))
+    sut = sut_hash(config_to_dict(resolved.case_config))
     doc = build_baseline([read_run(p, profile=profile) for p in paths],
                          case=loaded.case.name, profile=profile, sut=sut)
     doc["case_file"] = str(case)  # lets `gate --current <ab run>` find the thresholds
