@@ -15,7 +15,7 @@ against itself, K blocks per tier (default 2) in counterbalanced order. Over N A
 
     doc = run_calibration(load_case("configs/cases/synthetic.yaml"), runs=200, repeats=2,
                           profile="cpu-2core", result_dir=Path("/tmp/aa"))
-    write_calibration(doc, calibration_path("synthetic", "cpu-2core"))
+    write_json_atomic(doc, calibration_path("synthetic", "cpu-2core"))
     calibrate_case("synthetic", runs=200, profile="cpu-2core")          # the command: both, and the .md
 """
 
@@ -35,10 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from tts_bench._versioned_json import write_json_atomic
 from tts_bench.ab import run_ab
-from tts_bench.calibration import (
-    CALIBRATION_FILE, DEFAULT_DIR, calibration_key, calibration_path, write_calibration,
-)
+from tts_bench.calibration import CALIBRATION_FILE, DEFAULT_DIR, calibration_key, calibration_path
 from tts_bench.config import apply_overrides, config_to_dict
 from tts_bench.errors import ExitStatus, InvalidRunError
 from tts_bench.gate.case import LoadedCase, case_path, default_profile, load_case, resolve_case
@@ -282,6 +281,6 @@ def calibrate_case(
     md = to_markdown(doc)
     if not write:
         return Calibrated(doc, md, None)
-    path = write_calibration(doc, calibration_path(doc["case"], profile, out))
+    path = write_json_atomic(doc, calibration_path(doc["case"], profile, out))
     path.with_suffix(".md").write_text(md, encoding="utf-8")  # <case>.<profile>.calibration.md
     return Calibrated(doc, md, path)

@@ -204,9 +204,10 @@ def _mem_samples(doc: dict[str, Any], arm: str, tiers: dict[str, TierSamples]) -
             tiers[tier].samples.setdefault("peak_mem_mib", []).append(float(a["peak_mib"]))
 
 
-def read_run(path: Path | str, *, arm: str | None = None, profile: str | None = None) -> RunSamples:
-    """Samples and provenance of one arm of a recorded run (see the module docstring)."""
-    run = RunDir.open(path)
+def read_run(path: Path | str | RunDir, *, arm: str | None = None, profile: str | None = None) -> RunSamples:
+    """Samples and provenance of one arm of a recorded run (see the module docstring); `path`
+    may be a RunDir the caller already holds (its run.json is not read again)."""
+    run = path if isinstance(path, RunDir) else RunDir.open(path)
     doc = run.doc
     name = _pick_arm(doc, arm, run.path)
     tiers = {t: TierSamples(expected=n) for t, n in _plan(doc, doc["configs"][name]).items()}
