@@ -57,7 +57,6 @@ from tts_bench.errors import InvalidRunError
 
 Verdict = Literal["faster", "slower", "within noise", "unresolved (1 repeat)"]
 UNRESOLVED: Verdict = "unresolved (1 repeat)"
-VERDICTS: tuple[Verdict, ...] = ("faster", "slower", "within noise", UNRESOLVED)
 Interval = Literal["t", "calibrated", "none"]
 
 ALPHA = 0.05
