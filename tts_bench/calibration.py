@@ -25,13 +25,12 @@ the measured prompt count of the run put in.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tts_bench._versioned_json import VersionedJson, write_json_atomic
+from tts_bench._versioned_json import VersionedJson
 from tts_bench.errors import ConfigError
 from tts_bench.stats import CalibratedSpread, mde_log, pct
 
@@ -76,7 +75,7 @@ class Calibration:
     key: str
     runs: int
     tiers: dict[str, TierCalibration]
-    doc: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    sut_hash: str | None = None  # the config it was made with (None: a perturbed test arm)
 
     def spread(self, tier: str, metric: str = "audio_rtf") -> CalibratedSpread | None:
         t = self.tiers.get(tier)
@@ -106,7 +105,7 @@ def load_calibration(path: Path | str) -> Calibration:
     path = Path(path)
     doc = CALIBRATION_FILE.load(path)
     return Calibration(str(path), doc["case"], doc["profile"], doc["key"], int(doc["runs"]),
-                       {t: _tier(d, str(path)) for t, d in doc["tiers"].items()}, doc)
+                       {t: _tier(d, str(path)) for t, d in doc["tiers"].items()}, doc.get("sut_hash"))
 
 
 def find_calibration(
@@ -127,8 +126,3 @@ def find_calibration(
         if cal.key in keys and cal.profile == profile:
             return cal
     return None
-
-
-def write_calibration(doc: dict[str, Any], path: Path | str) -> Path:
-    """Write atomically (a reader never sees half a file)."""
-    return write_json_atomic(doc, path)

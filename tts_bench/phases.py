@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PHASES = ("warmup", "measure", "end")
-
 
 class PhaseHooks(Protocol):
     """Called at each phase boundary (see the module docstring)."""

@@ -12,6 +12,7 @@ for every record type (`from_known_fields`), so `--resume` and the readers of ol
 alike.
 
     record = RequestRecord.from_dict(json.loads(line))       # from_known_fields underneath
+    records = read_records(run)                               # a run's requests.jsonl, parsed
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from tts_bench.backends.base import SynthesisRequest
+    from tts_bench.results import RunDir
 
 T = TypeVar("T")
 
@@ -85,3 +87,9 @@ class RequestRecord:
     @classmethod
     def from_dict(cls, data: dict) -> RequestRecord:
         return from_known_fields(cls, data)
+
+
+def read_records(run_dir: RunDir) -> list[RequestRecord]:
+    """Every request the run recorded, parsed (each request key once: `RunDir.iter_requests`).
+    It reads and parses the whole JSONL: read once per result and pass the list along."""
+    return [RequestRecord.from_dict(d) for d in run_dir.iter_requests()]

@@ -128,6 +128,15 @@ def collect_environment(
     return env
 
 
+def load_avg() -> list[float] | None:
+    """The 1/5/15-minute load averages, rounded (None where the OS has none): what else was
+    running, for records that compare timings across runs."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def _now_utc() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc)
 

@@ -57,7 +57,6 @@ from tts_bench.errors import InvalidRunError
 
 Verdict = Literal["faster", "slower", "within noise", "unresolved (1 repeat)"]
 UNRESOLVED: Verdict = "unresolved (1 repeat)"
-VERDICTS: tuple[Verdict, ...] = ("faster", "slower", "within noise", UNRESOLVED)
 Interval = Literal["t", "calibrated", "none"]
 
 ALPHA = 0.05
@@ -126,11 +125,36 @@ def repeats_needed(
     """Smallest even K >= 2 whose MDE (t with K-1 df, block SD `sd_log`) is <= `effect_pct`.
 
     Even, because blocks come in counterbalanced pairs (A B, B A). None past `max_repeats`."""
-    target = math.log1p(abs(effect_pct) / 100.0)
-    for k in range(2, max_repeats + 1, 2):
-        if mde_log(sd_log, k, k - 1, alpha=alpha, power=power) <= target:
-            return k
-    return None
+    return samples_needed(sd_log, math.log1p(abs(effect_pct) / 100.0), alpha=alpha, power=power,
+                          limit=max_repeats, step=2)
+
+
+def samples_needed(sd: float, target: float, *, alpha: float = ALPHA, power: float = POWER, limit: int = 1000,
+                   step: int = 2) -> int | None:
+    """Smallest n in 2, 2 + step, ... <= `limit` whose MDE (t with n-1 df, SD `sd`) is <= `target`
+    (`sd` and `target` in one unit: log ratio, WER points); None when even `limit` is not enough.
+
+    The MDE falls as n grows, so the search doubles, then bisects: a tiny target needs tens of
+    thousands of samples, and each MDE costs two scipy quantiles."""
+    def ok(i: int) -> bool:  # i indexes the candidates: n = 2 + step * i
+        n = 2 + step * i
+        return mde_log(sd, n, n - 1, alpha=alpha, power=power) <= target
+
+    last = (limit - 2) // step
+    if last < 0:
+        return None
+    lo, hi = 0, 0
+    while not ok(hi):
+        if hi == last:
+            return None
+        lo, hi = hi + 1, min(2 * hi + 1, last)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return 2 + step * hi
 
 
 def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:

@@ -125,7 +125,7 @@ async def drive(
             done[tier] = target[tier]
         last_round = time.perf_counter() - t0
         elapsed += last_round
-        run_dir.update(until_resolved_state={"elapsed_s": elapsed, "repeats": dict(done)})
+        run_dir.update(until_resolved_state={"elapsed_s": elapsed})
         cmps = comparisons()
         for tier in tiers:
             log.info("%s", progress_line(tier, cmps.get(tier), rule, done[tier]))

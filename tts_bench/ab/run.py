@@ -42,7 +42,7 @@ from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import BackendError
 from tts_bench.phases import PhaseHooks, run_fresh_phase
 from tts_bench.prompts import plan_jobs, select_bench_prompts
-from tts_bench.records import Job, PhaseLabels, RequestRecord
+from tts_bench.records import Job, PhaseLabels, RequestRecord, read_records
 from tts_bench.results import RunDir, request_key
 from tts_bench.until_resolved import UntilResolved, drive
 
@@ -159,16 +159,23 @@ def run_ab(
             await blocks(tier.label, 0, repeats)
 
     def summary() -> AbResult:
-        records = [RequestRecord.from_dict(d) for d in run_dir.iter_requests()]
-        return summarize_ab(records, arms, tiers, run_dir=str(run_dir.path), calibration=calibration)
+        return summarize_ab(read_records(run_dir), arms, tiers, run_dir=str(run_dir.path), calibration=calibration)
+
+    last: list[AbResult] = []  # the summary after the latest round (--until-resolved)
+
+    def comparisons() -> dict[str, Any]:
+        last[:] = [summary()]
+        return {t.tier: t.rtf for t in last[0].tiers}
 
     try:
         if until is None:
             asyncio.run(fixed())
             return summary()
         stopped = asyncio.run(drive(until, blocks, [t.label for t in tiers], repeats=repeats, run_dir=run_dir,
-                                    comparisons=lambda: {t.tier: t.rtf for t in summary().tiers}))
-        return replace(summary(), until_resolved=stopped)
+                                    comparisons=comparisons))
+        # drive() returns right after its last comparisons(): nothing was recorded since, so
+        # that summary is the result (no second read of the JSONL).
+        return replace(last[0], until_resolved=stopped)
     except _StoppedEarly as early:
         reason = f"the run stopped early, backend failed: {early}; fix it, then --resume"
         result = summary()

@@ -22,7 +22,7 @@ from typing import Any
 
 from tts_bench.ab.run import AbProgress, run_ab
 from tts_bench.ab.summary import AbResult, check_voice_cache, voice_cache_view
-from tts_bench.calibration import find_calibration, load_calibration
+from tts_bench.calibration import Calibration, find_calibration, load_calibration
 from tts_bench.config import BenchConfig, Tier, config_hash, config_to_dict, load_arms, load_dataclass, parse_tiers
 from tts_bench.errors import ConfigError
 from tts_bench.results import RunDir, python_argv
@@ -101,9 +101,14 @@ class AbSession:
 def run_session(request: AbRequest, *, progress: AbProgress | None = None) -> AbSession:
     """Plan (or reopen) the run, run the A/B, record status and result; see the module docstring."""
     check_voice_cache(request.voice_cache)
-    run, plan = open_plan(request.resume) if request.resume else new_plan(request)
+    if request.resume:
+        run, plan = open_plan(request.resume)
+        calibration = None  # loaded from the recorded path below, where a failure is recorded
+    else:
+        run, plan, calibration = new_plan(request)
     with run.finishing():  # any exit (error, Ctrl-C) leaves run.json failed / interrupted
-        calibration = load_calibration(plan.calibration) if plan.calibration else None
+        if request.resume and plan.calibration:
+            calibration = load_calibration(plan.calibration)
         hooks = _mem_hooks(plan, run) if request.mem else None
         result = run_ab(plan.arms, plan.tiers, repeats=plan.repeats, num_prompts=plan.num_prompts,
                         run_dir=run, progress=progress, resume=request.resume is not None, hooks=hooks,
@@ -116,8 +121,9 @@ def run_session(request: AbRequest, *, progress: AbProgress | None = None) -> Ab
     return AbSession(view, run, hooks, (request.voice_cache, kept, measured))
 
 
-def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan]:
-    """Load both arms, fix the plan (options over the config's bench section), make the run."""
+def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
+    """Load both arms, fix the plan (options over the config's bench section), make the run;
+    with the calibration the plan names (read once, here)."""
     from tts_bench.gate.case import default_profile
     from tts_bench.preflight import check_arms
     from tts_bench.prompts import load_prompts
@@ -130,17 +136,18 @@ def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan]:
     profile = request.profile or default_profile()
     # An explicit value is used as given (a 0 never falls back to the config: typer's min=1).
     num_prompts = bench.num_prompts if request.num_prompts is None else request.num_prompts
+    calibration = _calibration(request.calibration, arms, profile, num_prompts)
     plan = AbPlan(arms, parse_tiers(bench.tiers if request.tiers is None else request.tiers),
                   bench.repeats if request.repeats is None else request.repeats, num_prompts,
                   until=_until_rule(request, bench), profile=profile,
-                  calibration=_calibration_path(request.calibration, arms, profile, num_prompts))
+                  calibration=calibration.path if calibration else None)
     check_arms(arms, plan.tiers)  # before the run directory exists and before any stage starts
     run = RunDir.create(
         request.result_dir, "ab", command_line=python_argv(),
         configs={n: config_to_dict(c) for n, c in arms.items()},
         config_hashes={n: config_hash(c) for n, c in arms.items()}, extra={"ab": plan.to_dict()},
     )
-    return run, plan
+    return run, plan, calibration
 
 
 def _until_rule(request: AbRequest, bench) -> UntilResolved | None:
@@ -157,14 +164,13 @@ def _until_rule(request: AbRequest, bench) -> UntilResolved | None:
         raise ConfigError(f"error: {exc} (--until-resolved); fix the value") from None
 
 
-def _calibration_path(given: Path | None, arms: dict[str, BenchConfig], profile: str,
-                      num_prompts: int) -> str | None:
+def _calibration(given: Path | None, arms: dict[str, BenchConfig], profile: str,
+                 num_prompts: int) -> Calibration | None:
     """--calibration, else the calibration in results/baselines whose key matches an arm."""
     if given is not None:
-        return load_calibration(given).path
-    found = find_calibration([config_to_dict(c) for c in arms.values()], profile=profile,
-                             num_prompts=num_prompts)
-    return found.path if found else None
+        return load_calibration(given)
+    return find_calibration([config_to_dict(c) for c in arms.values()], profile=profile,
+                            num_prompts=num_prompts)
 
 
 def open_plan(path: Path) -> tuple[RunDir, AbPlan]:

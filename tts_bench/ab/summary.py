@@ -26,7 +26,7 @@ from tts_bench.calibration import Calibration
 from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import ConfigError, ExitStatus, InvalidRunError
 from tts_bench.metrics import Aggregates, aggregate
-from tts_bench.records import RequestRecord
+from tts_bench.records import RequestRecord, read_records
 from tts_bench.results import RunDir
 from tts_bench.stats import Comparison, compare
 
@@ -180,9 +180,10 @@ def voice_cache_view(
     """The A/B over the measured requests whose voice was a prompt-cache `which` (hit: its
     prompt setup reused; miss: built for it), with how many of all measured requests that is.
     A request the backend did not report on (failed, or a backend without voices) is left out."""
-    if which not in VOICE_CACHE:
-        raise ConfigError(f"error: unknown voice cache filter {which!r} (--voice-cache); valid: hit, miss")
-    records = [RequestRecord.from_dict(d) for d in run_dir.iter_requests()]
+    if which is None:  # check_voice_cache lets None (no filter) through; a view needs one
+        raise ConfigError("error: unknown voice cache filter None (--voice-cache); valid: hit, miss")
+    check_voice_cache(which)
+    records = read_records(run_dir)
     measured = [r for r in records if not r.warmup]
     kept = [r for r in measured if r.prompt_cache_hit is (which == "hit")]
     view = summarize_ab(kept, arms, tiers, run_dir=str(run_dir.path), calibration=calibration)

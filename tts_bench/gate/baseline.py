@@ -20,8 +20,6 @@ baseline is faster on `audio_rtf` in every tier.
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +30,7 @@ import numpy as np
 from tts_bench._versioned_json import VersionedJson, write_json_atomic
 from tts_bench.errors import ConfigError, InvalidRunError
 from tts_bench.gate.samples import METRICS, RunSamples, center
+from tts_bench.results import load_avg
 
 BASELINE_VERSION = 1
 BASELINE_FILE = VersionedJson(
@@ -112,16 +111,9 @@ def build_baseline(runs: Sequence[RunSamples], *, case: str, profile: str, sut: 
         "n_runs": len(runs),
         "runs": [{"run": Path(rs.path).name, "created": rs.provenance.created,
                   "git_sha": rs.provenance.git_sha} for rs in runs],
-        "environment": {"cpu_count": runs[0].provenance.cpu_count, "load_avg": _load_avg()},
+        "environment": {"cpu_count": runs[0].provenance.cpu_count, "load_avg": load_avg()},
         "tiers": tiers,
     }
-
-
-def _load_avg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 def load_baseline(path: Path | str) -> dict[str, Any]:
@@ -177,16 +169,17 @@ def update_baseline(
 
     loaded = cases.load_case(case)
     profile = profile or cases.default_profile()
+    if not runs_from and run < 1:
+        raise ConfigError("error: no runs given (baseline update --from); pass run directories made by "
+                          "tts-bench gate --run-case, or --run N")
+    resolved = cases.resolve_case(loaded)  # once: it reads the case's config file
     paths = list(runs_from)
     for i in range(run):
-        made = run_case(cases.resolve_case(loaded), profile=profile, result_dir=result_dir).path
+        made = run_case(resolved, profile=profile, result_dir=result_dir).path
         if on_run is not None:
             on_run(i, made)
         paths.append(made)
-    if not paths:
-        raise ConfigError("error: no runs given (baseline update --from); pass run directories made by "
-                          "tts-bench gate --run-case, or --run N")
-    sut = sut_hash(config_to_dict(cases.resolve_case(loaded).case_config))
+    sut = sut_hash(config_to_dict(resolved.case_config))
     doc = build_baseline([read_run(p, profile=profile) for p in paths],
                          case=loaded.case.name, profile=profile, sut=sut)
     doc["case_file"] = str(case)  # lets `gate --current <ab run>` find the thresholds

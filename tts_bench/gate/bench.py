@@ -43,13 +43,9 @@ def _create_run(rc: ResolvedCase, profile: str, result_dir: Path) -> RunDir:
 def _mem_hooks(rc: ResolvedCase, run: RunDir):
     if not rc.loaded.case.bench.mem:
         return None
-    from tts_bench.mem.hooks import MemoryHooks
-    from tts_bench.mem.samplers import resolve_names
+    from tts_bench.mem.hooks import make_ab_hooks
 
-    p = rc.config.mem
-    names = resolve_names(p.sampler_names, device_index=p.device_index)
-    return MemoryHooks(names, interval_s=p.interval_s, device_index=p.device_index, run_dir=run,
-                       arms_per_tier=1)
+    return make_ab_hooks(rc.config, run, arms_per_tier=1)
 
 
 def _num_prompts(rc: ResolvedCase, tier) -> int:

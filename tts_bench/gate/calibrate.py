@@ -15,7 +15,7 @@ against itself, K blocks per tier (default 2) in counterbalanced order. Over N A
 
     doc = run_calibration(load_case("configs/cases/synthetic.yaml"), runs=200, repeats=2,
                           profile="cpu-2core", result_dir=Path("/tmp/aa"))
-    write_calibration(doc, calibration_path("synthetic", "cpu-2core"))
+    write_json_atomic(doc, calibration_path("synthetic", "cpu-2core"))
     calibrate_case("synthetic", runs=200, profile="cpu-2core")          # the command: both, and the .md
 """
 
@@ -35,16 +35,16 @@ from typing import Any
 
 import numpy as np
 
+from tts_bench._versioned_json import write_json_atomic
 from tts_bench.ab import run_ab
-from tts_bench.calibration import (
-    CALIBRATION_FILE, DEFAULT_DIR, calibration_key, calibration_path, write_calibration,
-)
+from tts_bench.calibration import CALIBRATION_FILE, DEFAULT_DIR, calibration_key, calibration_path
 from tts_bench.config import apply_overrides, config_to_dict
 from tts_bench.errors import ExitStatus, InvalidRunError
 from tts_bench.gate.case import LoadedCase, case_path, default_profile, load_case, resolve_case
 from tts_bench.gate.samples import METRICS, center, sut_hash
-from tts_bench.records import RequestRecord
-from tts_bench.results import RunDir, python_argv
+from tts_bench.metrics import aggregate
+from tts_bench.records import RequestRecord, read_records
+from tts_bench.results import RunDir, load_avg, python_argv
 from tts_bench.stats import ALPHA, clopper_pearson, mde_log, pct, repeats_needed, t_quantile
 
 log = logging.getLogger(__name__)
@@ -55,13 +55,6 @@ EFFECTS_PCT = (2.0, 5.0, 10.0, 20.0)
 CALLED = ("faster", "slower")
 
 
-def _load() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
 def _phases(records: Sequence[RequestRecord]) -> dict[tuple[str, int, str], list[RequestRecord]]:
     """Measured, successful requests per (tier, repeat, arm)."""
     out: dict[tuple[str, int, str], list[RequestRecord]] = defaultdict(list)
@@ -69,11 +62,6 @@ def _phases(records: Sequence[RequestRecord]) -> dict[tuple[str, int, str], list
         if r.ok and not r.warmup:
             out[(r.tier, r.repeat, r.arm)].append(r)
     return out
-
-
-def _throughput(recs: Sequence[RequestRecord]) -> float | None:
-    wall = max(r.t_end_s for r in recs) - min(r.t_send_s for r in recs)
-    return sum(r.audio_seconds for r in recs) / wall if wall > 0 else None
 
 
 def run_observations(records: Sequence[RequestRecord], tier: str) -> dict[str, Any]:
@@ -93,7 +81,7 @@ def run_observations(records: Sequence[RequestRecord], tier: str) -> dict[str, A
         for recs in (b, t):
             for m in ("audio_rtf", "audio_ttfp_ms"):
                 centers[m].append(math.log(center([getattr(r, m) for r in recs], METRICS[m].center)))
-            thr = _throughput(recs)
+            thr = aggregate(recs).audio_throughput  # recs: one phase, measured and ok
             if thr:
                 centers["audio_throughput"].append(math.log(thr))
     return {"blocks": blocks, "centers": centers}
@@ -167,21 +155,21 @@ def run_calibration(
     rows, obs = [], defaultdict(list)
     t0 = time.perf_counter()
     for i in range(runs):
-        load_before, t_run = _load(), time.perf_counter()
+        load_before, t_run = load_avg(), time.perf_counter()
         run = RunDir.create(result_dir, "ab", command_line=python_argv(),
                             configs={n: config_to_dict(c) for n, c in arms.items()},
                             extra={"ab": {"tiers": [t.label for t in tiers], "repeats": repeats,
                                           "num_prompts": bench.num_prompts, "calibration_run": i}})
         result = run_ab(arms, tiers, repeats=repeats, num_prompts=bench.num_prompts, run_dir=run)
         run.close()
-        records = [RequestRecord.from_dict(d) for d in run.iter_requests()]
+        records = read_records(run)
         for t in result.tiers:
             if t.invalid_reasons or t.rtf is None or t.ttfp is None:
                 continue
             obs[t.tier].append({**run_observations(records, t.tier),
                                 "verdicts": {"audio_rtf": t.rtf.verdict, "audio_ttfp_ms": t.ttfp.verdict}})
         row = {"run": i, "dir": run.path.name, "valid": result.valid, "wall_s": round(time.perf_counter() - t_run, 2),
-               "load_before": load_before, "load_after": _load(),
+               "load_before": load_before, "load_after": load_avg(),
                "tiers": {t.tier: {"verdict": t.rtf.verdict if t.rtf else None,
                                   "ttfp_verdict": t.ttfp.verdict if t.ttfp else None,
                                   "delta_pct": t.rtf.delta_mean_pct if t.rtf else None,
@@ -293,6 +281,6 @@ def calibrate_case(
     md = to_markdown(doc)
     if not write:
         return Calibrated(doc, md, None)
-    path = write_calibration(doc, calibration_path(doc["case"], profile, out))
+    path = write_json_atomic(doc, calibration_path(doc["case"], profile, out))
     path.with_suffix(".md").write_text(md, encoding="utf-8")  # <case>.<profile>.calibration.md
     return Calibrated(doc, md, path)

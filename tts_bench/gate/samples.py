@@ -34,7 +34,7 @@ import numpy as np
 
 from tts_bench.config import parse_tier
 from tts_bench.errors import ConfigError
-from tts_bench.records import RequestRecord
+from tts_bench.records import RequestRecord, read_records
 from tts_bench.results import RunDir
 
 Direction = Literal["lower", "higher"]
@@ -204,13 +204,14 @@ def _mem_samples(doc: dict[str, Any], arm: str, tiers: dict[str, TierSamples]) -
             tiers[tier].samples.setdefault("peak_mem_mib", []).append(float(a["peak_mib"]))
 
 
-def read_run(path: Path | str, *, arm: str | None = None, profile: str | None = None) -> RunSamples:
-    """Samples and provenance of one arm of a recorded run (see the module docstring)."""
-    run = RunDir.open(path)
+def read_run(path: Path | str | RunDir, *, arm: str | None = None, profile: str | None = None) -> RunSamples:
+    """Samples and provenance of one arm of a recorded run (see the module docstring); `path`
+    may be a RunDir the caller already holds (its run.json is not read again)."""
+    run = path if isinstance(path, RunDir) else RunDir.open(path)
     doc = run.doc
     name = _pick_arm(doc, arm, run.path)
     tiers = {t: TierSamples(expected=n) for t, n in _plan(doc, doc["configs"][name]).items()}
-    records = [RequestRecord.from_dict(d) for d in run.iter_requests()]
+    records = read_records(run)
     _request_samples([r for r in records if r.arm == name and not r.warmup], tiers)
     _mem_samples(doc, name, tiers)
     return RunSamples(str(run.path), name, _provenance(doc, name, profile), tiers)

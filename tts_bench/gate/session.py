@@ -56,7 +56,7 @@ class GateSession:
 class _Target:
     """What to gate: the run, its case (thresholds), the baseline and the hardware profile."""
 
-    current: Path
+    run: RunDir  # opened once: its samples are read from it and --run-case's verdict written to it
     case: cases.Case
     baseline_path: Path
     baseline_doc: dict
@@ -70,12 +70,12 @@ def run_session(request: GateRequest, *, notify: Callable[[str], None] = log.war
                           "e.g. --run-case configs/cases/synthetic.yaml")
     target = _target(request, notify)
     c = target.case
-    report = judge(target.baseline_doc, read_run(target.current, arm=request.arm, profile=target.profile),
+    report = judge(target.baseline_doc, read_run(target.run, arm=request.arm, profile=target.profile),
                    c.thresholds, alpha=c.alpha, min_samples=c.min_samples, wer_doc=_wer_doc(request.wer_run),
                    calibration=_calibration(target, notify))
     doc = {**report.to_dict(report_only=request.report_only), "baseline_file": str(target.baseline_path)}
     if request.run_case is not None:  # the run keeps its own verdict
-        RunDir.open(target.current).update(gate=doc)
+        target.run.update(gate=doc)
     return GateSession(report, doc, target.baseline_path)
 
 
@@ -88,8 +88,8 @@ def _target(request: GateRequest, notify: Callable[[str], None]) -> _Target:
         base_path = request.baseline or cases.baseline_path(loaded.case, profile)
         base_doc = load_baseline(base_path)
         return _Target(_run(loaded, request, profile, notify), loaded.case, base_path, base_doc, profile)
-    current = Path(request.current)
-    recorded = RunDir.open(current).doc.get("case") or {}  # {} for runs not made by --run-case
+    run = RunDir.open(Path(request.current))
+    recorded = run.doc.get("case") or {}  # {} for runs not made by --run-case
     loaded = _case_for(request.case, recorded)
     name = (loaded.case.name if loaded else None) or recorded.get("name") or "adhoc"
     base_path = request.baseline or cases.baseline_path(cases.Case(name=name, config="-"), profile)
@@ -98,7 +98,7 @@ def _target(request: GateRequest, notify: Callable[[str], None]) -> _Target:
         loaded = cases.load_case(base_doc["case_file"])  # the case the baseline was built for
     if loaded is None:
         notify("warning: no case file (--case); using default thresholds")
-    return _Target(current, loaded.case if loaded else cases.Case(name=name, config="-"),
+    return _Target(run, loaded.case if loaded else cases.Case(name=name, config="-"),
                    base_path, base_doc, profile)
 
 
@@ -113,18 +113,18 @@ def _calibration(target: _Target, notify: Callable[[str], None]) -> Calibration 
     except ConfigError as exc:  # an older format: the gate still runs, on the U test alone
         notify(f"warning: {exc}; gating without it")
         return None
-    if cal.doc.get("sut_hash") != target.baseline_doc.get("sut_hash"):
+    if cal.sut_hash != target.baseline_doc.get("sut_hash"):
         notify(f"warning: {path} was recorded for another config of the case; not used")
         return None
     return cal
 
 
-def _run(loaded: cases.LoadedCase, request: GateRequest, profile: str, notify: Callable[[str], None]) -> Path:
+def _run(loaded: cases.LoadedCase, request: GateRequest, profile: str, notify: Callable[[str], None]) -> RunDir:
     from tts_bench.gate.bench import run_case
 
     run = run_case(cases.resolve_case(loaded, request.sets), profile=profile, result_dir=request.result_dir)
     notify(f"run: {run.path}")
-    return run.path
+    return run
 
 
 def _case_for(case: Path | None, recorded: dict) -> cases.LoadedCase | None:

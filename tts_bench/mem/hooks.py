@@ -116,10 +116,11 @@ class MemoryHooks:
         self.run_dir.update(mem=self.summary())
 
 
-def make_ab_hooks(cfg: Any, run_dir: Any) -> MemoryHooks:
-    """The hooks `tts-bench ab --mem` passes to run_ab, configured by the base arm's `mem:`."""
+def make_ab_hooks(cfg: Any, run_dir: Any, *, arms_per_tier: int = 2) -> MemoryHooks:
+    """The hooks `tts-bench ab --mem` passes to run_ab, configured by the base arm's `mem:`
+    (`arms_per_tier=1`: a gate case, one arm per tier)."""
     params = cfg.mem
     names = resolve_names(params.sampler_names, device_index=params.device_index)  # fail before any tier
     preload()  # the first tier's PNG is drawn between arms of later tiers: import it up front
     return MemoryHooks(names, interval_s=params.interval_s, device_index=params.device_index,
-                       run_dir=run_dir)
+                       run_dir=run_dir, arms_per_tier=arms_per_tier)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tts_bench.stats import t_quantile
+from tts_bench.stats import ALPHA, POWER, mde_log, samples_needed
 from tts_bench.wer.gate import HistoryEntry, load_history
 from tts_bench.wer.params import WerParams
 from tts_bench.wer.score import paired_rows, scored_wer
@@ -36,30 +36,16 @@ from tts_bench.wer.score import paired_rows, scored_wer
 # 0.667, noise_w_scale 0.8) on the first 80 builtin prompts, faster-whisper tiny.en int8
 # (results/wer-gate/figures.md).
 PIPER_AA_SD_POINTS = 7.7
-POWER = 0.80
 
 
-def mde_points(sd_points: float, n: int, *, alpha: float = 0.05, power: float = POWER) -> float:
+def mde_points(sd_points: float, n: int, *, alpha: float = ALPHA, power: float = POWER) -> float:
     """Smallest margin n paired utterances resolve at `power` when the arms are equally good."""
-    if n < 2:
-        return math.inf
-    return (t_quantile(1 - alpha / 2, n - 1) + t_quantile(power, n - 1)) * sd_points / math.sqrt(n)
+    return math.inf if n < 2 else mde_log(sd_points, n, n - 1, alpha=alpha, power=power)
 
 
 def prompts_needed(sd_points: float, margin_points: float, *, limit: int = 100_000) -> int | None:
     """Smallest n whose MDE is within the margin (None past `limit`)."""
-    lo, hi = 2, 2
-    while mde_points(sd_points, hi) > margin_points:
-        lo, hi = hi, hi * 2
-        if hi > limit:
-            return None
-    while lo < hi:  # the MDE falls with n: bisect
-        mid = (lo + hi) // 2
-        if mde_points(sd_points, mid) <= margin_points:
-            hi = mid
-        else:
-            lo = mid + 1
-    return hi
+    return samples_needed(sd_points, margin_points, limit=limit, step=1)
 
 
 @dataclass(frozen=True)

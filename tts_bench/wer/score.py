@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 import jiwer
 import numpy as np
 
-from tts_bench.stats import t_quantile
+from tts_bench.stats import ALPHA, BlockInterval, block_interval
 from tts_bench.wer.transcribe import UttTranscript
 
 FAILURE_KINDS = ("request_failed", "no_audio", "asr_failed", "empty_transcript")
@@ -151,15 +151,16 @@ class Paired:
         return asdict(self)
 
 
-def t_mean_ci(deltas: np.ndarray, *, alpha: float = 0.05) -> tuple[float, float] | None:
-    """Student t (1 - alpha) interval of the mean of `deltas`; None with fewer than 2 values."""
-    # deltas: [n]
-    n = deltas.size
-    if n < 2:
-        return None
-    mean = float(deltas.mean())
-    half = t_quantile(1 - alpha / 2, n - 1) * float(deltas.std(ddof=1)) / np.sqrt(n)
-    return mean - half, mean + half
+def _t_interval(deltas: np.ndarray, alpha: float = ALPHA) -> BlockInterval | None:
+    # deltas: [n]; None below 2 values (block_interval would take the mean of nothing)
+    return block_interval(deltas, alpha=alpha) if deltas.size >= 2 else None
+
+
+def t_mean_ci(deltas: np.ndarray, *, alpha: float = ALPHA) -> tuple[float, float] | None:
+    """Student t (1 - alpha) interval of the mean of `deltas`; None with fewer than 2 values.
+    The A/B's block interval (`stats.block_interval`), with utterances as the blocks."""
+    iv = _t_interval(deltas, alpha)
+    return None if iv is None else (iv.lo, iv.hi)
 
 
 def paired_rows(base: Sequence[dict], test: Sequence[dict]) -> tuple[list[str], np.ndarray]:
@@ -183,6 +184,7 @@ def _differing(base: Sequence[dict], tb: dict[str, dict]) -> list[dict]:
 def compare_utterances(base_name: str, base: Sequence[dict], test_name: str, test: Sequence[dict]) -> Paired:
     """Paired comparison of two per-utterance lists (an arm's, or a history record's)."""
     ids, deltas = paired_rows(base, test)
+    iv = _t_interval(deltas)
     tb = {u["request_id"]: u for u in test}
     same_audio = sum(1 for u in base if u.get("audio_sha256") and u["audio_sha256"] == tb.get(u["request_id"], {}).get("audio_sha256"))
     same_text = sum(1 for u in base if u.get("transcript") is not None
@@ -190,7 +192,7 @@ def compare_utterances(base_name: str, base: Sequence[dict], test_name: str, tes
     return Paired(
         base=base_name, test=test_name, n_paired=len(ids), n_total=len(base),
         delta_mean_wer=float(deltas.mean()) if deltas.size else None,
-        delta_mean_wer_ci95=t_mean_ci(deltas), identical_audio=same_audio, identical_transcripts=same_text,
-        sd_delta_wer=float(deltas.std(ddof=1)) if deltas.size > 1 else None,
+        delta_mean_wer_ci95=None if iv is None else (iv.lo, iv.hi), identical_audio=same_audio,
+        identical_transcripts=same_text, sd_delta_wer=None if iv is None else iv.sd,
         differing=_differing(base, tb),
     )
