@@ -10,8 +10,9 @@ samplers; send the tier's warmup requests (phase "warmup"), then the measured re
 request is appended to the run's JSONL as it finishes; the samples, summaries and timeline PNG
 paths go into run.json under `mem`.
 
-    result = run_mem(arms, MemPlan(tier=parse_tier("128x8"), warm_tier=parse_tier("4x1"),
-                     num_prompts=128, samplers=("nvml", "torch"), interval_s=2.0), run_dir=run)
+    plan = prepare_plan(arms, MemPlan(tier=parse_tier("128x8"), warm_tier=parse_tier("4x1"),
+                                      num_prompts=128, samplers=("nvml", "torch"), interval_s=2.0))
+    result = run_mem(arms, plan, run)
     result.summaries[0].to_dict()["arms"]["test"]["delta_mib"]
     result = measure_memory(Path("configs/ab/default.yaml"), sets=["mem.tier=4x2"])   # the command
 """
@@ -179,7 +180,7 @@ def measure_memory(
         config_hashes={n: config_hash(c) for n, c in arms.items()}, extra={"mem_plan": plan.to_dict()},
     )
     with run.finishing():  # any exit (error, Ctrl-C) leaves run.json failed / interrupted
-        return _run_prepared(arms, plan, run)
+        return run_mem(arms, plan, run)
 
 
 def plan_from_config(base: BenchConfig, num_prompts: int | None = None) -> MemPlan:
@@ -202,12 +203,9 @@ def _check_memory(arms: dict[str, BenchConfig], plan: MemPlan) -> None:
                      label=f"arm {name!r} at tier {plan.tier.label}")
 
 
-def run_mem(arms: dict[str, BenchConfig], plan: MemPlan, *, run_dir: RunDir) -> MemResult:
-    """Run every arm in order on a fresh backend and summarise, record and plot the memory."""
-    return _run_prepared(arms, prepare_plan(arms, plan), run_dir)
-
-
-def _run_prepared(arms: dict[str, BenchConfig], plan: MemPlan, run_dir: RunDir) -> MemResult:
+def run_mem(arms: dict[str, BenchConfig], plan: MemPlan, run_dir: RunDir) -> MemResult:
+    """Run every arm in order on a fresh backend and summarise, record and plot the memory;
+    `plan` has been through `prepare_plan` (its samplers resolved)."""
     base_cfg = next(iter(arms.values()))
     preload()  # every arm is sampled with matplotlib already in this process (rss counts it)
     prompts = select_bench_prompts(base_cfg, plan.num_prompts)
