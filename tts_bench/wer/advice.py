@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from tts_bench.stats import ALPHA, POWER, mde_log, samples_needed
-from tts_bench.wer.gate import HistoryEntry, load_history
+from tts_bench.wer.gate import HistoryEntry, read_history
 from tts_bench.wer.params import WerParams
 from tts_bench.wer.score import paired_rows, scored_wer
 
@@ -99,8 +98,9 @@ def history_spread(history: list[HistoryEntry]) -> tuple[float, str]:
     return shipped
 
 
-def prompt_advice(params: WerParams, num_prompts: int, *, available: int) -> PromptAdvice:
-    history_dir = Path(params.history_dir)
-    sd, source = history_spread(load_history(history_dir) if history_dir.is_dir() else [])
+def prompt_advice(params: WerParams, num_prompts: int, *, available: int,
+                  history: list[HistoryEntry] | None = None) -> PromptAdvice:
+    """`history`: the records of `params.history_dir`, when the caller has read them already."""
+    sd, source = history_spread(read_history(params.history_dir) if history is None else history)
     return PromptAdvice(params.margin_points, num_prompts, available, sd, source,
                         mde_points(sd, num_prompts), prompts_needed(sd, params.margin_points))

@@ -84,6 +84,11 @@ def _provenance_key(asr: dict, normalizer: str) -> str:
     return json.dumps({"asr": asr, "normalizer": normalizer}, sort_keys=True)
 
 
+def read_history(directory: str | Path) -> list[HistoryEntry]:
+    """The history in `directory` (`wer.history_dir`), or none where it does not exist yet."""
+    return load_history(Path(directory)) if Path(directory).is_dir() else []
+
+
 def load_history(directory: Path) -> list[HistoryEntry]:
     """Every arm of every record, newest record first."""
     entries = []

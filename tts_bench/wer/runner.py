@@ -30,10 +30,11 @@ from tts_bench.results import RunDir
 from tts_bench.wer.gate import (
     GateResult,
     HistoryCheck,
+    HistoryEntry,
     check_history,
     find_reference,
     judge,
-    load_history,
+    read_history,
     tts_config_hash,
     write_history,
 )
@@ -123,11 +124,12 @@ def read_generation(run: RunDir) -> dict[str, list[GenRecord]]:
     return out
 
 
-def precheck_history(configs: dict[str, dict], selection: dict, params: WerParams) -> None:
+def precheck_history(configs: dict[str, dict], selection: dict, params: WerParams,
+                     history: list[HistoryEntry] | None = None) -> None:
     """Refuse a history/provenance mismatch *before* minutes of generation and ASR (evaluate
-    checks again; this only fails early)."""
-    history_dir = Path(params.history_dir)
-    history = load_history(history_dir) if history_dir.is_dir() else []
+    checks again, on the history as it is then; this only fails early). `history`: the records
+    of `params.history_dir`, when the caller has read them already."""
+    history = read_history(params.history_dir) if history is None else history
     if not history:
         return
     asr = describe_asr(asr_options(params)).to_dict()
@@ -183,8 +185,7 @@ def evaluate(
     hashes = {a: tts_config_hash(c, num_prompts=sel["num_prompts"], shuffle=sel["shuffle"])
               for a, c in run.doc["configs"].items()}
     asr_dict = session.provenance.to_dict()
-    history_dir = Path(params.history_dir)
-    history = load_history(history_dir) if history_dir.is_dir() else []
+    history = read_history(params.history_dir)  # again: a long run may see a newer record
     checks = []
     for a in arms:
         ref = find_reference(history, hashes[a.arm], asr_dict, params.normalizer, refuse=not accept)
@@ -193,7 +194,7 @@ def evaluate(
     gate = judge(arms, paired, checks, params)
     written = None
     if accept and gate.verdict != "invalid":
-        written = str(write_history(history_dir, arms=arms, tts_hashes=hashes, asr=asr_dict,
+        written = str(write_history(Path(params.history_dir), arms=arms, tts_hashes=hashes, asr=asr_dict,
                                     normalizer=params.normalizer, run_path=run.path.name,
                                     config_hashes=run.doc.get("config_hashes", {})))
     report = WerReport(run.path, arms, paired, checks, session.provenance, params.normalizer, gate,

@@ -28,6 +28,7 @@ from tts_bench.errors import ConfigError, ExitStatus
 from tts_bench.results import RunDir, python_argv
 from tts_bench.shipped import DEFAULT_WER_CONFIG, shipped_config
 from tts_bench.wer import runner
+from tts_bench.wer.gate import read_history
 from tts_bench.wer.params import WerParams
 
 log = logging.getLogger(__name__)
@@ -100,12 +101,13 @@ def _plan(request: WerRequest, notify: Callable[[str], None]):
     prompts = runner.select_wer_prompts(available, params.num_prompts, shuffle=shuffle,
                                         seed=first.prompts.shuffle_seed)
     check_before_generating(arms, params, prompts)
+    history = read_history(params.history_dir)
     if params.mode != "exact":  # say before minutes of synthesis whether the margin is in reach
-        notify(prompt_advice(params, len(prompts), available=len(available)).line())
+        notify(prompt_advice(params, len(prompts), available=len(available), history=history).line())
     selection = runner.selection_doc(prompts, num_prompts=len(prompts), shuffle=shuffle)
     configs = {n: config_to_dict(c) for n, c in arms.items()}
     if not request.accept:
-        runner.precheck_history(configs, selection["wer_selection"], params)
+        runner.precheck_history(configs, selection["wer_selection"], params, history)
     run = RunDir.create(
         request.result_dir, "wer", command_line=python_argv(),
         configs=configs, config_hashes={n: config_hash(c) for n, c in arms.items()}, extra=selection,
