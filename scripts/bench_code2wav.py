@@ -28,22 +28,10 @@ import numpy as np
 import torch
 
 from stages.code2wav.config import Code2WavConfig
-from stages.code2wav.streaming import Chunker
 from stages.code2wav.token2wav import Token2Wav
 from stages.platform import deterministic_kernels, resolve_device, synchronize
+from stages.profiling.code2wav_step import prepare_streams, steady_start
 from stages.profiling.launches import count_launches
-
-WARM_CHUNKS = 3  # chunk 0, growth, first trim: steady shapes afterwards
-
-
-def _streams(cfg: Code2WavConfig, rows: int, chunks: int, tag: str) -> list[list]:
-    gen = torch.Generator().manual_seed(rows)
-    out = []
-    for r in range(rows):
-        codes = torch.randint(0, cfg.flow.vocab_size, (chunks * cfg.codec_chunk_frames,), generator=gen)
-        out.append(Chunker(cfg, f"{tag}-{rows}-{r}", seed=r).push(codes.tolist()))
-    return out
-
 
 def _timed(t2w: Token2Wav, batch: list) -> tuple[float, list[np.ndarray]]:
     synchronize(t2w.device)
@@ -54,15 +42,16 @@ def _timed(t2w: Token2Wav, batch: list) -> tuple[float, list[np.ndarray]]:
 
 def bench_rows(arms: dict[str, Token2Wav], rows: int, reps: int) -> dict:
     cfg = next(iter(arms.values())).cfg
-    streams = _streams(cfg, rows, WARM_CHUNKS + 1 + reps + 1, "bench")
-    for step in range(WARM_CHUNKS + 1):  # + 1: the graph arm captures its steady graph here
+    warm = steady_start(cfg) + 1  # + 1: the graph arm captures its steady graph on the first
+    streams = prepare_streams(cfg, rows, warm + reps + 1, "bench")
+    for step in range(warm):
         for t2w in arms.values():
             t2w.decode([s[step] for s in streams])
     names = list(arms)
     times = {n: [] for n in names}
     identical = 0
     for k in range(reps):
-        step = WARM_CHUNKS + 1 + k
+        step = warm + k
         order = names if k % 2 == 0 else names[::-1]
         audio = {}
         for n in order:
@@ -70,7 +59,7 @@ def bench_rows(arms: dict[str, Token2Wav], rows: int, reps: int) -> dict:
             times[n].append(ms)
         identical += all(np.array_equal(a, b) for a, b in zip(audio[names[0]], audio[names[1]]))
     counts = {}
-    step = WARM_CHUNKS + 1 + reps
+    step = warm + reps
     for n, t2w in arms.items():
         batch = [s[step] for s in streams]
         counts[n] = count_launches(lambda t=t2w, b=batch: t.decode(b), device=t2w.device, repeats=1, warmup=0)
@@ -96,13 +85,13 @@ def kernel_table(t2w: Token2Wav, rows: int, top: int = 25) -> dict:
     profiler): where a chunk's device time goes, for the targets a graph cannot reach."""
     from torch.profiler import ProfilerActivity, profile
 
-    cfg = t2w.cfg
-    streams = _streams(cfg, rows, WARM_CHUNKS + 2, "kernels")
-    for step in range(WARM_CHUNKS + 1):
+    start = steady_start(t2w.cfg)
+    streams = prepare_streams(t2w.cfg, rows, start + 1, "kernels")
+    for step in range(start):  # the eager arm: no graph to capture first
         t2w.decode([s[step] for s in streams])
     synchronize(t2w.device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t2w.decode([s[WARM_CHUNKS + 1] for s in streams])
+        t2w.decode([s[start] for s in streams])
         synchronize(t2w.device)
     for s in streams:
         t2w.drop(s[0].request_id)
@@ -124,7 +113,8 @@ def bench_threads(base: Code2WavConfig, device: torch.device, replicas: int, row
     first = Token2Wav(base, device=device, dtype=torch.float32, slots=rows)
     reps = [first] + [Token2Wav(base, device=device, dtype=torch.float32, slots=rows, shared=first)
                       for _ in range(replicas - 1)]
-    streams = [_streams(base, rows, WARM_CHUNKS + 1 + chunks, f"t{i}") for i in range(replicas)]
+    warm = steady_start(base) + 1  # + 1: each replica captures its steady graph
+    streams = [prepare_streams(base, rows, warm + chunks, f"t{i}") for i in range(replicas)]
     barrier = threading.Barrier(replicas + 1)
     errors: list[BaseException] = []
 
@@ -132,10 +122,10 @@ def bench_threads(base: Code2WavConfig, device: torch.device, replicas: int, row
         try:
             stream = torch.cuda.Stream(device) if device.type == "cuda" else None
             with torch.cuda.stream(stream) if stream is not None else _null():
-                for step in range(WARM_CHUNKS + 1):
+                for step in range(warm):
                     t2w.decode([s[step] for s in mine])
                 barrier.wait()
-                for step in range(WARM_CHUNKS + 1, WARM_CHUNKS + 1 + chunks):
+                for step in range(warm, warm + chunks):
                     t2w.decode([s[step] for s in mine])
         except BaseException as exc:  # noqa: BLE001 - reported by the caller
             errors.append(exc)

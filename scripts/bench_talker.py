@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from scripts._stages import tiny_stages
 from stages.platform.device import describe_device, dtype_from_name, resolve_device, synchronize
 from stages.profiling.launches import count_launches
 from stages.talker.config import TalkerConfig
@@ -40,8 +41,8 @@ TEXT = "The quick brown fox jumps over the lazy dog while the band plays on the 
 
 
 def tiny_config() -> TalkerConfig:
-    return TalkerConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4,
-                        intermediate_size=128, llm_dim=64)
+    """The shipped tiny stage config's talker (configs/stages/minicpmo45-tiny.yaml)."""
+    return tiny_stages().talker
 
 
 def kernels_per_step(engine: TalkerEngine, device: torch.device) -> int:

@@ -30,8 +30,8 @@ from stages.code2wav.config import (
     FlowEncoderConfig,
     HiFTConfig,
 )
-from stages.code2wav.streaming import Chunker
 from stages.code2wav.token2wav import Token2Wav
+from stages.profiling.code2wav_step import prepare_streams, steady_start
 
 
 def peak_bytes(fn, device: torch.device) -> int:
@@ -67,18 +67,15 @@ def build_config(dit: str, full: bool) -> Code2WavConfig:
 
 def measure(cfg: Code2WavConfig, *, rows: int, device: torch.device) -> dict:
     t2w = Token2Wav(cfg, device=device, dtype=torch.float32, init_seed=0, slots=rows)
-    gen = torch.Generator().manual_seed(0)
-    streams = []
-    for r in range(rows):
-        codes = torch.randint(0, cfg.flow.vocab_size, (200,), generator=gen).tolist()
-        streams.append(Chunker(cfg, f"r{r}", seed=r).push(codes))
-    for step in range(3):  # chunk 0, growth, first trim: caches saturated afterwards
+    start = steady_start(cfg)  # chunks before the caches are saturated (prompt + keep frames)
+    streams = prepare_streams(cfg, rows, start + 1, "memory")
+    for step in range(start):
         t2w.decode([s[step] for s in streams])
     att = t2w.pool["estimator_att"]  # [n_t, depth, 2S, H, F, 2D]
     per_request = 2 * att[:, :, 0].numel() * att.element_size()
-    frames = t2w._requests["r0"].caches.estimator_len
+    frames = t2w._requests[streams[0][0].request_id].caches.estimator_len
     assert frames == att.shape[4], "the caches are saturated"
-    batch = [s[3] for s in streams]
+    batch = [s[start] for s in streams]
     peak = peak_bytes(lambda: t2w.decode(batch), device)
     return {
         "rows": rows,

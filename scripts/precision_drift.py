@@ -24,7 +24,8 @@ from dataclasses import replace
 
 import torch
 
-from stages.code2wav.config import Code2WavConfig, DiTConfig, FlowEncoderConfig, HiFTConfig
+from scripts._stages import tiny_stages
+from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.streaming import Chunker
 from stages.code2wav.token2wav import Token2Wav
 from stages.platform import deterministic_kernels, resolve_device
@@ -35,14 +36,6 @@ VARIANTS = {  # name -> code2wav extra flags (on top of fp32 defaults)
     "tf32 all": {"token2wav_allow_tf32": "all"},
     "bf16 DiT": {"code2wav_dit_dtype": "bfloat16"},
 }
-
-
-def tiny() -> Code2WavConfig:
-    return Code2WavConfig(
-        flow=FlowEncoderConfig(input_size=32, attention_heads=2, linear_units=64, num_blocks=2, num_up_blocks=1),
-        dit=DiTConfig(hidden_size=32, depth=2, num_heads=2, head_dim=16),
-        hift=HiFTConfig(base_channels=16, f0_predictor_channels=16),
-    )
 
 
 def decode_mels(cfg: Code2WavConfig, device: torch.device, streams: int, chunks: int, *, noise_seed: int | None = None) -> torch.Tensor:
@@ -74,12 +67,12 @@ def main() -> int:
     ap.add_argument("--chunks", type=int, default=6)
     ap.add_argument("--seeds", type=int, default=3, help="noise seeds for the fp32 spread")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--tiny", action="store_true", help="tiny dims (CPU smoke test)")
+    ap.add_argument("--tiny", action="store_true", help="the shipped tiny dims, configs/stages/minicpmo45-tiny.yaml (CPU smoke test)")
     ap.add_argument("--out", default=os.environ.get("OUT"))
     args = ap.parse_args()
     deterministic_kernels()  # as in the stage processes (runner.deterministic): replay == eager
     device = resolve_device(args.device)
-    base = tiny() if args.tiny else Code2WavConfig()
+    base = tiny_stages().code2wav if args.tiny else Code2WavConfig()
     ref = decode_mels(base, device, args.streams, args.chunks)
     spread = [l1_db(ref, decode_mels(base, device, args.streams, args.chunks, noise_seed=1000 + s))
               for s in range(args.seeds)]

@@ -20,9 +20,9 @@ import threading
 import time
 from pathlib import Path
 
+from scripts._stages import load_stages
 from stages.config import StageConfig
 from stages.runner import RequestError, RunnerRequest, StageRunner
-from tts_bench._dataclass_yaml import load_dataclass, load_yaml_file
 
 SENTENCES = [
     "A small boat drifted slowly across the calm grey lake at dawn.",
@@ -113,7 +113,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the JSON document here too")
     args = ap.parse_args()
     path = Path(args.config)
-    cfg = load_dataclass(StageConfig, load_yaml_file(path), source=str(path), base_dir=path.parent)
+    cfg = load_stages(path)
     results = []
     for tier in args.tiers.split(","):
         c, r = (int(x) for x in tier.lower().split("x"))

@@ -29,9 +29,11 @@ section, not a bench section.
 
 An A/B config is a bench config plus an optional `arms:` mapping of two arm names to override
 lists; `load_arms` applies file, `--set`, the file's `arms:` lists, then `--base-set` /
-`--test-set`, in that order:
+`--test-set`, in that order; `load_arm` builds one of them; `load_config` reads the file
+without applying `arms:` (what both arms share):
 
     arms = load_arms(Path("configs/ab/default.yaml"), test_sets=["synthetic.delay_scale=1.2"])
+    cfg = load_arm(Path("configs/ab/default.yaml"), arm="test")
 """
 
 from __future__ import annotations
@@ -330,23 +332,39 @@ def load_config(path: Path | str | None, sets: Sequence[str] = ()) -> BenchConfi
     """Load a bench config file (None -> all defaults), then apply `--set` overrides in order.
 
     `configs/...` paths fall back to the shipped configs (`tts_bench.shipped`); a file with no
-    `stages:` section gets the host's default stage config (`with_default_stages`)."""
-    if path is None:  # through the loader, so an error (a bad env flag) is a ConfigError too
-        cfg = load_dataclass(BenchConfig, {}, source="defaults")
-    else:
-        path = resolve_config_path(path)
-        data = load_yaml_file(path)
-        if isinstance(data, dict):
-            data = with_default_stages(data)
-        cfg = load_dataclass(BenchConfig, data, source=str(path), base_dir=path.parent)
-    return apply_overrides(cfg, sets)
+    `stages:` section gets the host's default stage config (`with_default_stages`). An A/B
+    config's `arms:` are checked but not applied: the result is what both arms share
+    (`load_arm` / `load_arms` apply them)."""
+    return apply_overrides(_read_config(path).config, sets)
 
 
 DEFAULT_ARMS = ("base", "test")
 
 
+@dataclass(frozen=True)
+class _ConfigFile:
+    config: BenchConfig  # the file without its `arms:`
+    arms: dict[str, list[str]]  # arm name -> the file's overrides for it (base/test: none)
+    source: str
+
+
+def _read_config(path: Path | str | None) -> _ConfigFile:
+    """The one reader of a config file, for `load_config` and `load_arms`."""
+    if path is None:  # through the loader, so an error (a bad env flag) is a ConfigError too
+        return _ConfigFile(load_dataclass(BenchConfig, {}, source="defaults"),
+                           {name: [] for name in DEFAULT_ARMS}, "defaults")
+    path = resolve_config_path(path)  # configs/... names a shipped config from any folder
+    raw = load_yaml_file(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"error: the config must be a mapping ({path}); write key: value lines")
+    raw = with_default_stages(dict(raw))
+    arms = _yaml_arms(raw, str(path))
+    return _ConfigFile(load_dataclass(BenchConfig, raw, source=str(path), base_dir=path.parent), arms, str(path))
+
+
 def _yaml_arms(raw: dict[str, Any], source: str) -> dict[str, list[str]]:
-    """The optional top-level `arms: {base: [sets...], test: [sets...]}` of an A/B config."""
+    """The optional top-level `arms: {base: [sets...], test: [sets...]}` of an A/B config
+    (popped from `raw`)."""
     arms = raw.pop("arms", None)
     if arms is None:
         return {name: [] for name in DEFAULT_ARMS}
@@ -367,33 +385,25 @@ def load_arms(
 ) -> dict[str, BenchConfig]:
     """Both arms' configs: file -> `--set` (both) -> the file's `arms:` lists -> `--base-set` /
     `--test-set`. Without `arms:` in the file the arms are named base and test."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        path = resolve_config_path(path)  # configs/... names a shipped config from any folder
-        raw = load_yaml_file(path)
-        if not isinstance(raw, dict):
-            raise ConfigError(f"error: the config must be a mapping ({path}); write key: value lines")
-        raw = with_default_stages(dict(raw))
-    arm_sets = _yaml_arms(raw, str(path))
-    cfg = load_dataclass(BenchConfig, raw, source=str(path or "defaults"),
-                         base_dir=path.parent if path else None)
-    cfg = apply_overrides(cfg, sets)
-    out = {}
-    for (name, yaml_sets), cli_sets, flag in zip(arm_sets.items(), (base_sets, test_sets),
-                                                ("--base-set", "--test-set")):
-        arm = apply_overrides(cfg, yaml_sets, source=f"{path}: arms.{name}")
-        out[name] = apply_overrides(arm, cli_sets, source=flag)
-    return out
+    file = _read_config(path)
+    cfg = apply_overrides(file.config, sets)
+    return {name: _arm(file, cfg, name, cli_sets, flag)
+            for name, cli_sets, flag in zip(file.arms, (base_sets, test_sets), ("--base-set", "--test-set"))}
 
 
 def load_arm(path: Path, sets: Sequence[str] = (), arm: str | None = None) -> BenchConfig:
     """One arm of a config (default: the first, e.g. `base`): a plain bench config, or one arm
     of an A/B config with that arm's overrides applied."""
-    arms = load_arms(path, sets)
-    name = arm if arm is not None else next(iter(arms))
-    if name not in arms:
-        raise ConfigError(f"error: no arm {name!r} in {path} (--arm); valid: {', '.join(arms)}")
-    return arms[name]
+    file = _read_config(path)
+    name = arm if arm is not None else next(iter(file.arms))
+    if name not in file.arms:
+        raise ConfigError(f"error: no arm {name!r} in {path} (--arm); valid: {', '.join(file.arms)}")
+    return _arm(file, apply_overrides(file.config, sets), name, (), "")
+
+
+def _arm(file: _ConfigFile, cfg: BenchConfig, name: str, cli_sets: Sequence[str], flag: str) -> BenchConfig:
+    arm = apply_overrides(cfg, file.arms[name], source=f"{file.source}: arms.{name}")
+    return apply_overrides(arm, cli_sets, source=flag)
 
 
 def _split_override(text: str, source: str) -> tuple[list[str], Any]:

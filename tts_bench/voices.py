@@ -17,6 +17,7 @@ voice with odds of ~1 in 2.5e9): inaudible, but new content, so a content cache 
 needs 16-bit PCM WAV prompt files (the builtin ones are).
 
     wav, audio = request_voice(prompt, "w03", mode="distinct", first=prompts[0].prompt_wav)
+    audio = voice_file(Path("prompts/ref_0.wav"))   # a prompt wav's bytes, read once per path
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from tts_bench.errors import ConfigError
 
 VOICE_MODES = ("file", "one", "distinct", "default")
 _NUDGED = 8  # samples changed per distinct voice
+# Prompt wavs whose bytes stay in memory (a few hundred KB each): every voice of the builtin
+# set and of a typical sweep's working set; a larger set re-reads the files it cycles through.
+VOICE_FILES_CACHED = 256
 
 
 def request_voice(prompt: Any, key: str, *, mode: str, first: Path | None) -> tuple[Path | None, bytes | None]:
@@ -63,6 +67,15 @@ def _nudged(path: Path, key: str) -> bytes:
         w.setparams(params)
         w.writeframes(bytes(samples))
     return out.getvalue()
+
+
+@functools.lru_cache(maxsize=VOICE_FILES_CACHED)
+def voice_file(path: Path) -> bytes:
+    """A prompt wav's bytes, read once per path. Backends read the voice inside the timed
+    window (SynthesisRequest.voice), and `file`/`one` modes send the same few files again and
+    again: a disk read per request would be measured as synthesis time. Raises OSError (the
+    caller says whose fault it is); a failed read is not cached."""
+    return path.read_bytes()
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,8 +1,8 @@
 """Decoding a reference voice: an audio file or its bytes -> float32 [C, N] in ±1 and its rate.
 
 One decoder for every place that takes a voice: the prompt builder (`stages.code2wav.prompt`),
-and, through it, the harness's checks of a prompt list and of a `ref_audio` request field, so
-what they accept is what the stages can use; the WER gate reads its generated WAVs with it too
+and, through it, the harness's checks of a prompt list, so what they accept is what the stages
+can use (a server's `ref_audio` field is only probed, header and length, by `probe_audio`); the WER gate reads its generated WAVs with it too
 (`read_audio`, which leaves an empty file to the caller). It is libsndfile's (via `soundfile`): WAV (PCM 8-32
 bit, float, extensible), FLAC, OGG Vorbis/Opus and MP3, at any sample rate. Integer PCM is scaled
 by 2^(bits-1) (8-bit unsigned around 128), as the stdlib reader this replaces did, so 16-bit
@@ -15,6 +15,7 @@ Errors are PromptError (the request's or the prompt list's fault, never the stag
 
     wav, rate = decode_audio(Path("ref.wav"))          # [1, 144000], 24000
     wav, rate = decode_audio(request_bytes, where="ref_audio")
+    frames, rate = probe_audio(request_bytes, where="ref_audio")   # header only: no samples decoded
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def decode_audio(source: Path | str | bytes, *, where: str | None = None) -> tup
     where = where or ("reference audio bytes" if isinstance(source, bytes) else str(source))
     wav, rate = read_audio(source, where=where)
     if wav.shape[1] == 0:
-        raise PromptError(f"error: reference audio is empty ({where}): no samples; give a recording of speech")
+        raise _empty(where)
     return wav, rate
 
 
@@ -57,12 +58,30 @@ def read_audio(source: Path | str | bytes, *, where: str | None = None) -> tuple
             ) from None
     try:
         frames, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)  # [N, C]
-    except soundfile.LibsndfileError as exc:
-        raise PromptError(
-            f"error: cannot decode reference audio ({where}): {exc.error_string}; give a {FORMATS} file"
-        ) from None
-    except (RuntimeError, ValueError, TypeError) as exc:  # soundfile's checks before libsndfile's
-        raise PromptError(
-            f"error: cannot decode reference audio ({where}): {exc}; give a {FORMATS} file"
-        ) from None
+    except (RuntimeError, ValueError, TypeError) as exc:  # LibsndfileError is a RuntimeError
+        raise _undecodable(exc, where) from None
     return np.ascontiguousarray(frames.T), int(rate)
+
+
+def probe_audio(data: bytes, *, where: str) -> tuple[int, int]:
+    """(frames, sample rate) of encoded audio from its header alone, with `decode_audio`'s
+    errors for what it can tell without decoding (not audio, no samples). For a server's edge:
+    it must refuse a file that is not audio at once, but leave decoding to the stages, which do
+    it anyway and refuse what only decoding finds (their bad_prompt)."""
+    try:
+        info = soundfile.info(io.BytesIO(data))
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise _undecodable(exc, where) from None
+    if info.frames == 0:
+        raise _empty(where)
+    return int(info.frames), int(info.samplerate)
+
+
+def _empty(where: str) -> PromptError:
+    return PromptError(f"error: reference audio is empty ({where}): no samples; give a recording of speech")
+
+
+def _undecodable(exc: Exception, where: str) -> PromptError:
+    # LibsndfileError carries libsndfile's own words; soundfile's checks before it, a message.
+    reason = exc.error_string if isinstance(exc, soundfile.LibsndfileError) else exc
+    return PromptError(f"error: cannot decode reference audio ({where}): {reason}; give a {FORMATS} file")

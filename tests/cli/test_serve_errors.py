@@ -4,6 +4,7 @@ answers 500 forever while /health says ok."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -11,16 +12,19 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from stages.runner.fakes import fake_factories
+from tts_bench.backends.base import RequestFailed
 from tts_bench.backends.embedded import EmbeddedBackend
 from tts_bench.config import load_config
 from tts_bench.serve.app import running_server
 
 ROOT = Path(__file__).resolve().parents[2]
+VOICE = ROOT / "tts_bench/data/seed-tts-en/prompts/ref_0.wav"
 SYNTH = load_config(ROOT / "configs/ab/synthetic.yaml", [
     "synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",
     "synthetic.first_chunk_delay_s=0.01", "synthetic.chunk_delay_s=0.01"])
@@ -80,6 +84,37 @@ def url():
 def test_client_mistakes_are_4xx_json(url, body, kw, status, code, param):
     err = error_of(speech(url, body, **kw))
     assert (err["status"], err["code"], err["param"]) == (status, code, param), err
+
+
+class _RefusesEveryVoice:
+    """A backend whose stages refuse the voice (bad_prompt), as the embedded one does for a
+    `ref_audio` whose header is fine but whose samples cannot be decoded."""
+
+    async def start(self, replicas: int) -> None: ...
+    async def stop(self) -> None: ...
+    def describe(self) -> dict:
+        return {}
+
+    async def synthesize(self, request):
+        raise RequestFailed("bad_prompt", "cannot decode reference audio (ref_audio): truncated")
+        yield  # an async generator, as backends are
+
+
+def test_a_voice_the_stages_refuse_is_a_400_not_a_500():
+    voice = base64.b64encode(VOICE.read_bytes()).decode()
+    with running_server(SYNTH, backend=_RefusesEveryVoice()) as server:
+        err = error_of(speech(server.url, {"input": "hi", "ref_audio": voice}))
+    assert (err["status"], err["code"], err["param"]) == (400, "bad_prompt", "ref_audio"), err
+    assert "truncated" in err["message"]
+
+
+def test_a_voice_over_the_served_configs_limit_is_refused_at_the_edge():
+    cfg = replace(SYNTH, stages=replace(SYNTH.stages, code2wav=replace(
+        SYNTH.stages.code2wav, ref_audio_max_seconds=1.0, ref_audio_limit_seconds=2.0)))
+    voice = base64.b64encode(VOICE.read_bytes()).decode()  # 6 s
+    with running_server(cfg) as server:
+        err = error_of(speech(server.url, {"input": "hi", "ref_audio": voice}))
+    assert (err["status"], err["param"]) == (400, "ref_audio") and "more than 2 s" in err["message"], err
 
 
 def test_a_chunked_body_over_the_limit_is_a_json_413(url):

@@ -16,6 +16,8 @@ from tts_bench.config import (
     apply_overrides,
     config_hash,
     config_to_dict,
+    load_arm,
+    load_arms,
     load_config,
     load_dataclass,
     parse_tier,
@@ -364,3 +366,25 @@ def test_validation_errors_are_ours_never_pydantics(tmp_path, text):
     for raw in ("pydantic", "Input should", "validation error", "errors.pydantic.dev"):
         assert raw not in msg, msg
     assert msg.endswith(("fix the value", "?")) or "valid keys here" in msg, msg
+
+
+def test_load_config_reads_an_ab_config_as_what_both_arms_share(tmp_path):
+    path = write(tmp_path / "ab.yaml", "backend: synthetic\nbench: {num_prompts: 3}\n"
+                                       "arms: {base: [bench.seed=1], test: [bench.seed=2]}\n")
+    shared = load_config(path)
+    arms = load_arms(path)
+    assert shared.bench.num_prompts == 3 and shared.bench.seed == BenchConfig().bench.seed
+    assert dataclasses.replace(arms["test"], bench=shared.bench) == shared
+    assert load_config("configs/ab/default.yaml").backend == "embedded"  # as the docs use it
+    bad = write(tmp_path / "bad.yaml", "arms: {base: [], test: 3}\n")
+    assert "arms must map exactly two arm names" in config_error(bad)  # checked, though not applied
+
+
+def test_load_arm_builds_only_the_arm_asked_for(tmp_path):
+    path = write(tmp_path / "ab.yaml", "backend: synthetic\narms: {base: [bench.seed=1], test: [bench.sed=2]}\n")
+    assert load_arm(path).bench.seed == 1  # the test arm's typo is not evaluated
+    assert load_arm(path, ["bench.num_prompts=3"], arm="base").bench.num_prompts == 3
+    with pytest.raises(ConfigError, match="unknown key 'bench.sed'"):
+        load_arm(path, arm="test")
+    with pytest.raises(ConfigError, match="no arm 'other'"):
+        load_arm(path, arm="other")

@@ -67,3 +67,12 @@ def test_env_opt_out_typo_raises_naming_variable(monkeypatch):
     monkeypatch.setenv("TTS_BENCH_TEST_FEATURE", "ture")
     with pytest.raises(FlagError, match="TTS_BENCH_TEST_FEATURE"):
         read_env_opt_out("TTS_BENCH_TEST_FEATURE")
+
+
+def test_option_flags_become_quoted_set_overrides_and_unset_flags_are_left_out():
+    from tts_bench.commands._common import Yaml, flag_sets
+
+    sets = flag_sets([("wer.asr_model", 'a: "b" #c'), ("wer.num_prompts", 3), ("mem.interval_s", 0.5),
+                      ("bench.disable_shuffle", True), ("mem.warm_tier", Yaml("null")), ("mem.tier", None)])
+    assert sets == ['wer.asr_model="a: \\"b\\" #c"', "wer.num_prompts=3", "mem.interval_s=0.5",
+                    "bench.disable_shuffle=true", "mem.warm_tier=null"]

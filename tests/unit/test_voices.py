@@ -71,6 +71,22 @@ def test_the_http_backend_sends_the_voice_as_ref_audio_and_ref_text():
     assert "ref_audio" not in backend.request_body(SynthesisRequest("r", "x"))  # no voice: none sent
 
 
+def test_a_prompt_wav_is_read_and_encoded_once_not_per_request(tmp_path, monkeypatch):
+    voice, other = tmp_path / "v.wav", tmp_path / "w.wav"
+    for path in (voice, other):
+        path.write_bytes(VOICE.read_bytes())
+    reads = []
+    read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self) or read_bytes(self))
+    backend = HttpBackend(BenchConfig(http=HttpConfig()))
+    bodies = [backend.request_body(SynthesisRequest(f"r{i}", "x", prompt_wav=voice)) for i in range(3)]
+    assert reads == [voice] and bodies[0]["ref_audio"] is bodies[2]["ref_audio"]
+    voices = [SynthesisRequest(f"e{i}", "x", prompt_wav=other).voice() for i in range(2)]  # embedded's
+    assert reads == [voice, other] and voices[0] is voices[1]
+    given = backend.request_body(SynthesisRequest("d", "x", prompt_wav=voice, prompt_audio=b"RIFF.."))
+    assert base64.b64decode(given["ref_audio"].split(",", 1)[1]) == b"RIFF.."  # bytes win, uncached
+
+
 def test_serve_takes_ref_audio_as_base64_or_a_data_url_and_refuses_what_is_not_audio():
     raw = VOICE.read_bytes()
     b64 = base64.b64encode(raw).decode()

@@ -23,6 +23,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from tts_bench.voices import voice_file
+
 # Failure kinds recorded per request (metric `failed` counts them; tables break them down).
 # http_error: the server answered with an HTTP error status; connection_error: it could not be
 # reached or the connection dropped mid-stream (http backend); invalid_request: the backend
@@ -49,14 +51,15 @@ class SynthesisRequest:
     prompt_audio: bytes | None = None
 
     def voice(self) -> bytes | None:
-        """The reference voice's encoded bytes, or None for the default voice. A prompt wav
-        that cannot be read is the request's fault: RequestFailed("bad_prompt")."""
+        """The reference voice's encoded bytes, or None for the default voice. A prompt wav is
+        read once per path (`tts_bench.voices.voice_file`); one that cannot be read is the
+        request's fault: RequestFailed("bad_prompt")."""
         if self.prompt_audio is not None:
             return self.prompt_audio
         if self.prompt_wav is None:
             return None
         try:
-            return Path(self.prompt_wav).read_bytes()
+            return voice_file(Path(self.prompt_wav))
         except OSError as exc:
             raise RequestFailed("bad_prompt", f"cannot read prompt wav {self.prompt_wav}: {exc.strerror}") from None
 

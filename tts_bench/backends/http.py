@@ -6,7 +6,8 @@ Each request is one `POST {base_url}/v1/audio/speech` with the JSON body
      "response_format": "pcm" | "wav", "stream": true (if http.stream), **http.extra_body}
 
 A request with a reference voice (its prompt wav) also sends `ref_audio` (the file as a base64
-`data:audio/wav` URL) and `ref_text` (its transcript), as vllm-omni's voice cloning takes them;
+`data:audio/wav` URL, encoded once per file) and `ref_text` (its transcript), as vllm-omni's
+voice cloning takes them;
 `http.send_voice: false` leaves them out for plain OpenAI servers.
 (`extra_body` carries other server-specific fields such as `max_new_tokens`,
 or `stream_format: sse`; it is applied last, so it can override the others; per-request seeds
@@ -52,6 +53,7 @@ reason vLLM's serving benchmark uses it too.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import os
@@ -59,6 +61,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -66,6 +69,7 @@ import numpy as np
 
 from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.errors import BackendError
+from tts_bench.voices import VOICE_FILES_CACHED, voice_file
 from tts_bench.wire import exposition
 from tts_bench.wire.audio import PcmDecoder, SseDecoder, WavDecoder, WireError
 
@@ -220,9 +224,9 @@ class HttpBackend:
         # per-request seed (tts-bench serve does) then sample exactly like the in-process arm.
         if getattr(p, "send_seed", False):
             body["seed"] = request.seed
-        voice = request.voice() if p.send_voice else None  # RequestFailed("bad_prompt") if unreadable
-        if voice is not None:  # vllm-omni's voice-cloning fields
-            body["ref_audio"] = "data:audio/wav;base64," + base64.b64encode(voice).decode("ascii")
+        ref_audio = _ref_audio(request) if p.send_voice else None
+        if ref_audio is not None:  # vllm-omni's voice-cloning fields
+            body["ref_audio"] = ref_audio
             body["ref_text"] = request.prompt_text
         return {**body, **p.extra_body}
 
@@ -283,6 +287,28 @@ def _rate_param(resp: aiohttp.ClientResponse) -> str | None:
         if key.lower() == "rate":
             return value.strip()
     return None
+
+
+def _ref_audio(request: SynthesisRequest) -> str | None:
+    """The request's voice as a `data:audio/wav` URL, or None for the default voice; raises
+    RequestFailed("bad_prompt") for an unreadable prompt wav. This runs inside the timed window,
+    so a prompt wav's URL is encoded once per file; voices given as bytes (`distinct` mode: new
+    bytes every request) are encoded each time, since caching them would never hit."""
+    voice = request.voice()
+    if voice is None:
+        return None
+    if request.prompt_audio is None:
+        return _file_data_url(Path(request.prompt_wav))
+    return _data_url(voice)
+
+
+@functools.lru_cache(maxsize=VOICE_FILES_CACHED)
+def _file_data_url(path: Path) -> str:
+    return _data_url(voice_file(path))  # voice() has just read it: a hit in voice_file's cache
+
+
+def _data_url(voice: bytes) -> str:
+    return "data:audio/wav;base64," + base64.b64encode(voice).decode("ascii")
 
 
 async def _error_text(resp: aiohttp.ClientResponse) -> str:

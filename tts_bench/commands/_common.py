@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Iterable
+from typing import Any
 
 from tts_bench.errors import ConfigError
 
@@ -18,3 +21,23 @@ def check_format(fmt: str | None) -> str:
     if fmt not in FORMATS:
         raise ConfigError(f"error: unknown format {fmt!r} (--format); valid: {', '.join(FORMATS)}")
     return fmt
+
+
+class Yaml(str):
+    """A value already written as YAML (e.g. `null`): `flag_sets` passes it through as it is."""
+
+
+def flag_sets(pairs: Iterable[tuple[str, Any]]) -> list[str]:
+    """Option flags as `--set key=value` overrides: flags are sugar for --set, so the resolved
+    config (and its hash) records them. A None value is a flag not given (left out); a string
+    is written as a JSON string, a YAML double-quoted one whatever it holds (quotes, colons,
+    `#`), so `--asr-model "a: b"` stays a string; a bool as true/false; Yaml as it is."""
+    return [f"{key}={_yaml_value(value)}" for key, value in pairs if value is not None]
+
+
+def _yaml_value(value: Any) -> str:
+    if isinstance(value, Yaml):
+        return str(value)
+    if isinstance(value, str | bool):
+        return json.dumps(value)
+    return str(value)

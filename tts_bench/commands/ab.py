@@ -23,7 +23,7 @@ from typing import Optional
 
 import typer
 
-from tts_bench.commands._common import check_format
+from tts_bench.commands._common import check_format, flag_sets
 from tts_bench.errors import ExitStatus
 from tts_bench.limits import MAX_PROMPTS, MAX_REPEATS
 
@@ -53,11 +53,10 @@ def ab(
     from tts_bench.ab import AbRequest, run_session
 
     fmt = check_format(fmt)
-    flag_sets = ["bench.disable_shuffle=true"] if disable_shuffle else []  # sugar for --set
-    if per_client is not None:
-        flag_sets.append(f"bench.prompts_per_client={per_client}")
+    flags = flag_sets([("bench.disable_shuffle", disable_shuffle or None),
+                       ("bench.prompts_per_client", per_client)])
     request = AbRequest(
-        config=config, tiers=tiers, num_prompts=num_prompts, repeats=repeats, sets=[*sets, *flag_sets],
+        config=config, tiers=tiers, num_prompts=num_prompts, repeats=repeats, sets=[*sets, *flags],
         base_sets=base_sets, test_sets=test_sets, result_dir=result_dir, resume=resume, mem=mem,
         until_resolved=until_resolved, max_repeats=max_repeats, budget_min=budget, profile=profile,
         calibration=calibration, voice_cache=voice_cache,

@@ -23,7 +23,7 @@ from typing import Optional
 
 import typer
 
-from tts_bench.commands._common import check_format
+from tts_bench.commands._common import Yaml, check_format, flag_sets
 from tts_bench.errors import ExitStatus
 from tts_bench.limits import MAX_PROMPTS
 
@@ -58,17 +58,11 @@ def mem(
 
 
 def _flag_sets(*, tier, warm_tier, interval, sampler, device_index, disable_shuffle) -> list[str]:
-    # Flags are sugar for --set, so the resolved config (and its hash) records them.
     if warm_tier is not None and warm_tier.strip().lower() in ("none", "null", ""):
-        warm_tier = "null"
-    elif warm_tier is not None:
-        warm_tier = json.dumps(warm_tier)
-    # json.dumps: a YAML double-quoted string whatever the value holds (quotes, colons).
-    pairs = [("mem.tier", None if tier is None else json.dumps(tier)), ("mem.warm_tier", warm_tier),
-             ("mem.interval_s", interval), ("mem.sampler", None if sampler is None else json.dumps(sampler)),
-             ("mem.device_index", device_index),
-             ("bench.disable_shuffle", "true" if disable_shuffle else None)]
-    return [f"{k}={v}" for k, v in pairs if v is not None]
+        warm_tier = Yaml("null")  # --warm-tier none: no warm phase
+    return flag_sets([("mem.tier", tier), ("mem.warm_tier", warm_tier), ("mem.interval_s", interval),
+                      ("mem.sampler", sampler), ("mem.device_index", device_index),
+                      ("bench.disable_shuffle", disable_shuffle or None)])
 
 
 def render_result(result, fmt: str) -> str:

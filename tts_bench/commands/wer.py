@@ -13,14 +13,13 @@ or history recorded with another ASR setup). The library call behind it is
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from tts_bench.commands._common import check_format
+from tts_bench.commands._common import check_format, flag_sets
 from tts_bench.errors import ExitStatus
 from tts_bench.limits import MAX_PROMPTS
 
@@ -64,12 +63,5 @@ def wer(
 
 
 def _overrides(meta, num_prompts, asr, asr_model, normalizer) -> list[str]:
-    # Flags are sugar for --set, so the resolved config (and its hash) records them.
-    pairs = [("prompts.meta", meta), ("wer.num_prompts", num_prompts), ("wer.asr", asr),
-             ("wer.asr_model", asr_model), ("wer.normalizer", normalizer)]
-    return [f"{k}={_quote(v)}" for k, v in pairs if v is not None]
-
-
-def _quote(v) -> str:
-    # json.dumps: a YAML double-quoted string whatever the value holds (quotes, colons, #).
-    return json.dumps(v) if isinstance(v, str) else str(v)
+    return flag_sets([("prompts.meta", meta), ("wer.num_prompts", num_prompts), ("wer.asr", asr),
+                      ("wer.asr_model", asr_model), ("wer.normalizer", normalizer)])

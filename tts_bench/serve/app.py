@@ -20,7 +20,8 @@ status that says whose fault it is (`tts_bench.serve.request` has the table: 400
 409 duplicate `X-Request-Id`, 413 body over `--max-body-bytes`, 415 not JSON, 503 backend
 broken or server stopping, 500 a backend failure or a server bug). A backend failure before
 the first audio chunk is an HTTP 500 whose `code` is the failure kind (400 when the backend
-refused the request itself, `invalid_request`: e.g. a text too long for the talker's cache);
+refused the request itself: `invalid_request`, e.g. a text too long for the talker's cache, or
+`bad_prompt`, a `ref_audio` the stages cannot decode);
 a failure after audio was sent *drops the connection* instead of ending the chunked body,
 because a clean end would pass truncated audio off as a complete answer. A client that goes
 away closes the backend stream, which cancels the request in backends that support it
@@ -86,6 +87,8 @@ _SHUTDOWN_TIMEOUT_S = 5.0  # in-flight requests get this long to finish on SIGIN
 _BACKLOG = 1024  # 128+ clients may connect at once at the start of a tier
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 _MAX_REQUEST_ID = 200
+# Backend failure kinds that are the client's fault (a 400), with the request field to blame.
+_CLIENT_FAULTS = {"invalid_request": "input", "bad_prompt": "ref_audio"}
 
 
 def _request_id(request: web.Request) -> str:
@@ -196,7 +199,8 @@ class SpeechServer:
         if reason is not None:  # a broken backend takes no work: clients see why, at once
             raise BadRequest(503, reason)
         body = await read_json_body(request, max_body_bytes=self.max_body_bytes)
-        spec = parse_speech_body(body, self.model_name, max_input_chars=self.max_input_chars)
+        spec = parse_speech_body(body, self.model_name, max_input_chars=self.max_input_chars,
+                                 ref_audio_limit_seconds=self.cfg.stages.code2wav.ref_audio_limit_seconds)
         rid = _request_id(request)
         if rid in self._ids_in_flight:
             raise BadRequest(409, f"request id {rid!r} (X-Request-Id) is already in flight; "
@@ -272,13 +276,13 @@ class SpeechServer:
 
     def _failed(self, exc: Exception) -> web.Response:
         """A failure before the first audio chunk: 400 when the backend refused the request
-        itself, 503 when the backend stopped serving meanwhile, else 500 with its kind."""
+        itself (a text too long, a voice it cannot use), 503 when the backend stopped serving meanwhile, else 500 with its kind."""
         self.counters["request_failures_total"] += 1
         kind = exc.kind if isinstance(exc, RequestFailed) else "backend_error"
         detail = exc.detail if isinstance(exc, RequestFailed) else f"{type(exc).__name__}: {exc}"
         log.warning("request failed (%s): %s", kind, detail)
-        if kind == "invalid_request":
-            return error_response(400, detail, code=kind, param="input")
+        if kind in _CLIENT_FAULTS:
+            return error_response(400, detail, code=kind, param=_CLIENT_FAULTS[kind])
         reason = self.unavailable()
         if reason is not None:
             return error_response(503, reason, code="backend_unavailable")

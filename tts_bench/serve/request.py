@@ -5,7 +5,8 @@ Every error the server answers is OpenAI-style JSON, `{"error": {"message", "typ
 
 | status | code | when |
 |---|---|---|
-| 400 | `invalid_request` | bad JSON (also nested too deeply), a field of the wrong type or range (`seed` outside [0, 2**63), `input` empty, longer than `--max-input-chars` or too long for the talker's `runner.max_seq_len`, a `ref_audio` that is not base64 audio, is empty or longer than a minute) |
+| 400 | `invalid_request` | bad JSON (also nested too deeply), a field of the wrong type or range (`seed` outside [0, 2**63), `input` empty, longer than `--max-input-chars` or too long for the talker's `runner.max_seq_len`, a `ref_audio` that is not base64 audio, is empty or longer than `code2wav.ref_audio_limit_seconds`) |
+| 400 | `bad_prompt` | a `ref_audio` with a valid header that the stages cannot decode or use (param `ref_audio`) |
 | 404 | `model_not_found` / `not_found` | another model name; an unknown path |
 | 405 | `method_not_allowed` | e.g. GET /v1/audio/speech |
 | 409 | `duplicate_request_id` | an `X-Request-Id` already in flight |
@@ -71,14 +72,14 @@ class SpeechSpec:
     prompt_audio: bytes | None = None  # the decoded `ref_audio` (an encoded audio file)
 
 
-# A reference voice longer than this is refused (the stages cut voices to 6 s anyway).
-REF_AUDIO_LIMIT_SECONDS = 60.0
-
-
-def parse_ref_audio(value: Any) -> bytes | None:
+def parse_ref_audio(value: Any, *, limit_seconds: float | None = None) -> bytes | None:
     """`ref_audio` as vllm-omni takes it: base64, or a `data:<mime>;base64,<data>` URL, of an
-    audio file. Checked here (decodable, not empty, not over a minute) so a bad voice is the
-    client's 400, never a failed request deep in a stage."""
+    audio file. Only the cheap checks run here, on the event loop: decodable base64, an audio
+    header with samples, and no longer than `limit_seconds` (the served
+    `code2wav.ref_audio_limit_seconds`; None: no check). Decoding is the stages' work: a voice
+    that only decoding finds bad comes back as their bad_prompt, which the server answers with
+    a 400 too. Checking the header here still refuses a non-audio voice for backends that ignore
+    voices (piper, synthetic), as they would otherwise answer 200."""
     if value is None or value == "":
         return None
     if not isinstance(value, str):
@@ -90,16 +91,16 @@ def parse_ref_audio(value: Any) -> bytes | None:
         audio = base64.b64decode(data, validate=True)
     except (ValueError, binascii.Error):
         raise BadRequest(400, "'ref_audio' is not valid base64", "ref_audio") from None
-    from stages.code2wav.audio import decode_audio  # the stages' own decoder: what they accept
+    from stages.code2wav.audio import probe_audio  # the stages' own reader: what they accept
     from stages.code2wav.streaming import PromptError
 
     try:
-        wav, rate = decode_audio(audio, where="ref_audio")  # empty audio is a PromptError too
+        frames, rate = probe_audio(audio, where="ref_audio")  # empty audio is a PromptError too
     except PromptError as exc:
         raise BadRequest(400, str(exc).removeprefix("error: "), "ref_audio") from None
-    if wav.shape[-1] > REF_AUDIO_LIMIT_SECONDS * rate:
-        raise BadRequest(400, f"'ref_audio' is {wav.shape[-1] / rate:.1f} s long, more than "
-                              f"{REF_AUDIO_LIMIT_SECONDS:g} s", "ref_audio")
+    if limit_seconds is not None and frames > limit_seconds * rate:
+        raise BadRequest(400, f"'ref_audio' is {frames / rate:.1f} s long, more than "
+                              f"{limit_seconds:g} s (code2wav.ref_audio_limit_seconds)", "ref_audio")
     return audio
 
 
@@ -139,9 +140,10 @@ def _check_text(body: dict, name: str, *, required: bool, max_chars: int) -> str
     return value
 
 
-def parse_speech_body(body: Any, model_name: str, *,
-                      max_input_chars: int = DEFAULT_MAX_INPUT_CHARS) -> SpeechSpec:
-    """Validate a request body; raises BadRequest (400, or 404 for an unknown model)."""
+def parse_speech_body(body: Any, model_name: str, *, max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
+                      ref_audio_limit_seconds: float | None = None) -> SpeechSpec:
+    """Validate a request body; raises BadRequest (400, or 404 for an unknown model).
+    `ref_audio_limit_seconds`: see parse_ref_audio."""
     if not isinstance(body, dict):
         raise BadRequest(400, "the body must be a JSON object")
     text = _check_text(body, "input", required=True, max_chars=max_input_chars)
@@ -164,7 +166,8 @@ def parse_speech_body(body: Any, model_name: str, *,
         raise BadRequest(400, "'seed' must be an integer in [0, 2**63)", "seed")
     ref = _check_text(body, "ref_text", required=False, max_chars=max_input_chars)
     sse = stream_format == "sse"
-    return SpeechSpec(text, fmt, stream or sse, sse, seed, ref, parse_ref_audio(body.get("ref_audio")))
+    audio = parse_ref_audio(body.get("ref_audio"), limit_seconds=ref_audio_limit_seconds)
+    return SpeechSpec(text, fmt, stream or sse, sse, seed, ref, audio)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

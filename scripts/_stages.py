@@ -1,0 +1,26 @@
+"""Stage configs for the scripts: a stage YAML through the harness's strict loader, and the
+shipped tiny one (`configs/stages/minicpmo45-tiny.yaml`), so `--tiny` runs exactly the dims the
+CPU tests and a CPU-only host run instead of a hand-kept copy of them.
+
+    cfg = load_stages("configs/stages/minicpmo45.yaml")
+    talker = tiny_stages().talker
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stages.config import StageConfig
+from tts_bench._dataclass_yaml import load_dataclass, load_yaml_file
+from tts_bench.config import TINY_STAGES
+from tts_bench.shipped import resolve_config_path, shipped_config
+
+
+def load_stages(path: str | Path) -> StageConfig:
+    """A stage config file (`configs/...` falls back to the shipped one from any folder)."""
+    path = resolve_config_path(path)
+    return load_dataclass(StageConfig, load_yaml_file(path), source=str(path), base_dir=path.parent)
+
+
+def tiny_stages() -> StageConfig:
+    return load_stages(shipped_config(TINY_STAGES))
