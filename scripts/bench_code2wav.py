@@ -17,8 +17,6 @@ The last stdout line is one JSON document; a fixed-width table precedes it.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
@@ -27,6 +25,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from scripts._report import add_out, emit
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.token2wav import Token2Wav
 from stages.platform import deterministic_kernels, resolve_device, synchronize
@@ -162,7 +161,7 @@ def main() -> int:
     ap.add_argument("--thread-rows", type=int, default=8)
     ap.add_argument("--thread-chunks", type=int, default=8)
     ap.add_argument("--kernels", default="", help="comma list of B: device time by kernel (eager)")
-    ap.add_argument("--out", default=os.environ.get("OUT"))
+    add_out(ap)
     args = ap.parse_args()
     deterministic_kernels()  # as in the stage processes (runner.deterministic): replay == eager
     device = resolve_device(args.device)
@@ -204,10 +203,7 @@ def main() -> int:
               f"(each stream at RTF {t['rtf_if_fed']:.3f})", file=sys.stderr, flush=True)
         torch.cuda.empty_cache() if device.type == "cuda" else None
     doc = {"device": str(device), "torch": torch.__version__, "results": results, "threads": threads}
-    if args.out:
-        with open(os.path.join(args.out, "bench_code2wav.json"), "w") as f:
-            json.dump(doc, f, indent=1)
-    print(json.dumps(doc))
+    emit(doc, args.out, "bench_code2wav")
     return 0
 
 

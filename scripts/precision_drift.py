@@ -16,14 +16,13 @@ The last stdout line is one JSON document; a fixed-width table precedes it.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import sys
 from dataclasses import replace
 
 import torch
 
+from scripts._report import add_out, emit
 from scripts._stages import tiny_stages
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.streaming import Chunker
@@ -68,7 +67,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3, help="noise seeds for the fp32 spread")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--tiny", action="store_true", help="the shipped tiny dims, configs/stages/minicpmo45-tiny.yaml (CPU smoke test)")
-    ap.add_argument("--out", default=os.environ.get("OUT"))
+    add_out(ap)
     args = ap.parse_args()
     deterministic_kernels()  # as in the stage processes (runner.deterministic): replay == eager
     device = resolve_device(args.device)
@@ -88,10 +87,7 @@ def main() -> int:
         print(f"{r['variant']:28s} {r['l1_db']:9.4f} dB  ({r['vs_seed_spread']:.4f} x seed spread)", file=sys.stderr)
     doc = {"device": str(device), "streams": args.streams, "chunks": args.chunks, "rows": rows,
            "metric": "mean |delta log-mel| in dB vs fp32 (same weights, codes and noise)"}
-    if args.out:
-        with open(os.path.join(args.out, "precision_drift.json"), "w") as f:
-            json.dump(doc, f, indent=1)
-    print(json.dumps(doc))
+    emit(doc, args.out, "precision_drift")
     return 0
 
 

@@ -20,8 +20,6 @@ runner process hit illegal memory accesses (results/h200/README.md).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import sys
 import time
@@ -31,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from scripts._report import add_out, emit
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.streaming import Chunker
 from stages.code2wav.token2wav import Token2Wav
@@ -71,7 +70,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--voices", action="store_true", help="each request brings a seed-tts prompt wav (3 voices)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=os.environ.get("OUT"))
+    add_out(ap)
     args = ap.parse_args()
     deterministic_kernels()  # as in stage processes: a replay equals its eager chunk
     device = resolve_device(args.device)
@@ -106,9 +105,7 @@ def main() -> int:
         "median_full_batch_ms": {k: (float(np.median(v)) if v else None) for k, v in times.items()},
         "memory_after_both_twins": memory_stats(device),
     }
-    print(json.dumps(report))
-    if args.out:
-        Path(args.out, "replica_traffic.json").write_text(json.dumps(report, indent=1))
+    emit(report, args.out, "replica_traffic")
     return 0 if differing == 0 else 1
 
 

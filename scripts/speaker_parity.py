@@ -16,14 +16,13 @@ The last stdout line is one JSON document; a fixed-width table precedes it.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
 
 import torch
 
+from scripts._report import add_out, emit
 from stages.code2wav.audio import decode_audio
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.mel import FbankConfig, kaldi_fbank, resample
@@ -75,7 +74,7 @@ def main() -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--weights", default=None, help="official MiniCPM-o 4.5 directory (campplus.onnx)")
-    ap.add_argument("--out", default=os.environ.get("OUT"))
+    add_out(ap)
     args = ap.parse_args()
     device = resolve_device(args.device)
     rows = parity(args.meta, device, args.reps, args.weights)
@@ -86,10 +85,7 @@ def main() -> int:
         print(f"{r['prompt_wav']:14s} {r['max_abs']:11.3g} {r['cosine']:12.9f} {r['device_ms']:10.2f} "
               f"{r['onnxruntime_ms']:8.2f}", file=sys.stderr)
     doc = {"device": str(device), "torch": torch.__version__, "meta": args.meta, "voices": list(unique)}
-    if args.out:
-        with open(os.path.join(args.out, "speaker_parity.json"), "w") as f:
-            json.dump(doc, f, indent=1)
-    print(json.dumps(doc))
+    emit(doc, args.out, "speaker_parity")
     return 0
 
 
