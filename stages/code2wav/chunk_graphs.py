@@ -22,6 +22,13 @@ Landmines:
 * a capture that fails (an op that syncs, an unsupported kernel) switches graphs off for this
   instance for good (logged once) and the chunk's eager result stands;
 * captured graphs hold the slot pool's addresses: `invalidate()` after the pool reallocates;
+* graphs are dropped all together, never one at a time: destroying a CUDA graph clears the
+  cuBLAS workspace of the stream it was captured on (torch 2.11, pytorch/pytorch#193402), and
+  every other graph captured on that stream still writes to that workspace. Past `max_graphs`
+  shapes the whole set goes and is captured again as shapes come back;
+* the first run of a shape on the capture stream joins the caller's stream even when it raises:
+  otherwise the caller's next kernels could run before, and reuse the memory of, work still
+  queued on the capture stream;
 * captures are serialized process-wide (`_CAPTURE_LOCK`): replica threads could capture into
   their own pools at once (thread-local capture mode), but that was never run; one capture at a
   time costs little, since a replica captures each of its ~24 shapes once.
@@ -34,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +68,7 @@ class ChunkGraphs:
         self.api, self.max_graphs = api, max_graphs
         self.pool = api.pool()
         self.stream = api.stream()
-        self._graphs: OrderedDict[Hashable, _Captured] = OrderedDict()
+        self._graphs: dict[Hashable, _Captured] = {}
         self.disabled: str | None = None  # why capture was switched off, if it was
         self.captures = 0
         self.replays = 0
@@ -85,11 +91,15 @@ class ChunkGraphs:
         before the next `run` with the same key."""
         entry = self._graphs.get(key)
         if entry is not None:
-            self._graphs.move_to_end(key)
             entry.inputs.copy_(inputs, non_blocking=True)
             entry.graph.replay()
             self.replays += 1
             return entry.outputs
+        if len(self._graphs) >= self.max_graphs:
+            # All together, and before the new shape's first run, which makes the capture
+            # stream's cuBLAS workspace anew for the graphs to come (see the landmines above).
+            log.info("code2wav graphs: %d shapes held, dropping them all for a new one", len(self._graphs))
+            self.invalidate()
         return self._eager_then_capture(key, inputs, fn)
 
     def _static(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -104,9 +114,11 @@ class ChunkGraphs:
         static = self._static(inputs)
         current = self.api.current_stream()
         self.stream.wait_stream(current)
-        with self.api.use_stream(self.stream):
-            result = fn(static)
-        current.wait_stream(self.stream)
+        try:
+            with self.api.use_stream(self.stream):
+                result = fn(static)
+        finally:  # also when it raised: work it queued before the error is still on the stream
+            current.wait_stream(self.stream)
         if self.disabled is None:
             self._capture(key, static, fn)
         return result
@@ -125,7 +137,5 @@ class ChunkGraphs:
         entry = _Captured(graph, static, outputs)
         self._graphs[key] = entry
         self.captures += 1
-        if len(self._graphs) > self.max_graphs:
-            self._graphs.popitem(last=False)
         log.debug("code2wav graph captured: %s (%d held)", key, len(self._graphs))
         return entry

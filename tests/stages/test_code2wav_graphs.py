@@ -94,17 +94,52 @@ def test_capture_failure_keeps_the_eager_result_and_switches_graphs_off():
     assert again.tolist() == [8] and len(graphs) == 0  # eager from now on
 
 
-def test_least_recently_used_graph_is_evicted_past_the_limit():
+def test_past_the_limit_every_graph_is_dropped_before_the_new_shape_runs():
+    """Never one graph at a time: destroying one clears the cuBLAS workspace of the capture
+    stream that the others still use (pytorch/pytorch#193402)."""
     fake = _FakeAPI()
     graphs = ChunkGraphs(fake.api(), max_graphs=2)
+    held_when_called = []
 
     def fn(x):
+        held_when_called.append(len(graphs))
         fake.pending = lambda: None
         return x
 
-    for key in ("a", "b", "a", "c"):
+    for key in ("a", "b", "a", "c", "b"):
         graphs.run(key, torch.tensor([1]), fn)
-    assert list(graphs._graphs) == ["a", "c"]
+    assert list(graphs._graphs) == ["c", "b"]
+    # eager run + capture per new shape: "c" ran with nothing held (a and b dropped first)
+    assert held_when_called == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert graphs.captures == 4 and graphs.replays == 1
+
+
+class _RecordingStream:
+    def __init__(self, name: str, log: list) -> None:
+        self.name, self.log, self.device = name, log, torch.device("cpu")
+
+    def wait_stream(self, other) -> None:
+        self.log.append((self.name, "waits for", other.name))
+
+
+def test_a_first_run_that_raises_still_joins_the_callers_stream():
+    """Work the first run queued on the capture stream before it raised must be ordered before
+    the caller's next kernels (they reuse its memory)."""
+    log: list = []
+    caller, side = _RecordingStream("caller", log), _RecordingStream("side", log)
+    api = GraphAPI(platform="fake", graph=_FakeGraph, capture=None, pool=lambda: None,
+                   stream=lambda: side, use_stream=lambda s: contextlib.nullcontext(),
+                   current_stream=lambda: caller)
+    graphs = ChunkGraphs(api)
+
+    def fn(x):
+        log.append("runs")
+        raise RuntimeError("GET was unable to find an engine to execute this computation")
+
+    with pytest.raises(RuntimeError, match="engine"):
+        graphs.run("k", torch.tensor([1]), fn)
+    assert log == [("side", "waits for", "caller"), "runs", ("caller", "waits for", "side")]
+    assert len(graphs) == 0 and graphs.captures == 0 and graphs.disabled is None
 
 
 def _streams(cfg, lengths, seed=0):
