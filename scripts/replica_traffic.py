@@ -15,6 +15,14 @@ runner process hit illegal memory accesses (results/h200/README.md).
 
     PYTHONPATH=. python3 scripts/replica_traffic.py --live 16 --slots 16 --voices
     PYTHONPATH=. python3 scripts/replica_traffic.py --live 20 --slots 4      # the pool grows twice
+    PYTHONPATH=. python3 scripts/replica_traffic.py --irregular --release-cache --requests 120
+
+`--irregular` takes a random number of rows (1..rows) each decode, as a runner replica does when
+the talker's payloads arrive unevenly, so far more batch shapes are captured. `--release-cache`
+hands the allocator's cached free memory back to the driver after every decode (what the
+allocator itself does when an allocation fails on a full card): a graph that still holds the
+address of memory freed outside its pool then faults here at once instead of reading memory
+that happens to be still mapped.
 """
 
 from __future__ import annotations
@@ -50,13 +58,15 @@ def _requests(cfg: Code2WavConfig, n: int, voices: list[bytes], seed: int) -> li
     return out
 
 
-def _traffic(requests: list[list], live: int, rows: int):
-    """Batches as a replica takes them: `live` requests in flight, the longest-waiting first."""
+def _traffic(requests: list[list], live: int, rows: int, rng: random.Random | None = None):
+    """Batches as a replica takes them: `live` requests in flight, the longest-waiting first;
+    with `rng`, a random number of rows (1..rows) a decode."""
     queue, active = list(requests), []
     while queue or active:
         while queue and len(active) < live:
             active.append(queue.pop(0))
-        take, active = active[:rows], active[rows:]
+        n = rows if rng is None else rng.randint(1, rows)
+        take, active = active[:n], active[n:]
         yield [q.pop(0) for q in take]
         active += [q for q in take if q]
 
@@ -70,6 +80,9 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--voices", action="store_true", help="each request brings a seed-tts prompt wav (3 voices)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--irregular", action="store_true", help="a random number of rows (1..rows) a decode")
+    ap.add_argument("--release-cache", action="store_true",
+                    help="return cached free device memory to the driver after every decode")
     add_out(ap)
     args = ap.parse_args()
     deterministic_kernels()  # as in stage processes: a replay equals its eager chunk
@@ -83,7 +96,8 @@ def main() -> int:
         twins[name].prompt_setup()
     times: dict[str, list[float]] = {name: [] for name in twins}
     decodes = differing = 0
-    for batch in _traffic(_requests(base, args.requests, voices, args.seed), args.live, args.rows):
+    rng = random.Random(args.seed + 1) if args.irregular else None
+    for batch in _traffic(_requests(base, args.requests, voices, args.seed), args.live, args.rows, rng):
         outs = {}
         for name, t2w in twins.items():
             synchronize(device)
@@ -94,6 +108,8 @@ def main() -> int:
                 times[name].append((time.perf_counter() - t0) * 1e3)
         differing += sum(not np.array_equal(a.audio, b.audio) for a, b in zip(outs["graph"], outs["eager"]))
         decodes += 1
+        if args.release_cache and device.type == "cuda":
+            torch.cuda.empty_cache()
     graphs = twins["graph"].graphs
     report = {
         "device": str(device), "torch": torch.__version__, "args": vars(args), "decodes": decodes,

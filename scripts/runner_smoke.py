@@ -6,23 +6,37 @@ TTFP, audio seconds, failures and every stage process's allocator memory. Indepe
 harness's load generator on purpose: it checks the runner alone.
 
     PYTHONPATH=. python3 scripts/runner_smoke.py --config configs/stages/minicpmo45.yaml \
-        --tiers 8x1,32x4 --num-requests 64 --out "$OUT/runner_smoke.json"
+        --tiers 8x1,32x4 --num-requests 64          # writes $OUT/runner_smoke.json when $OUT is set
     PYTHONPATH=. python3 scripts/runner_smoke.py --config configs/stages/minicpmo45-tiny.yaml \
         --tiers 1x1,2x2 --num-requests 4           # CPU
+    PYTHONPATH=. python3 scripts/runner_smoke.py --tiers 64x4 --num-requests 192 --fake-talker 0.02 \
+        --voices --set code2wav.extra.code2wav_device_graph=true
+
+`--fake-talker STEP_S` replaces the talker by the runner tests' fake (no device work, one code
+per request every STEP_S seconds, 100-300 codes a request) while the code2wav replicas stay
+real: stage 2 alone, in real processes, under runner traffic. `--voices` gives each request a
+seed-tts prompt wav (cycled), as `prompts.voices: file` does in the harness.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import random
 import statistics
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
+from scripts._report import add_out, emit
 from scripts._stages import load_stages
 from stages.config import StageConfig
 from stages.runner import RequestError, RunnerRequest, StageRunner
+from stages.runner.factories import StageFactories
+from stages.runner.fakes import FakeTalker, FakeTalkerRequest
+from tts_bench.config import apply_overrides
+
+PROMPTS = Path(__file__).resolve().parent.parent / "tts_bench" / "data" / "seed-tts-en" / "prompts"
 
 SENTENCES = [
     "A small boat drifted slowly across the calm grey lake at dawn.",
@@ -68,9 +82,12 @@ class Tracker:
         return on_event
 
 
-def run_tier(cfg: StageConfig, concurrency: int, replicas: int, n: int) -> dict:
+def run_tier(cfg: StageConfig, concurrency: int, replicas: int, n: int, *,
+             factories: StageFactories | None = None, voices: list[bytes] = (),
+             max_codes: tuple[int, int] | None = None) -> dict:
     t0 = time.perf_counter()
-    runner = StageRunner(cfg, replicas)
+    runner = StageRunner(cfg, replicas, factories=factories)
+    lengths = random.Random(n)
     runner.start()
     start_s = time.perf_counter() - t0
     tracker = Tracker(cfg.code2wav.sample_rate, concurrency)
@@ -80,8 +97,10 @@ def run_tier(cfg: StageConfig, concurrency: int, replicas: int, n: int) -> dict:
             tracker.slots.acquire()
             rid = f"req-{i}"
             tracker.rows[rid] = {"send": time.perf_counter(), "audio_s": 0.0, "codes": 0}
-            runner.submit(RunnerRequest(rid, SENTENCES[i % len(SENTENCES)], seed=42 + i),
-                          tracker.callback(rid))
+            codes = None if max_codes is None else lengths.randint(*max_codes)
+            voice = voices[i % len(voices)] if voices else None
+            runner.submit(RunnerRequest(rid, SENTENCES[i % len(SENTENCES)], seed=42 + i, max_codes=codes,
+                                        prompt_audio=voice), tracker.callback(rid))
         tracker.done.wait(3600)
         memory = runner.memory_snapshot()
     finally:
@@ -100,6 +119,7 @@ def run_tier(cfg: StageConfig, concurrency: int, replicas: int, n: int) -> dict:
         "mean_audio_ttfp_ms": statistics.fmean(ttfp) if ttfp else None,
         "median_audio_ttfp_ms": statistics.median(ttfp) if ttfp else None,
         "audio_seconds": sum(r["audio_s"] for r in ok),
+        "codes": sum(r["codes"] for r in ok),
         "memory": memory,
         "processes": runner.info,
     }
@@ -110,24 +130,34 @@ def main() -> None:
     ap.add_argument("--config", default="configs/stages/minicpmo45.yaml")
     ap.add_argument("--tiers", default="8x1,32x4")
     ap.add_argument("--num-requests", type=int, default=32)
-    ap.add_argument("--out", default=None, help="write the JSON document here too")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a stage config field (repeatable), e.g. runner.max_num_seqs=4")
+    ap.add_argument("--fake-talker", type=float, default=None, metavar="STEP_S",
+                    help="the runner tests' fake talker (no device work), one code a request every STEP_S s")
+    ap.add_argument("--voices", action="store_true", help="each request brings a seed-tts prompt wav")
+    add_out(ap)
     args = ap.parse_args()
     path = Path(args.config)
-    cfg = load_stages(path)
+    cfg = apply_overrides(load_stages(path), args.sets)
+    factories, max_codes = None, None
+    if args.fake_talker is not None:
+        factories = StageFactories(talker=partial(FakeTalker, step_s=args.fake_talker),
+                                   talker_request=FakeTalkerRequest)
+        max_codes = (100, 300)  # the fake has no EOS: a spread of lengths, as real requests have
+    voices = [p.read_bytes() for p in sorted(PROMPTS.glob("ref_*.wav"))] if args.voices else []
     results = []
     for tier in args.tiers.split(","):
         c, r = (int(x) for x in tier.lower().split("x"))
-        res = run_tier(cfg, c, r, max(args.num_requests, c))
+        res = run_tier(cfg, c, r, max(args.num_requests, c), factories=factories, voices=voices,
+                       max_codes=max_codes)
         results.append(res)
         print(f"{res['tier']:>6}  start {res['start_s']:6.1f} s  done {res['completed']:4d}  "
               f"failed {res['failed']:3d}  mean RTF {res['mean_audio_rtf'] or float('nan'):.3f}  "
               f"median TTFP {res['median_audio_ttfp_ms'] or float('nan'):.0f} ms  "
               f"peak MiB {max((m['peak_bytes'] for m in res['memory']), default=0) / 2**20:.0f}")
-    doc = {"config": str(path), "tiers": results}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(doc, indent=2))
-    print(json.dumps(doc))
+    doc = {"config": str(path), "sets": args.sets, "fake_talker_step_s": args.fake_talker,
+           "voices": len(voices), "tiers": results}
+    emit(doc, args.out, "runner_smoke")
 
 
 if __name__ == "__main__":

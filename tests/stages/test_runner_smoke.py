@@ -1,0 +1,31 @@
+"""scripts/runner_smoke.py with `--fake-talker`: stage 2 alone, real code2wav replicas in real
+processes, fed by the tests' fake talker (the isolation used to look for the replica faults of
+code2wav device graphs on an H200)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+
+from scripts._stages import tiny_stages
+from scripts.runner_smoke import PROMPTS, run_tier
+from stages.runner.factories import StageFactories
+from stages.runner.fakes import FakeTalker, FakeTalkerRequest
+
+
+def test_fake_talker_feeds_real_replicas_with_voices():
+    cfg = tiny_stages()
+    voices = [p.read_bytes() for p in sorted(PROMPTS.glob("ref_*.wav"))]
+    assert len(voices) >= 2
+    factories = StageFactories(talker=partial(FakeTalker, step_s=0.0), talker_request=FakeTalkerRequest)
+    res = run_tier(cfg, 3, 2, 4, factories=factories, voices=voices, max_codes=(30, 60))
+    assert res["completed"] == 4 and res["failed"] == 0, res["errors"]
+    # the fake talker's 30-60 codes a request all came back, as at least 1/25 s of audio each
+    assert 4 * 30 <= res["codes"] <= 4 * 60
+    assert res["audio_seconds"] >= res["codes"] / cfg.code2wav.token_rate_hz
+    replicas = [m for m in res["memory"] if m["process"].startswith("code2wav")]
+    assert len(replicas) == 2
+    # the default voice plus the request voices each replica saw (built from their audio)
+    assert sum(m["prompt_cache_entries"] for m in replicas) >= 2 + min(len(voices), 4)
+    assert res["processes"]["code2wav-0"]["code2wav"]["device_graph"] is False  # CPU: eager
