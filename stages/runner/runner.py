@@ -183,23 +183,32 @@ class StageRunner:
                 self.info[msg.process] = {"pid": msg.pid, **msg.info}
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Shut every process down (sentinel, join, terminate, kill); fail what is in flight."""
+        """Shut every process down (sentinel, join, terminate, kill); fail what is in flight.
+        The talker stops first, then the replicas (at most 1.5 x `timeout_s` in all)."""
         with self._lock:
             if self._closing:
                 return
             self._closing = True
-        for child in self._children:
-            try:
-                child.inbox.put(None)
-            except (OSError, ValueError):  # queue already closed
-                pass
         deadline = time.monotonic() + timeout_s
-        for child in self._children:
-            # The reader keeps draining result pipes meanwhile, so no child blocks in send().
-            while child.process.is_alive() and time.monotonic() < deadline:
-                child.process.join(timeout=_POLL_S)
-                if self._reader is None:
-                    self._discard_results(child)
+        # The talker first: it flushes the payloads it queued for the replicas, which must still
+        # be reading them (a replica stopped first would leave a half-written message behind,
+        # and the talker blocked on it), then the replicas, which get at least half the time
+        # even when the talker used all of it.
+        talker, replicas = self._children[:1], self._children[1:]
+        for group in (talker, replicas):
+            if group is replicas:
+                deadline = max(deadline, time.monotonic() + timeout_s / 2)
+            for child in group:
+                try:
+                    child.inbox.put(None)
+                except (OSError, ValueError):  # queue already closed
+                    pass
+            for child in group:
+                # The reader keeps draining result pipes meanwhile, so no child blocks in send().
+                while child.process.is_alive() and time.monotonic() < deadline:
+                    child.process.join(timeout=_POLL_S)
+                    if self._reader is None:
+                        self._discard_results(child)
         for child in self._children:
             if child.process.is_alive():
                 if timeout_s > 0:

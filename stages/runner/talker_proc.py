@@ -87,11 +87,23 @@ class TalkerLoop:
         while True:
             for msg in drain(inbox, block=not (self.waiting or engine.has_work())):
                 if msg is None:
+                    self._flush_sent()
                     return
                 self._handle(msg)
             self._admit()
             if engine.has_work():
                 self._step()
+
+    def _flush_sent(self) -> None:
+        """Wait until every payload put for the replicas is in their pipes.
+
+        A queue's feeder thread writes a large message (a voice of a few MB rides on a first
+        payload) in pieces while its replica is busy decoding; exiting mid-message would leave
+        the replica waiting forever for the rest. The runner sends the replicas their sentinel
+        only after this process is gone, so they are still reading."""
+        for queue in self.replica_inboxes:
+            queue.close()
+            queue.join_thread()
 
     def _step(self) -> None:
         try:

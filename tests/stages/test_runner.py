@@ -357,3 +357,30 @@ def test_a_bad_reference_voice_fails_its_request_alone_and_voices_are_cached():
         assert replica["prompt_cache_entries"] == 2 and replica["prompt_cache_bytes"] == len(voice)
     finally:
         runner.stop()
+
+
+def test_stop_while_a_large_payload_is_in_the_pipe_stops_every_process_in_order():
+    """A talker that exits while its queue's feeder thread is halfway through writing a payload
+    (a voice of a few MB rides on a first payload; the pipe holds 64 KiB while the replica is
+    busy decoding) leaves a torn message that the replica would wait on forever. The talker
+    flushes what it sent before it exits, and replicas get their sentinel after the talker is
+    gone, so every process ends by itself (exit code 0, not terminated)."""
+    runner = StageRunner(cpu_config(), replicas=1, factories=fake_factories(decode_s=1.0))
+    runner.start()
+    col = Collector()
+    try:
+        runner.submit(RunnerRequest("first", "one two three four five", seed=1, max_codes=60),
+                      col.expect("first"))
+        time.sleep(0.5)  # the replica is inside a 1 s decode of "first"
+        voice = bytes(range(256)) * (16 * 1024)  # 4 MiB: far beyond what the pipe holds
+        runner.submit(RunnerRequest("voiced", "one two three", seed=2, max_codes=60, prompt_audio=voice),
+                      col.expect("voiced"))
+        time.sleep(0.2)  # its first payload is on its way, most of it still in the talker
+        children = list(runner._children)
+        t0 = time.monotonic()
+        runner.stop(timeout_s=8.0)
+        took = time.monotonic() - t0
+    finally:
+        runner.stop()
+    assert [c.process.exitcode for c in children] == [0, 0], "a stage process had to be terminated"
+    assert took < 8.0
