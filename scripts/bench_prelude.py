@@ -38,7 +38,6 @@ the empty kernel, exactly 1 kernel per fused call.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -55,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from scripts._report import add_out, emit
 from stages.platform import synchronize
 from stages.profiling.launches import count_launches
 from stages.talker import prelude
@@ -356,7 +356,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cpu-threads", type=int, default=1,
                    help="CPU: torch intra-op threads (1 = stable numbers on a shared machine)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=None, help="directory for bench_prelude.json")
+    add_out(p)
     return p.parse_args(argv)
 
 
@@ -392,10 +392,7 @@ def main(argv: list[str] | None = None) -> int:
            for k, v in vars(opts).items()}, "bit_exact": exact,
            "acceptance": acceptance(cells, device), "notes": notes,
            "cells": [asdict(c) for c in cells]}
-    if opts.out is not None:
-        opts.out.mkdir(parents=True, exist_ok=True)
-        (opts.out / "bench_prelude.json").write_text(json.dumps(doc, indent=2) + "\n")
-    print(json.dumps(doc, separators=(",", ":")))
+    emit(doc, opts.out, "bench_prelude")
     return 0
 
 

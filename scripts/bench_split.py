@@ -19,16 +19,14 @@ writes one contiguous block.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import platform
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from scripts._report import add_out, emit
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.chunk_decode import store_small_caches
 from stages.code2wav.slots import SlotPool
@@ -168,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--conformer-frames", type=int, default=400, help="2*t1 of conformer_att (prompt 300 + keep 100)"
     )
+    add_out(p)
     args = p.parse_args(argv)
     doc = run(args)
     print(
@@ -176,12 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| launches = {doc['launch_unit']}"
     )
     print(render(doc))
-    line = json.dumps(doc, sort_keys=True)
-    out = os.environ.get("OUT")
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "bench_split.json").write_text(line + "\n")
-    print(line)
+    emit(doc, args.out, "bench_split")
     return 0
 
 

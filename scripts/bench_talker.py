@@ -13,7 +13,7 @@ selected/eager ratio (median of per-repetition pairs), and the launches of one s
 operators on CPU). Timing the preludes one after another instead let host drift pose as a
 prelude effect (the eager-mode step at B = 128 read 26.5 ms with one and 38.7 ms with the
 other, run after it). Prints a header, a fixed-width table, and one JSON document as the last
-stdout line; `--out DIR` also writes `DIR/talker_bench.json`.
+stdout line; `--out DIR` (default `$OUT`) also writes `DIR/talker_bench.json`.
 
     PYTHONPATH=. python3 scripts/bench_talker.py --device cuda --out "$OUT"
     PYTHONPATH=. python3 scripts/bench_talker.py --device cpu --tiny --batches 1,4 --steps 5
@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
+from scripts._report import add_out, emit
 from scripts._stages import tiny_stages
 from stages.platform.device import describe_device, dtype_from_name, resolve_device, synchronize
 from stages.profiling.launches import count_launches
@@ -169,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--max-seq-len", type=int, default=1024)
     ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--out", default=None)
+    add_out(ap)
     args = ap.parse_args(argv)
     device, dtype = resolve_device(args.device), dtype_from_name(args.dtype)
     batches = [int(b) for b in args.batches.split(",")]
@@ -198,10 +197,7 @@ def main(argv: list[str] | None = None) -> None:
            "config": "tiny" if args.tiny else "full", "max_seq_len": args.max_seq_len,
            "steps_per_window": args.steps, "windows": args.reps, "timing": "round_robin",
            "rows": [c.row() for c in cells], "ratios": compared}  # fmt: skip
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "talker_bench.json").write_text(json.dumps(doc, indent=2))
-    print(json.dumps(doc))
+    emit(doc, args.out, "talker_bench")
 
 
 if __name__ == "__main__":

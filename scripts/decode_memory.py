@@ -16,14 +16,12 @@ cache (`att_bytes_per_frame`; the spec's figure for the full-size DiT in fp32 is
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
 from dataclasses import replace
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from scripts._report import add_out, emit
 from stages.code2wav.config import (
     Code2WavConfig,
     DiTConfig,
@@ -95,16 +93,11 @@ def main() -> int:
     ap.add_argument("--dit", choices=("tiny", "full"), default="full")
     ap.add_argument("--full", action="store_true", help="full-size encoder and HiFT too")
     ap.add_argument("--device", default="cpu")
+    add_out(ap)
     args = ap.parse_args()
     cfg = replace(build_config(args.dit, args.full))
     device = torch.device(args.device)
-    results = [measure(cfg, rows=args.rows, device=device)]
-    text = json.dumps(results, indent=1)
-    sys.stdout.write(text + "\n")
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "decode_memory.json"), "w") as f:
-            f.write(text + "\n")
+    emit({"results": [measure(cfg, rows=args.rows, device=device)]}, args.out, "decode_memory")
     return 0
 
 
