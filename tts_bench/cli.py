@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import signal
 import sys
+import threading
 
 import typer
 
@@ -24,7 +26,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-_state = {"traceback": False}
+_state = {"traceback": False, "terminated": False}
 
 
 class _CurrentStderr(logging.StreamHandler):
@@ -93,7 +95,8 @@ def main() -> None:
 
     0 ok, 1 error, 2 usage/config (every click/typer usage error too), 3/4 regressions, 5 invalid
     run, 130 interrupted (Ctrl-C: one line, no traceback; stage processes ignore SIGINT and are
-    stopped by this process)."""
+    stopped by this process), 143 terminated (SIGTERM, handled as Ctrl-C is)."""
+    _sigterm_interrupts()
     try:
         result = app(standalone_mode=False)
     except TtsBenchError as exc:
@@ -120,10 +123,29 @@ def main() -> None:
     sys.exit(int(result) if isinstance(result, int) else 0)
 
 
+def _sigterm_interrupts() -> None:
+    """SIGTERM (`timeout`, a CI job's time limit) stops a command the way Ctrl-C does: the run
+    record ends `interrupted` (an A/B can be finished with --resume) and the stage processes are
+    stopped in order, instead of the process dying with run.json still `running`. A handler
+    someone else installed (an embedding program) is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        _state["terminated"] = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def _interrupted() -> None:
-    print("error: interrupted (Ctrl-C); the run record says so, finish it with --resume where "
-          "the command has one", file=sys.stderr)
-    sys.exit(int(ExitStatus.INTERRUPTED))
+    what, code = ("terminated (SIGTERM)", ExitStatus.TERMINATED) if _state["terminated"] else (
+        "interrupted (Ctrl-C)", ExitStatus.INTERRUPTED)
+    print(f"error: {what}; the run record says so, finish it with --resume where the command "
+          "has one", file=sys.stderr)
+    sys.exit(int(code))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 CI reads the exit code to tell a broken run from a slow one:
 0 ok, 1 error, 2 usage/config, 3 perf regression, 4 accuracy regression, 5 invalid run,
-130 interrupted (Ctrl-C, as shells report SIGINT).
+130 interrupted (Ctrl-C, as shells report SIGINT), 143 terminated (SIGTERM: `timeout`, a CI
+job's time limit; as shells report it).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ class ExitStatus(IntEnum):
     ACCURACY_REGRESSION = 4
     INVALID_RUN = 5
     INTERRUPTED = 130
+    TERMINATED = 143
 
 
 class TtsBenchError(Exception):

@@ -314,7 +314,7 @@ class RunDir:
         try:
             yield self
         except KeyboardInterrupt:
-            self._finish("interrupted", "interrupted (Ctrl-C / SIGINT); --resume finishes an A/B")
+            self._finish("interrupted", "interrupted (Ctrl-C / SIGINT or SIGTERM); --resume finishes an A/B")
             raise
         except BaseException as exc:
             self._finish("failed", _error_text(exc))

@@ -39,7 +39,7 @@ from stages.platform import (
 from stages.runner.factories import StageFactories
 from stages.runner.messages import Fatal, MemoryReport, Ready
 from stages.runner.placement import Placement, place, resolve_devices
-from stages.signals import ignore_sigint
+from stages.signals import ignore_interrupts
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def run_stage_process(
     # later). A PYTORCH_CUDA_ALLOC_CONF the user sets is passed through as before.
     if spec.cfg.runner.deterministic:  # replay == eager and A/B identity need equal kernels
         deterministic_kernels()
-    ignore_sigint()  # Ctrl-C is the parent's: it stops us in order (stages.signals)
+    ignore_interrupts()  # Ctrl-C and SIGTERM are the parent's: it stops us in order (stages.signals)
     try:
         torch.set_num_threads(spec.threads)
         try:

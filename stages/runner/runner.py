@@ -59,7 +59,7 @@ from stages.runner.process import ProcessSpec, threads_per_process
 from stages.runner.replica_host import replica_host_main
 from stages.runner.replica_proc import replica_main
 from stages.runner.talker_proc import talker_main
-from stages.signals import sigint_blocked
+from stages.signals import interrupts_blocked
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class StageRunner:
     def _spawn(self, ctx, name: str, inbox, target, args) -> None:
         read_end, write_end = ctx.Pipe(duplex=False)
         process = ctx.Process(target=target, args=args(write_end), name=f"tts-{name}", daemon=True)
-        with sigint_blocked():  # Ctrl-C is the parent's to handle (stages.signals)
+        with interrupts_blocked():  # Ctrl-C and SIGTERM are the parent's to handle (stages.signals)
             process.start()
         write_end.close()  # the child holds the only write end: its death means EOF here
         self._children.append(_Child(name, process, inbox, read_end))
@@ -183,7 +183,7 @@ class StageRunner:
                 self.info[msg.process] = {"pid": msg.pid, **msg.info}
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Shut every process down (sentinel, join, terminate, kill); fail what is in flight.
+        """Shut every process down (sentinel, join, kill); fail what is in flight.
         The talker stops first, then the replicas (at most 1.5 x `timeout_s` in all)."""
         with self._lock:
             if self._closing:
@@ -210,12 +210,9 @@ class StageRunner:
                     if self._reader is None:
                         self._discard_results(child)
         for child in self._children:
-            if child.process.is_alive():
+            if child.process.is_alive():  # children ignore SIGTERM (stages.signals): SIGKILL
                 if timeout_s > 0:
-                    log.warning("%s did not stop in %.0f s; terminating", child.name, timeout_s)
-                child.process.terminate()
-                child.process.join(timeout=2.0)
-            if child.process.is_alive():
+                    log.warning("%s did not stop in %.0f s; killing it", child.name, timeout_s)
                 child.process.kill()
                 child.process.join()
         if self._reader is not None:

@@ -1,5 +1,6 @@
 """Every way a run ends leaves run.json final (`complete`, `invalid`, `failed` with the error,
-`interrupted`), and Ctrl-C prints one line, with no child tracebacks, and exits 130."""
+`interrupted`), and Ctrl-C or SIGTERM prints one line, with no child tracebacks, and exits 130 or
+143."""
 
 from __future__ import annotations
 
@@ -98,8 +99,13 @@ def test_a_server_that_goes_down_mid_run_gives_the_table_and_an_invalid_record(t
     assert run["status"] == "invalid"
 
 
-def test_ctrl_c_prints_one_line_no_child_tracebacks_and_leaves_interrupted(tmp_path):
-    """Like a terminal: SIGINT to the whole process group while the tiny stages decode."""
+@pytest.mark.parametrize(("sig", "code", "line"), [
+    (signal.SIGINT, 130, "error: interrupted (Ctrl-C)"),  # a terminal's Ctrl-C
+    (signal.SIGTERM, 143, "error: terminated (SIGTERM)"),  # `timeout`, a CI job's time limit
+], ids=["ctrl-c", "sigterm"])
+def test_an_interrupt_prints_one_line_no_child_tracebacks_and_leaves_interrupted(tmp_path, sig, code, line):
+    """The signal goes to the whole process group while the tiny stages decode, as a terminal
+    and `timeout` send it: the stage processes ignore it and are stopped in order."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tts_bench.cli", "ab", "--tiers", "2x1", "--num-prompts", "40",
@@ -109,21 +115,21 @@ def test_ctrl_c_prints_one_line_no_child_tracebacks_and_leaves_interrupted(tmp_p
         seen = []
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            seen.append(line)
-            if "runner ready" in line or not line:
+            out = proc.stderr.readline()
+            seen.append(out)
+            if "runner ready" in out or not out:
                 break
         assert "runner ready" in seen[-1], "".join(seen)
         time.sleep(0.5)  # requests in flight in both stage processes
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, sig)
         rest = proc.stderr.read()
-        assert proc.wait(timeout=60) == 130
+        assert proc.wait(timeout=60) == code
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest
-    assert rest.strip().splitlines() == [rest.strip()] and rest.startswith("error: interrupted"), rest
+    assert rest.strip().splitlines() == [rest.strip()] and rest.startswith(line), rest
     (run_json,) = tmp_path.glob("*/run.json")
     doc = json.loads(run_json.read_text())
     assert doc["status"] == "interrupted" and "interrupted" in doc["error"]

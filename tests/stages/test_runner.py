@@ -364,7 +364,7 @@ def test_stop_while_a_large_payload_is_in_the_pipe_stops_every_process_in_order(
     (a voice of a few MB rides on a first payload; the pipe holds 64 KiB while the replica is
     busy decoding) leaves a torn message that the replica would wait on forever. The talker
     flushes what it sent before it exits, and replicas get their sentinel after the talker is
-    gone, so every process ends by itself (exit code 0, not terminated)."""
+    gone, so every process ends by itself (exit code 0, not killed)."""
     runner = StageRunner(cpu_config(), replicas=1, factories=fake_factories(decode_s=1.0))
     runner.start()
     col = Collector()
@@ -382,5 +382,5 @@ def test_stop_while_a_large_payload_is_in_the_pipe_stops_every_process_in_order(
         took = time.monotonic() - t0
     finally:
         runner.stop()
-    assert [c.process.exitcode for c in children] == [0, 0], "a stage process had to be terminated"
+    assert [c.process.exitcode for c in children] == [0, 0], "a stage process had to be killed"
     assert took < 8.0

@@ -1,5 +1,5 @@
-"""Ctrl-C belongs to the parent: children spawned inside `sigint_blocked` start with SIGINT
-blocked, and `ignore_sigint` makes them ignore it for good (stages.signals)."""
+"""Interrupts belong to the parent: children spawned inside `interrupts_blocked` start with SIGINT
+and SIGTERM blocked, and `ignore_interrupts` makes them ignore both for good (stages.signals)."""
 
 from __future__ import annotations
 
@@ -9,38 +9,39 @@ import signal
 import threading
 import time
 
-from stages.signals import ignore_sigint, sigint_blocked
+from stages.signals import ignore_interrupts, interrupts_blocked
 
 
 def _child(started, survived) -> None:
-    ignore_sigint()
+    ignore_interrupts()
     started.set()
     time.sleep(0.5)
     survived.set()
 
 
-def test_a_child_that_ignores_sigint_survives_ctrl_c():
+def test_a_child_that_ignores_interrupts_survives_ctrl_c_and_sigterm():
     ctx = mp.get_context("spawn")
     started, survived = ctx.Event(), ctx.Event()
     proc = ctx.Process(target=_child, args=(started, survived))
-    with sigint_blocked():
+    with interrupts_blocked():
         proc.start()
     assert started.wait(30)
     os.kill(proc.pid, signal.SIGINT)
+    os.kill(proc.pid, signal.SIGTERM)
     proc.join(30)
     assert proc.exitcode == 0 and survived.is_set()
 
 
-def test_sigint_blocked_restores_the_mask_and_ignore_sigint_is_a_no_op_off_the_main_thread():
+def test_interrupts_blocked_restores_the_mask_and_ignore_interrupts_is_a_no_op_off_the_main_thread():
     before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
-    with sigint_blocked():
-        assert signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    with interrupts_blocked():
+        assert {signal.SIGINT, signal.SIGTERM} <= signal.pthread_sigmask(signal.SIG_BLOCK, set())
     assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
     handler, errors = signal.getsignal(signal.SIGINT), []
 
     def off_main() -> None:
         try:
-            ignore_sigint()
+            ignore_interrupts()
         except Exception as exc:  # noqa: BLE001 - what the test looks for
             errors.append(exc)
 

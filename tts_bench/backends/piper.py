@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.signals import ignore_sigint, sigint_blocked
+from stages.signals import ignore_interrupts, interrupts_blocked
 from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.errors import BackendError
 
@@ -101,7 +101,7 @@ def _load_voice(spec: dict[str, Any]):
 
 def _worker_main(index: int, spec: dict[str, Any], inbox, outbox) -> None:
     """Worker process: load the voice once, then synthesize jobs until a None arrives."""
-    ignore_sigint()  # Ctrl-C is the parent's: it stops the workers (stages.signals)
+    ignore_interrupts()  # Ctrl-C is the parent's: it stops the workers (stages.signals)
     from piper import SynthesisConfig
 
     voice = _load_voice(spec)
@@ -169,7 +169,7 @@ class PiperBackend:
                 target=_worker_main, args=(i, self._spec(), inbox, self._outbox),
                 name=f"piper-worker-{i}", daemon=True,
             )
-            with sigint_blocked():
+            with interrupts_blocked():
                 proc.start()
             self._workers.append(_Worker(proc, inbox))
         await self._loop.run_in_executor(None, self._wait_ready)
@@ -272,8 +272,8 @@ class PiperBackend:
         for w in self._workers:
             w.process.join(timeout=_JOIN_TIMEOUT_S)
             if w.process.is_alive():
-                log.warning("piper worker %s did not exit; terminating", w.process.name)
-                w.process.terminate()
+                log.warning("piper worker %s did not exit; killing it", w.process.name)
+                w.process.kill()  # workers ignore SIGTERM (stages.signals)
                 w.process.join(timeout=_JOIN_TIMEOUT_S)
 
     def health(self) -> str | None:
