@@ -1,10 +1,11 @@
 """What travels between the runner's processes (all picklable, all small).
 
-    client ──Submit/Cancel/MemoryQuery/None──▶ talker ──[payloads]/Drop──▶ code2wav-<r>
-       ▲                                          │                           │
-       └────────── Ready / ChunkReady / RequestError / MemoryReport / Fatal ◀─┘
+    client ──Submit/Cancel/MemoryQuery/Shutdown──▶ talker ──[payloads]/Drop──▶ code2wav-<r>
+       ▲                                              │                           │
+       └────────────── Ready / ChunkReady / RequestError / MemoryReport / Fatal ◀─┘
 
-`None` on an inbox is the shutdown sentinel. Payload batches are lists of the chunker's
+`None` on an inbox is the shutdown sentinel (the talker's is `Shutdown`, which says what to
+flush first). Payload batches are lists of the chunker's
 payload objects (anything with request_id, chunk_seq, codes, last_chunk), one list per talker
 step and replica so a busy step costs one queue put, not one per request.
 """
@@ -48,6 +49,14 @@ class Drop:
     """Talker -> replica: forget this request's pending payloads and decoder state."""
 
     request_id: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Client -> talker: flush the payloads queued for the replicas, then exit. `gone`: replicas
+    whose process already died (nobody reads their inbox: waiting on it would never end)."""
+
+    gone: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ from stages.runner.messages import (
     RequestError,
     RunnerEvent,
     RunnerRequest,
+    Shutdown,
     Submit,
 )
 from stages.runner.process import ProcessSpec, threads_per_process
@@ -195,12 +196,12 @@ class StageRunner:
         # and the talker blocked on it), then the replicas, which get at least half the time
         # even when the talker used all of it.
         talker, replicas = self._children[:1], self._children[1:]
-        for group in (talker, replicas):
+        for group, sentinel in ((talker, Shutdown(self._gone_replicas())), (replicas, None)):
             if group is replicas:
                 deadline = max(deadline, time.monotonic() + timeout_s / 2)
             for child in group:
                 try:
-                    child.inbox.put(None)
+                    child.inbox.put(sentinel)
                 except (OSError, ValueError):  # queue already closed
                     pass
             for child in group:
@@ -222,6 +223,13 @@ class StageRunner:
             child.inbox.close()
             child.inbox.cancel_join_thread()
             child.results.close()
+
+    def _gone_replicas(self) -> tuple[int, ...]:
+        """Replicas whose process died (with replica threads: all of them, or none)."""
+        dead = [not child.process.is_alive() for child in self._children[1:]]
+        if self.execution == "threads":
+            return tuple(range(self.replicas)) if any(dead) else ()
+        return tuple(r for r, is_dead in enumerate(dead) if is_dead)
 
     @staticmethod
     def _discard_results(child: _Child) -> None:

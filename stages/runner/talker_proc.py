@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stages.runner.messages import (
-    INVALID_REQUEST, STAGE_ERROR, Cancel, Drop, MemoryQuery, RequestError, Submit,
+    INVALID_REQUEST, STAGE_ERROR, Cancel, Drop, MemoryQuery, RequestError, Shutdown, Submit,
 )
 from stages.runner.process import ProcessSpec, StageContext, drain, run_stage_process, short_error
 
@@ -86,24 +86,28 @@ class TalkerLoop:
         engine = self.engines.engine
         while True:
             for msg in drain(inbox, block=not (self.waiting or engine.has_work())):
-                if msg is None:
-                    self._flush_sent()
+                if isinstance(msg, Shutdown):
+                    self._flush_sent(msg.gone)
+                    return
+                if msg is None:  # the client died: nobody to flush for
                     return
                 self._handle(msg)
             self._admit()
             if engine.has_work():
                 self._step()
 
-    def _flush_sent(self) -> None:
-        """Wait until every payload put for the replicas is in their pipes.
+    def _flush_sent(self, gone: tuple[int, ...]) -> None:
+        """Wait until every payload put for a live replica is in its pipe.
 
         A queue's feeder thread writes a large message (a voice of a few MB rides on a first
         payload) in pieces while its replica is busy decoding; exiting mid-message would leave
         the replica waiting forever for the rest. The runner sends the replicas their sentinel
-        only after this process is gone, so they are still reading."""
-        for queue in self.replica_inboxes:
+        only after this process is gone, so they are still reading; a replica in `gone` reads
+        nothing any more, so its queue is not waited on."""
+        for r, queue in enumerate(self.replica_inboxes):
             queue.close()
-            queue.join_thread()
+            if r not in gone:
+                queue.join_thread()
 
     def _step(self) -> None:
         try:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import threading
 import time
 from collections import deque
@@ -384,3 +386,31 @@ def test_stop_while_a_large_payload_is_in_the_pipe_stops_every_process_in_order(
         runner.stop()
     assert [c.process.exitcode for c in children] == [0, 0], "a stage process had to be killed"
     assert took < 8.0
+
+
+def test_stop_does_not_wait_on_a_replica_that_died_with_a_payload_half_written():
+    """The talker flushes its queues before it exits, but not the queue of a replica that is gone:
+    a half-written payload there would never be read, and the talker would wait until killed."""
+    runner = StageRunner(cpu_config(), replicas=1, factories=fake_factories(decode_s=2.0))
+    runner.start()
+    col = Collector()
+    try:
+        runner.submit(RunnerRequest("first", "one two three four five", seed=1, max_codes=60),
+                      col.expect("first"))
+        time.sleep(0.5)  # the replica is inside a 2 s decode of "first"
+        voice = bytes(range(256)) * (16 * 1024)  # 4 MiB, stuck in the pipe while it decodes
+        runner.submit(RunnerRequest("voiced", "one two three", seed=2, max_codes=60, prompt_audio=voice),
+                      col.expect("voiced"))
+        time.sleep(0.2)
+        os.kill(runner.pids()["code2wav-0"], signal.SIGKILL)  # like the OOM killer
+        deadline = time.monotonic() + WAIT_S
+        while runner.broken is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        talker = runner._children[0]
+        t0 = time.monotonic()
+        runner.stop(timeout_s=8.0)
+        took = time.monotonic() - t0
+    finally:
+        runner.stop()
+    assert talker.process.exitcode == 0, "the talker had to be killed"
+    assert took < 4.0
