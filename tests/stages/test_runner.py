@@ -361,27 +361,36 @@ def test_a_bad_reference_voice_fails_its_request_alone_and_voices_are_cached():
         runner.stop()
 
 
-def test_stop_while_a_large_payload_is_in_the_pipe_stops_every_process_in_order():
-    """A talker that exits while its queue's feeder thread is halfway through writing a payload
-    (a voice of a few MB rides on a first payload; the pipe holds 64 KiB while the replica is
-    busy decoding) leaves a torn message that the replica would wait on forever. The talker
-    flushes what it sent before it exits, and replicas get their sentinel after the talker is
-    gone, so every process ends by itself (exit code 0, not killed)."""
-    runner = StageRunner(cpu_config(), replicas=1, factories=fake_factories(decode_s=1.0))
+def _voice_in_the_pipe(decode_s: float) -> StageRunner:
+    """A started one-replica runner whose replica sits inside a `decode_s` decode while a 4 MiB
+    voice (far beyond the 64 KiB a pipe holds) is on its way to it, mostly still in the talker."""
+    runner = StageRunner(cpu_config(), replicas=1, factories=fake_factories(decode_s=decode_s))
     runner.start()
     col = Collector()
+    runner.submit(RunnerRequest("first", "one two three four five", seed=1, max_codes=60), col.expect("first"))
+    time.sleep(0.5)  # the replica decodes "first"
+    voice = bytes(range(256)) * (16 * 1024)
+    runner.submit(RunnerRequest("voiced", "one two three", seed=2, max_codes=60, prompt_audio=voice),
+                  col.expect("voiced"))
+    time.sleep(0.2)
+    return runner
+
+
+def _timed_stop(runner: StageRunner, timeout_s: float) -> float:
+    t0 = time.monotonic()
+    runner.stop(timeout_s=timeout_s)
+    return time.monotonic() - t0
+
+
+def test_stop_while_a_large_payload_is_in_the_pipe_stops_every_process_in_order():
+    """A talker that exits while its queue's feeder thread is halfway through writing a payload
+    (a voice of a few MB rides on a first payload) leaves a torn message that the replica would
+    wait on forever. The talker flushes what it sent before it exits, and replicas get their
+    sentinel after the talker is gone, so every process ends by itself (exit 0, not killed)."""
+    runner = _voice_in_the_pipe(decode_s=1.0)
     try:
-        runner.submit(RunnerRequest("first", "one two three four five", seed=1, max_codes=60),
-                      col.expect("first"))
-        time.sleep(0.5)  # the replica is inside a 1 s decode of "first"
-        voice = bytes(range(256)) * (16 * 1024)  # 4 MiB: far beyond what the pipe holds
-        runner.submit(RunnerRequest("voiced", "one two three", seed=2, max_codes=60, prompt_audio=voice),
-                      col.expect("voiced"))
-        time.sleep(0.2)  # its first payload is on its way, most of it still in the talker
         children = list(runner._children)
-        t0 = time.monotonic()
-        runner.stop(timeout_s=8.0)
-        took = time.monotonic() - t0
+        took = _timed_stop(runner, 8.0)
     finally:
         runner.stop()
     assert [c.process.exitcode for c in children] == [0, 0], "a stage process had to be killed"
@@ -391,25 +400,14 @@ def test_stop_while_a_large_payload_is_in_the_pipe_stops_every_process_in_order(
 def test_stop_does_not_wait_on_a_replica_that_died_with_a_payload_half_written():
     """The talker flushes its queues before it exits, but not the queue of a replica that is gone:
     a half-written payload there would never be read, and the talker would wait until killed."""
-    runner = StageRunner(cpu_config(), replicas=1, factories=fake_factories(decode_s=2.0))
-    runner.start()
-    col = Collector()
+    runner = _voice_in_the_pipe(decode_s=2.0)
     try:
-        runner.submit(RunnerRequest("first", "one two three four five", seed=1, max_codes=60),
-                      col.expect("first"))
-        time.sleep(0.5)  # the replica is inside a 2 s decode of "first"
-        voice = bytes(range(256)) * (16 * 1024)  # 4 MiB, stuck in the pipe while it decodes
-        runner.submit(RunnerRequest("voiced", "one two three", seed=2, max_codes=60, prompt_audio=voice),
-                      col.expect("voiced"))
-        time.sleep(0.2)
         os.kill(runner.pids()["code2wav-0"], signal.SIGKILL)  # like the OOM killer
         deadline = time.monotonic() + WAIT_S
         while runner.broken is None and time.monotonic() < deadline:
             time.sleep(0.05)
         talker = runner._children[0]
-        t0 = time.monotonic()
-        runner.stop(timeout_s=8.0)
-        took = time.monotonic() - t0
+        took = _timed_stop(runner, 8.0)
     finally:
         runner.stop()
     assert talker.process.exitcode == 0, "the talker had to be killed"
