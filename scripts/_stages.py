@@ -4,6 +4,7 @@ CPU tests and a CPU-only host run instead of a hand-kept copy of them.
 
     cfg = load_stages("configs/stages/minicpmo45.yaml")
     talker = tiny_stages().talker
+    voices = prompt_voices()          # the builtin seed-tts set's reference voices, as bytes
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from stages.config import StageConfig
 from tts_bench._dataclass_yaml import load_dataclass, load_yaml_file
 from tts_bench.config import TINY_STAGES
+from tts_bench.prompts import load_prompts
 from tts_bench.shipped import resolve_config_path, shipped_config
 
 
@@ -24,3 +26,10 @@ def load_stages(path: str | Path) -> StageConfig:
 
 def tiny_stages() -> StageConfig:
     return load_stages(shipped_config(TINY_STAGES))
+
+
+def prompt_voices(meta: str = "builtin:seed-tts-en") -> list[bytes]:
+    """The distinct prompt wavs of a meta.lst, in file order, as encoded bytes (what a request
+    carries as its reference voice)."""
+    paths = dict.fromkeys(p.prompt_wav for p in load_prompts(meta) if p.prompt_wav is not None)
+    return [path.read_bytes() for path in paths]

@@ -32,18 +32,17 @@ import random
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from scripts._report import add_out, emit
+from scripts._stages import prompt_voices
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.streaming import Chunker
 from stages.code2wav.token2wav import Token2Wav
 from stages.platform import deterministic_kernels, memory_stats, resolve_device, synchronize
 
-PROMPTS = Path(__file__).resolve().parent.parent / "tts_bench" / "data" / "seed-tts-en" / "prompts"
 
 
 def _requests(cfg: Code2WavConfig, n: int, voices: list[bytes], seed: int) -> list[list]:
@@ -88,7 +87,7 @@ def main() -> int:
     deterministic_kernels()  # as in stage processes: a replay equals its eager chunk
     device = resolve_device(args.device)
     base = Code2WavConfig()
-    voices = [p.read_bytes() for p in sorted(PROMPTS.glob("ref_*.wav"))] if args.voices else []
+    voices = prompt_voices() if args.voices else []
     twins = {}
     for name, graph in (("graph", True), ("eager", False)):
         twins[name] = Token2Wav(replace(base, extra={**base.extra, "code2wav_device_graph": graph}),

@@ -29,14 +29,13 @@ from functools import partial
 from pathlib import Path
 
 from scripts._report import add_out, emit
-from scripts._stages import load_stages
+from scripts._stages import load_stages, prompt_voices
 from stages.config import StageConfig
 from stages.runner import RequestError, RunnerRequest, StageRunner
 from stages.runner.factories import StageFactories
 from stages.runner.fakes import FakeTalker, FakeTalkerRequest
 from tts_bench.config import apply_overrides
 
-PROMPTS = Path(__file__).resolve().parent.parent / "tts_bench" / "data" / "seed-tts-en" / "prompts"
 
 SENTENCES = [
     "A small boat drifted slowly across the calm grey lake at dawn.",
@@ -144,7 +143,7 @@ def main() -> None:
         factories = StageFactories(talker=partial(FakeTalker, step_s=args.fake_talker),
                                    talker_request=FakeTalkerRequest)
         max_codes = (100, 300)  # the fake has no EOS: a spread of lengths, as real requests have
-    voices = [p.read_bytes() for p in sorted(PROMPTS.glob("ref_*.wav"))] if args.voices else []
+    voices = prompt_voices() if args.voices else []
     results = []
     for tier in args.tiers.split(","):
         c, r = (int(x) for x in tier.lower().split("x"))

@@ -13,8 +13,8 @@ looked to the parent like crashes. So:
 - the child calls `ignore_interrupts()` first thing in its target: both signals are ignored for
   good and a pending one, if any, is discarded.
 
-The parent stops its children (sentinel, join, then SIGTERM, which they ignore, then SIGKILL) on
-its way out; a child whose parent died notices and exits on its own
+The parent stops its children on its way out (sentinel, join, then SIGKILL for one that outlives
+the stop: SIGTERM would be ignored); a child whose parent died notices and exits on its own
 (`stages.runner.process.drain`). Dependency-free, like `stages.flags`, so the harness's own
 worker pools can use it without importing torch.
 

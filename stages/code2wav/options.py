@@ -48,10 +48,11 @@ _TF32_TOKENS: dict[str, Tf32Mode] = {
 BOOL_FLAGS: dict[str, bool] = {
     "code2wav_batched_cache_split": True,
     "token2wav_device_spk": True,
-    # Replay whole chunks as device graphs on CUDA/NPU (no effect on CPU). Off by default: in a
-    # replica process on an H200 (torch 2.11) replays hit illegal memory accesses that the same
-    # replica driven in one process never showed (results/h200/README.md, 2026-12-01 second
-    # part); on until that is found, a default run would fail requests.
+    # Replay whole chunks as device graphs on CUDA/NPU (no effect on CPU). Off by default: in
+    # replica processes on an H200 (torch 2.11) beside a working talker, replicas hit illegal
+    # memory accesses that the same replica driven in one process never showed
+    # (results/h200/README.md, 2026-12-01 second and third parts); until that is found, a
+    # default run with them on would fail requests.
     "code2wav_device_graph": False,
 }
 # Non-boolean keys read elsewhere in stage 2: `prompt_wav` (default voice path, prompt builder).
@@ -139,12 +140,16 @@ class Code2WavOptions:
         extra = extra or {}
         check_known_keys(extra)
         return cls(
-            batched_cache_split=read_bool_flag(extra, "code2wav_batched_cache_split", True),
-            device_spk=read_bool_flag(extra, "token2wav_device_spk", True),
-            device_graph=read_bool_flag(extra, "code2wav_device_graph", BOOL_FLAGS["code2wav_device_graph"]),
+            batched_cache_split=_flag(extra, "code2wav_batched_cache_split"),
+            device_spk=_flag(extra, "token2wav_device_spk"),
+            device_graph=_flag(extra, "code2wav_device_graph"),
             tf32_mode=resolve_tf32_mode(extra, env),
             dit_dtype=parse_dit_dtype(extra.get(DIT_DTYPE_KEY)),
         )
+
+
+def _flag(extra: Mapping[str, Any], key: str) -> bool:
+    return read_bool_flag(extra, key, BOOL_FLAGS[key])  # the defaults live in BOOL_FLAGS only
 
 
 def tf32_scope(

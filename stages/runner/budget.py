@@ -36,9 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stages.code2wav.config import Code2WavConfig
-from stages.code2wav.options import BOOL_FLAGS, DIT_DTYPE_KEY, parse_dit_dtype
+from stages.code2wav.options import Code2WavOptions
 from stages.config import StageConfig, resolve_execution
-from stages.flags import read_bool_flag
 from stages.talker.config import TalkerConfig
 
 MIB = 2**20
@@ -114,14 +113,15 @@ def code2wav_params(c: Code2WavConfig) -> int:
     return flow + estimator + hift + campplus
 
 
-def request_state_bytes(c: Code2WavConfig, elem: int) -> int:
+def request_state_bytes(c: Code2WavConfig, elem: int, dit_dtype: str) -> int:
     """One request's code2wav caches between payloads: the per-Euler-step estimator attention
-    cache (dominant: 500 MiB at full size in fp32) and the conformer attention cache."""
+    cache (dominant: 500 MiB at full size in fp32; 2-byte elements when `dit_dtype` is
+    bfloat16) and the conformer attention cache."""
     frames = round(c.ref_audio_max_seconds * c.mel_rate_hz) + c.prompt_keep_frames + c.chunk_mel_frames
     dit, f = c.dit, c.flow
     estimator = c.n_timesteps * dit.depth * 2 * dit.num_heads * frames * 2 * dit.head_dim
     conformer = (f.num_blocks + f.num_up_blocks) * f.input_size * 2 * frames
-    dit_elem = 2 if parse_dit_dtype(c.extra.get(DIT_DTYPE_KEY)) == "bfloat16" else elem
+    dit_elem = 2 if dit_dtype == "bfloat16" else elem
     return estimator * dit_elem + conformer * elem
 
 
@@ -146,7 +146,8 @@ def estimate_stage_memory(
     # Replicas on threads share one copy of the modules per device they use.
     copies = min(replicas, _devices_used(r, replicas)) if threads else replicas
     in_flight = min(concurrency, r.talker_max_batch)
-    state = request_state_bytes(c, elem)
+    options = Code2WavOptions.from_extra(c.extra)  # the stage flags, parsed as the stage parses them
+    state = request_state_bytes(c, elem, options.dit_dtype)
     slots = pool_slots(r.max_num_seqs, -(-in_flight // replicas))
     kv = 2 * t.num_layers * r.talker_max_batch * r.max_seq_len * t.num_kv_heads * t.head_dim * elem
     items = [
@@ -170,7 +171,7 @@ def estimate_stage_memory(
     if device_type != "cpu":
         items.append(BudgetItem("device contexts", processes * DEVICE_PROCESS_BYTES, "device",
                                 ("tier R (replicas)",)))
-        if read_bool_flag(c.extra, "code2wav_device_graph", BOOL_FLAGS["code2wav_device_graph"]):
+        if options.device_graph:
             rows = min(r.max_num_seqs, in_flight)
             items.append(BudgetItem("code2wav device graphs", int(replicas * rows * GRAPH_POOL_PER_ROW * state),
                                     "device", ("code2wav.extra.code2wav_device_graph=false", "runner.max_num_seqs")))

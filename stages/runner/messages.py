@@ -5,9 +5,9 @@
        └────────────── Ready / ChunkReady / RequestError / MemoryReport / Fatal ◀─┘
 
 `None` on an inbox is the shutdown sentinel (the talker's is `Shutdown`, which says what to
-flush first). Payload batches are lists of the chunker's
-payload objects (anything with request_id, chunk_seq, codes, last_chunk), one list per talker
-step and replica so a busy step costs one queue put, not one per request.
+flush first). Payload batches are lists of the chunker's payload objects (anything with
+request_id, chunk_seq, codes, last_chunk), one list per talker step and replica so a busy step
+costs one queue put, not one per request.
 """
 
 from __future__ import annotations

@@ -115,7 +115,6 @@ class ReplicaLoop:
         else:
             raise TypeError(f"{self.ctx.spec.name} got an unexpected message {type(msg).__name__}")
 
-
     def _drop(self, request_id: str) -> None:
         self.pending = deque(p for p in self.pending if p.request_id != request_id)
         self.t2w.drop(request_id)  # unknown ids are a no-op

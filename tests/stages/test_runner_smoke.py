@@ -8,15 +8,15 @@ from functools import partial
 
 import pytest
 
-from scripts._stages import tiny_stages
-from scripts.runner_smoke import PROMPTS, run_tier
+from scripts._stages import prompt_voices, tiny_stages
+from scripts.runner_smoke import run_tier
 from stages.runner.factories import StageFactories
 from stages.runner.fakes import FakeTalker, FakeTalkerRequest
 
 
 def test_fake_talker_feeds_real_replicas_with_voices():
     cfg = tiny_stages()
-    voices = [p.read_bytes() for p in sorted(PROMPTS.glob("ref_*.wav"))]
+    voices = prompt_voices()
     assert len(voices) >= 2
     factories = StageFactories(talker=partial(FakeTalker, step_s=0.0), talker_request=FakeTalkerRequest)
     res = run_tier(cfg, 3, 2, 4, factories=factories, voices=voices, max_codes=(30, 60))

@@ -101,7 +101,7 @@ def _load_voice(spec: dict[str, Any]):
 
 def _worker_main(index: int, spec: dict[str, Any], inbox, outbox) -> None:
     """Worker process: load the voice once, then synthesize jobs until a None arrives."""
-    ignore_interrupts()  # Ctrl-C is the parent's: it stops the workers (stages.signals)
+    ignore_interrupts()  # Ctrl-C and SIGTERM are the parent's: it stops the workers (stages.signals)
     from piper import SynthesisConfig
 
     voice = _load_voice(spec)

@@ -226,10 +226,11 @@ def _judge_noninferiority(p: Paired, label: str, params: WerParams) -> tuple[boo
                 f"{p.n_paired} utterances; upper bound {'<' if ok else '>='} margin {params.margin_points:g}")
 
 
-def judge_pair(p: Paired, params: WerParams) -> tuple[bool, str, list[str]]:
-    """(passed, reason line, differing-utterance lines) of one comparison in its mode."""
+def judge_pair(p: Paired, params: WerParams, mode: str | None = None) -> tuple[bool, str, list[str]]:
+    """(passed, reason line, differing-utterance lines) of one comparison in its mode
+    (`mode`: `pair_mode(p, params)` when the caller has it already)."""
     label = f"{p.test} vs {p.base}"
-    if pair_mode(p, params) == "exact":
+    if (mode or pair_mode(p, params)) == "exact":
         return _judge_exact(p, label)
     ok, why = _judge_noninferiority(p, label, params)
     return ok, why, []
@@ -245,11 +246,12 @@ def judge(
         reasons.append(f"{a.arm}: {a.failed} failures ({kinds}) > max_failures {params.max_failures}")
     regressed, differences, modes = False, [], []
     for p in [*paired, *(h.paired for h in history)]:
-        ok, why, diff = judge_pair(p, params)
+        mode = pair_mode(p, params)
+        ok, why, diff = judge_pair(p, params, mode)
         regressed |= not ok
         reasons.append(why)
         differences += diff
-        modes.append(pair_mode(p, params))
+        modes.append(mode)
     if not paired and not history:
         reasons.append("no reference: single arm and no matching history (record one with --accept)")
     if invalid:
