@@ -6,13 +6,22 @@ graph per shape replays the whole chunk (encoder, 10 Euler steps, HiFT, cache st
 launch. Inputs enter through one static int64 tensor (`meta`), outputs leave in the graph's own
 tensors, which the next replay of that graph overwrites: callers copy them out first.
 
-The first chunk of a shape runs eagerly (on the capture stream, so lazily created library
-handles and workspaces belong to it) and returns that real result; then the same function is
-captured on the same static input without executing. Warmup cannot simply run before capture
-and be replayed after: the decode advances the request's state (it writes caches), so running
-it twice would decode the next chunk from the wrong state. (Capturing a new shape first and
-replaying it, skipping the eager run, failed on an H200 under the allocator's pool accounting;
-it is not used.)
+The first chunk of a shape runs eagerly on the caller's stream and returns that real result;
+then the same function is captured on the capture stream, on the same static input, without
+executing. Warmup cannot simply run before capture and be replayed after: the decode advances the
+request's state (it writes caches), so running it twice would decode the next chunk from the
+wrong state. (Capturing a new shape first and replaying it, skipping the eager run, failed on an
+H200 under the allocator's pool accounting; it is not used.)
+
+Why the caller's stream and not the capture stream (the usual "warm up on the side stream"): on
+an H200 (torch 2.11) a first run on the capture stream faulted with an illegal memory access
+whenever the device was contended: at 64x4 with the real talker beside the replicas 96 of 128
+requests failed, and with the fake talker beside a matmul loop in another process 192 of 192;
+the first error surfaced in HiFT's first ConvTranspose1d, with cuDNN on or off. Run on the
+caller's stream, the same 64x4 run completed every request. The faulting kernel was not pinned
+down (a device sync after every module hides the fault). What the side-stream warmup was for,
+library state made before the capture, is then made during it: PyTorch allocates a stream's
+cuBLAS workspace on its first use there, here from the graphs' pool.
 
 Graphs of one replica share a memory pool; they never run concurrently (one replica, one
 stream), so their temporaries may overlap. Each replica owns its pool and stream, so replicas on
@@ -26,9 +35,8 @@ Landmines:
   cuBLAS workspace of the stream it was captured on (torch 2.11, pytorch/pytorch#193402), and
   every other graph captured on that stream still writes to that workspace. Past `max_graphs`
   shapes the whole set goes and is captured again as shapes come back;
-* the first run of a shape on the capture stream joins the caller's stream even when it raises:
-  otherwise the caller's next kernels could run before, and reuse the memory of, work still
-  queued on the capture stream;
+* nothing executes on the capture stream: the first run of a shape is the caller's, and the
+  capture only records (so the caller never has to wait for the capture stream);
 * captures are serialized process-wide (`_CAPTURE_LOCK`): replica threads could capture into
   their own pools at once (thread-local capture mode), but that was never run; one capture at a
   time costs little, since a replica captures each of its ~24 shapes once.
@@ -108,17 +116,11 @@ class ChunkGraphs:
         return static
 
     def _eager_then_capture(self, key: Hashable, inputs: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> Any:
-        # A new shape's first chunk runs eagerly on the capture stream: library handles,
-        # workspaces and plans the capture will need are made outside it. Its result is the
-        # real one; the capture then records without executing.
+        # A new shape's first chunk runs eagerly on the caller's stream (not the capture stream:
+        # see the module docstring) and its result is the real one; the capture then records
+        # the same function on the same static input without executing it.
         static = self._static(inputs)
-        current = self.api.current_stream()
-        self.stream.wait_stream(current)
-        try:
-            with self.api.use_stream(self.stream):
-                result = fn(static)
-        finally:  # also when it raised: work it queued before the error is still on the stream
-            current.wait_stream(self.stream)
+        result = fn(static)
         if self.disabled is None:
             self._capture(key, static, fn)
         return result

@@ -48,11 +48,10 @@ _TF32_TOKENS: dict[str, Tf32Mode] = {
 BOOL_FLAGS: dict[str, bool] = {
     "code2wav_batched_cache_split": True,
     "token2wav_device_spk": True,
-    # Replay whole chunks as device graphs on CUDA/NPU (no effect on CPU). Off by default: in
-    # replica processes on an H200 (torch 2.11) beside a working talker, replicas hit illegal
-    # memory accesses that the same replica driven in one process never showed
-    # (results/h200/README.md, 2026-12-01 second and third parts); until that is found, a
-    # default run with them on would fail requests.
+    # Replay whole chunks as device graphs on CUDA/NPU (no effect on CPU). Off by default: the
+    # illegal memory accesses they caused in replica processes are fixed (chunk_graphs.py), but
+    # on an H200 at 64x4 they did not pay: mean RTF +27.2 % [-9.4, +78.6], TTFP +40.4 %
+    # [+7.4, +83.4] against the eager runner (results/h200/README.md, 2026-12-01 fourth part).
     "code2wav_device_graph": False,
 }
 # Non-boolean keys read elsewhere in stage 2: `prompt_wav` (default voice path, prompt builder).

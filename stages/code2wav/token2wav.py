@@ -54,7 +54,7 @@ from stages.code2wav.streaming import (
     validate_payload,
 )
 from stages.code2wav.weights import load_flow_weights
-from stages.platform.device import synchronize
+from stages.platform.device import synchronize_stream
 from stages.platform.graphs import graph_api
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ class Token2Wav:
         A payload with `prompt_audio` names its voice by content hash: a voice seen before is a
         cache hit (its prompt setup is reused), a new one is built here (speech tokens, prompt
         mel, speaker embedding on the device or CPU per `token2wav_device_spk`, then the setup
-        solve), timed with the device synchronized. Audio that cannot be decoded, is empty or
+        solve), timed with its stream synchronized. Audio that cannot be decoded, is empty or
         over `ref_audio_limit_seconds` raises PromptError (the request's fault).
         """
         if p.chunk_seq != 0:
@@ -241,7 +241,7 @@ class Token2Wav:
                 return setup, {"cache_hit": True, "setup_ms": 0.0}
             t0 = time.perf_counter()
             setup = self._build_setup(self._prompts.build_bytes(p.prompt_audio))
-            synchronize(self.device)
+            synchronize_stream(self.device)  # not the device: a replica thread may be capturing
             ms = (time.perf_counter() - t0) * 1000.0
             self._ensure_pool(setup.prompt_len)
             self._setups[p.prompt_id] = setup

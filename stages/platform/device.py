@@ -217,6 +217,19 @@ def synchronize(device: torch.device) -> None:
         torch.npu.synchronize(device)
 
 
+def synchronize_stream(device: torch.device) -> None:
+    """Wait for the calling thread's current stream on `device` only (no-op on CPU).
+
+    What a replica thread uses to time its own work: a device-wide sync from one thread while
+    another thread of the process captures a graph fails ("operation not permitted when stream
+    is capturing", seen on an H200 with replicas on threads) and breaks that capture."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+    elif device.type == "npu":
+        _torch_npu()
+        torch.npu.current_stream(device).synchronize()
+
+
 def dtype_from_name(name: str) -> torch.dtype:
     """`float32|bfloat16|float16` (also fp32/bf16/fp16) -> torch dtype; raises PlatformError."""
     try:

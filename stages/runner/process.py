@@ -125,7 +125,8 @@ def run_stage_process(
     # with whole-chunk device graphs in replica processes that setting was the one difference
     # from the in-process benchmark when replicas hit illegal memory accesses on an H200
     # (torch 2.11; graph pools and expandable segments were re-enabled together upstream only
-    # later). A PYTORCH_CUDA_ALLOC_CONF the user sets is passed through as before.
+    # later; the fault itself was a first run on the capture stream, see chunk_graphs.py). A
+    # PYTORCH_CUDA_ALLOC_CONF the user sets is passed through as before.
     if spec.cfg.runner.deterministic:  # replay == eager and A/B identity need equal kernels
         deterministic_kernels()
     ignore_interrupts()  # Ctrl-C and SIGTERM are the parent's: it stops us in order (stages.signals)

@@ -122,24 +122,45 @@ class _RecordingStream:
         self.log.append((self.name, "waits for", other.name))
 
 
-def test_a_first_run_that_raises_still_joins_the_callers_stream():
-    """Work the first run queued on the capture stream before it raised must be ordered before
-    the caller's next kernels (they reuse its memory)."""
+def test_a_new_shape_runs_on_the_callers_stream_and_only_the_capture_uses_the_side_stream():
+    """A first run on the capture stream faulted on a contended H200; nothing may execute there
+    (see the module docstring). The capture itself waits for the caller's work first."""
     log: list = []
     caller, side = _RecordingStream("caller", log), _RecordingStream("side", log)
-    api = GraphAPI(platform="fake", graph=_FakeGraph, capture=None, pool=lambda: None,
-                   stream=lambda: side, use_stream=lambda s: contextlib.nullcontext(),
-                   current_stream=lambda: caller)
+
+    @contextlib.contextmanager
+    def use_stream(stream):
+        log.append(("use", stream.name))
+        yield
+
+    @contextlib.contextmanager
+    def capture(graph, pool=None, stream=None):
+        log.append(("capture on", stream.name))
+        yield
+
+    api = GraphAPI(platform="fake", graph=_FakeGraph, capture=capture, pool=lambda: None,
+                   stream=lambda: side, use_stream=use_stream, current_stream=lambda: caller)
     graphs = ChunkGraphs(api)
 
     def fn(x):
         log.append("runs")
+        return x + 1
+
+    assert graphs.run("k", torch.tensor([1]), fn).tolist() == [2]
+    assert log == ["runs", ("side", "waits for", "caller"), ("capture on", "side"), "runs"]
+    assert graphs.captures == 1
+
+
+def test_a_first_run_that_raises_captures_nothing():
+    fake = _FakeAPI()
+    graphs = ChunkGraphs(fake.api())
+
+    def fn(x):
         raise RuntimeError("GET was unable to find an engine to execute this computation")
 
     with pytest.raises(RuntimeError, match="engine"):
         graphs.run("k", torch.tensor([1]), fn)
-    assert log == [("side", "waits for", "caller"), "runs", ("caller", "waits for", "side")]
-    assert len(graphs) == 0 and graphs.captures == 0 and graphs.disabled is None
+    assert len(graphs) == 0 and graphs.captures == 0 and graphs.disabled is None and not fake.graphs
 
 
 def _streams(cfg, lengths, seed=0):

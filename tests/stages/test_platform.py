@@ -18,6 +18,7 @@ from stages.platform import (
     platform_override,
     resolve_device,
     synchronize,
+    synchronize_stream,
     tf32_enabled,
     tf32_scope,
     triton_unavailable_reason,
@@ -204,3 +205,40 @@ def test_deterministic_kernels_without_the_nan_fill_of_new_tensors(monkeypatch):
     finally:
         torch.use_deterministic_algorithms(before[0])
         torch.utils.deterministic.fill_uninitialized_memory = before[1]
+
+
+@pytest.mark.gpu
+def test_a_stream_sync_beside_another_threads_capture_leaves_the_capture_intact():
+    """A replica thread times its voice setup with `synchronize_stream` while another replica
+    thread may be capturing: the capture must survive it (a device-wide sync broke it on an H200)."""
+    import threading
+
+    device = resolve_device("cuda")
+    api = graph_api(device)
+    x = torch.ones(1024, device=device)
+    capturing, synced = threading.Event(), threading.Event()
+    errors: list = []
+
+    def other_replica() -> None:
+        with torch.cuda.stream(torch.cuda.Stream(device=device)):
+            capturing.wait(30)
+            try:
+                (x * 3).sum()
+                synchronize_stream(device)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+            synced.set()
+
+    thread = threading.Thread(target=other_replica)
+    thread.start()
+    graph, side = api.graph(), api.stream()
+    side.wait_stream(torch.cuda.current_stream(device))
+    with api.capture(graph, pool=api.pool(), stream=side, **api.capture_options):
+        y = x * 2
+        capturing.set()
+        assert synced.wait(30)
+    thread.join(30)
+    assert not errors
+    graph.replay()
+    torch.cuda.synchronize(device)
+    assert torch.equal(y, torch.full_like(x, 2.0))
