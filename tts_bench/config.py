@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -63,6 +64,8 @@ from tts_bench.limits import (
 from tts_bench.mem.params import MemParams
 from tts_bench.shipped import resolve_config_path, shipped_config
 from tts_bench.wer.params import WerParams
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "BenchConfig",
@@ -238,7 +241,8 @@ class BenchParams:
     timeout_s: float = 120.0
     min_effect_pct: float = 2.0  # |delta| below this is `within noise` even when significant
     # No longer read: the A/B interval is a t interval over paired blocks (tts_bench.stats).
-    # Both keys stay so existing configs keep loading.
+    # Both keys stay so existing configs keep loading; setting one logs a warning
+    # (`RETIRED_BENCH_KEYS`).
     bootstrap_resamples: int = 2000
     bootstrap: Literal["hierarchical", "stratified"] = "hierarchical"
     seed: int = 0
@@ -311,6 +315,20 @@ class BenchConfig:
 TINY_STAGES = "stages/minicpmo45-tiny.yaml"  # shipped; the stage config of a CPU-only host
 
 
+# Bench keys still accepted but no longer read, with what replaced them.
+RETIRED_BENCH_KEYS = {
+    "bootstrap": "the A/B interval is a t interval over paired repeats now",
+    "bootstrap_resamples": "the A/B interval is a t interval over paired repeats now",
+}
+
+
+def warn_retired_keys(keys: Sequence[str], source: str) -> None:
+    """One warning per bench key in `keys` that is accepted but no longer read."""
+    for key in keys:
+        if key in RETIRED_BENCH_KEYS:
+            log.warning("bench.%s (%s) is no longer read: %s; remove it", key, source, RETIRED_BENCH_KEYS[key])
+
+
 def with_default_stages(raw: dict[str, Any]) -> dict[str, Any]:
     """A config file's mapping, with the host's default stage config where it names none.
 
@@ -358,6 +376,8 @@ def _read_config(path: Path | str | None) -> _ConfigFile:
     if not isinstance(raw, dict):
         raise ConfigError(f"error: the config must be a mapping ({path}); write key: value lines")
     raw = with_default_stages(dict(raw))
+    if isinstance(raw.get("bench"), dict):
+        warn_retired_keys(list(raw["bench"]), str(path))
     arms = _yaml_arms(raw, str(path))
     return _ConfigFile(load_dataclass(BenchConfig, raw, source=str(path), base_dir=path.parent), arms, str(path))
 
@@ -427,6 +447,8 @@ def apply_overrides(cfg: Any, sets: Sequence[str], *, source: str = "--set") -> 
     stage_fields = {f.name for f in dataclasses.fields(StageConfig)}
     for text in sets:
         parts, value = _split_override(text, source)
+        if isinstance(cfg, BenchConfig) and len(parts) == 2 and parts[0] == "bench":
+            warn_retired_keys(parts[1:], source)
         routed = parts[0] not in bench_fields and parts[0] in stage_fields
         if isinstance(cfg, BenchConfig) and routed:
             parts = ["stages", *parts]

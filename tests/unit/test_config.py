@@ -246,6 +246,24 @@ def test_bootstrap_method_is_a_checked_choice():
     assert "one of 'hierarchical', 'stratified'" in config_error(None, ["bench.bootstrap=paired"])
 
 
+def test_retired_bootstrap_keys_still_load_but_warn_once_each(tmp_path, caplog):
+    path = tmp_path / "old.yaml"
+    path.write_text("backend: synthetic\nbench:\n  bootstrap_resamples: 500\n  repeats: 2\n")
+    with caplog.at_level("WARNING", logger="tts_bench.config"):
+        cfg = load_config(path, ["bench.bootstrap=stratified", "bench.seed=3"])
+    assert cfg.bench.repeats == 2 and cfg.bench.seed == 3
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2
+    assert "bench.bootstrap_resamples" in warned[0] and str(path) in warned[0] and "no longer read" in warned[0]
+    assert "bench.bootstrap " in warned[1] and "--set" in warned[1]
+
+
+def test_current_bench_keys_do_not_warn(caplog):
+    with caplog.at_level("WARNING", logger="tts_bench.config"):
+        load_config("configs/ab/graphs.yaml", ["bench.repeats=2", "bench.min_effect_pct=1"])
+    assert not caplog.records
+
+
 def test_warmup_defaults_to_max_two_and_concurrency():
     assert BenchParams().warmup_for(1) == 2
     assert BenchParams().warmup_for(64) == 64
