@@ -11,7 +11,8 @@ in one process, and reports:
 
 It is the in-process control for the runner's A/Bs: on an H200 (2026-12-01) it stayed
 bit-identical with voices changing and the pool growing, while the same replica inside a
-runner process hit illegal memory accesses (results/h200/README.md).
+runner process hit illegal memory accesses, until a new shape's first run moved off the
+capture stream (results/h200/README.md, fourth part).
 
     PYTHONPATH=. python3 scripts/replica_traffic.py --live 16 --slots 16 --voices
     PYTHONPATH=. python3 scripts/replica_traffic.py --live 20 --slots 4      # the pool grows twice
@@ -42,7 +43,6 @@ from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.streaming import Chunker
 from stages.code2wav.token2wav import Token2Wav
 from stages.platform import deterministic_kernels, memory_stats, resolve_device, synchronize
-
 
 
 def _requests(cfg: Code2WavConfig, n: int, voices: list[bytes], seed: int) -> list[list]:

@@ -2,8 +2,9 @@
 
 One decoder for every place that takes a voice: the prompt builder (`stages.code2wav.prompt`),
 and, through it, the harness's checks of a prompt list, so what they accept is what the stages
-can use (a server's `ref_audio` field is only probed, header and length, by `probe_audio`); the WER gate reads its generated WAVs with it too
-(`read_audio`, which leaves an empty file to the caller). It is libsndfile's (via `soundfile`): WAV (PCM 8-32
+can use (a server's `ref_audio` field is only probed, header and length, by `probe_audio`); the
+WER gate reads its generated WAVs with it too (`read_audio`, which leaves an empty file to the
+caller). It is libsndfile's (via `soundfile`): WAV (PCM 8-32
 bit, float, extensible), FLAC, OGG Vorbis/Opus and MP3, at any sample rate. Integer PCM is scaled
 by 2^(bits-1) (8-bit unsigned around 128), as the stdlib reader this replaces did, so 16-bit
 prompts decode to exactly the same floats. Only numpy and soundfile are imported here: the

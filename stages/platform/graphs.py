@@ -6,8 +6,8 @@ Model code that captures graphs asks for the API once and never names `torch.cud
     if api is not None:
         graph = api.graph()
         side = api.stream()
-        with api.use_stream(side):     # warm up on a side stream before capture (CUDA rule)
-            fn(static_x)
+        with api.use_stream(side):     # warm up on a side stream before capture (CUDA rule;
+            fn(static_x)               # code2wav's ChunkGraphs does not: see its docstring)
         with api.capture(graph, pool=api.pool()):
             static_y = fn(static_x)
         graph.replay()
