@@ -2,7 +2,9 @@
 
 Starts the embedded runner (talker + R code2wav replicas) from a stage YAML, keeps C requests
 in flight until N have finished, and reports runner start seconds, mean/median audio RTF and
-TTFP, audio seconds, failures and every stage process's allocator memory. Independent of the
+TTFP, audio seconds, failures, every stage process's allocator memory and every stage's work
+over the tier (busy share, ms and rows a step, backlog, chunk groups, graph captures/replays:
+`stages.runner.work`), which says whether the talker or code2wav held the tier back. Independent of the
 harness's load generator on purpose: it checks the runner alone.
 
     PYTHONPATH=. python3 scripts/runner_smoke.py --config configs/stages/minicpmo45.yaml \
@@ -34,6 +36,7 @@ from stages.config import StageConfig
 from stages.runner import RequestError, RunnerRequest, StageRunner
 from stages.runner.factories import StageFactories
 from stages.runner.fakes import FakeTalker, FakeTalkerRequest
+from stages.runner.work import format_work, work_delta
 from tts_bench.config import apply_overrides
 
 
@@ -92,6 +95,7 @@ def run_tier(cfg: StageConfig, concurrency: int, replicas: int, n: int, *,
     tracker = Tracker(cfg.code2wav.sample_rate, concurrency)
     tracker.expected = n
     try:
+        work_before = runner.work_snapshot()
         for i in range(n):
             tracker.slots.acquire()
             rid = f"req-{i}"
@@ -101,6 +105,7 @@ def run_tier(cfg: StageConfig, concurrency: int, replicas: int, n: int, *,
             runner.submit(RunnerRequest(rid, SENTENCES[i % len(SENTENCES)], seed=42 + i, max_codes=codes,
                                         prompt_audio=voice), tracker.callback(rid))
         tracker.done.wait(3600)
+        work = work_delta(work_before, runner.work_snapshot())
         memory = runner.memory_snapshot()
     finally:
         runner.stop()
@@ -120,6 +125,7 @@ def run_tier(cfg: StageConfig, concurrency: int, replicas: int, n: int, *,
         "audio_seconds": sum(r["audio_s"] for r in ok),
         "codes": sum(r["codes"] for r in ok),
         "memory": memory,
+        "work": work,
         "processes": runner.info,
     }
 
@@ -154,6 +160,8 @@ def main() -> None:
               f"failed {res['failed']:3d}  mean RTF {res['mean_audio_rtf'] or float('nan'):.3f}  "
               f"median TTFP {res['median_audio_ttfp_ms'] or float('nan'):.0f} ms  "
               f"peak MiB {max((m['peak_bytes'] for m in res['memory']), default=0) / 2**20:.0f}")
+        for line in format_work(res["work"]):
+            print(f"        {line}")
     doc = {"config": str(path), "sets": args.sets, "fake_talker_step_s": args.fake_talker,
            "voices": len(voices), "tiers": results}
     emit(doc, args.out, "runner_smoke")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-EXECUTIONS = ("auto", "processes", "threads")
+EXECUTIONS = ("auto", "processes", "threads", "single")
 
 from stages.code2wav.config import Code2WavConfig
 from stages.talker.config import TalkerConfig
@@ -37,10 +37,12 @@ class RunnerConfig:
     weights: str | None = None  # official MiniCPM-o 4.5 directory; None -> seeded random init
     torch_threads: int = 0  # intra-op threads per stage process; 0 = cores / (1 + replicas)
     start_timeout_s: float = 600.0  # building every stage's model must finish within this
-    # How the R code2wav replicas run: one process each ("processes"), or threads of one
-    # process with a device stream each ("threads"; shared weights, one device context).
-    # "auto": processes, until the H200 A/B (configs/ab/execution.yaml) decides otherwise.
-    execution: Literal["auto", "processes", "threads"] = "auto"
+    # How the stages run: the talker and each code2wav replica a process ("processes"); the
+    # talker a process and the replicas threads of another, a device stream each ("threads";
+    # shared weights); or the talker and every replica threads of one process ("single": one
+    # device context, so nothing is time-sliced; the talker's stream has high priority).
+    # "auto": processes, until an H200 A/B resolves a gain (configs/ab/runner.yaml, execution.yaml).
+    execution: Literal["auto", "processes", "threads", "single"] = "auto"
     # Accelerator indices for the talker (first) and the replicas (round-robin), "auto" for
     # every visible device, or null: everything on device 0 (stages.runner.placement).
     devices: tuple[int, ...] | Literal["auto"] | None = None
@@ -88,10 +90,11 @@ class StageConfig:
 
 
 def resolve_execution(runner: RunnerConfig) -> str:
-    """`processes` or `threads` for `runner.execution`.
+    """`processes`, `threads` or `single` for `runner.execution`.
 
-    `auto` is processes everywhere for now: threads scaled code2wav alone 1.5x over one replica
-    on an H200 (8 threads x 8 rows: 121 vs 81 audio s/s, results/h200/README.md), but the one
-    runner-level A/B at 128x8 (configs/ab/execution.yaml) was not valid yet, so the measured
-    topology stays the default until that A/B says otherwise."""
+    `auto` is processes everywhere for now. On an H200 threads scaled code2wav alone 1.5x over
+    one replica (8 threads x 8 rows: 121 vs 81 audio s/s), but no runner-level A/B resolved a
+    gain: `single` with code2wav graphs against today's processes read -2.2 % [-26.4, +30.0] at
+    64x4 and +18.3 % [-18.0, +70.5] at 32x1 (3 repeats each, results/h200/README.md, fifth
+    part), so the measured topology stays the default until an A/B says otherwise."""
     return "processes" if runner.execution == "auto" else runner.execution

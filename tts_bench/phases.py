@@ -12,7 +12,8 @@ Hooks: `hooks.on_phase(arm, tier, repeat, phase, backend)` is called with phase 
 `start`, before the warmup requests), "measure" (before the measured requests) and "end" (after
 them, before `stop`). A hooks object may also have `abandon()`: called when the phase raised
 after "warmup" (before `stop`), so e.g. memory samplers stop and nothing half-done is recorded.
-`tts_bench.mem.hooks.MemoryHooks` is the one in the box.
+`tts_bench.mem.hooks.MemoryHooks` and `tts_bench.stage_work.StageWorkHooks` are the ones in the
+box; `HookChain` runs several.
 
     warm, measured = plan_jobs(prompts, labels, seed=cfg.bench.seed, warmup=2)
     result = asyncio.run(run_fresh_phase(cfg, Tier(4, 2), labels, (warm, measured), run_dir=run))
@@ -81,6 +82,23 @@ async def run_fresh_phase(
         if hooked and callable(abandon):
             abandon()
         await backend.stop()
+
+
+class HookChain:
+    """Several hooks objects as one: each is called in order (and abandoned, if it can be)."""
+
+    def __init__(self, *hooks: PhaseHooks | None) -> None:
+        self.hooks = [h for h in hooks if h is not None]
+
+    def on_phase(self, arm: str, tier: str, repeat: int, phase: str, backend: Any) -> None:
+        for h in self.hooks:
+            h.on_phase(arm, tier, repeat, phase, backend)
+
+    def abandon(self) -> None:
+        for h in self.hooks:
+            abandon = getattr(h, "abandon", None)
+            if callable(abandon):
+                abandon()
 
 
 def _hook(hooks: PhaseHooks | None, labels: PhaseLabels, phase: str, backend: Any) -> None:

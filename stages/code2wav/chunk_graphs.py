@@ -37,9 +37,8 @@ Landmines:
   shapes the whole set goes and is captured again as shapes come back;
 * nothing executes on the capture stream: the first run of a shape is the caller's, and the
   capture only records (so the caller never has to wait for the capture stream);
-* captures are serialized process-wide (`_CAPTURE_LOCK`): replica threads could capture into
-  their own pools at once (thread-local capture mode), but that was never run; one capture at a
-  time costs little, since a replica captures each of its ~24 shapes once.
+* captures are serialized process-wide (`stages.platform.graphs.CAPTURE_LOCK`, shared with the
+  talker's decode graphs).
 
     graphs = ChunkGraphs(graph_api(device), max_graphs=48)
     out = graphs.run(shape, meta_host, lambda meta: decoder.run(meta, shape))
@@ -48,18 +47,15 @@ Landmines:
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from stages.platform.graphs import GraphAPI
+from stages.platform.graphs import CAPTURE_LOCK, GraphAPI
 
 log = logging.getLogger(__name__)
-
-_CAPTURE_LOCK = threading.Lock()
 
 
 @dataclass
@@ -129,7 +125,7 @@ class ChunkGraphs:
         graph = self.api.graph()
         self.stream.wait_stream(self.api.current_stream())  # `static` was filled on the caller's
         try:
-            with _CAPTURE_LOCK, self.api.capture(graph, pool=self.pool, stream=self.stream, **self.api.capture_options):
+            with CAPTURE_LOCK, self.api.capture(graph, pool=self.pool, stream=self.stream, **self.api.capture_options):
                 outputs = fn(static)
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to eager
             self.disabled = f"{type(exc).__name__}: {exc}"

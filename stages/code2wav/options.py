@@ -53,6 +53,10 @@ BOOL_FLAGS: dict[str, bool] = {
     # on an H200 at 64x4 they did not pay: mean RTF +27.2 % [-9.4, +78.6], TTFP +40.4 %
     # [+7.4, +83.4] against the eager runner (results/h200/README.md, 2026-12-01 fourth part).
     "code2wav_device_graph": False,
+    # With device graphs on: a replica decodes synthetic streams of 1..max_num_seqs rows before
+    # it reports ready, so every steady shape is captured before the first request (otherwise
+    # each new shape's first chunk pays an eager run plus a capture while serving).
+    "code2wav_graph_warmup": True,
 }
 # Non-boolean keys read elsewhere in stage 2: `prompt_wav` (default voice path, prompt builder).
 OTHER_KEYS = frozenset({"prompt_wav"})
@@ -129,6 +133,7 @@ class Code2WavOptions:
     batched_cache_split: bool = True
     device_spk: bool = True
     device_graph: bool = False
+    graph_warmup: bool = True  # only acts with device_graph on a device
     tf32_mode: Tf32Mode = "off"
     dit_dtype: str = "float32"  # the CFM estimator's dtype (its caches too)
 
@@ -142,6 +147,7 @@ class Code2WavOptions:
             batched_cache_split=_flag(extra, "code2wav_batched_cache_split"),
             device_spk=_flag(extra, "token2wav_device_spk"),
             device_graph=_flag(extra, "code2wav_device_graph"),
+            graph_warmup=_flag(extra, "code2wav_graph_warmup"),
             tf32_mode=resolve_tf32_mode(extra, env),
             dit_dtype=parse_dit_dtype(extra.get(DIT_DTYPE_KEY)),
         )

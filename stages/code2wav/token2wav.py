@@ -49,6 +49,7 @@ from stages.code2wav.prompt import PromptBuilder, PromptFeatures
 from stages.code2wav.slots import SlotPool
 from stages.code2wav.streaming import (
     DEFAULT_PROMPT_ID,
+    Chunker,
     Code2WavPayloadError,
     CodecPayload,
     validate_payload,
@@ -58,6 +59,9 @@ from stages.platform.device import synchronize_stream
 from stages.platform.graphs import graph_api
 
 log = logging.getLogger(__name__)
+
+WARMUP_PREFIX = "__graph-warmup-"  # request ids of warm_graphs' synthetic streams
+_WARMUP_MAX_CHUNKS = 16  # a stream's shape settles after a few chunks (the cache trim); a bound
 
 
 @dataclass
@@ -147,6 +151,7 @@ class Token2Wav:
         api = graph_api(self.device) if self.options.device_graph else None
         self.graphs = ChunkGraphs(api) if api is not None else None
         self._graph_generation = 0
+        self._groups = 0  # ChunkDecoder runs (one per batch shape of a decode call)
         log.info(
             "token2wav ready: cache split %s, tf32 %s, device graphs %s",
             "batched" if self.options.batched_cache_split else "per-row",
@@ -205,6 +210,13 @@ class Token2Wav:
             "graph_disabled_reason": None if graphs is None else graphs.disabled,
             "slots": 0 if self.pool is None else self.pool.capacity,
         }
+
+    def work(self) -> dict:
+        """Cumulative counters for the runner's work report: chunk groups run (a decode call runs
+        one per batch shape among its rows), graph captures and replays."""
+        graphs = self.graphs
+        return {"groups": self._groups, "graph_captures": 0 if graphs is None else graphs.captures,
+                "graph_replays": 0 if graphs is None else graphs.replays}
 
     # -- prompts ---------------------------------------------------------------------------------
 
@@ -386,6 +398,7 @@ class Token2Wav:
             [[*p.codes, s.slot, s.noise_seed, p.chunk_seq] for p, s in zip(items, streams)], dtype=torch.long
         )
         assert meta.shape[1] == shape.tokens + META_EXTRA
+        self._groups += 1
         if self.pool.generation != self._graph_generation and self.graphs is not None:
             self.graphs.invalidate()  # the pool grew: captured addresses are stale
             self._graph_generation = self.pool.generation
@@ -405,6 +418,36 @@ class Token2Wav:
             s.caches = self._decoder.next_shape(s.caches, frames)
         row_mel = mel[row] if mel is not None else None
         return DecodedAudio(p.request_id, p.chunk_seq, np.ascontiguousarray(audio[row]), p.last_chunk, row_mel)
+
+    def warm_graphs(self, max_rows: int) -> int:
+        """Capture the graphs of every non-final chunk shape of 1..`max_rows` rows now; returns
+        how many were captured (0 with graphs off, `code2wav_graph_warmup: false`, or a failed
+        capture, which leaves graphs off as it would while serving).
+
+        For each row count, that many synthetic streams of the default voice (silence codes)
+        decode chunk after chunk in one batch until their shape repeats (the cache lengths
+        settle at the trim), then are dropped. So the eager run + capture of each shape is paid
+        before the replica serves, not by the first requests that meet it. Row counts past the
+        pool's capacity are skipped: growing the pool would drop the graphs again."""
+        if self.graphs is None or not self.options.graph_warmup:
+            return 0
+        self.prompt_setup()
+        before = self.graphs.captures
+        for rows in range(1, min(max_rows, self.pool.capacity) + 1):
+            chunkers = [Chunker(self.cfg, f"{WARMUP_PREFIX}{rows}-{i}") for i in range(rows)]
+            seen: set[BatchShape] = set()
+            try:
+                for _ in range(_WARMUP_MAX_CHUNKS):
+                    payloads = [c.push([self.cfg.silence_code] * self.cfg.codec_chunk_frames)[0] for c in chunkers]
+                    self.decode(payloads)
+                    shape = self._requests[chunkers[0].request_id].caches
+                    if shape in seen or self.graphs is None or self.graphs.disabled is not None:
+                        break  # the next chunk would replay, or capture is off
+                    seen.add(shape)
+            finally:
+                for c in chunkers:
+                    self.drop(c.request_id)
+        return self.graphs.captures - before
 
     # -- non-streaming reference -----------------------------------------------------------------
 

@@ -192,17 +192,20 @@ def set_current_device(device: torch.device) -> None:
 
 
 @contextlib.contextmanager
-def thread_stream(device: torch.device) -> Iterator[None]:
+def thread_stream(device: torch.device, *, high_priority: bool = False) -> Iterator[None]:
     """A new device stream, current for the calling thread inside the block (no-op on CPU).
 
     Replicas on threads of one process each run on their own stream, so their kernels and
-    graph replays can overlap on the device instead of queueing on the default stream."""
+    graph replays can overlap on the device instead of queueing on the default stream.
+    `high_priority`: the device schedules this stream's ready kernels before those of normal
+    streams (the talker beside the replicas: every replica waits on its codes)."""
+    priority = -1 if high_priority else 0  # lower is higher; -1 is high on every CUDA device
     if device.type == "cuda":
-        with torch.cuda.stream(torch.cuda.Stream(device=device)):
+        with torch.cuda.stream(torch.cuda.Stream(device=device, priority=priority)):
             yield
     elif device.type == "npu":
         _torch_npu()
-        with torch.npu.stream(torch.npu.Stream(device=device)):
+        with torch.npu.stream(torch.npu.Stream(device=device, priority=priority)):
             yield
     else:
         yield

@@ -19,6 +19,7 @@ outputs cloned before the next replay overwrites them.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,13 @@ from typing import Any
 import torch
 
 from stages.platform.device import _torch_npu
+
+
+# Captures are serialized process-wide: stages on threads of one process (replicas, and the
+# talker with runner.execution=single) capture into their own pools, which CUDA allows at once in
+# "thread_local" mode, but that was never run; one capture at a time costs little, since each
+# stage captures a few dozen shapes once.
+CAPTURE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)

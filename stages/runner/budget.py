@@ -141,8 +141,9 @@ def estimate_stage_memory(
     requests are in flight, on a device of type `device_type` (cpu, cuda, npu)."""
     t, c, r = cfg.talker, cfg.code2wav, cfg.runner
     elem = dtype_bytes(r.dtype)
-    threads = resolve_execution(r) == "threads"
-    processes = 2 if threads else 1 + replicas
+    execution = resolve_execution(r)
+    threads = execution in ("threads", "single")
+    processes = {"threads": 2, "single": 1}.get(execution, 1 + replicas)
     # Replicas on threads share one copy of the modules per device they use.
     copies = min(replicas, _devices_used(r, replicas)) if threads else replicas
     in_flight = min(concurrency, r.talker_max_batch)

@@ -1,8 +1,8 @@
 """What travels between the runner's processes (all picklable, all small).
 
-    client ──Submit/Cancel/MemoryQuery/Shutdown──▶ talker ──[payloads]/Drop──▶ code2wav-<r>
+    client ──Submit/Cancel/StatsQuery/Shutdown──▶ talker ──[payloads]/Drop──▶ code2wav-<r>
        ▲                                              │                           │
-       └────────────── Ready / ChunkReady / RequestError / MemoryReport / Fatal ◀─┘
+       └────────────── Ready / ChunkReady / RequestError / StatsReport / Fatal ◀─┘
 
 `None` on an inbox is the shutdown sentinel (the talker's is `Shutdown`, which says what to
 flush first). Payload batches are lists of the chunker's payload objects (anything with
@@ -60,7 +60,9 @@ class Shutdown:
 
 
 @dataclass(frozen=True)
-class MemoryQuery:
+class StatsQuery:
+    """Client -> stage process: report memory and work counters (answered between steps)."""
+
     token: int
 
 
@@ -105,9 +107,11 @@ class RequestError:
 
 
 @dataclass(frozen=True)
-class MemoryReport:
+class StatsReport:
     token: int
-    stats: dict  # process, pid, allocated_bytes, reserved_bytes, peak_bytes, rss_bytes, source
+    # process, pid, allocated_bytes, reserved_bytes, peak_bytes, rss_bytes, source; "work": the
+    # loop counters of each stage in the process ({stage name: counters}, stages.runner.work)
+    stats: dict
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from stages.platform import (
     set_current_device,
 )
 from stages.runner.factories import StageFactories
-from stages.runner.messages import Fatal, MemoryReport, Ready
+from stages.runner.messages import Fatal, Ready, StatsReport
 from stages.runner.placement import Placement, place, resolve_devices
 from stages.signals import ignore_interrupts
 
@@ -59,6 +59,7 @@ class ProcessSpec:
     threads: int  # torch intra-op threads for this process
     replica_ids: tuple[int, ...] = ()  # code2wav replicas it runs (none: the talker)
     replicas_total: int = 1  # R of the tier: placement spreads replicas over runner.devices
+    hosts_talker: bool = False  # the talker runs here beside replicas (runner.execution=single)
 
     def placement(self) -> Placement:
         """Where every stage goes (needs the device count: call in the child)."""
@@ -67,10 +68,14 @@ class ProcessSpec:
         return place(devices, self.replicas_total)
 
     def device_indices(self) -> tuple[int, ...]:
-        """The accelerator index of each engine this process builds (talker: one)."""
+        """The accelerator index of each engine this process builds, the talker's first."""
         plan = self.placement()
-        if not self.replica_ids:
-            return (plan.talker,)
+        talker = (plan.talker,) if self.hosts_talker or not self.replica_ids else ()
+        return talker + self.replica_device_indices()
+
+    def replica_device_indices(self) -> tuple[int, ...]:
+        """The accelerator index of each code2wav replica this process runs."""
+        plan = self.placement()
         return tuple(plan.replicas[r] for r in self.replica_ids)
 
 
@@ -104,10 +109,12 @@ class StageContext:
     results: Any  # write end of this process's result pipe to the client (Connection)
     info: dict = field(default_factory=dict)  # goes into Ready (device, dtype, engine facts)
 
-    def report_memory(self, token: int, extra: dict | None = None) -> None:
-        """Send this process's memory figures; `extra` adds engine facts (e.g. its voices)."""
-        stats = {"process": self.spec.name, "pid": os.getpid(), **memory_stats(self.device), **(extra or {})}
-        self.results.send(MemoryReport(token, stats))
+    def report_stats(self, token: int, work: dict, extra: dict | None = None) -> None:
+        """Send this process's memory figures and `work` ({stage: counters}, stages.runner.work);
+        `extra` adds engine facts (e.g. its voices)."""
+        stats = {"process": self.spec.name, "pid": os.getpid(), **memory_stats(self.device), **(extra or {}),
+                 "work": work}
+        self.results.send(StatsReport(token, stats))
 
 
 def run_stage_process(

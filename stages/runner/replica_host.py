@@ -5,12 +5,14 @@ graphs, and its own inbox from the talker (the same messages as a replica proces
 share the modules (one copy of the weights per device) and the prompt setups. Why threads: as
 processes, R replicas are R device contexts that the GPU time-slices, so one replica's small
 kernels never overlap another's; as threads on separate streams of one context they do
-(measured on an H200: docs in stages/runner/__init__.py).
+(measured on an H200: README, "The embedded runner").
 
-The process's own inbox carries only control messages: the shutdown sentinel and memory
-queries (one answer for the process). Results from all threads go through one pipe, so sends
-are serialized by a lock. A replica thread that fails unexpectedly reports Fatal and ends the
-process at once: the client fails every request in flight, as when a replica process dies.
+Each thread warms its engine's device graphs on its own stream before the process reports ready
+(`warm_replica`). The process's own inbox carries only control messages: the shutdown sentinel
+and stats queries (one answer for the process, with each thread's work counters). Results from
+all threads go through one pipe, so sends are serialized by a lock. A replica thread that fails
+unexpectedly reports Fatal and ends the process at once: the client fails every request in
+flight, as when a replica process dies.
 """
 
 from __future__ import annotations
@@ -22,14 +24,14 @@ import threading
 from typing import Any
 
 from stages.platform import resolve_device, set_current_device, thread_stream
-from stages.runner.messages import Fatal, MemoryQuery
+from stages.runner.messages import Fatal, StatsQuery
 from stages.runner.process import ProcessSpec, StageContext, drain, run_stage_process, short_error
-from stages.runner.replica_proc import ReplicaLoop, build_token2wav, voice_stats
+from stages.runner.replica_proc import ReplicaLoop, build_token2wav, voice_stats, warm_replica
 
 log = logging.getLogger(__name__)
 
 
-class _LockedSender:
+class LockedSender:
     """`send` / `close` of a Connection, safe to call from several threads."""
 
     def __init__(self, conn: Any) -> None:
@@ -46,58 +48,90 @@ class _LockedSender:
 
 def replica_host_main(spec: ProcessSpec, control: Any, inboxes: list[Any], results: Any) -> None:
     """Process target (spawn): build one Token2Wav per replica, serve them on threads."""
-    sender = _LockedSender(results)
-    run_stage_process(spec, sender, _build, lambda ctx, engines: _serve(ctx, engines, control, inboxes))
+    sender = LockedSender(results)
+    run_stage_process(spec, sender, lambda ctx: start_replica_threads(ctx, inboxes),
+                      lambda ctx, threads: _serve(ctx, threads, control))
 
 
-def _build(ctx: StageContext) -> list[tuple[StageContext, Any]]:
-    """(context, token2wav) per replica; replicas on one device share modules and prompts."""
+class ReplicaThread:
+    """One replica's thread: on its own device stream it warms the engine's graphs (so the
+    captures belong to the stream it will serve on), reports that through `warmed`, then serves
+    its inbox until the sentinel."""
+
+    def __init__(self, loop: ReplicaLoop, inbox: Any) -> None:
+        self.loop, self.inbox = loop, inbox
+        self.warmed = threading.Event()
+        self.error: BaseException | None = None  # a warmup failure, raised by the host's build
+        self.thread = threading.Thread(target=self._run, name=loop.ctx.spec.name, daemon=True)
+
+    def _run(self) -> None:
+        ctx = self.loop.ctx
+        try:
+            set_current_device(ctx.device)
+            with thread_stream(ctx.device):
+                try:
+                    warm_replica(ctx, self.loop.t2w)
+                except BaseException as exc:  # noqa: BLE001 - the host's build reports it in Ready
+                    self.error = exc
+                    return
+                finally:
+                    self.warmed.set()
+                self.loop.run(self.inbox)
+        except BaseException as exc:  # noqa: BLE001 - a broken replica ends the process, loudly
+            log.exception("%s failed", ctx.spec.name)
+            try:
+                ctx.results.send(Fatal(ctx.spec.name, short_error(exc)))
+            finally:
+                os._exit(1)
+
+
+def start_replica_threads(ctx: StageContext, inboxes: list[Any]) -> list[ReplicaThread]:
+    """A replica thread per engine of `ctx.spec.replica_ids`, started and warmed; replicas on
+    one device share modules and prompts. The threads' warmups run side by side (their captures
+    take turns). Adds each replica's facts to ctx.info."""
     runner = ctx.spec.cfg.runner
     by_device: dict[Any, Any] = {}
-    engines = []
-    for r, index in zip(ctx.spec.replica_ids, ctx.spec.device_indices()):
+    threads = []
+    for r, index, inbox in zip(ctx.spec.replica_ids, ctx.spec.replica_device_indices(), inboxes):
         device = resolve_device(runner.device, index)
         set_current_device(device)
         spec = dataclasses.replace(ctx.spec, name=f"code2wav-{r}", replica_ids=(r,))
         rctx = dataclasses.replace(ctx, spec=spec, device=device, info={})
         t2w = build_token2wav(rctx, shared=by_device.get(device))
         by_device.setdefault(device, t2w)
-        engines.append((rctx, t2w))
-        ctx.info[f"code2wav-{r}"] = {"device": str(device), **rctx.info}
+        threads.append(ReplicaThread(ReplicaLoop(rctx, t2w), inbox))
     set_current_device(ctx.device)
-    ctx.info["replicas"] = len(engines)
-    return engines
-
-
-def _serve(ctx: StageContext, engines: list[tuple[StageContext, Any]], control: Any, inboxes: list[Any]) -> None:
-    threads = [
-        threading.Thread(target=_replica_thread, args=(rctx, t2w, inbox), name=rctx.spec.name, daemon=True)
-        for (rctx, t2w), inbox in zip(engines, inboxes)
-    ]
     for t in threads:
-        t.start()
+        t.thread.start()
+    for t in threads:
+        t.warmed.wait()
+    failed = next((t.error for t in threads if t.error is not None), None)
+    if failed is not None:
+        raise failed
+    for t in threads:
+        rctx = t.loop.ctx
+        ctx.info[rctx.spec.name] = {"device": str(rctx.device), **rctx.info}
+    ctx.info["replicas"] = len(threads)
+    return threads
+
+
+def replica_work(threads: list[ReplicaThread]) -> tuple[dict, dict]:
+    """The threads' work counters ({replica: counters}) and their voices, for a stats report.
+    Read while the threads run: a step may be half counted."""
+    work = {t.loop.ctx.spec.name: t.loop.work_snapshot() for t in threads}
+    return work, voice_stats([t.loop.t2w for t in threads])
+
+
+def _serve(ctx: StageContext, threads: list[ReplicaThread], control: Any) -> None:
     while True:
         for msg in drain(control, block=True):
             if msg is None:
-                for inbox in inboxes:
-                    inbox.put(None)
                 for t in threads:
-                    t.join()
+                    t.inbox.put(None)
+                for t in threads:
+                    t.thread.join()
                 return
-            if isinstance(msg, MemoryQuery):
-                ctx.report_memory(msg.token, voice_stats([t2w for _, t2w in engines]))
+            if isinstance(msg, StatsQuery):
+                ctx.report_stats(msg.token, *replica_work(threads))
             else:
                 raise TypeError(f"{ctx.spec.name} got an unexpected control message {type(msg).__name__}")
-
-
-def _replica_thread(ctx: StageContext, t2w: Any, inbox: Any) -> None:
-    try:
-        set_current_device(ctx.device)
-        with thread_stream(ctx.device):
-            ReplicaLoop(ctx, t2w).run(inbox)
-    except BaseException as exc:  # noqa: BLE001 - a broken replica ends the process, loudly
-        log.exception("%s failed", ctx.spec.name)
-        try:
-            ctx.results.send(Fatal(ctx.spec.name, short_error(exc)))
-        finally:
-            os._exit(1)

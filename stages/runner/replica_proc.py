@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,15 +23,17 @@ import numpy as np
 
 from stages.code2wav.streaming import PromptError
 from stages.runner.budget import pool_slots
-from stages.runner.messages import BAD_PROMPT, STAGE_ERROR, ChunkReady, Drop, MemoryQuery, RequestError
+from stages.runner.messages import BAD_PROMPT, STAGE_ERROR, ChunkReady, Drop, RequestError, StatsQuery
 from stages.runner.process import ProcessSpec, StageContext, drain, run_stage_process, short_error
+from stages.runner.work import WorkCounters
 
 log = logging.getLogger(__name__)
 
 
 def replica_main(spec: ProcessSpec, inbox: Any, results: Any) -> None:
     """Process target (spawn): build Token2Wav and serve payloads until the shutdown sentinel."""
-    run_stage_process(spec, results, build_token2wav, lambda ctx, t2w: ReplicaLoop(ctx, t2w).run(inbox))
+    run_stage_process(spec, results, lambda ctx: warm_replica(ctx, build_token2wav(ctx)),
+                      lambda ctx, t2w: ReplicaLoop(ctx, t2w).run(inbox))
 
 
 def build_token2wav(ctx: StageContext, shared: Any = None) -> Any:
@@ -55,6 +58,21 @@ def build_token2wav(ctx: StageContext, shared: Any = None) -> Any:
         ctx.info["code2wav"] = describe()
     elif dataclasses.is_dataclass(options):
         ctx.info["code2wav"] = dataclasses.asdict(options)
+    return t2w
+
+
+def warm_replica(ctx: StageContext, t2w: Any) -> Any:
+    """Capture the engine's chunk graphs before the replica reports ready (`warm_graphs`: a
+    no-op without device graphs or with `code2wav_graph_warmup: false`); how many and how long
+    go into ctx.info["code2wav"]["graph_warmup"]. Returns the engine."""
+    warm = getattr(t2w, "warm_graphs", None)
+    if callable(warm):
+        t0 = time.perf_counter()
+        captured = warm(ctx.spec.cfg.runner.max_num_seqs)
+        if captured:
+            ctx.info.setdefault("code2wav", {})["graph_warmup"] = {
+                "captured": captured, "seconds": round(time.perf_counter() - t0, 2)}
+            log.info("%s: %d chunk graphs captured in %.1f s", ctx.spec.name, captured, time.perf_counter() - t0)
     return t2w
 
 
@@ -93,6 +111,12 @@ class ReplicaLoop:
     t2w: Any
     pending: deque[Any] = field(default_factory=deque)
     failed: set[str] = field(default_factory=set)  # requests whose decode raised, until Drop
+    work: WorkCounters = field(default_factory=WorkCounters)  # rows: payloads in a decode
+
+    def work_snapshot(self) -> dict:
+        """The loop's counters plus the engine's own (groups, graph captures and replays)."""
+        engine = getattr(self.t2w, "work", None)
+        return self.work.snapshot(engine() if callable(engine) else None)
 
     def run(self, inbox: Any) -> None:
         max_rows = self.ctx.spec.cfg.runner.max_num_seqs
@@ -102,7 +126,11 @@ class ReplicaLoop:
                     return
                 self._handle(msg)
             if self.pending:
-                self._decode(take_batch(self.pending, max_rows))
+                t0 = time.perf_counter()
+                batch = take_batch(self.pending, max_rows)
+                self._decode(batch)
+                # backlog: payloads left waiting (other requests' or later chunks of these)
+                self.work.add(len(batch), time.perf_counter() - t0, len(self.pending))
 
     def _handle(self, msg: Any) -> None:
         if isinstance(msg, list):
@@ -110,8 +138,8 @@ class ReplicaLoop:
         elif isinstance(msg, Drop):
             self._drop(msg.request_id)
             self.failed.discard(msg.request_id)
-        elif isinstance(msg, MemoryQuery):
-            self.ctx.report_memory(msg.token, voice_stats([self.t2w]))
+        elif isinstance(msg, StatsQuery):
+            self.ctx.report_stats(msg.token, {self.ctx.spec.name: self.work_snapshot()}, voice_stats([self.t2w]))
         else:
             raise TypeError(f"{self.ctx.spec.name} got an unexpected message {type(msg).__name__}")
 

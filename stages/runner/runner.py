@@ -5,11 +5,13 @@
     runner.submit(RunnerRequest("r1", "Hello there."), on_event)
     ...                                               # on_event(ChunkReady | RequestError),
     runner.memory_snapshot()                          #   called on the runner's reader thread
+    runner.work_snapshot()                            # each stage's loop counters (stages.runner.work)
     runner.stop()
 
-Topology (DESIGN.md §3): one talker process and R code2wav replicas, either R processes
-(`runner.execution: processes`) or R threads of one process with a device stream each
-(`threads`; `auto` is processes until the H200 A/B decides), placed on `runner.devices`; a request
+Topology (DESIGN.md §3): the talker and R code2wav replicas, as 1 + R processes
+(`runner.execution: processes`), a talker process and R threads of another with a device stream
+each (`threads`), or the talker and R replica threads in one process (`single`: one device
+context; `auto` is processes until the H200 A/B decides), placed on `runner.devices`; a request
 is pinned at admission to the replica with the fewest requests in flight (ties: lowest index),
 so its chunks decode in order on one replica and come back straight from it. Each child has its
 own one-way result pipe whose only write end lives in that child; one reader thread waits on all
@@ -47,25 +49,26 @@ from stages.runner.messages import (
     Cancel,
     ChunkReady,
     Fatal,
-    MemoryQuery,
-    MemoryReport,
     Ready,
     RequestError,
     RunnerEvent,
     RunnerRequest,
     Shutdown,
+    StatsQuery,
+    StatsReport,
     Submit,
 )
 from stages.runner.process import ProcessSpec, threads_per_process
 from stages.runner.replica_host import replica_host_main
 from stages.runner.replica_proc import replica_main
+from stages.runner.single_proc import single_main
 from stages.runner.talker_proc import talker_main
 from stages.signals import interrupts_blocked
 
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.1  # wait granularity (seconds) while waiting for Ready or joining children
-_MEMORY_TIMEOUT_S = 10.0
+_STATS_TIMEOUT_S = 10.0
 
 
 class RunnerError(RuntimeError):
@@ -88,7 +91,7 @@ class _Child:
 
 
 class StageRunner:
-    """Talker + R code2wav replica processes behind submit / cancel / memory_snapshot."""
+    """Talker + R code2wav replica processes behind submit / cancel / memory_snapshot / work_snapshot."""
 
     def __init__(self, cfg: StageConfig, replicas: int, *, factories: StageFactories | None = None):
         if replicas < 1:
@@ -117,17 +120,23 @@ class StageRunner:
             raise RunnerError("error: stage runner started twice (start); use a fresh StageRunner")
         ctx = mp.get_context("spawn")
         threaded = self.execution == "threads"
-        threads = threads_per_process(self.cfg.runner.torch_threads, 1 if threaded else self.replicas)
+        others = {"threads": 1, "single": 0}.get(self.execution, self.replicas)  # processes beside one
+        threads = threads_per_process(self.cfg.runner.torch_threads, others)
         replica_inboxes = [ctx.Queue() for _ in range(self.replicas)]
         t0 = time.perf_counter()
         talker_inbox = ctx.Queue()
-        self._spawn(ctx, "talker", talker_inbox, talker_main,
-                    lambda write: (self._spec("talker", threads, ()), talker_inbox, replica_inboxes, write))
+        if self.execution == "single":  # one process: the talker, and the replicas as threads
+            spec = self._spec("stages", threads, tuple(range(self.replicas)), hosts_talker=True)
+            self._spawn(ctx, "stages", talker_inbox, single_main,
+                        lambda write: (spec, talker_inbox, replica_inboxes, write))
+        else:
+            self._spawn(ctx, "talker", talker_inbox, talker_main,
+                        lambda write: (self._spec("talker", threads, ()), talker_inbox, replica_inboxes, write))
         if threaded:  # one process hosts every replica; its own inbox carries control only
             control = ctx.Queue()
             self._spawn(ctx, "code2wav", control, replica_host_main, lambda write: (
                 self._spec("code2wav", threads, tuple(range(self.replicas))), control, replica_inboxes, write))
-        else:
+        elif self.execution == "processes":
             for r, inbox in enumerate(replica_inboxes):
                 self._spawn(ctx, f"code2wav-{r}", inbox, replica_main,
                             lambda write, r=r, inbox=inbox: (self._spec(f"code2wav-{r}", threads, (r,)), inbox, write))
@@ -142,8 +151,8 @@ class StageRunner:
                                          daemon=True)
         self._reader.start()
 
-    def _spec(self, name: str, threads: int, replica_ids: tuple[int, ...]) -> ProcessSpec:
-        return ProcessSpec(name, self.cfg, self.factories, threads, replica_ids, self.replicas)
+    def _spec(self, name: str, threads: int, replica_ids: tuple[int, ...], *, hosts_talker: bool = False) -> ProcessSpec:
+        return ProcessSpec(name, self.cfg, self.factories, threads, replica_ids, self.replicas, hosts_talker)
 
     def _spawn(self, ctx, name: str, inbox, target, args) -> None:
         read_end, write_end = ctx.Pipe(duplex=False)
@@ -299,14 +308,25 @@ class StageRunner:
         for rid, t in tracked.items():
             t.on_event(RequestError(rid, message, RUNNER_BROKEN))
 
-    # -- memory ------------------------------------------------------------------------------
+    # -- memory and work -----------------------------------------------------------------------
 
-    def memory_snapshot(self, timeout_s: float = _MEMORY_TIMEOUT_S) -> list[dict]:
+    def memory_snapshot(self, timeout_s: float = _STATS_TIMEOUT_S) -> list[dict]:
         """Allocator stats of every live stage process (talker first), asked between their steps.
 
         Each dict: process, pid, allocated_bytes, reserved_bytes, peak_bytes, rss_bytes, source.
         A process that does not answer within `timeout_s` (busy or dead) is left out.
         """
+        return [{k: v for k, v in s.items() if k != "work"} for s in self._stats(timeout_s)]
+
+    def work_snapshot(self, timeout_s: float = _STATS_TIMEOUT_S) -> list[dict]:
+        """Every stage's loop counters (stages.runner.work), talker first: one dict per stage
+        (the talker, each replica, also when replicas are threads of one process) with `stage`,
+        steps, rows, busy_s, backlog, wall_s and the engine's own counters. Take two and
+        `work_delta` them to see who was busy over an interval."""
+        return [{"stage": stage, **counters} for s in self._stats(timeout_s)
+                for stage, counters in s.get("work", {}).items()]
+
+    def _stats(self, timeout_s: float) -> list[dict]:
         token = next(self._tokens)
         with self._lock:
             if self._broken or self._closing or self._reader is None:
@@ -315,7 +335,7 @@ class StageRunner:
         expected = 0
         for child in self._children:
             if child.process.is_alive():
-                child.inbox.put(MemoryQuery(token))
+                child.inbox.put(StatsQuery(token))
                 expected += 1
         deadline = time.monotonic() + timeout_s
         with self._reports_cv:
@@ -349,7 +369,7 @@ class StageRunner:
             self._on_chunk(msg)
         elif isinstance(msg, RequestError):
             self._deliver_error(msg)
-        elif isinstance(msg, MemoryReport):
+        elif isinstance(msg, StatsReport):
             with self._reports_cv:
                 if msg.token in self._reports:
                     self._reports[msg.token].append(msg.stats)

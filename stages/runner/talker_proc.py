@@ -23,14 +23,16 @@ Faults stay request-level; the process keeps serving:
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from stages.runner.messages import (
-    INVALID_REQUEST, STAGE_ERROR, Cancel, Drop, MemoryQuery, RequestError, Shutdown, Submit,
+    INVALID_REQUEST, STAGE_ERROR, Cancel, Drop, RequestError, Shutdown, StatsQuery, Submit,
 )
 from stages.runner.process import ProcessSpec, StageContext, drain, run_stage_process, short_error
+from stages.runner.work import WorkCounters
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +52,12 @@ class TalkerEngines:
 def talker_main(spec: ProcessSpec, inbox: Any, replica_inboxes: list[Any], results: Any) -> None:
     """Process target (spawn): build the talker and run its loop until the shutdown sentinel."""
     run_stage_process(
-        spec, results, _build,
+        spec, results, build_talker,
         lambda ctx, engines: TalkerLoop(ctx, engines, replica_inboxes).run(inbox),
     )
 
 
-def _build(ctx: StageContext) -> TalkerEngines:
+def build_talker(ctx: StageContext) -> TalkerEngines:
     cfg, runner, make = ctx.spec.cfg, ctx.spec.cfg.runner, ctx.spec.factories
     engine = make.talker(
         cfg.talker,
@@ -81,6 +83,7 @@ class TalkerLoop:
     pins: dict[str, int] = field(default_factory=dict)  # request in the engine -> replica
     chunkers: dict[str, Any] = field(default_factory=dict)  # request in the engine -> chunker
     failed_steps: int = 0  # consecutive engine steps that raised
+    work: WorkCounters = field(default_factory=WorkCounters)  # rows: requests in a step
 
     def run(self, inbox: Any) -> None:
         engine = self.engines.engine
@@ -110,6 +113,7 @@ class TalkerLoop:
                 queue.join_thread()
 
     def _step(self) -> None:
+        t0 = time.perf_counter()
         try:
             outputs = self.engines.engine.step()
         except Exception as exc:
@@ -121,6 +125,9 @@ class TalkerLoop:
                 self._fail(request_id, f"talker step failed: {short_error(exc)}", STAGE_ERROR)
             return
         self.failed_steps = 0
+        # Rows: the requests that got a code (or finished) this step; backlog: requests still
+        # waiting for a KV slot (only when C exceeds runner.talker_max_batch).
+        self.work.add(len(outputs), time.perf_counter() - t0, len(self.waiting))
         self._route(outputs)
 
     def _fail(self, request_id: str, message: str, kind: str) -> None:
@@ -140,10 +147,13 @@ class TalkerLoop:
             self.waiting.append(msg)
         elif isinstance(msg, Cancel):
             self._cancel(msg)
-        elif isinstance(msg, MemoryQuery):
-            self.ctx.report_memory(msg.token)
+        elif isinstance(msg, StatsQuery):
+            self._report_stats(msg.token)
         else:
             raise TypeError(f"talker got an unexpected message {type(msg).__name__}")
+
+    def _report_stats(self, token: int) -> None:
+        self.ctx.report_stats(token, {"talker": self.work.snapshot()})
 
     def _admit(self) -> None:
         limit = self.ctx.spec.cfg.runner.talker_max_batch

@@ -261,6 +261,49 @@ def test_pool_growth_drops_captured_graphs():
     assert len(t2w.graphs) == 1  # only the graph captured after the growth
 
 
+def _lockstep(streams):
+    """Streams started together: every step has one chunk of each live stream."""
+    for step in range(max(len(s) for s in streams)):
+        yield [s[step] for s in streams if step < len(s)]
+
+
+def test_warmup_captures_every_steady_shape_so_lockstep_traffic_only_replays():
+    cfg = tiny_config()
+    warm = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, keep_mel=True, slots=4)
+    cold = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, keep_mel=True, slots=4)
+    warm.graphs = _ReplayingGraphs()
+    captured = warm.warm_graphs(3)
+    # each row count passes through its first, growing and settled shapes (at least two)
+    assert captured == warm.graphs.captures and captured >= 2 * 3
+    assert warm.active_requests == 0 and warm.pool.in_use == 0
+    for rows in (1, 3, 2):
+        streams = _streams(cfg, [140] * rows, seed=rows)
+        for batch in _lockstep(streams):
+            for x, y in zip(warm.decode(batch), cold.decode(batch)):  # the synthetic streams left no trace
+                assert torch.equal(torch.from_numpy(x.audio), torch.from_numpy(y.audio)), (rows, x.chunk_seq)
+                assert torch.equal(x.mel, y.mel)
+    assert warm.graphs.captures == captured and warm.graphs.replays > 0
+
+
+def test_warmup_does_nothing_when_switched_off_or_without_graphs():
+    cfg = tiny_config(extra={"code2wav_graph_warmup": "false"})
+    t2w = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
+    assert t2w.warm_graphs(4) == 0  # no graphs on a CPU
+    t2w.graphs = _ReplayingGraphs()
+    assert t2w.warm_graphs(4) == 0 and t2w.graphs.captures == 0 and t2w.pool is None
+
+
+def test_warmup_skips_row_counts_the_pool_cannot_hold_without_growing():
+    cfg = tiny_config()
+    t2w = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, slots=2)
+    t2w.graphs = _ReplayingGraphs()
+    t2w.prompt_setup()
+    generation = t2w.pool.generation
+    t2w.warm_graphs(5)
+    assert t2w.pool.capacity == 2 and t2w.pool.generation == generation
+    assert {key.rows for key in t2w.graphs._graphs} == {1, 2}
+
+
 # ---- CUDA ------------------------------------------------------------------------------------
 
 

@@ -25,6 +25,7 @@ from stages.runner import ChunkReady, RequestError, RunnerError, RunnerRequest, 
 from stages.runner.fakes import FakePayload, fake_code, fake_factories
 from stages.runner.process import threads_per_process
 from stages.runner.replica_proc import take_batch
+from stages.runner.work import work_delta
 
 WAIT_S = 30.0
 
@@ -82,10 +83,11 @@ def decode_log(log_dir: Path, prefix: str) -> list[dict]:
     return [r for r in rows if any(rid.startswith(prefix) for rid in r["rows"])]
 
 
-@pytest.fixture(scope="module", params=["processes", "threads"])
+@pytest.fixture(scope="module", params=["processes", "threads", "single"])
 def shared(request, tmp_path_factory):
     """One talker + 2 replicas (max_num_seqs 3) with a slow-ish fake decoder, for several tests;
-    once with the replicas as processes, once as threads of one process."""
+    once with the replicas as processes, once as threads of one process, once with the talker
+    and the replicas as threads of one process."""
     log_dir = tmp_path_factory.mktemp("decode-log")
     runner = StageRunner(cpu_config(max_num_seqs=3, execution=request.param), replicas=2,
                          factories=fake_factories(decode_s=0.15, log_dir=str(log_dir)))
@@ -163,12 +165,35 @@ def test_replicas_decode_concurrently(shared):
 def test_memory_snapshot_reports_every_stage_process(shared):
     runner, _ = shared
     snap = runner.memory_snapshot()
-    names = ["talker", "code2wav"] if runner.execution == "threads" else ["talker", "code2wav-0", "code2wav-1"]
+    names = {"threads": ["talker", "code2wav"], "single": ["stages"]}.get(
+        runner.execution, ["talker", "code2wav-0", "code2wav-1"])
     assert [s["process"] for s in snap] == names
     assert {s["pid"] for s in snap} == set(runner.pids().values())
     for s in snap:
         assert s["source"] == "rss"
         assert s["rss_bytes"] > 10 * 2**20 and s["peak_bytes"] >= s["rss_bytes"]
+
+
+def test_work_snapshots_count_every_step_row_and_decode_second_of_an_interval(shared):
+    runner, _ = shared
+    col = Collector()
+    specs = [("work-a", 41, 60), ("work-b", 42, 30), ("work-c", 43, 10)]
+    before = runner.work_snapshot()
+    assert [w["stage"] for w in before] == ["talker", "code2wav-0", "code2wav-1"]
+    submit_all(runner, col, specs)
+    col.wait()
+    time.sleep(0.3)  # the replicas count a decode after sending its audio
+    delta = {d["stage"]: d for d in work_delta(before, runner.work_snapshot())}
+    # The fake talker gives one output a request a step: each code, then the finishing one.
+    assert delta["talker"]["rows"] == sum(n + 1 for _, _, n in specs)
+    assert delta["talker"]["steps"] >= max(n + 1 for _, _, n in specs)
+    # Every payload (25 codes each, then the final flush) is one row of one decode.
+    replicas = [delta["code2wav-0"], delta["code2wav-1"]]
+    assert sum(r["rows"] for r in replicas) == sum(n // 25 + 1 for _, _, n in specs)
+    for r in replicas:  # each fake decode sleeps 0.15 s, inside the counted step
+        assert r["busy_s"] >= 0.15 * r["steps"] > 0
+        assert 0 < r["busy"] < 1 and r["ms_per_step"] >= 150
+        assert r["wall_s"] >= r["busy_s"]
 
 
 def test_cancel_stops_a_request_and_frees_its_id(shared):
@@ -215,19 +240,32 @@ def test_failures_of_one_request_leave_the_others_running():
         runner.stop()
 
 
-@pytest.mark.parametrize("execution", ["processes", "threads"])
+@pytest.mark.parametrize("execution", ["processes", "threads", "single"])
+def test_stop_after_work_ends_every_stage_process_cleanly(execution):
+    runner = StageRunner(cpu_config(execution=execution), replicas=2, factories=fake_factories(decode_s=0.02))
+    runner.start()
+    col = Collector()
+    submit_all(runner, col, [("clean-a", 1, 60), ("clean-b", 2, 30)])
+    col.wait()
+    runner.stop()
+    # exit code 0: no stage hit an error on the way out (a replica thread reading a closed queue
+    # at shutdown would exit the process with 1)
+    assert [c.process.exitcode for c in runner._children] == [0] * len(runner._children)
+
+
+@pytest.mark.parametrize("execution", ["processes", "threads", "single"])
 def test_a_child_that_fails_at_startup_makes_start_raise_with_its_message(execution):
     runner = StageRunner(cpu_config(execution=execution), replicas=2,
                          factories=fake_factories(fail_start="no such weights: flow.pt"))
     t0 = time.perf_counter()
-    with pytest.raises(RunnerError, match=r"code2wav(-\d)? failed to start") as info:
+    with pytest.raises(RunnerError, match=r"(code2wav(-\d)?|stages) failed to start") as info:
         runner.start()
     assert "no such weights: flow.pt" in str(info.value)
     assert time.perf_counter() - t0 < WAIT_S
     assert runner.alive() == []
 
 
-@pytest.mark.parametrize("execution", ["processes", "threads"])
+@pytest.mark.parametrize("execution", ["processes", "threads", "single"])
 def test_a_child_that_crashes_fails_in_flight_requests_and_ends_the_run(execution):
     runner = StageRunner(cpu_config(execution=execution), replicas=2,
                          factories=fake_factories(decode_s=0.05, crash_after_decodes=2))

@@ -69,16 +69,20 @@ def run_once(cfg: StageConfig) -> dict[str, tuple[list[int], bytes, int]]:
 
 
 @pytest.mark.slow
-def test_two_runs_with_the_same_seed_are_byte_identical_as_processes_or_threads():
+def test_runs_with_the_same_seed_are_byte_identical_as_processes_threads_or_one_process():
     cfg = tiny_cpu_config()
+    # One intra-op thread everywhere: a CPU kernel's bits may depend on its thread count, and
+    # the modes split the cores over different numbers of processes.
+    cfg = dataclasses.replace(cfg, runner=dataclasses.replace(cfg.runner, torch_threads=1))
     t0 = time.perf_counter()
-    first = run_once(dataclasses.replace(cfg, runner=dataclasses.replace(cfg.runner, execution="processes")))
-    second = run_once(dataclasses.replace(cfg, runner=dataclasses.replace(cfg.runner, execution="threads")))
+    first, *others = (run_once(dataclasses.replace(cfg, runner=dataclasses.replace(cfg.runner, execution=e)))
+                      for e in ("processes", "threads", "single"))
     assert time.perf_counter() - t0 < 600
     for rid in TEXTS:
         codes, audio, chunks = first[rid]
-        assert codes == second[rid][0], rid
-        assert audio == second[rid][1], rid
+        for other in others:
+            assert codes == other[rid][0], rid
+            assert audio == other[rid][1], rid
         # The length model gives 10 codes per word; a payload carries 25 of them.
         words = len(TEXTS[rid][0].split())
         assert len(codes) == max(cfg.talker.sampling.min_tokens, 10 * words)
@@ -113,3 +117,51 @@ def test_tiny_runner_on_cuda_streams_audio_and_reports_allocator_memory():
     # talker + the replicas' process(es): 1 with replicas as threads, else one per replica
     assert [m["source"] for m in memory] == ["cuda-allocator"] * len(runner.pids())
     assert all(m["peak_bytes"] > 0 for m in memory)
+
+
+def _replica_infos(runner: StageRunner) -> dict[str, dict]:
+    """Each replica's Ready facts, whether replicas are processes or threads of one process."""
+    infos = {}
+    for process, info in runner.info.items():
+        if process.startswith("code2wav-"):
+            infos[process] = info
+        else:  # a process hosting replica threads holds one entry per replica
+            infos.update({k: v for k, v in info.items() if k.startswith("code2wav-")})
+    return infos
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("execution", ["processes", "threads", "single"])
+def test_graph_warmup_captures_before_ready_so_a_request_only_replays(execution):
+    from stages.runner.work import work_delta
+
+    cfg = tiny_cpu_config()
+    code2wav = dataclasses.replace(cfg.code2wav, extra={**cfg.code2wav.extra, "code2wav_device_graph": True})
+    cfg = dataclasses.replace(cfg, code2wav=code2wav,
+                              runner=dataclasses.replace(cfg.runner, device="cuda", execution=execution))
+    runner = StageRunner(cfg, replicas=2)
+    runner.start()
+    try:
+        warmups = {name: i["code2wav"].get("graph_warmup") for name, i in _replica_infos(runner).items()}
+        assert set(warmups) == {"code2wav-0", "code2wav-1"}
+        # 1..max_num_seqs rows, at least a first and a settled shape each
+        assert all(w and w["captured"] >= 2 * cfg.runner.max_num_seqs for w in warmups.values()), warmups
+        before = runner.work_snapshot()
+        done, events = threading.Event(), []
+
+        def on_event(event):
+            events.append(event)
+            if isinstance(event, RequestError) or event.last_chunk:
+                done.set()
+
+        replica = runner.submit(RunnerRequest("warm-0", TEXTS["e2e-0"][0], seed=7), on_event)
+        assert done.wait(120)
+        time.sleep(0.5)  # the replica counts its last decode after sending it
+        work = {w["stage"]: w for w in work_delta(before, runner.work_snapshot())}
+    finally:
+        runner.stop()
+    assert all(isinstance(e, ChunkReady) for e in events), events[-1]
+    served = work[f"code2wav-{replica}"]
+    # one row a chunk, every shape seen at warmup: no capture, a replay per non-final chunk
+    assert served["graph_captures"] == 0
+    assert served["graph_replays"] == len(events) - 1 > 0

@@ -29,3 +29,12 @@ def test_fake_talker_feeds_real_replicas_with_voices():
     # the default voice plus the request voices each replica saw (built from their audio)
     assert sum(m["prompt_cache_entries"] for m in replicas) >= 2 + min(len(voices), 4)
     assert res["processes"]["code2wav-0"]["code2wav"]["device_graph"] is False  # CPU: eager
+    work = {w["stage"]: w for w in res["work"]}
+    assert list(work) == ["talker", "code2wav-0", "code2wav-1"]
+    stage2 = [work["code2wav-0"], work["code2wav-1"]]
+    # every payload decoded, one row each: per request n // 25 full payloads and the final flush
+    rows = sum(w["rows"] for w in stage2)
+    assert 4 + (res["codes"] - 4 * 24) // 25 <= rows <= 4 + res["codes"] // 25
+    for w in stage2:  # the real engine's counters: a chunk group per batch shape, no graphs
+        assert w["groups"] >= w["steps"] > 0 and w["graph_captures"] == w["graph_replays"] == 0
+        assert 0 < w["busy"] <= 1

@@ -16,7 +16,7 @@ keeps every request). `--resume` reopens a run instead; its run.json fixes the a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,10 @@ from tts_bench.ab.summary import AbResult, check_voice_cache, voice_cache_view
 from tts_bench.calibration import Calibration, find_calibration, load_calibration
 from tts_bench.config import BenchConfig, Tier, config_hash, config_to_dict, load_arms, load_dataclass, parse_tiers
 from tts_bench.errors import ConfigError
+from tts_bench.phases import HookChain
 from tts_bench.results import RunDir, python_argv
 from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
+from tts_bench.stage_work import StageWorkHooks
 from tts_bench.until_resolved import DEFAULT_MAX_REPEATS, UntilResolved
 
 
@@ -96,6 +98,7 @@ class AbSession:
     run_dir: RunDir
     mem: Any = None  # tts_bench.mem.hooks.MemoryHooks
     voice_cache: tuple[str, int, int] | None = None
+    work: list[dict] = field(default_factory=list)  # stage work per phase (tts_bench.stage_work)
 
 
 def run_session(request: AbRequest, *, progress: AbProgress | None = None) -> AbSession:
@@ -109,16 +112,17 @@ def run_session(request: AbRequest, *, progress: AbProgress | None = None) -> Ab
     with run.finishing():  # any exit (error, Ctrl-C) leaves run.json failed / interrupted
         if request.resume and plan.calibration:
             calibration = load_calibration(plan.calibration)
-        hooks = _mem_hooks(plan, run) if request.mem else None
+        mem = _mem_hooks(plan, run) if request.mem else None
+        work = StageWorkHooks(run)
         result = run_ab(plan.arms, plan.tiers, repeats=plan.repeats, num_prompts=plan.num_prompts,
-                        run_dir=run, progress=progress, resume=request.resume is not None, hooks=hooks,
-                        until=plan.until, calibration=calibration)
+                        run_dir=run, progress=progress, resume=request.resume is not None,
+                        hooks=HookChain(mem, work), until=plan.until, calibration=calibration)
         run.update(status="complete" if result.valid else "invalid", result=result.to_dict())
     if request.voice_cache is None:
-        return AbSession(result, run, hooks)
+        return AbSession(result, run, mem, work=work.entries)
     view, kept, measured = voice_cache_view(run, plan.arms, plan.tiers, request.voice_cache,
                                             calibration=calibration)
-    return AbSession(view, run, hooks, (request.voice_cache, kept, measured))
+    return AbSession(view, run, mem, (request.voice_cache, kept, measured), work=work.entries)
 
 
 def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:

@@ -66,7 +66,7 @@ def ab(
     if session.voice_cache is not None:  # a view: the run record keeps every request
         which, kept, measured = session.voice_cache
         typer.echo(f"voice cache {which}: {kept} of {measured} measured requests", err=True)
-    sys.stdout.write(render_result(session.result, fmt, mem=session.mem))
+    sys.stdout.write(render_result(session.result, fmt, mem=session.mem, work=session.work))
     for reason in session.result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
     return session.result.exit_status
@@ -81,14 +81,17 @@ SINGLE_REPEAT_NOTE = (
 )
 
 
-def render_result(result, fmt: str, *, mem=None) -> str:
-    """The A/B result as text: RTF table (+ TTFP table, output-identity line and, with --mem,
-    one memory table per tier and sampler) or one JSON doc."""
+def render_result(result, fmt: str, *, mem=None, work=None) -> str:
+    """The A/B result as text: RTF table (+ TTFP table, output-identity line, with --mem one
+    memory table per tier and sampler, and with the embedded runner the stage-work table) or
+    one JSON doc."""
     from tts_bench.tables import ab_table, render
 
     doc = result.to_dict()
     if mem is not None:
         doc["mem"] = mem.summary()
+    if work:
+        doc["stage_work"] = work
     if fmt == "json":
         return json.dumps(doc, indent=2) + "\n"
     base, test = result.arm_names
@@ -105,6 +108,10 @@ def render_result(result, fmt: str, *, mem=None) -> str:
         from tts_bench.mem.summary import mem_table, table_title
 
         text += "".join(render(mem_table(s), fmt, title=table_title(s)) + "\n" for s in mem.summaries())
+    if work:
+        from tts_bench.stage_work import WORK_TITLE, work_table
+
+        text += render(work_table(work), fmt, title=WORK_TITLE) + "\n"
     return text + f"run: {doc['run_dir']}\n"
 
 

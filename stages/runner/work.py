@@ -1,0 +1,87 @@
+"""Where a stage's time goes: cumulative work counters of its loop, read between its steps.
+
+Each stage loop (the talker, every code2wav replica) counts its steps, the rows in them, the
+work waiting when each step began and the wall time spent inside steps. A step ends with the
+host sync that hands its codes or audio over, so its time is device time plus launch overhead,
+including time spent waiting while another process's kernels hold the device. The client reads
+the counters with `StageRunner.work_snapshot()`; the difference of two snapshots taken around a
+tier says who was busy (`work_delta`):
+
+- a talker busy ~100 % of the wall time holds the tier back (the replicas wait for codes);
+- replicas busy ~100 % with a growing backlog mean code2wav holds it back;
+- everyone well under 100 % with slow steps: the device is shared (time-sliced) or idle.
+
+    before = runner.work_snapshot()
+    ...  # run a tier
+    for row in work_delta(before, runner.work_snapshot()):
+        print(row["stage"], f"{row['busy']:.0%}", row["ms_per_step"], row["rows_per_step"])
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+# Counters every stage keeps; engines may add more (Token2Wav: groups, graph captures, replays).
+_DERIVED = ("busy", "ms_per_step", "rows_per_step", "backlog_per_step")
+
+
+@dataclass
+class WorkCounters:
+    steps: int = 0
+    rows: int = 0  # summed over steps: requests in a talker step, payloads in a decode
+    busy_s: float = 0.0  # wall time inside steps
+    backlog: int = 0  # summed over steps: work waiting when the step began (not taken by it)
+    started: float = field(default_factory=time.monotonic)
+
+    def add(self, rows: int, seconds: float, backlog: int = 0) -> None:
+        self.steps += 1
+        self.rows += rows
+        self.busy_s += seconds
+        self.backlog += backlog
+
+    def snapshot(self, extra: dict | None = None) -> dict:
+        """The counters now, `wall_s` since the stage started, plus `extra` (engine counters)."""
+        return {"steps": self.steps, "rows": self.rows, "busy_s": self.busy_s, "backlog": self.backlog,
+                "wall_s": time.monotonic() - self.started, **(extra or {})}
+
+
+def work_delta(before: list[dict], after: list[dict]) -> list[dict]:
+    """Per stage (in `after`'s order): every counter's increase between two snapshots, and
+    busy (share of the wall time inside steps), ms_per_step, rows_per_step, backlog_per_step.
+
+    A stage missing from `before` (restarted, or it did not answer then) is counted from its
+    start. Derived figures are None over an interval without steps."""
+    earlier = {row["stage"]: row for row in before}
+    out = []
+    for row in after:
+        base = earlier.get(row["stage"], {})
+        delta = {"stage": row["stage"]}
+        for key, value in row.items():
+            if key != "stage" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                delta[key] = value - base.get(key, 0)
+        steps, wall = delta.get("steps", 0), delta.get("wall_s", 0.0)
+        delta["busy"] = delta.get("busy_s", 0.0) / wall if wall > 0 else None
+        delta["ms_per_step"] = 1000.0 * delta["busy_s"] / steps if steps else None
+        delta["rows_per_step"] = delta["rows"] / steps if steps else None
+        delta["backlog_per_step"] = delta["backlog"] / steps if steps else None
+        out.append(delta)
+    return out
+
+
+def format_work(rows: list[dict]) -> list[str]:
+    """One line per stage of a `work_delta`: busy %, ms and rows a step, backlog, graphs."""
+    lines = []
+    for r in rows:
+        if not r.get("steps"):
+            lines.append(f"{r['stage']:>12}  idle")
+            continue
+        graphs = ""
+        if r.get("graph_captures") or r.get("graph_replays"):
+            graphs = f"  graphs {r.get('graph_captures', 0)} captured / {r.get('graph_replays', 0)} replayed"
+        groups = f"  {r['groups'] / r['steps']:.2f} groups a step" if "groups" in r else ""
+        lines.append(
+            f"{r['stage']:>12}  busy {r['busy']:6.1%}  {r['steps']:6d} steps  {r['ms_per_step']:7.1f} ms a step  "
+            f"{r['rows_per_step']:5.1f} rows a step  backlog {r['backlog_per_step']:5.1f}{groups}{graphs}"
+        )
+    return lines

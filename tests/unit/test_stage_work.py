@@ -1,0 +1,99 @@
+"""Stage work over a phase (tts_bench.stage_work): hooks, pooling of replicas, the table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tts_bench.results import RunDir
+from tts_bench.stage_work import StageWorkHooks, pooled, work_table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _stage(name, steps, rows, busy_s, wall_s, backlog=0, **extra):
+    return {"stage": name, "steps": steps, "rows": rows, "busy_s": busy_s, "backlog": backlog,
+            "wall_s": wall_s, **extra}
+
+
+class _Backend:
+    """Scripted counters: each call returns the next snapshot."""
+
+    def __init__(self, *snapshots):
+        self.snapshots = list(snapshots)
+
+    def work_snapshot(self):
+        return self.snapshots.pop(0)
+
+
+def test_hooks_record_the_measured_interval_of_each_phase_in_the_run(tmp_path):
+    run = RunDir.create(tmp_path, "ab", command_line=["test"], configs={})
+    hooks = StageWorkHooks(run)
+    backend = _Backend(
+        [_stage("talker", 100, 5000, 9.0, 10.0), _stage("code2wav-0", 10, 40, 4.0, 10.0, groups=12)],
+        [_stage("talker", 300, 15000, 27.0, 30.0), _stage("code2wav-0", 30, 200, 16.0, 30.0, groups=40)],
+    )
+    hooks.on_phase("base", "64x4", 0, "warmup", backend)  # not sampled: warmup traffic
+    hooks.on_phase("base", "64x4", 0, "measure", backend)
+    hooks.on_phase("base", "64x4", 0, "end", backend)
+    (entry,) = RunDir.open(run.path).doc["stage_work"]
+    assert (entry["arm"], entry["tier"], entry["repeat"]) == ("base", "64x4", 0)
+    talker, replica = entry["stages"]
+    assert talker["steps"] == 200 and talker["busy"] == pytest.approx(18.0 / 20.0)
+    assert replica["rows_per_step"] == pytest.approx(8.0) and replica["groups"] == 28
+    assert StageWorkHooks(RunDir.open(run.path)).entries == [entry]  # a resumed run keeps it
+
+
+def test_backends_without_counters_and_abandoned_phases_record_nothing():
+    hooks = StageWorkHooks()
+    hooks.on_phase("base", "2x1", 0, "measure", object())
+    hooks.on_phase("base", "2x1", 0, "end", object())
+    backend = _Backend([_stage("talker", 1, 1, 0.1, 1.0)])
+    hooks.on_phase("base", "2x1", 0, "measure", backend)
+    hooks.abandon()
+    hooks.on_phase("base", "2x1", 0, "end", backend)  # no snapshot left: it must not be asked
+    assert hooks.entries == []
+
+
+def test_replicas_pool_into_one_row_and_the_table_averages_repeats():
+    stages = [
+        {**_stage("talker", 10, 500, 9.0, 10.0), "busy": 0.9, "ms_per_step": 900.0, "rows_per_step": 50.0,
+         "backlog_per_step": 0.0},
+        {**_stage("code2wav-0", 4, 16, 2.0, 10.0, groups=6, graph_captures=0, graph_replays=4), "busy": 0.2},
+        {**_stage("code2wav-1", 6, 24, 6.0, 10.0, backlog=12, groups=6, graph_captures=1, graph_replays=5),
+         "busy": 0.6},
+    ]
+    talker, replicas = pooled(stages)
+    assert talker["stage"] == "talker" and replicas["stage"] == "code2wav x2"
+    assert replicas["busy"] == pytest.approx(0.4) and replicas["ms_per_step"] == pytest.approx(800.0)
+    assert replicas["rows_per_step"] == pytest.approx(4.0) and replicas["backlog_per_step"] == pytest.approx(1.2)
+    again = [dict(s, busy=s["busy"] / 2) for s in stages]
+    table = work_table([{"arm": "a", "tier": "64x4", "repeat": r, "stages": s} for r, s in enumerate((stages, again))])
+    rows = table.to_dict("records")
+    assert [(r["Stage"], r["Repeats"]) for r in rows] == [("talker", 2), ("code2wav x2", 2)]
+    assert rows[0]["Busy"] == "68%" and rows[1]["Busy"] == "30%"
+    assert rows[1]["graphs captured / replayed"] == "2 / 18" and rows[0]["graphs captured / replayed"] == ""
+    assert rows[1]["groups a step"] == "1.20" and rows[0]["groups a step"] == ""
+
+
+@pytest.mark.slow
+def test_an_embedded_ab_shows_and_records_where_each_arm_spent_its_time(tmp_path):
+    from tts_bench.cli import app
+
+    result = CliRunner().invoke(app, ["ab", "--tiers", "2x1", "--num-prompts", "2", "--repeats", "1",
+                                      "--format", "md", "--result-dir", str(tmp_path)],
+                                env={"NO_COLOR": "1", "COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "stage work during the measured requests" in result.stdout
+    assert "| talker" in result.stdout and "| code2wav x1" in result.stdout
+    (run,) = tmp_path.iterdir()
+    entries = json.loads((run / "run.json").read_text())["stage_work"]
+    assert sorted(e["arm"] for e in entries) == ["base", "test"]
+    for e in entries:
+        talker, replica = e["stages"]
+        assert talker["stage"] == "talker" and replica["stage"] == "code2wav-0"
+        assert talker["steps"] > 0 and replica["rows"] >= 2  # both requests' payloads decoded
+        assert 0 < talker["busy"] <= 1 and 0 < replica["busy"] <= 1

@@ -1,0 +1,42 @@
+"""The runner's work counters and their deltas (stages.runner.work)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stages.runner.work import WorkCounters, format_work, work_delta
+
+
+def test_counters_add_steps_rows_time_and_backlog():
+    w = WorkCounters()
+    w.add(8, 0.25, backlog=3)
+    w.add(2, 0.05)
+    snap = w.snapshot({"groups": 4})
+    assert (snap["steps"], snap["rows"], snap["backlog"], snap["groups"]) == (2, 10, 3, 4)
+    assert snap["busy_s"] == pytest.approx(0.30)
+    assert snap["wall_s"] >= 0
+
+
+def test_delta_derives_busy_share_and_per_step_figures_over_the_interval():
+    before = [{"stage": "talker", "steps": 10, "rows": 100, "busy_s": 1.0, "backlog": 0, "wall_s": 5.0}]
+    after = [{"stage": "talker", "steps": 30, "rows": 500, "busy_s": 4.0, "backlog": 40, "wall_s": 9.0}]
+    (d,) = work_delta(before, after)
+    assert (d["steps"], d["rows"], d["backlog"]) == (20, 400, 40)
+    assert d["busy"] == pytest.approx(3.0 / 4.0)
+    assert d["ms_per_step"] == pytest.approx(150.0)
+    assert d["rows_per_step"] == pytest.approx(20.0)
+    assert d["backlog_per_step"] == pytest.approx(2.0)
+
+
+def test_a_stage_missing_before_counts_from_its_start_and_an_idle_one_has_no_rates():
+    after = [
+        {"stage": "code2wav-0", "steps": 4, "rows": 8, "busy_s": 2.0, "backlog": 0, "wall_s": 4.0, "groups": 6},
+        {"stage": "code2wav-1", "steps": 0, "rows": 0, "busy_s": 0.0, "backlog": 0, "wall_s": 4.0},
+    ]
+    before = [{"stage": "code2wav-1", "steps": 0, "rows": 0, "busy_s": 0.0, "backlog": 0, "wall_s": 1.0}]
+    new, idle = work_delta(before, after)
+    assert new["busy"] == pytest.approx(0.5) and new["groups"] == 6
+    assert idle["busy"] == 0.0 and idle["ms_per_step"] is None and idle["rows_per_step"] is None
+    lines = format_work([new, idle])
+    assert "busy  50.0%" in lines[0] and "1.50 groups a step" in lines[0]
+    assert lines[1].split() == ["code2wav-1", "idle"]
