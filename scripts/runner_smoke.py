@@ -88,7 +88,7 @@ def run_tier(cfg: StageConfig, concurrency: int, replicas: int, n: int, *,
              factories: StageFactories | None = None, voices: list[bytes] = (),
              max_codes: tuple[int, int] | None = None) -> dict:
     t0 = time.perf_counter()
-    runner = StageRunner(cfg, replicas, factories=factories)
+    runner = StageRunner(cfg, replicas, factories=factories, concurrency=concurrency)
     lengths = random.Random(n)
     runner.start()
     start_s = time.perf_counter() - t0

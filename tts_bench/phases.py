@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tts_bench.backends import make_backend
+from tts_bench.backends.base import SizesForConcurrency
 from tts_bench.loadgen import PhaseResult, Sink, run_phase
 from tts_bench.records import Job, PhaseLabels
 
@@ -63,6 +64,8 @@ async def run_fresh_phase(
     sink = sink if sink is not None else (lambda rec: run_dir.append_request(rec.to_dict()))
     common = dict(concurrency=tier.concurrency, labels=labels, timeout_s=cfg.bench.timeout_s, sink=sink)
     backend = make_backend(cfg)
+    if isinstance(backend, SizesForConcurrency):
+        backend.expect_concurrency(tier.concurrency)
     hooked = False  # between the "warmup" and the "end" hook: abandon on the way out
     try:  # stop() also cleans up after a start() that failed half-way (some workers up)
         await backend.start(tier.replicas)

@@ -7,8 +7,8 @@ at the tier's concurrency, processes) are compared with what is free: the device
 on CUDA (`torch.cuda.mem_get_info`, asked through `stages.platform`) and the host's available
 RAM (psutil). Over budget is a ConfigError (exit 2) that names the bytes, the largest items and
 the config keys that lower them. Commands call `check_arms` while planning, before the run
-directory exists; the embedded backend calls `check_memory` again in `start()` (at concurrency
-1, the floor) for library callers.
+directory exists; the embedded backend calls `check_memory` again in `start()` (at the tier's
+concurrency when a phase told it, else 1, the floor) for library callers.
 
 The estimate is deliberately not an allocator model (see `stages.runner.budget`); when it is
 wrong for a setup, `TTS_BENCH_SKIP_MEMORY_CHECK=1` skips the check (and says so in the log).

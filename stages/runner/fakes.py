@@ -184,6 +184,10 @@ class FakeToken2Wav:
         self.calls = 0
         self.next_seq: dict[str, int] = {}
         self.voices: set[bytes] = set()  # reference voices seen (the real one caches setups)
+        self.slots = slots
+
+    def describe(self) -> dict:
+        return {"slots": self.slots}  # the pool size the runner asked for (Token2Wav's key)
 
     @property
     def samples_per_code(self) -> int:

@@ -60,6 +60,9 @@ class ProcessSpec:
     replica_ids: tuple[int, ...] = ()  # code2wav replicas it runs (none: the talker)
     replicas_total: int = 1  # R of the tier: placement spreads replicas over runner.devices
     hosts_talker: bool = False  # the talker runs here beside replicas (runner.execution=single)
+    # Requests a replica should expect live at once (0: unknown): its slot pool is sized for
+    # them up front, since a pool that grows mid-run drops every captured graph.
+    live_per_replica: int = 0
 
     def placement(self) -> Placement:
         """Where every stage goes (needs the device count: call in the child)."""

@@ -93,11 +93,18 @@ class _Child:
 class StageRunner:
     """Talker + R code2wav replica processes behind submit / cancel / memory_snapshot / work_snapshot."""
 
-    def __init__(self, cfg: StageConfig, replicas: int, *, factories: StageFactories | None = None):
+    def __init__(self, cfg: StageConfig, replicas: int, *, factories: StageFactories | None = None,
+                 concurrency: int | None = None):
+        """`concurrency`: the requests clients will keep in flight, when known (a benchmark
+        tier's C): each replica sizes its slot pool for its share up front."""
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
+        if concurrency is not None and concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.cfg = cfg
         self.replicas = replicas
+        in_flight = 0 if concurrency is None else min(concurrency, cfg.runner.talker_max_batch)
+        self._live_per_replica = -(-in_flight // replicas)
         self.factories = factories or StageFactories()
         self.execution = resolve_execution(cfg.runner)
         self.info: dict[str, dict] = {}  # process name -> facts from its Ready
@@ -152,7 +159,8 @@ class StageRunner:
         self._reader.start()
 
     def _spec(self, name: str, threads: int, replica_ids: tuple[int, ...], *, hosts_talker: bool = False) -> ProcessSpec:
-        return ProcessSpec(name, self.cfg, self.factories, threads, replica_ids, self.replicas, hosts_talker)
+        return ProcessSpec(name, self.cfg, self.factories, threads, replica_ids, self.replicas, hosts_talker,
+                           self._live_per_replica)
 
     def _spawn(self, ctx, name: str, inbox, target, args) -> None:
         read_end, write_end = ctx.Pipe(duplex=False)

@@ -42,6 +42,10 @@ def test_each_process_computes_its_engines_devices_from_the_plan(monkeypatch):
     assert spec(()).device_indices() == (0,)  # the talker
     assert spec((5,)).device_indices() == (1,)  # replica 5 of 8 as its own process
     assert spec(tuple(range(8))).device_indices() == (0, 1, 2, 3, 0, 1, 2, 3)  # the threads' host
+    # runner.execution=single: the talker's device first (the process's own), then the replicas'
+    single = ProcessSpec("stages", cfg, fake_factories(), 1, tuple(range(8)), 8, hosts_talker=True)
+    assert single.device_indices() == (0, 0, 1, 2, 3, 0, 1, 2, 3)
+    assert single.replica_device_indices() == (0, 1, 2, 3, 0, 1, 2, 3)
 
 
 def test_runner_config_checks_devices_and_execution():

@@ -450,3 +450,26 @@ def test_stop_does_not_wait_on_a_replica_that_died_with_a_payload_half_written()
         runner.stop()
     assert talker.process.exitcode == 0, "the talker had to be killed"
     assert took < 4.0
+
+
+@pytest.mark.parametrize("execution", ["processes", "single"])
+def test_replicas_size_their_slot_pools_for_the_concurrency_the_runner_expects(execution):
+    # 9 requests in flight over 2 replicas: 5 a replica, past the 2 x max_num_seqs = 4 slots a
+    # replica starts with, so the pool starts at 8 (a pool that grew later would drop its graphs).
+    runner = StageRunner(cpu_config(max_num_seqs=2, execution=execution), replicas=2,
+                         factories=fake_factories(), concurrency=9)
+    runner.start()
+    try:
+        infos = [info for name, info in runner.info.items() if name.startswith("code2wav-")]
+        infos += [v for info in runner.info.values() for k, v in info.items() if k.startswith("code2wav-")]
+        assert [i["code2wav"]["slots"] for i in infos] == [8, 8]
+    finally:
+        runner.stop()
+    unknown = StageRunner(cpu_config(max_num_seqs=2), replicas=2, factories=fake_factories())
+    unknown.start()
+    try:
+        assert unknown.info["code2wav-0"]["code2wav"]["slots"] == 4  # 2 x max_num_seqs
+    finally:
+        unknown.stop()
+    with pytest.raises(ValueError, match="concurrency"):
+        StageRunner(cpu_config(), replicas=1, concurrency=0)

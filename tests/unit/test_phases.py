@@ -72,3 +72,38 @@ def test_a_phase_that_fails_mid_way_abandons_the_hooks_and_stops_the_backend(tmp
     with pytest.raises(RuntimeError, match="hook failed at measure"):
         _run(tmp_path, monkeypatch, hooks)
     assert hooks.calls == ["warmup", "measure"] and hooks.abandoned == 1 and Tracked.stops == 1
+
+
+class Sized(Tracked):
+    expected: list[int] = []
+
+    def expect_concurrency(self, concurrency: int) -> None:
+        type(self).expected.append(concurrency)
+
+
+def test_a_backend_that_sizes_state_is_told_the_tiers_concurrency_before_it_starts(tmp_path, monkeypatch):
+    from tts_bench import phases
+
+    monkeypatch.setattr(Sized, "expected", [])
+    monkeypatch.setattr(phases, "make_backend", Sized)
+    cfg = load_config(None, SETS)
+    run = RunDir.create(tmp_path, "ab", command_line=["test"], configs={})
+    labels = PhaseLabels("base", "3x1", 0)
+
+    async def before(backend):  # runs right after start: the concurrency came first
+        assert Sized.expected == [3]
+
+    asyncio.run(phases.run_fresh_phase(cfg, Tier(3, 1), labels, plan_jobs(PROMPTS, labels, seed=0, warmup=1),
+                                       run_dir=run, before=before))
+    assert Sized.expected == [3]
+
+
+def test_the_hook_chain_calls_every_hook_in_order_and_abandons_those_that_can():
+    from tts_bench.phases import HookChain
+
+    first, second = Hooks(), Hooks()
+    plain = type("Plain", (), {"on_phase": lambda self, *a: None})()  # no abandon(): skipped
+    chain = HookChain(first, None, plain, second)
+    chain.on_phase("base", "2x1", 0, "warmup", None)
+    chain.abandon()
+    assert first.calls == second.calls == ["warmup"] and first.abandoned == second.abandoned == 1

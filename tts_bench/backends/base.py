@@ -106,6 +106,15 @@ class Backend(Protocol):
 
 
 @runtime_checkable
+class SizesForConcurrency(Protocol):
+    """Optional: backends that size per-request state when they start (the embedded runner's
+    slot pools) are told the tier's concurrency before `start`, so nothing has to grow mid-phase
+    (a growing slot pool drops every captured device graph)."""
+
+    def expect_concurrency(self, concurrency: int) -> None: ...
+
+
+@runtime_checkable
 class ReportsMemory(Protocol):
     """Optional: backends whose processes can report their allocator (the `torch` mem sampler)."""
 

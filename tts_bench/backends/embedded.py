@@ -60,7 +60,13 @@ class EmbeddedBackend:
         self.stages = cfg.stages
         self.factories = factories  # None = the real engines; tests pass stages.runner.fakes
         self.replicas = 0
+        self.concurrency: int | None = None  # the tier's C, when told (expect_concurrency)
         self._runner: StageRunner | None = None
+
+    def expect_concurrency(self, concurrency: int) -> None:
+        """The requests clients will keep in flight: the replicas size their slot pools for them
+        at start (stages.runner.StageRunner), and the memory preflight counts them."""
+        self.concurrency = concurrency
 
     async def start(self, replicas: int) -> None:
         if self._runner is not None:
@@ -68,9 +74,9 @@ class EmbeddedBackend:
         if self.factories is None:  # the real engines: will their memory fit? (exit 2 if not)
             from tts_bench.preflight import check_memory
 
-            check_memory(self.cfg, replicas=replicas, concurrency=1,
+            check_memory(self.cfg, replicas=replicas, concurrency=self.concurrency or 1,
                          label=f"the embedded backend with {replicas} replica(s)")
-        runner = StageRunner(self.stages, replicas, factories=self.factories)
+        runner = StageRunner(self.stages, replicas, factories=self.factories, concurrency=self.concurrency)
         try:
             await asyncio.to_thread(runner.start)
         except (RunnerError, PlatformError, ValueError) as exc:
