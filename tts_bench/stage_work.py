@@ -39,7 +39,7 @@ class StageWorkHooks:
         if not callable(snapshot):
             return
         if phase == "measure":
-            self._before = snapshot()
+            self._before = snapshot() or None  # no answer (a broken runner): nothing to compare
         elif phase == "end" and self._before is not None:
             # Imported here: only a backend with counters (the embedded runner, which has
             # imported the stages already) gets this far; the harness alone never loads them.

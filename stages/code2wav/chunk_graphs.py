@@ -85,7 +85,10 @@ class ChunkGraphs:
 
         A pool whose graphs were all destroyed must not be captured into again: on an H200
         (torch 2.11) that tripped the allocator's `use_count > 0` assert and then corrupted
-        memory. New graphs get a fresh pool."""
+        memory. New graphs get a fresh pool. The caller's stream is synchronized first: a decode
+        call queues several groups before it copies any back, and a replay still running must
+        not lose its graph (or the capture stream's cuBLAS workspace, see above)."""
+        self.api.current_stream().synchronize()
         self._graphs.clear()
         self.pool = self.api.pool()
 

@@ -10,10 +10,11 @@ prompt id and is shared read-only by every request of that prompt.
 Batching: payloads of one `decode` call are grouped by `BatchShape` (token count, last_chunk and
 cache lengths; rows of different voices batch together, since every prompt is normalised to the
 same length); each group is one `ChunkDecoder.run`: gather the rows' caches, encoder, CFM on 2B
-rows, HiFT, store the new caches back (trimmed to prompt + `prompt_keep_frames`). On CUDA/NPU
-a non-final group replays a device graph captured for its shape (`ChunkGraphs`, stage flag
-`code2wav_device_graph`, default false); the first chunk of a shape and every last chunk run
-eagerly. Graph replay and eager run the same kernels, so outputs are equal bit for bit for the
+rows, HiFT, store the new caches back (trimmed to prompt + `prompt_keep_frames`). Every group of
+a call is queued before any audio is copied back, so the host launches one group while the
+device runs another. On CUDA/NPU a non-final group replays a device graph captured for its shape
+(`ChunkGraphs`, stage flag `code2wav_device_graph`, default false); the first chunk of a shape
+and every last chunk run eagerly. Graph replay and eager run the same kernels, so outputs are equal bit for bit for the
 same batch composition.
 
 A steady 28-code payload gives exactly 50 mel frames = 24000 samples (1.0 s). Stage flags are
@@ -37,7 +38,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from stages.code2wav.chunk_decode import META_EXTRA, BatchShape, ChunkDecoder
+from stages.code2wav.chunk_decode import META_EXTRA, BatchShape, ChunkDecoder, ChunkOut
 from stages.code2wav.chunk_graphs import ChunkGraphs
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.flow import FlowModel
@@ -343,11 +344,15 @@ class Token2Wav:
         for i, (p, s) in enumerate(zip(payloads, streams)):
             key = replace(s.caches, tokens=len(p.codes), last=p.last_chunk)
             groups.setdefault(key, []).append(i)
+        # Every group is queued before the first copy back, so the device runs one group while
+        # the host launches the next (an eager group, e.g. last chunks, is ~10k launches). Safe:
+        # a decode call has each shape once, so no graph replays twice (its outputs stay put).
+        members = [(idx, [payloads[i] for i in idx], [streams[i] for i in idx]) for idx in groups.values()]
+        launched = [self._launch_group(replace(shape, rows=len(idx)), items, group)
+                    for shape, (idx, items, group) in zip(groups, members)]
         out: list[DecodedAudio | None] = [None] * len(payloads)
-        for shape, idx in groups.items():
-            decoded = self._decode_group(replace(shape, rows=len(idx)), [payloads[i] for i in idx],
-                                         [streams[i] for i in idx])
-            for i, audio in zip(idx, decoded):
+        for (idx, items, group), chunk in zip(members, launched):
+            for i, audio in zip(idx, self._finish_group(chunk, items, group)):
                 out[i] = audio
         return out  # type: ignore[return-value]
 
@@ -393,7 +398,8 @@ class Token2Wav:
         pool["estimator_att"][:, :, 2 * slot : 2 * slot + 2, :, :length].copy_(c.estimator_att)
         pool["spk"][slot].copy_(setup.spk[0])
 
-    def _decode_group(self, shape: BatchShape, items: list[CodecPayload], streams: list[_Stream]) -> list[DecodedAudio]:
+    def _launch_group(self, shape: BatchShape, items: list[CodecPayload], streams: list[_Stream]) -> ChunkOut:
+        """Queue one group's chunk on the device (a graph replay, or eager); nothing waits."""
         meta = torch.tensor(
             [[*p.codes, s.slot, s.noise_seed, p.chunk_seq] for p, s in zip(items, streams)], dtype=torch.long
         )
@@ -403,9 +409,11 @@ class Token2Wav:
             self.graphs.invalidate()  # the pool grew: captured addresses are stale
             self._graph_generation = self.pool.generation
         if self.graphs is None or shape.last:
-            out = self._decoder.run(meta.to(self.device), shape)
-        else:
-            out = self.graphs.run(shape, meta, lambda m: self._decoder.run(m, shape))
+            return self._decoder.run(meta.to(self.device), shape)
+        return self.graphs.run(shape, meta, lambda m: self._decoder.run(m, shape))
+
+    def _finish_group(self, out: ChunkOut, items: list[CodecPayload], streams: list[_Stream]) -> list[DecodedAudio]:
+        """Copy a launched group's audio back (waits for it) and advance its streams."""
         audio = out.audio.cpu().numpy()  # one copy for the whole batch
         mel = out.mel.cpu() if self.keep_mel else None
         return [self._advance(p, s, r, audio, mel, out.mel.shape[2]) for r, (p, s) in enumerate(zip(items, streams))]

@@ -25,9 +25,13 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 class _Stream:
     device = torch.device("cpu")
+    syncs = 0
 
     def wait_stream(self, other) -> None:
         pass
+
+    def synchronize(self) -> None:
+        type(self).syncs += 1
 
 
 @dataclass
@@ -106,9 +110,13 @@ def test_past_the_limit_every_graph_is_dropped_before_the_new_shape_runs():
         fake.pending = lambda: None
         return x
 
+    syncs = _Stream.syncs
     for key in ("a", "b", "a", "c", "b"):
         graphs.run(key, torch.tensor([1]), fn)
     assert list(graphs._graphs) == ["c", "b"]
+    # the caller's stream was synchronized before the drop: a replay queued earlier in the same
+    # decode call (groups are copied back only after all are queued) must finish first
+    assert _Stream.syncs == syncs + 1
     # eager run + capture per new shape: "c" ran with nothing held (a and b dropped first)
     assert held_when_called == [0, 0, 1, 1, 0, 0, 1, 1]
     assert graphs.captures == 4 and graphs.replays == 1

@@ -55,7 +55,10 @@ def test_backends_without_counters_and_abandoned_phases_record_nothing():
     hooks.on_phase("base", "2x1", 0, "measure", backend)
     hooks.abandon()
     hooks.on_phase("base", "2x1", 0, "end", backend)  # no snapshot left: it must not be asked
-    assert hooks.entries == []
+    silent = _Backend([], [_stage("talker", 5, 5, 0.5, 2.0)])  # no answer when the phase began
+    hooks.on_phase("base", "2x1", 0, "measure", silent)
+    hooks.on_phase("base", "2x1", 0, "end", silent)
+    assert hooks.entries == [] and silent.snapshots  # an interval without a start is not counted
 
 
 def test_replicas_pool_into_one_row_and_the_table_averages_repeats():
