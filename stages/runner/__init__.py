@@ -1,4 +1,5 @@
-"""The embedded stage runner: one talker process + R code2wav replica processes on one device.
+"""The embedded stage runner: the talker + R code2wav replicas (`runner.execution`: processes,
+replica threads, or one process for all), on `runner.devices`.
 
     from stages.runner import StageRunner, RunnerRequest
     runner = StageRunner(stage_cfg, replicas=2)
@@ -7,7 +8,8 @@
     runner.stop()
 
 See `runner.py` for the topology and failure semantics, `factories.py` for what each process
-builds, and `fakes.py` for model-free stand-ins used by the tests.
+builds, `work.py` for the stages' work counters (`runner.work_snapshot()`), and `fakes.py` for
+model-free stand-ins used by the tests.
 """
 
 from stages.runner.factories import StageFactories
