@@ -89,6 +89,11 @@ class StageConfig:
         code2wav_options.Code2WavOptions.from_extra(self.code2wav.extra)
 
 
+def stage_processes(execution: str, replicas: int) -> int:
+    """Processes a runner of `replicas` replicas starts for a resolved `execution`."""
+    return {"threads": 2, "single": 1}.get(execution, 1 + replicas)
+
+
 def resolve_execution(runner: RunnerConfig) -> str:
     """`processes`, `threads` or `single` for `runner.execution`.
 

@@ -60,6 +60,8 @@ class StageWorkHooks:
 def pooled(stages: list[dict]) -> list[dict]:
     """The talker as it is, and the code2wav replicas pooled into one row: busy is their mean,
     per-step figures are over all their steps, counters are summed."""
+    from stages.runner.work import per_step  # here: see on_phase
+
     talker = [s for s in stages if not s["stage"].startswith("code2wav")]
     replicas = [s for s in stages if s["stage"].startswith("code2wav")]
     if not replicas:
@@ -67,11 +69,8 @@ def pooled(stages: list[dict]) -> list[dict]:
     total = {k: sum(s.get(k, 0) or 0 for s in replicas)
              for k in ("steps", "rows", "busy_s", "backlog", "groups", "graph_captures", "graph_replays")}
     steps = total["steps"]
-    row = {"stage": f"code2wav x{len(replicas)}", **total,
+    row = {"stage": f"code2wav x{len(replicas)}", **total, **per_step(total),
            "busy": sum(s["busy"] or 0.0 for s in replicas) / len(replicas),
-           "ms_per_step": 1000.0 * total["busy_s"] / steps if steps else None,
-           "rows_per_step": total["rows"] / steps if steps else None,
-           "backlog_per_step": total["backlog"] / steps if steps else None,
            "groups_per_step": total["groups"] / steps if steps and total["groups"] else None}
     return talker + [row]
 

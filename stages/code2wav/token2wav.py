@@ -347,11 +347,12 @@ class Token2Wav:
         # Every group is queued before the first copy back, so the device runs one group while
         # the host launches the next (an eager group, e.g. last chunks, is ~10k launches). Safe:
         # a decode call has each shape once, so no graph replays twice (its outputs stay put).
-        members = [(idx, [payloads[i] for i in idx], [streams[i] for i in idx]) for idx in groups.values()]
-        launched = [self._launch_group(replace(shape, rows=len(idx)), items, group)
-                    for shape, (idx, items, group) in zip(groups, members)]
+        launched = []
+        for shape, idx in groups.items():
+            items, group = [payloads[i] for i in idx], [streams[i] for i in idx]
+            launched.append((idx, items, group, self._launch_group(replace(shape, rows=len(idx)), items, group)))
         out: list[DecodedAudio | None] = [None] * len(payloads)
-        for (idx, items, group), chunk in zip(members, launched):
+        for idx, items, group, chunk in launched:
             for i, audio in zip(idx, self._finish_group(chunk, items, group)):
                 out[i] = audio
         return out  # type: ignore[return-value]

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.options import Code2WavOptions
-from stages.config import StageConfig, resolve_execution
+from stages.config import StageConfig, resolve_execution, stage_processes
 from stages.talker.config import TalkerConfig
 
 MIB = 2**20
@@ -143,7 +143,7 @@ def estimate_stage_memory(
     elem = dtype_bytes(r.dtype)
     execution = resolve_execution(r)
     threads = execution in ("threads", "single")
-    processes = {"threads": 2, "single": 1}.get(execution, 1 + replicas)
+    processes = stage_processes(execution, replicas)
     # Replicas on threads share one copy of the modules per device they use.
     copies = min(replicas, _devices_used(r, replicas)) if threads else replicas
     in_flight = min(concurrency, r.talker_max_batch)

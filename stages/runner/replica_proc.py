@@ -70,10 +70,10 @@ def warm_replica(ctx: StageContext, t2w: Any) -> Any:
     if callable(warm):
         t0 = time.perf_counter()
         captured = warm(ctx.spec.cfg.runner.max_num_seqs)
+        seconds = time.perf_counter() - t0
         if captured:
-            ctx.info.setdefault("code2wav", {})["graph_warmup"] = {
-                "captured": captured, "seconds": round(time.perf_counter() - t0, 2)}
-            log.info("%s: %d chunk graphs captured in %.1f s", ctx.spec.name, captured, time.perf_counter() - t0)
+            ctx.info.setdefault("code2wav", {})["graph_warmup"] = {"captured": captured, "seconds": round(seconds, 2)}
+            log.info("%s: %d chunk graphs captured in %.1f s", ctx.spec.name, captured, seconds)
     return t2w
 
 

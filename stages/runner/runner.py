@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from stages.config import StageConfig, resolve_execution
+from stages.config import StageConfig, resolve_execution, stage_processes
 from stages.runner.factories import StageFactories
 from stages.runner.messages import (
     RUNNER_BROKEN,
@@ -127,7 +127,7 @@ class StageRunner:
             raise RunnerError("error: stage runner started twice (start); use a fresh StageRunner")
         ctx = mp.get_context("spawn")
         threaded = self.execution == "threads"
-        others = {"threads": 1, "single": 0}.get(self.execution, self.replicas)  # processes beside one
+        others = stage_processes(self.execution, self.replicas) - 1  # beside the first
         threads = threads_per_process(self.cfg.runner.torch_threads, others)
         replica_inboxes = [ctx.Queue() for _ in range(self.replicas)]
         t0 = time.perf_counter()
@@ -255,6 +255,17 @@ class StageRunner:
                 child.results.recv()
         except (EOFError, OSError):
             pass
+
+    def replica_info(self) -> dict[str, dict]:
+        """Each replica's facts from Ready ("code2wav-<r>" -> dict), whatever the execution: a
+        replica process reports its own, a process hosting replica threads one entry per thread."""
+        facts: dict[str, dict] = {}
+        for process, info in self.info.items():
+            if process.startswith("code2wav-"):
+                facts[process] = info
+            else:
+                facts.update({k: v for k, v in info.items() if k.startswith("code2wav-")})
+        return facts
 
     def pids(self) -> dict[str, int | None]:
         return {c.name: c.process.pid for c in self._children}

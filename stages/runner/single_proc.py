@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from stages.platform import set_current_device, thread_stream
+from stages.platform import thread_stream
 from stages.runner.process import ProcessSpec, StageContext, run_stage_process
 from stages.runner.replica_host import LockedSender, ReplicaThread, replica_work, start_replica_threads
 from stages.runner.talker_proc import TalkerEngines, TalkerLoop, build_talker
@@ -45,9 +45,8 @@ def single_main(spec: ProcessSpec, inbox: Any, replica_inboxes: list[Any], resul
 
 def _build(ctx: StageContext, replica_inboxes: list[Any]) -> _Stages:
     talker = build_talker(ctx)  # on ctx.device: the talker's (ProcessSpec.hosts_talker)
-    replicas = start_replica_threads(ctx, replica_inboxes)
-    set_current_device(ctx.device)
-    return _Stages(talker, replicas)
+    # The replicas' threads; it leaves ctx.device current again for the talker loop.
+    return _Stages(talker, start_replica_threads(ctx, replica_inboxes))
 
 
 def _serve(ctx: StageContext, stages: _Stages, inbox: Any, replica_inboxes: list[Any]) -> None:

@@ -22,10 +22,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-# Counters every stage keeps; engines may add more (Token2Wav: groups, graph captures, replays).
-_DERIVED = ("busy", "ms_per_step", "rows_per_step", "backlog_per_step")
-
-
 @dataclass
 class WorkCounters:
     steps: int = 0
@@ -60,13 +56,19 @@ def work_delta(before: list[dict], after: list[dict]) -> list[dict]:
         for key, value in row.items():
             if key != "stage" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 delta[key] = value - base.get(key, 0)
-        steps, wall = delta.get("steps", 0), delta.get("wall_s", 0.0)
+        wall = delta.get("wall_s", 0.0)
         delta["busy"] = delta.get("busy_s", 0.0) / wall if wall > 0 else None
-        delta["ms_per_step"] = 1000.0 * delta["busy_s"] / steps if steps else None
-        delta["rows_per_step"] = delta["rows"] / steps if steps else None
-        delta["backlog_per_step"] = delta["backlog"] / steps if steps else None
-        out.append(delta)
+        out.append({**delta, **per_step(delta)})
     return out
+
+
+def per_step(counters: dict) -> dict:
+    """ms_per_step, rows_per_step and backlog_per_step of summed counters (None without steps)."""
+    steps = counters.get("steps", 0)
+    if not steps:
+        return {"ms_per_step": None, "rows_per_step": None, "backlog_per_step": None}
+    return {"ms_per_step": 1000.0 * counters["busy_s"] / steps, "rows_per_step": counters["rows"] / steps,
+            "backlog_per_step": counters["backlog"] / steps}
 
 
 def format_work(rows: list[dict]) -> list[str]:

@@ -460,9 +460,8 @@ def test_replicas_size_their_slot_pools_for_the_concurrency_the_runner_expects(e
                          factories=fake_factories(), concurrency=9)
     runner.start()
     try:
-        infos = [info for name, info in runner.info.items() if name.startswith("code2wav-")]
-        infos += [v for info in runner.info.values() for k, v in info.items() if k.startswith("code2wav-")]
-        assert [i["code2wav"]["slots"] for i in infos] == [8, 8]
+        infos = runner.replica_info()
+        assert [infos[f"code2wav-{r}"]["code2wav"]["slots"] for r in (0, 1)] == [8, 8]
     finally:
         runner.stop()
     unknown = StageRunner(cpu_config(max_num_seqs=2), replicas=2, factories=fake_factories())

@@ -119,17 +119,6 @@ def test_tiny_runner_on_cuda_streams_audio_and_reports_allocator_memory():
     assert all(m["peak_bytes"] > 0 for m in memory)
 
 
-def _replica_infos(runner: StageRunner) -> dict[str, dict]:
-    """Each replica's Ready facts, whether replicas are processes or threads of one process."""
-    infos = {}
-    for process, info in runner.info.items():
-        if process.startswith("code2wav-"):
-            infos[process] = info
-        else:  # a process hosting replica threads holds one entry per replica
-            infos.update({k: v for k, v in info.items() if k.startswith("code2wav-")})
-    return infos
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("execution", ["processes", "threads", "single"])
 def test_graph_warmup_captures_before_ready_so_a_request_only_replays(execution):
@@ -142,7 +131,7 @@ def test_graph_warmup_captures_before_ready_so_a_request_only_replays(execution)
     runner = StageRunner(cfg, replicas=2)
     runner.start()
     try:
-        warmups = {name: i["code2wav"].get("graph_warmup") for name, i in _replica_infos(runner).items()}
+        warmups = {name: i["code2wav"].get("graph_warmup") for name, i in runner.replica_info().items()}
         assert set(warmups) == {"code2wav-0", "code2wav-1"}
         # 1..max_num_seqs rows, at least a first and a settled shape each
         assert all(w and w["captured"] >= 2 * cfg.runner.max_num_seqs for w in warmups.values()), warmups
