@@ -6,8 +6,8 @@ time-slices contexts. On an H200 at 64x4 the talker's step took 154 ms beside fo
 processes (3-11 ms alone, with its decode graphs) and was busy 99 % of the tier: the talker,
 waiting for time slices, held the tier back (results/h200/README.md). In one context the kernels
 of every stage share the device at kernel granularity and the talker's stream has high priority.
-Measured there: the talker's step fell to 79 ms, not to its time alone (its dependent kernels
-wait for SMs the replicas' chunk kernels hold), and the A/B against processes read within noise
+Measured there: the talker's step fell to 79 ms, not to its time alone (likely, not profiled:
+its dependent kernels wait for SMs the replicas' chunk kernels hold), and the A/B against processes read within noise
 at 32x1 and 64x4, so this is an option, not the default. The cost is one interpreter: the stages'
 host work shares the GIL (device graphs keep it small; warmups at start do not).
 
