@@ -7,9 +7,10 @@ processes (3-11 ms alone, with its decode graphs) and was busy 99 % of the tier:
 waiting for time slices, held the tier back (results/h200/README.md). In one context the kernels
 of every stage share the device at kernel granularity and the talker's stream has high priority.
 Measured there: the talker's step fell to 79 ms, not to its time alone (likely, not profiled:
-its dependent kernels wait for SMs the replicas' chunk kernels hold), and the A/B against processes read within noise
-at 32x1 and 64x4, so this is an option, not the default. The cost is one interpreter: the stages'
-host work shares the GIL (device graphs keep it small; warmups at start do not).
+its dependent kernels wait for SMs the replicas' chunk kernels hold), and the A/B against
+processes read within noise at 32x1 and 64x4, so this is an option, not the default. The cost
+is one interpreter: the stages' host work shares the GIL (device graphs keep it small; warmups
+at start do not).
 
 The messages are the other modes': the talker reads Submit / Cancel / StatsQuery / Shutdown from
 the process inbox and puts payload lists on the replicas' queues, which the replica threads read
