@@ -4,7 +4,8 @@ Starts the embedded runner (talker + R code2wav replicas) from a stage YAML, kee
 in flight until N have finished, and reports runner start seconds, mean/median audio RTF and
 TTFP, audio seconds, failures, every stage process's allocator memory and every stage's work
 over the tier (busy share, ms and rows a step, backlog, chunk groups, graph captures/replays:
-`stages.runner.work`), which says whether the talker or code2wav held the tier back.
+`stages.runner.work`; the talker's line also splits its busy time into waiting for the device
+and admitting requests), which says whether the talker or code2wav held the tier back.
 Independent of the harness's load generator on purpose: it checks the runner alone.
 
     PYTHONPATH=. python3 scripts/runner_smoke.py --config configs/stages/minicpmo45.yaml \

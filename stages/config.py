@@ -43,6 +43,12 @@ class RunnerConfig:
     # device context, so nothing is time-sliced; the talker's stream has high priority).
     # "auto": processes, until an H200 A/B resolves a gain (configs/ab/runner.yaml, execution.yaml).
     execution: Literal["auto", "processes", "threads", "single"] = "auto"
+    # SMs of the talker's GPU held back from the replicas (CUDA green contexts; execution single
+    # only, where the stages share one device context), so the talker's ~900 small kernels a step
+    # do not wait for SMs the replicas' chunk kernels hold. 0: no partition. The driver rounds it
+    # up to its SM granularity (8 on an H200). Opt-in: 16 left the talker's step at 64x4 on an
+    # H200 unchanged (79 ms). stages.platform.partition.
+    talker_sms: int = 0
     # Accelerator indices for the talker (first) and the replicas (round-robin), "auto" for
     # every visible device, or null: everything on device 0 (stages.runner.placement).
     devices: tuple[int, ...] | Literal["auto"] | None = None
@@ -62,6 +68,15 @@ class RunnerConfig:
             raise ValueError(f"runner.start_timeout_s must be > 0, got {self.start_timeout_s}")
         if self.execution not in EXECUTIONS:
             raise ValueError(f"runner.execution must be one of {', '.join(EXECUTIONS)}, got {self.execution!r}")
+        if self.talker_sms < 0:
+            raise ValueError(f"runner.talker_sms must be >= 0, got {self.talker_sms}")
+        if self.talker_sms and self.execution != "single":
+            raise ValueError(
+                f"runner.talker_sms={self.talker_sms} needs runner.execution: single (got "
+                f"{self.execution!r}): as separate processes the stages are separate device "
+                "contexts, which the GPU time-slices whatever their SMs; set runner.talker_sms=0 "
+                "or runner.execution=single"
+            )
         if isinstance(self.devices, tuple) and (not self.devices or min(self.devices) < 0):
             raise ValueError(f"runner.devices must list device indices >= 0, got {list(self.devices)}")
 

@@ -71,7 +71,9 @@ class ChunkGraphs:
     def __init__(self, api: GraphAPI, *, max_graphs: int = 48) -> None:
         self.api, self.max_graphs = api, max_graphs
         self.pool = api.pool()
-        self.stream = api.stream()
+        # Made at the first capture, on the replica's own thread: inside an SM partition
+        # (stages.platform.partition) its captures must be on the partition's streams.
+        self.stream: Any = None
         self._graphs: dict[Hashable, _Captured] = {}
         self.disabled: str | None = None  # why capture was switched off, if it was
         self.captures = 0
@@ -110,7 +112,7 @@ class ChunkGraphs:
         return self._eager_then_capture(key, inputs, fn)
 
     def _static(self, inputs: torch.Tensor) -> torch.Tensor:
-        static = torch.empty(inputs.shape, dtype=inputs.dtype, device=self.stream.device)
+        static = torch.empty(inputs.shape, dtype=inputs.dtype, device=self.api.current_stream().device)
         static.copy_(inputs, non_blocking=True)
         return static
 
@@ -126,6 +128,8 @@ class ChunkGraphs:
 
     def _capture(self, key: Hashable, static: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> _Captured | None:
         graph = self.api.graph()
+        if self.stream is None:
+            self.stream = self.api.stream()
         self.stream.wait_stream(self.api.current_stream())  # `static` was filled on the caller's
         try:
             with CAPTURE_LOCK, self.api.capture(graph, pool=self.pool, stream=self.stream, **self.api.capture_options):

@@ -201,7 +201,10 @@ def thread_stream(device: torch.device, *, high_priority: bool = False) -> Itera
     streams (the talker beside the replicas: every replica waits on its codes)."""
     priority = -1 if high_priority else 0  # lower is higher; -1 is high on every CUDA device
     if device.type == "cuda":
-        with torch.cuda.stream(torch.cuda.Stream(device=device, priority=priority)):
+        from stages.platform.partition import new_cuda_stream  # (it imports this module)
+
+        # Inside `on_partition` the stream is the partition's (stages.platform.partition).
+        with torch.cuda.stream(new_cuda_stream(device, priority=priority)):
             yield
     elif device.type == "npu":
         _torch_npu()

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from stages.platform.device import _torch_npu
+from stages.platform.partition import new_cuda_stream
 
 
 # Captures are serialized process-wide: stages on threads of one process (replicas, and the
@@ -77,7 +78,9 @@ def graph_api(device: torch.device) -> GraphAPI | None:
             graph=torch.cuda.CUDAGraph,
             capture=_cuda_capture,
             pool=torch.cuda.graph_pool_handle,
-            stream=lambda: torch.cuda.Stream(device=device),
+            # The calling thread's SM partition's, if it runs on one (stages.platform.partition):
+            # a graph captured on another stream would not be confined to the partition.
+            stream=lambda: new_cuda_stream(device),
             use_stream=torch.cuda.stream,
             current_stream=lambda: torch.cuda.current_stream(device),
             capture_options={"capture_error_mode": "thread_local"},

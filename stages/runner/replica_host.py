@@ -24,6 +24,7 @@ import threading
 from typing import Any
 
 from stages.platform import resolve_device, set_current_device, thread_stream
+from stages.platform.partition import SmPartition, on_partition
 from stages.runner.messages import Fatal, StatsQuery
 from stages.runner.process import ProcessSpec, StageContext, drain, run_stage_process, short_error
 from stages.runner.replica_proc import ReplicaLoop, build_token2wav, voice_stats, warm_replica
@@ -58,8 +59,9 @@ class ReplicaThread:
     captures belong to the stream it will serve on), reports that through `warmed`, then serves
     its inbox until the sentinel."""
 
-    def __init__(self, loop: ReplicaLoop, inbox: Any) -> None:
+    def __init__(self, loop: ReplicaLoop, inbox: Any, partition: SmPartition | None = None) -> None:
         self.loop, self.inbox = loop, inbox
+        self.partition = partition  # the SMs its streams run on; None: the whole device
         self.warmed = threading.Event()
         self.error: BaseException | None = None  # a warmup failure, raised by the host's build
         self.thread = threading.Thread(target=self._run, name=loop.ctx.spec.name, daemon=True)
@@ -68,7 +70,7 @@ class ReplicaThread:
         ctx = self.loop.ctx
         try:
             set_current_device(ctx.device)
-            with thread_stream(ctx.device):
+            with on_partition(self.partition), thread_stream(ctx.device):
                 try:
                     warm_replica(ctx, self.loop.t2w)
                 except BaseException as exc:  # noqa: BLE001 - the host's build reports it in Ready
@@ -85,10 +87,12 @@ class ReplicaThread:
                 os._exit(1)
 
 
-def start_replica_threads(ctx: StageContext, inboxes: list[Any]) -> list[ReplicaThread]:
+def start_replica_threads(ctx: StageContext, inboxes: list[Any], *,
+                          partition: SmPartition | None = None) -> list[ReplicaThread]:
     """A replica thread per engine of `ctx.spec.replica_ids`, started and warmed; replicas on
     one device share modules and prompts. The threads' warmups run side by side (their captures
-    take turns). Adds each replica's facts to ctx.info."""
+    take turns). Replicas on `partition`'s device run on its SMs (streams, graph captures).
+    Adds each replica's facts to ctx.info."""
     runner = ctx.spec.cfg.runner
     by_device: dict[Any, Any] = {}
     threads = []
@@ -99,7 +103,8 @@ def start_replica_threads(ctx: StageContext, inboxes: list[Any]) -> list[Replica
         rctx = dataclasses.replace(ctx, spec=spec, device=device, info={})
         t2w = build_token2wav(rctx, shared=by_device.get(device))
         by_device.setdefault(device, t2w)
-        threads.append(ReplicaThread(ReplicaLoop(rctx, t2w), inbox))
+        confined = partition if partition is not None and partition.covers(device) else None
+        threads.append(ReplicaThread(ReplicaLoop(rctx, t2w), inbox, confined))
     set_current_device(ctx.device)
     for t in threads:
         t.thread.start()
@@ -111,6 +116,8 @@ def start_replica_threads(ctx: StageContext, inboxes: list[Any]) -> list[Replica
     for t in threads:
         rctx = t.loop.ctx
         ctx.info[rctx.spec.name] = {"device": str(rctx.device), **rctx.info}
+        if t.partition is not None:
+            ctx.info[rctx.spec.name]["partition_sms"] = t.partition.sms
     ctx.info["replicas"] = len(threads)
     return threads
 

@@ -153,7 +153,12 @@ class TalkerLoop:
             raise TypeError(f"talker got an unexpected message {type(msg).__name__}")
 
     def _report_stats(self, token: int) -> None:
-        self.ctx.report_stats(token, {"talker": self.work.snapshot()})
+        self.ctx.report_stats(token, {"talker": self.work_snapshot()})
+
+    def work_snapshot(self) -> dict:
+        """The loop's counters with the engine's own (admit / device-wait seconds), if any."""
+        counters = getattr(self.engines.engine, "counters", None)
+        return self.work.snapshot(counters() if callable(counters) else None)
 
     def _admit(self) -> None:
         limit = self.ctx.spec.cfg.runner.talker_max_batch

@@ -82,8 +82,12 @@ def format_work(rows: list[dict]) -> list[str]:
         if r.get("graph_captures") or r.get("graph_replays"):
             graphs = f"  graphs {r.get('graph_captures', 0)} captured / {r.get('graph_replays', 0)} replayed"
         groups = f"  {r['groups'] / r['steps']:.2f} groups a step" if "groups" in r else ""
+        split = ""
+        if r.get("busy_s") and "device_wait_s" in r:  # the talker engine's split of its busy time
+            split = (f"  of busy: {r['device_wait_s'] / r['busy_s']:.0%} waiting for the device, "
+                     f"{r.get('admit_s', 0.0) / r['busy_s']:.0%} admitting")
         lines.append(
             f"{r['stage']:>12}  busy {r['busy']:6.1%}  {r['steps']:6d} steps  {r['ms_per_step']:7.1f} ms a step  "
-            f"{r['rows_per_step']:5.1f} rows a step  backlog {r['backlog_per_step']:5.1f}{groups}{graphs}"
+            f"{r['rows_per_step']:5.1f} rows a step  backlog {r['backlog_per_step']:5.1f}{groups}{split}{graphs}"
         )
     return lines

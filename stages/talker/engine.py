@@ -35,6 +35,7 @@ default true) choose via `stages.talker.prelude.select_prelude`; pass a function
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -170,6 +171,10 @@ class TalkerEngine:
         self._slots: list[_Running | None] = [None] * max_batch
         self._pending: deque[_Prepared] = deque()
         self._failed: list[TalkerOutput] = []  # admissions that failed, reported by the next step
+        # Host seconds inside `step()`: admitting (prefill launches) and waiting in the host read
+        # for the device (the step's kernels, queued prefills, and whatever delays them there).
+        self.admit_s = 0.0
+        self.device_wait_s = 0.0
 
     def _decode_graphs(self, device: torch.device) -> DecodeGraphs | None:
         api = graph_api(device)
@@ -222,6 +227,10 @@ class TalkerEngine:
             )
         self._pending.append(self._prepare(req))
 
+    def counters(self) -> dict:
+        """Cumulative host seconds of `step()` spent admitting and waiting for the device."""
+        return {"admit_s": self.admit_s, "device_wait_s": self.device_wait_s}
+
     def has_work(self) -> bool:
         return bool(self._pending or self._failed) or any(s is not None for s in self._slots)
 
@@ -236,7 +245,9 @@ class TalkerEngine:
     def step(self) -> list[TalkerOutput]:
         """Admit waiting requests, decode every running row once, sample, report. A request
         whose admission (prefill) fails is reported finished with its `error`; the others run."""
+        t0 = time.perf_counter()
         self._admit()
+        self.admit_s += time.perf_counter() - t0
         failed, self._failed = self._failed, []
         occupied = [i for i, s in enumerate(self._slots) if s is not None]
         if not occupied:
@@ -249,8 +260,10 @@ class TalkerEngine:
         )
         self._prev[:rows] = result.sample
         self._fresh[:rows] = False
+        t0 = time.perf_counter()
         # The one host read per step.
         host = torch.stack([result.sample, result.emit.long(), result.finished.long()]).tolist()
+        self.device_wait_s += time.perf_counter() - t0
         return failed + self._report(occupied, *host)
 
     # -- ladder --------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ equal eager bit for bit for the same batch composition (torch.equal on audio, me
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import threading
 from dataclasses import dataclass, field
 
 import pytest
@@ -358,3 +360,23 @@ def test_cuda_graph_replay_equals_eager_bit_for_bit_full_size():
     on, off = _cuda_pair(Code2WavConfig())
     _assert_same_run(on, off, _streams(on.cfg, [150, 150, 150, 150, 100, 40]))
     assert on.graphs.disabled is None and on.graphs.replays > 0
+
+
+def test_the_capture_stream_is_made_at_the_first_capture_on_the_capturing_thread():
+    """Token2Wav is built on the host's thread, its replica serves on another; inside an SM
+    partition only streams made on the serving thread run on the partition's SMs."""
+    made = []
+
+    def stream():
+        made.append(threading.current_thread().name)
+        return _Stream()
+
+    fake = _FakeAPI()
+    api = dataclasses.replace(fake.api(), stream=stream)
+    graphs = ChunkGraphs(api)
+    assert made == []
+    worker = threading.Thread(target=lambda: graphs.run("k", torch.tensor([1]), lambda x: x + 1), name="replica")
+    worker.start()
+    worker.join()
+    graphs.run("k2", torch.tensor([1]), lambda x: x + 1)
+    assert made == ["replica"]  # one capture stream, made by the first capture's thread

@@ -265,6 +265,15 @@ def test_a_child_that_fails_at_startup_makes_start_raise_with_its_message(execut
     assert runner.alive() == []
 
 
+def test_an_sm_reservation_off_cuda_makes_start_raise_with_the_setting_to_change():
+    runner = StageRunner(cpu_config(execution="single", talker_sms=16), replicas=2,
+                         factories=fake_factories())
+    with pytest.raises(RunnerError, match=r"stages failed to start") as info:
+        runner.start()
+    assert "needs a CUDA device" in str(info.value) and "runner.talker_sms=0" in str(info.value)
+    assert runner.alive() == []
+
+
 @pytest.mark.parametrize("execution", ["processes", "threads", "single"])
 def test_a_child_that_crashes_fails_in_flight_requests_and_ends_the_run(execution):
     runner = StageRunner(cpu_config(execution=execution), replicas=2,

@@ -120,14 +120,15 @@ def test_tiny_runner_on_cuda_streams_audio_and_reports_allocator_memory():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("execution", ["processes", "threads", "single"])
-def test_graph_warmup_captures_before_ready_so_a_request_only_replays(execution):
+@pytest.mark.parametrize("execution, talker_sms", [
+    ("processes", 0), ("threads", 0), ("single", 0), ("single", 16)])
+def test_graph_warmup_captures_before_ready_so_a_request_only_replays(execution, talker_sms):
     from stages.runner.work import work_delta
 
     cfg = tiny_cpu_config()
     code2wav = dataclasses.replace(cfg.code2wav, extra={**cfg.code2wav.extra, "code2wav_device_graph": True})
-    cfg = dataclasses.replace(cfg, code2wav=code2wav,
-                              runner=dataclasses.replace(cfg.runner, device="cuda", execution=execution))
+    cfg = dataclasses.replace(cfg, code2wav=code2wav, runner=dataclasses.replace(
+        cfg.runner, device="cuda", execution=execution, talker_sms=talker_sms))
     runner = StageRunner(cfg, replicas=2)
     runner.start()
     try:
@@ -135,6 +136,8 @@ def test_graph_warmup_captures_before_ready_so_a_request_only_replays(execution)
         assert set(warmups) == {"code2wav-0", "code2wav-1"}
         # 1..max_num_seqs rows, at least a first and a settled shape each
         assert all(w and w["captured"] >= 2 * cfg.runner.max_num_seqs for w in warmups.values()), warmups
+        if talker_sms:  # every replica serves on the SMs the talker leaves
+            assert all(i["partition_sms"] > 0 for i in runner.replica_info().values())
         before = runner.work_snapshot()
         done, events = threading.Event(), []
 
@@ -154,3 +157,16 @@ def test_graph_warmup_captures_before_ready_so_a_request_only_replays(execution)
     # one row a chunk, every shape seen at warmup: no capture, a replay per non-final chunk
     assert served["graph_captures"] == 0
     assert served["graph_replays"] == len(events) - 1 > 0
+
+
+@pytest.mark.gpu
+def test_replicas_on_an_sm_partition_give_the_same_codes_and_audio_as_on_the_whole_device():
+    cfg = tiny_cpu_config()
+    code2wav = dataclasses.replace(cfg.code2wav, extra={**cfg.code2wav.extra, "code2wav_device_graph": True})
+    runner = dataclasses.replace(cfg.runner, device="cuda", execution="single", torch_threads=1)
+    cfg = dataclasses.replace(cfg, code2wav=code2wav, runner=runner)
+    whole = run_once(cfg)
+    parted = run_once(dataclasses.replace(cfg, runner=dataclasses.replace(runner, talker_sms=16)))
+    for rid in TEXTS:
+        assert parted[rid][0] == whole[rid][0], rid  # codes
+        assert parted[rid][1] == whole[rid][1], rid  # audio bytes

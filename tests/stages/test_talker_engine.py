@@ -193,3 +193,11 @@ def test_decode_graph_buffers_and_row_buckets_reproduce_eager_codes():
     graphed, _ = drain(eng, joins)
     assert graphed == eager
     assert {rows for rows, _ in eng.graphs.captured} == {1, 2, 4}  # 3 rows ran in the 4-bucket
+
+
+def test_step_counts_admission_and_device_wait_seconds():
+    eng = engine()
+    assert eng.counters() == {"admit_s": 0.0, "device_wait_s": 0.0}
+    drain(eng, {0: [TalkerRequest("a", TEXT_A, max_codes=5)]})
+    counters = eng.counters()
+    assert counters["admit_s"] > 0 and counters["device_wait_s"] > 0

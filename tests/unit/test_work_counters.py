@@ -40,3 +40,12 @@ def test_a_stage_missing_before_counts_from_its_start_and_an_idle_one_has_no_rat
     lines = format_work([new, idle])
     assert "busy  50.0%" in lines[0] and "1.50 groups a step" in lines[0]
     assert lines[1].split() == ["code2wav-1", "idle"]
+
+
+def test_the_talker_line_splits_its_busy_time_into_device_wait_and_admission():
+    before = [{"stage": "talker", "steps": 0, "rows": 0, "busy_s": 0.0, "backlog": 0, "wall_s": 0.0,
+               "admit_s": 0.0, "device_wait_s": 0.0}]
+    after = [{"stage": "talker", "steps": 100, "rows": 6400, "busy_s": 8.0, "backlog": 0, "wall_s": 10.0,
+              "admit_s": 1.0, "device_wait_s": 6.0}]
+    (line,) = format_work(work_delta(before, after))
+    assert "of busy: 75% waiting for the device, 12% admitting" in line
