@@ -156,3 +156,15 @@ def test_serve_picks_an_arm_of_an_ab_config_and_rejects_bad_choices(tmp_path):
         load_arm(default, [], "tset")
     with pytest.raises(ConfigError, match=r"backend is http"):
         serve(config=SYNTH_YAML, host="127.0.0.1", port=0, replicas=1, sets=["backend=http"], arm=None)
+
+
+def test_serve_passes_its_concurrency_option_to_the_library_call(monkeypatch):
+    from tts_bench.serve import app as serve_app
+
+    seen = []
+    monkeypatch.setattr(serve_app, "serve_config", lambda config, **kw: seen.append(kw["concurrency"]))
+    runner = CliRunner()
+    assert runner.invoke(app, ["serve", "--config", str(SYNTH_YAML), "--concurrency", "32"]).exit_code == 0
+    assert runner.invoke(app, ["serve", "--config", str(SYNTH_YAML)]).exit_code == 0
+    assert seen == [32, None]
+    assert runner.invoke(app, ["serve", "--config", str(SYNTH_YAML), "--concurrency", "0"]).exit_code == 2

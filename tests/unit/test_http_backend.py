@@ -309,3 +309,43 @@ def test_a_server_that_goes_away_mid_run_makes_connection_errors():
     records = asyncio.run(main())
     assert [r.failure_kind for r in records] == ["connection_error"] * 3
     assert all(r.failure_detail.startswith("cannot connect") for r in records)
+
+
+class _SizesForConcurrency(SyntheticBackend):
+    def __init__(self, cfg: BenchConfig) -> None:
+        super().__init__(cfg)
+        self.calls: list[tuple[str, int]] = []
+
+    def expect_concurrency(self, concurrency: int) -> None:
+        self.calls.append(("expect", concurrency))
+
+    async def start(self, replicas: int) -> None:
+        self.calls.append(("start", replicas))
+        await super().start(replicas)
+
+
+@pytest.mark.parametrize("concurrency, calls", [(24, [("expect", 24), ("start", 1)]), (None, [("start", 1)])])
+def test_serve_tells_the_backend_the_expected_concurrency_before_it_starts(concurrency, calls):
+    backend = _SizesForConcurrency(server_cfg())
+    with running_server(server_cfg(), backend=backend, concurrency=concurrency):
+        pass
+    assert backend.calls == calls
+
+
+def test_serve_config_checks_memory_at_the_expected_concurrency_or_the_talkers_limit(tmp_path, monkeypatch):
+    from tts_bench import preflight
+    from tts_bench.serve import app
+
+    checked, served = [], []
+    monkeypatch.setattr(preflight, "check_memory", lambda cfg, **kw: checked.append(kw["concurrency"]))
+
+    async def serve_until_signalled(cfg, **kw):
+        served.append(kw["concurrency"])
+
+    monkeypatch.setattr(app, "serve_until_signalled", serve_until_signalled)
+    config = tmp_path / "synthetic.yaml"
+    config.write_text("backend: synthetic\n")
+    app.serve_config(config, concurrency=12)
+    app.serve_config(config)
+    limit = BenchConfig().stages.runner.talker_max_batch
+    assert checked == [12, limit] and served == [12, None]

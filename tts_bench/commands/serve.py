@@ -13,8 +13,11 @@ flight a few seconds and stops the backend. The served model name is the config'
 `http.model`, so a client using the same config sends the right name. Endpoints and the failure
 contract: `tts_bench.serve.app`, whose `serve_config` is the library call behind this command;
 every error is OpenAI-style JSON (`tts_bench.serve.request`), inputs over `--max-input-chars`
-(default 4096, OpenAI's limit) are a 400 and bodies over `--max-body-bytes` a 413. Logs
-(including the `listening on <url>` line) go to stderr.
+(default 4096, OpenAI's limit) are a 400 and bodies over `--max-body-bytes` a 413.
+`--concurrency C` says how many requests clients will keep in flight: the memory check counts C
+and the embedded runner's replicas size their slot pools for C at start, so the expected load
+never regrows a pool (which drops its captured code2wav graphs). Logs (including the
+`listening on <url>` line) go to stderr.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Optional
 import typer
 
 from tts_bench.errors import ConfigError, ExitStatus
-from tts_bench.limits import MAX_BODY_BYTES, MAX_INPUT_CHARS, MAX_REPLICAS
+from tts_bench.limits import MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_INPUT_CHARS, MAX_REPLICAS
 
 
 def serve(
@@ -37,6 +40,7 @@ def serve(
     arm: Optional[str] = typer.Option(None, "--arm", help="Which arm of an A/B config (default: the first)."),
     max_input_chars: int = typer.Option(MAX_INPUT_CHARS, "--max-input-chars", min=1, max=10**6, help="Longest 'input' accepted (characters); longer is a 400."),
     max_body_bytes: int = typer.Option(MAX_BODY_BYTES, "--max-body-bytes", min=1024, max=1 << 30, help="Largest request body accepted (bytes); larger is a 413."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1, max=MAX_CONCURRENCY, help="Requests clients will keep in flight: the memory check counts them and the embedded runner sizes its slot pools for them at start (more still work; the pools grow). Default: the check counts the talker's admission limit and the pools grow on demand."),
 ) -> ExitStatus:
     """Serve a config's backend at /v1/audio/speech, /v1/models and /metrics."""
     from tts_bench.serve.app import serve_config
@@ -44,6 +48,6 @@ def serve(
     if replicas < 1 or not 0 <= port <= 65535:
         raise ConfigError(f"error: bad --replicas {replicas} or --port {port} (tts-bench serve); "
                           "use --replicas >= 1 and a port in 0..65535")
-    serve_config(config, sets=sets, arm=arm, replicas=replicas, host=host, port=port,
+    serve_config(config, sets=sets, arm=arm, replicas=replicas, host=host, port=port, concurrency=concurrency,
                  max_input_chars=max_input_chars, max_body_bytes=max_body_bytes)
     return ExitStatus.OK

@@ -62,7 +62,7 @@ from aiohttp import web
 
 from tts_bench.backends import make_backend
 from tts_bench.backends.base import (
-    AudioChunk, ReportsHealth, ReportsMemory, RequestFailed, SynthesisRequest,
+    AudioChunk, ReportsHealth, ReportsMemory, RequestFailed, SizesForConcurrency, SynthesisRequest,
 )
 from tts_bench.errors import BackendError, ConfigError
 from tts_bench.serve.request import (
@@ -105,9 +105,10 @@ class SpeechServer:
     def __init__(self, cfg: BenchConfig, *, replicas: int = 1, host: str = "127.0.0.1",
                  port: int = 8091, model_name: str | None = None, backend: Any = None,
                  max_input_chars: int = DEFAULT_MAX_INPUT_CHARS,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, concurrency: int | None = None) -> None:
         self.cfg = cfg
         self.replicas = replicas
+        self.concurrency = concurrency  # requests clients will keep in flight, if known
         self.host, self.port = host, port
         self.model_name = model_name or cfg.http.model
         self.backend = backend if backend is not None else make_backend(cfg)  # tests pass one
@@ -124,6 +125,10 @@ class SpeechServer:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
+        if self.concurrency and isinstance(self.backend, SizesForConcurrency):
+            # Per-request state sized up front (the embedded runner's slot pools), so serving
+            # the expected load never grows it (a grown pool drops its captured device graphs).
+            self.backend.expect_concurrency(self.concurrency)
         await self.backend.start(self.replicas)
         app = web.Application(middlewares=[error_middleware], client_max_size=self.max_body_bytes)
         app.add_routes([web.post("/v1/audio/speech", self._speech), web.get("/v1/models", self._models),
@@ -293,10 +298,11 @@ class SpeechServer:
 
 
 def serve_config(config: Path, *, sets: Sequence[str] = (), arm: str | None = None, replicas: int = 1,
-                 host: str = "127.0.0.1", port: int = 8091, **limits: int) -> None:
+                 host: str = "127.0.0.1", port: int = 8091, concurrency: int | None = None,
+                 **limits: int) -> None:
     """`tts-bench serve` as one call: one arm of `config` (`tts_bench.config.load_arm`), refused
-    when its backend is itself `http`, its memory checked at the talker's admission limit, then
-    served until SIGINT/SIGTERM (`serve_until_signalled`)."""
+    when its backend is itself `http`, its memory checked at `concurrency` (default: the
+    talker's admission limit), then served until SIGINT/SIGTERM (`serve_until_signalled`)."""
     from tts_bench.config import load_arm
     from tts_bench.preflight import check_memory
 
@@ -304,19 +310,20 @@ def serve_config(config: Path, *, sets: Sequence[str] = (), arm: str | None = No
     if cfg.backend == "http":
         raise ConfigError(f"error: the config's backend is http ({config}: backend); serve a local "
                           "backend (embedded, piper, synthetic), not another server")
-    # Clients decide the concurrency; the talker admits at most talker_max_batch at once.
-    check_memory(cfg, replicas=replicas, concurrency=cfg.stages.runner.talker_max_batch,
+    # Clients decide the concurrency; unless told, the most the talker admits at once.
+    check_memory(cfg, replicas=replicas, concurrency=concurrency or cfg.stages.runner.talker_max_batch,
                  label=f"tts-bench serve --replicas {replicas}")
-    asyncio.run(serve_until_signalled(cfg, replicas=replicas, host=host, port=port, **limits))
+    asyncio.run(serve_until_signalled(cfg, replicas=replicas, host=host, port=port,
+                                      concurrency=concurrency, **limits))
 
 
 async def serve_until_signalled(cfg: BenchConfig, *, replicas: int, host: str, port: int,
-                                **limits: int) -> None:
+                                concurrency: int | None = None, **limits: int) -> None:
     """`tts-bench serve`: start, log the URL, serve until SIGINT/SIGTERM, stop the backend.
     `limits`: max_input_chars, max_body_bytes (SpeechServer)."""
     import signal
 
-    server = SpeechServer(cfg, replicas=replicas, host=host, port=port, **limits)
+    server = SpeechServer(cfg, replicas=replicas, host=host, port=port, concurrency=concurrency, **limits)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -339,7 +346,7 @@ def running_server(cfg: BenchConfig, *, replicas: int = 1, host: str = "127.0.0.
                    start_timeout_s: float = 120.0, **options: Any) -> Iterator[SpeechServer]:
     """A SpeechServer on its own event loop in a daemon thread, stopped on exit (tests, scripts).
     The default port 0 picks a free port; read it from `server.url`. `options` go to
-    SpeechServer (backend=, max_input_chars=, max_body_bytes=)."""
+    SpeechServer (backend=, max_input_chars=, max_body_bytes=, concurrency=)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="tts-bench-serve", daemon=True)
     thread.start()
