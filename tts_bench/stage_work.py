@@ -91,8 +91,17 @@ def work_table(entries: list[dict]) -> pd.DataFrame:
             "backlog a step": _num(_mean(s.get("backlog_per_step") for s in seen), 1),
             "groups a step": _num(_mean(s.get("groups_per_step") for s in seen), 2, missing=""),
             "graphs captured / replayed": _graphs(seen),
+            # The talker's busy time split (its engine's counters); blank for other stages.
+            "device wait (of busy)": _pct(_mean(_share(s, "device_wait_s") for s in seen), missing=""),
+            "admitting (of busy)": _pct(_mean(_share(s, "admit_s") for s in seen), missing=""),
         })
     return pd.DataFrame(rows)
+
+
+def _share(stage: dict, key: str) -> float | None:
+    """`stage[key]` as a share of its busy seconds, or None when it has no such counter."""
+    busy = stage.get("busy_s")
+    return stage[key] / busy if key in stage and busy else None
 
 
 def _mean(values) -> float | None:
@@ -100,8 +109,8 @@ def _mean(values) -> float | None:
     return sum(seen) / len(seen) if seen else None
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{100.0 * value:.0f}%"
+def _pct(value: float | None, missing: str = "n/a") -> str:
+    return missing if value is None else f"{100.0 * value:.0f}%"
 
 
 def _num(value: float | None, digits: int, missing: str = "n/a") -> str:

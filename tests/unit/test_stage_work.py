@@ -80,6 +80,18 @@ def test_replicas_pool_into_one_row_and_the_table_averages_repeats():
     assert rows[0]["Busy"] == "68%" and rows[1]["Busy"] == "30%"
     assert rows[1]["graphs captured / replayed"] == "2 / 18" and rows[0]["graphs captured / replayed"] == ""
     assert rows[1]["groups a step"] == "1.20" and rows[0]["groups a step"] == ""
+    assert rows[0]["device wait (of busy)"] == rows[1]["device wait (of busy)"] == ""  # no split counted
+
+
+def test_the_table_shows_the_talkers_busy_time_split_averaged_over_repeats():
+    def talker(wait: float, admit: float) -> dict:
+        return {**_stage("talker", 10, 500, 8.0, 10.0), "busy": 0.8, "ms_per_step": 800.0,
+                "rows_per_step": 50.0, "backlog_per_step": 0.0, "device_wait_s": wait, "admit_s": admit}
+
+    entries = [{"arm": "a", "tier": "64x4", "repeat": r, "stages": [talker(w, a)]}
+               for r, (w, a) in enumerate(((6.0, 1.0), (4.0, 2.0)))]
+    (row,) = work_table(entries).to_dict("records")
+    assert row["device wait (of busy)"] == "62%" and row["admitting (of busy)"] == "19%"
 
 
 @pytest.mark.slow
