@@ -10,7 +10,7 @@ code2wav does. Backends without counters (piper, http, synthetic) record nothing
 Recorded in run.json as `stage_work` (one entry per arm, tier and repeat, every stage), and
 shown under `tts-bench ab`'s tables, averaged over repeats, with the replicas pooled:
 
-    hooks = StageWorkHooks(run)              # or chained with memory hooks (phases.chain_hooks)
+    hooks = StageWorkHooks(run)              # or beside memory hooks: phases.HookChain(mem, hooks)
     run_ab(arms, tiers, repeats=3, num_prompts=64, run_dir=run, hooks=hooks)
     print(render(work_table(hooks.entries), "md", title=WORK_TITLE))
 """

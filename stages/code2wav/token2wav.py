@@ -14,8 +14,8 @@ rows, HiFT, store the new caches back (trimmed to prompt + `prompt_keep_frames`)
 a call is queued before any audio is copied back, so the host launches one group while the
 device runs another. On CUDA/NPU a non-final group replays a device graph captured for its shape
 (`ChunkGraphs`, stage flag `code2wav_device_graph`, default false); the first chunk of a shape
-and every last chunk run eagerly. Graph replay and eager run the same kernels, so outputs are equal bit for bit for the
-same batch composition.
+and every last chunk run eagerly. Graph replay and eager run the same kernels, so outputs are
+equal bit for bit for the same batch composition.
 
 A steady 28-code payload gives exactly 50 mel frames = 24000 samples (1.0 s). Stage flags are
 parsed once in __init__ (`options.Code2WavOptions`); TF32 is applied on CUDA only.

@@ -82,12 +82,16 @@ class GreenContextDriver:
             self.lib.cuGetErrorName(rc, ctypes.byref(name))
             raise PlatformError(f"error: {call} failed: {(name.value or b'?').decode()} ({rc})")
 
-    def sm_resource(self, ordinal: int) -> ctypes.Array:
-        """Every SM of device `ordinal`, as a CUdevResource."""
+    def _device(self, ordinal: int) -> ctypes.c_int:
         dev = ctypes.c_int()
         self._check(self.lib.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet")
+        return dev
+
+    def sm_resource(self, ordinal: int) -> ctypes.Array:
+        """Every SM of device `ordinal`, as a CUdevResource."""
         whole = ctypes.create_string_buffer(_RESOURCE_BYTES)
-        self._check(self.lib.cuDeviceGetDevResource(dev, whole, _SM_RESOURCE), "cuDeviceGetDevResource")
+        self._check(self.lib.cuDeviceGetDevResource(self._device(ordinal), whole, _SM_RESOURCE),
+                    "cuDeviceGetDevResource")
         return whole
 
     @staticmethod
@@ -104,11 +108,10 @@ class GreenContextDriver:
         return group, rest
 
     def green_context(self, ordinal: int, resource: ctypes.Array) -> ctypes.c_void_p:
-        dev, desc, ctx = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p()
-        self._check(self.lib.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet")
+        desc, ctx = ctypes.c_void_p(), ctypes.c_void_p()
         self._check(self.lib.cuDevResourceGenerateDesc(ctypes.byref(desc), resource, ctypes.c_uint(1)),
                     "cuDevResourceGenerateDesc")
-        self._check(self.lib.cuGreenCtxCreate(ctypes.byref(ctx), desc, dev,
+        self._check(self.lib.cuGreenCtxCreate(ctypes.byref(ctx), desc, self._device(ordinal),
                                               ctypes.c_uint(_GREEN_CTX_DEFAULT_STREAM)), "cuGreenCtxCreate")
         return ctx
 
@@ -137,10 +140,7 @@ class SmPartition:
 
     def covers(self, device: torch.device) -> bool:
         """Whether `device` is this partition's device."""
-        if device.type != "cuda":
-            return False
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return index == self.device.index
+        return device.type == "cuda" and _ordinal(device) == self.device.index
 
     def describe(self) -> dict:
         return {"reserved_sms": self.reserved, "partition_sms": self.sms, "device_sms": self.total}
@@ -156,7 +156,7 @@ def reserve_sms(device: torch.device, count: int, *, driver: GreenContextDriver 
     if count < 1:
         raise PlatformError(f"error: an SM reservation must hold back >= 1 SM, got {count}")
     driver = driver or GreenContextDriver()
-    ordinal = device.index if device.index is not None else torch.cuda.current_device()
+    ordinal = _ordinal(device)
     device = torch.device("cuda", ordinal)
     whole = driver.sm_resource(ordinal)
     total = driver.sm_count(whole)
@@ -172,6 +172,11 @@ def reserve_sms(device: torch.device, count: int, *, driver: GreenContextDriver 
             "the driver's rounding); reserve fewer"
         )
     return SmPartition(device, reserved, sms, total, driver, driver.green_context(ordinal, rest))
+
+
+def _ordinal(device: torch.device) -> int:
+    """A CUDA device's index ("cuda" alone: the current one)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 @contextlib.contextmanager

@@ -115,9 +115,7 @@ class ReplicaLoop:
     work: WorkCounters = field(default_factory=WorkCounters)  # rows: payloads in a decode
 
     def work_snapshot(self) -> dict:
-        """The loop's counters plus the engine's own (groups, graph captures and replays)."""
-        engine = getattr(self.t2w, "work", None)
-        return self.work.snapshot(engine() if callable(engine) else None)
+        return self.work.snapshot_with(self.t2w)
 
     def run(self, inbox: Any) -> None:
         max_rows = self.ctx.spec.cfg.runner.max_num_seqs

@@ -156,9 +156,7 @@ class TalkerLoop:
         self.ctx.report_stats(token, {"talker": self.work_snapshot()})
 
     def work_snapshot(self) -> dict:
-        """The loop's counters with the engine's own (admit / device-wait seconds), if any."""
-        counters = getattr(self.engines.engine, "counters", None)
-        return self.work.snapshot(counters() if callable(counters) else None)
+        return self.work.snapshot_with(self.engines.engine)
 
     def _admit(self) -> None:
         limit = self.ctx.spec.cfg.runner.talker_max_batch

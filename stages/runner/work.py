@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 @dataclass
 class WorkCounters:
@@ -40,6 +41,12 @@ class WorkCounters:
         """The counters now, `wall_s` since the stage started, plus `extra` (engine counters)."""
         return {"steps": self.steps, "rows": self.rows, "busy_s": self.busy_s, "backlog": self.backlog,
                 "wall_s": time.monotonic() - self.started, **(extra or {})}
+
+    def snapshot_with(self, engine: Any) -> dict:
+        """`snapshot()` plus the engine's own cumulative counters, when it has `work()` (the
+        talker's admit / device-wait seconds, code2wav's groups and graph captures / replays)."""
+        work = getattr(engine, "work", None)
+        return self.snapshot(work() if callable(work) else None)
 
 
 def work_delta(before: list[dict], after: list[dict]) -> list[dict]:

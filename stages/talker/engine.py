@@ -227,8 +227,9 @@ class TalkerEngine:
             )
         self._pending.append(self._prepare(req))
 
-    def counters(self) -> dict:
-        """Cumulative host seconds of `step()` spent admitting and waiting for the device."""
+    def work(self) -> dict:
+        """Cumulative host seconds of `step()` spent admitting and waiting for the device (the
+        runner's work report, stages.runner.work)."""
         return {"admit_s": self.admit_s, "device_wait_s": self.device_wait_s}
 
     def has_work(self) -> bool:

@@ -197,7 +197,7 @@ def test_decode_graph_buffers_and_row_buckets_reproduce_eager_codes():
 
 def test_step_counts_admission_and_device_wait_seconds():
     eng = engine()
-    assert eng.counters() == {"admit_s": 0.0, "device_wait_s": 0.0}
+    assert eng.work() == {"admit_s": 0.0, "device_wait_s": 0.0}
     drain(eng, {0: [TalkerRequest("a", TEXT_A, max_codes=5)]})
-    counters = eng.counters()
+    counters = eng.work()
     assert counters["admit_s"] > 0 and counters["device_wait_s"] > 0
