@@ -7,9 +7,11 @@ stream of the primary context, as the talker runs with `runner.execution: single
 `--load-threads` threads, each looping over replica-like work on its own stream (1-D convs over a
 second of 24 kHz audio, 128 channels, and 2048 x 512 matmuls), eager or as a captured graph.
 Cases: the chain alone; beside load on the whole device (today's `single`); beside load on the
-partition left after reserving each of `--reserve` SMs (`stages.platform.partition`, what
-`runner.talker_sms` does), with the load eager and as graphs captured on the partition; and
-the landmine, load graphs captured on the primary context and replayed into partition streams.
+partition left after reserving each of `--reserve` SMs (`stages.platform.partition`), with the
+load eager and as graphs captured on the partition; the landmine, load graphs captured on the
+primary context and replayed into partition streams; and the chain confined to the reserved SMs,
+alone and beside the graph load (the talker on SMs of its own, which the runner measured slower
+and does not do: results/h200/README.md, seventh part).
 Each case: median and p90 of `--reps` chain replays (synchronized), and the load's iterations a
 second meanwhile (the partition's cost to the replicas). CUDA only. Prints a table and one JSON
 document as the last stdout line; `--out DIR` (default `$OUT`) writes `DIR/bench_sm_partition.json`.
@@ -29,7 +31,7 @@ import torch
 
 from scripts._report import add_out, emit
 from stages.platform.device import describe_device
-from stages.platform.partition import SmPartition, on_partition, reserve_sms
+from stages.platform.partition import SmSplit, split_sms
 
 ROWS, DIM, BLOCKS = 64, 768, 20
 
@@ -122,16 +124,21 @@ def beside_load(chain: torch.cuda.CUDAGraph, stream, loads: list[Callable[[], ob
     return out
 
 
-def partition_cases(part: SmPartition, chain, talker, load, threads: int, reps: int) -> dict:
-    with on_partition(part):
-        streams = [part.stream() for _ in range(threads)]
+def partition_cases(split: SmSplit, chain, chain_fn, talker, load, threads: int, reps: int) -> dict:
+    """The load on `split.rest`, the chain on the whole device or confined to `split.held`."""
+    streams = [split.rest.stream() for _ in range(threads)]
     graphs = [capture(load, s) for s in streams]
     primary_graphs = [capture(load, torch.cuda.Stream()) for _ in range(threads)]
+    held = split.held.stream(priority=-1)
+    confined = capture(chain_fn, split.held.stream())
     return {
-        "eager": beside_load(chain, talker, [load] * threads, streams, reps),
-        "graphs": beside_load(chain, talker, [g.replay for g in graphs], streams, reps),
+        "load_eager": beside_load(chain, talker, [load] * threads, streams, reps),
+        "load_graphs": beside_load(chain, talker, [g.replay for g in graphs], streams, reps),
         # the landmine: graphs captured on the primary context, replayed into partition streams
-        "primary_graphs_into_partition": beside_load(chain, talker, [g.replay for g in primary_graphs], streams, reps),
+        "load_primary_graphs_into_partition": beside_load(chain, talker, [g.replay for g in primary_graphs], streams, reps),
+        # the chain itself on the held SMs only
+        "chain_on_held_alone": time_chain(confined, held, reps),
+        "chain_on_held_load_graphs": beside_load(confined, held, [g.replay for g in graphs], streams, reps),
     }
 
 
@@ -155,17 +162,18 @@ def main(argv: list[str] | None = None) -> None:
     chain_fn, (load, _) = make_chain(device), make_load(device)
     x = torch.randn(ROWS, DIM, device=device)
     talker = torch.cuda.Stream(device=device, priority=-1)
-    chain = capture(lambda: chain_fn(x), torch.cuda.Stream(device=device))
+    step = lambda: chain_fn(x)  # noqa: E731
+    chain = capture(step, torch.cuda.Stream(device=device))
     print(f"sm partition bench | {describe_device(device)} | chain {BLOCKS} blocks at B={ROWS}")
     cases = {"alone": time_chain(chain, talker, args.reps),
              "load_on_whole_device": beside_load(chain, talker, [load] * args.load_threads,
                                                  [torch.cuda.Stream() for _ in range(args.load_threads)], args.reps)}
     partitions = {}
     for count in (int(c) for c in args.reserve.split(",")):
-        part = reserve_sms(device, count)
-        partitions[count] = part.describe()
-        for kind, r in partition_cases(part, chain, talker, load, args.load_threads, args.reps).items():
-            cases[f"reserve_{part.reserved}_load_{kind}"] = r
+        split = split_sms(device, count)
+        partitions[count] = split.describe()
+        for kind, r in partition_cases(split, chain, step, talker, load, args.load_threads, args.reps).items():
+            cases[f"reserve_{split.held.sms}_{kind}"] = r
     doc = {"schema": "sm-partition-bench/1", "device": describe_device(device), "reps": args.reps,
            "load_threads": args.load_threads, "partitions": partitions, "cases": cases}
     print(render(doc))

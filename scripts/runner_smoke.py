@@ -15,6 +15,15 @@ Independent of the harness's load generator on purpose: it checks the runner alo
     PYTHONPATH=. python3 scripts/runner_smoke.py --tiers 64x4 --num-requests 192 --fake-talker 0.02 \
         --voices --set code2wav.extra.code2wav_device_graph=true
 
+`--trace SECONDS` opens a profiler window in the talker's process (every stage's, with
+`runner.execution: single`) `--trace-after` seconds into each tier: its Chrome trace goes to
+`<out>/trace_<tier>.json.gz`, and a summary per device stream is printed and kept in the JSON
+(`stages.profiling.window`: the talker's stream, kernels, mean kernel time, idle share). Writing
+the trace stalls the talker for a few seconds, which the tier's RTF then includes.
+
+    PYTHONPATH=. python3 scripts/runner_smoke.py --voices --tiers 64x4 --num-requests 128 \
+        --set runner.execution=single --set code2wav.extra.code2wav_device_graph=true --trace 1
+
 `--fake-talker STEP_S` replaces the talker by the runner tests' fake (no device work, one code
 per request every STEP_S seconds, 100-300 codes a request) while the code2wav replicas stay
 real: stage 2 alone, in real processes, under runner traffic. `--voices` gives each request a
@@ -28,6 +37,7 @@ import random
 import statistics
 import threading
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -37,6 +47,7 @@ from stages.config import StageConfig
 from stages.runner import RequestError, RunnerRequest, StageRunner
 from stages.runner.factories import StageFactories
 from stages.runner.fakes import FakeTalker, FakeTalkerRequest
+from stages.profiling.window import format_trace
 from stages.runner.work import format_work, work_delta
 from tts_bench.config import apply_overrides
 
@@ -85,9 +96,29 @@ class Tracker:
         return on_event
 
 
+@dataclass(frozen=True)
+class TraceWindow:
+    """A profiler window `seconds` long, opened `after_s` into the tier, written to `path`."""
+
+    after_s: float
+    seconds: float
+    path: Path
+
+
+def start_trace(runner: StageRunner, window: TraceWindow, done: threading.Event, into: dict) -> threading.Thread:
+    """A thread that takes the window unless the tier is done first; its summary goes to into["trace"]."""
+    def take() -> None:
+        if not done.wait(window.after_s):
+            into["trace"] = runner.trace(window.seconds, window.path)
+
+    thread = threading.Thread(target=take, name="trace-window", daemon=True)
+    thread.start()
+    return thread
+
+
 def run_tier(cfg: StageConfig, concurrency: int, replicas: int, n: int, *,
              factories: StageFactories | None = None, voices: list[bytes] = (),
-             max_codes: tuple[int, int] | None = None) -> dict:
+             max_codes: tuple[int, int] | None = None, trace: TraceWindow | None = None) -> dict:
     t0 = time.perf_counter()
     runner = StageRunner(cfg, replicas, factories=factories, concurrency=concurrency)
     lengths = random.Random(n)
@@ -95,8 +126,10 @@ def run_tier(cfg: StageConfig, concurrency: int, replicas: int, n: int, *,
     start_s = time.perf_counter() - t0
     tracker = Tracker(cfg.code2wav.sample_rate, concurrency)
     tracker.expected = n
+    traced: dict = {}
     try:
         work_before = runner.work_snapshot()
+        tracing = start_trace(runner, trace, tracker.done, traced) if trace is not None else None
         for i in range(n):
             tracker.slots.acquire()
             rid = f"req-{i}"
@@ -106,6 +139,8 @@ def run_tier(cfg: StageConfig, concurrency: int, replicas: int, n: int, *,
             runner.submit(RunnerRequest(rid, SENTENCES[i % len(SENTENCES)], seed=42 + i, max_codes=codes,
                                         prompt_audio=voice), tracker.callback(rid))
         tracker.done.wait(3600)
+        if tracing is not None:
+            tracing.join()  # a window still open closes by itself, the runner answers
         work = work_delta(work_before, runner.work_snapshot())
         memory = runner.memory_snapshot()
     finally:
@@ -128,6 +163,7 @@ def run_tier(cfg: StageConfig, concurrency: int, replicas: int, n: int, *,
         "memory": memory,
         "work": work,
         "processes": runner.info,
+        **traced,
     }
 
 
@@ -141,8 +177,14 @@ def main() -> None:
     ap.add_argument("--fake-talker", type=float, default=None, metavar="STEP_S",
                     help="the runner tests' fake talker (no device work), one code a request every STEP_S s")
     ap.add_argument("--voices", action="store_true", help="each request brings a seed-tts prompt wav")
+    ap.add_argument("--trace", type=float, default=None, metavar="SECONDS",
+                    help="a profiler window of SECONDS in the talker's process, per tier")
+    ap.add_argument("--trace-after", type=float, default=20.0, metavar="SECONDS",
+                    help="seconds into a tier (its requests, after the start) to open the window (default 20)")
     add_out(ap)
     args = ap.parse_args()
+    if args.trace is not None and not args.trace > 0:
+        ap.error(f"--trace must be > 0 seconds, got {args.trace}")
     path = Path(args.config)
     cfg = apply_overrides(load_stages(path), args.sets)
     factories, max_codes = None, None
@@ -154,8 +196,11 @@ def main() -> None:
     results = []
     for tier in args.tiers.split(","):
         c, r = (int(x) for x in tier.lower().split("x"))
+        trace = None
+        if args.trace is not None:
+            trace = TraceWindow(args.trace_after, args.trace, Path(args.out or ".") / f"trace_{c}x{r}.json.gz")
         res = run_tier(cfg, c, r, max(args.num_requests, c), factories=factories, voices=voices,
-                       max_codes=max_codes)
+                       max_codes=max_codes, trace=trace)
         results.append(res)
         print(f"{res['tier']:>6}  start {res['start_s']:6.1f} s  done {res['completed']:4d}  "
               f"failed {res['failed']:3d}  mean RTF {res['mean_audio_rtf'] or float('nan'):.3f}  "
@@ -163,6 +208,11 @@ def main() -> None:
               f"peak MiB {max((m['peak_bytes'] for m in res['memory']), default=0) / 2**20:.0f}")
         for line in format_work(res["work"]):
             print(f"        {line}")
+        if trace is not None:
+            lines = format_trace(res["trace"]) if "trace" in res else [
+                "trace: none (the tier ended before the window opened, or the talker did not answer)"]
+            for line in lines:
+                print(f"        {line}")
     doc = {"config": str(path), "sets": args.sets, "fake_talker_step_s": args.fake_talker,
            "voices": len(voices), "tiers": results}
     emit(doc, args.out, "runner_smoke")

@@ -46,8 +46,9 @@ class RunnerConfig:
     # SMs of the talker's GPU held back from the replicas (CUDA green contexts; execution single
     # only, where the stages share one device context), so the talker's ~900 small kernels a step
     # do not wait for SMs the replicas' chunk kernels hold. 0: no partition. The driver rounds it
-    # up to its SM granularity (8 on an H200). Opt-in: 16 left the talker's step at 64x4 on an
-    # H200 unchanged (79 ms). stages.platform.partition.
+    # up to its SM granularity (8 on an H200). The talker itself keeps every SM (confined to the
+    # reserved ones it was slower). Opt-in: 16 left the talker's step at 64x4 on an H200
+    # unchanged (79 ms). stages.platform.partition.
     talker_sms: int = 0
     # Accelerator indices for the talker (first) and the replicas (round-robin), "auto" for
     # every visible device, or null: everything on device 0 (stages.runner.placement).

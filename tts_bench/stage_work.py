@@ -94,6 +94,7 @@ def work_table(entries: list[dict]) -> pd.DataFrame:
             # The talker's busy time split (its engine's counters); blank for other stages.
             "device wait (of busy)": _pct(_mean(_share(s, "device_wait_s") for s in seen), missing=""),
             "admitting (of busy)": _pct(_mean(_share(s, "admit_s") for s in seen), missing=""),
+            "device span (of busy)": _pct(_mean(_share(s, "device_span_s") for s in seen), missing=""),
         })
     return pd.DataFrame(rows)
 

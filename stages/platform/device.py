@@ -28,6 +28,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -234,6 +235,20 @@ def synchronize_stream(device: torch.device) -> None:
     elif device.type == "npu":
         _torch_npu()
         torch.npu.current_stream(device).synchronize()
+
+
+def timing_event(device: torch.device) -> Any | None:
+    """A device event that can time work (`enable_timing`), or None on CPU.
+
+    `event.record()` marks the calling thread's current stream; `a.elapsed_time(b)` (ms, once
+    `b` has completed) is then how long the device took from mark `a` to mark `b`, including
+    time the stream's work waited there for SMs or for another context's time slice."""
+    if device.type == "cuda":
+        return torch.cuda.Event(enable_timing=True)
+    if device.type == "npu":
+        _torch_npu()
+        return torch.npu.Event(enable_timing=True)
+    return None
 
 
 def dtype_from_name(name: str) -> torch.dtype:

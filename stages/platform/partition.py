@@ -4,32 +4,38 @@ Why: with the talker and the code2wav replicas as threads of one process (`runne
 single`), a talker step is a chain of ~900 small dependent kernels, and each can wait for an SM
 that the replicas' chunk kernels hold; a high stream priority only orders blocks that are
 waiting, it preempts nothing. On an H200 (`scripts/bench_sm_partition.py`,
-results/h200/bench_sm_partition.json) a talker-like chain of ~800 kernels took 2.9 ms alone and
-156 ms beside four replica-like streams, on a high-priority stream; with the load confined to the
-116 SMs left after reserving 16 it took 9.7 ms, and the load lost 12 % of its throughput. So the
+results/h200/bench_sm_partition_r2.json) a talker-like chain of ~800 kernels took 3.0 ms alone and
+153 ms beside four replica-like streams, on a high-priority stream; with the load confined to the
+116 SMs left after reserving 16 it took 9.4 ms, and the load lost 10-11 % of its throughput. So the
 replicas run on streams of a green context that holds every SM but the reserved ones, and the
-talker keeps the primary context (all SMs, high priority). In the runner itself this did not
-shorten the talker's step at 64x4 (79 ms either way, results/h200/README.md, sixth part): what
-delays it there is not SM occupancy alone, so `runner.talker_sms` is opt-in.
+talker keeps the primary context (all SMs, high priority).
+
+In the runner itself this did not shorten the talker's step at 64x4 (79 ms either way), and the
+talker confined to the reserved SMs as well was slower still (145 ms a step with 32 SMs; with 16
+it did not finish its requests in 140 s), though the synthetic chain confined to 16 SMs beside the
+load took 9.8 ms: the talker's step beside the replicas holds ~55 ms of device time against ~5.5
+ms alone, and SMs held for it do not shorten it, so what delays it is not SM occupancy
+(results/h200/README.md, sixth and seventh parts). `runner.talker_sms` is opt-in, and only the
+benchmark runs work on a split's held side.
 
 How: the CUDA driver's green-context calls (CUDA >= 12.4), through ctypes, since torch's own
 wrapper (`torch.cuda.green_contexts`, beta; in torch 2.11 `create(num_sms, device_id)`) makes a
 context of N SMs but none of the SMs left over, which is what the replicas need.
 A stream of a green context is an ordinary CUDA stream to torch (`torch.cuda.ExternalStream`).
 
-    part = reserve_sms(torch.device("cuda", 0), 16)   # 16 SMs kept free of the partition's work
-    with on_partition(part), thread_stream(device):   # this thread's stream is part's
-        ...                                           # graph side streams made here are too
+    split = split_sms(torch.device("cuda", 0), 16)     # >= 16 SMs held, and the rest
+    with on_partition(split.rest), thread_stream(device): # this thread's stream is the rest's
+        ...                                                # graph side streams made here are too
 
 Landmines:
 * a graph captured on a primary-context stream and replayed into a partition's stream is not
-  confined (the talker-like chain took 213 ms beside such replays, more than beside unconfined
-  load, 156 ms; bench_sm_partition.json): capture on the partition's streams, which
+  confined (the talker-like chain took 212-214 ms beside such replays, more than beside
+  unconfined load, 153 ms; bench_sm_partition_r2.json): capture on the partition's streams, which
   `graph_api(...).stream()` does inside `on_partition`;
-* the driver rounds a reservation up to its SM granularity (8 on an H200): `SmPartition.reserved`
-  is what it took;
-* a green context is made once per process and lives as long as the process (its streams are
-  never destroyed while torch may still hold them).
+* the driver rounds a reservation up to its SM granularity (8 on an H200): `split.held.sms` is
+  what it took;
+* a green context lives as long as the process (its streams are never destroyed while torch may
+  still hold them).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import contextlib
 import ctypes
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -123,16 +129,25 @@ class GreenContextDriver:
         return int(handle.value)
 
 
-@dataclass(frozen=True)
+@dataclass
 class SmPartition:
-    """The SMs of `device` left once `reserved` are held back: a green context to run on."""
+    """`sms` of `device`'s `total` SMs: work on its streams runs there only. Its green context is
+    made at its first stream (a split's unused side costs nothing)."""
 
     device: torch.device
-    reserved: int  # SMs held back (the driver's rounding of what was asked)
     sms: int  # SMs in this partition
     total: int  # SMs of the device
     driver: GreenContextDriver
-    context: ctypes.c_void_p
+    resource: ctypes.Array  # the driver's description of these SMs
+    _context: ctypes.c_void_p | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def context(self) -> ctypes.c_void_p:
+        with self._lock:  # replica threads ask for their streams at once
+            if self._context is None:
+                self._context = self.driver.green_context(self.device.index, self.resource)
+            return self._context
 
     def stream(self, *, priority: int = 0) -> Any:
         """A new stream on this partition's SMs (lower priority numbers run first)."""
@@ -142,12 +157,21 @@ class SmPartition:
         """Whether `device` is this partition's device."""
         return device.type == "cuda" and _ordinal(device) == self.device.index
 
+
+@dataclass(frozen=True)
+class SmSplit:
+    """A device's SMs in two disjoint partitions: `held` for one stage, `rest` for the others."""
+
+    held: SmPartition
+    rest: SmPartition
+
     def describe(self) -> dict:
-        return {"reserved_sms": self.reserved, "partition_sms": self.sms, "device_sms": self.total}
+        return {"reserved_sms": self.held.sms, "partition_sms": self.rest.sms, "device_sms": self.rest.total}
 
 
-def reserve_sms(device: torch.device, count: int, *, driver: GreenContextDriver | None = None) -> SmPartition:
-    """The partition of `device` that leaves at least `count` SMs free of its work."""
+def split_sms(device: torch.device, count: int, *, driver: GreenContextDriver | None = None) -> SmSplit:
+    """`device`'s SMs as a partition of at least `count` (the driver's rounding) and one of the
+    rest, each to be its own green context."""
     if device.type != "cuda":
         raise PlatformError(
             f"error: an SM reservation needs a CUDA device (green contexts), got {device}; "
@@ -171,7 +195,7 @@ def reserve_sms(device: torch.device, count: int, *, driver: GreenContextDriver 
             f"error: holding back {count} SMs of {device} leaves none ({reserved} of {total} taken after "
             "the driver's rounding); reserve fewer"
         )
-    return SmPartition(device, reserved, sms, total, driver, driver.green_context(ordinal, rest))
+    return SmSplit(SmPartition(device, reserved, total, driver, group), SmPartition(device, sms, total, driver, rest))
 
 
 def _ordinal(device: torch.device) -> int:

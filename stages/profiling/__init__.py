@@ -8,7 +8,9 @@ the fixed workloads `tts-bench profile` and the benchmark scripts measure them o
   talker's cache sized to the workload, not to serving);
 - `talker_step`: one steady talker decode step with B active rows;
 - `code2wav_step`: one code2wav decode of B streams' steady payloads;
-- `cache_split`: storing a B-row chunk's flow caches into the slot pool, per row or batched.
+- `cache_split`: storing a B-row chunk's flow caches into the slot pool, per row or batched;
+- `window`: a profiler window in a serving stage process (`StageRunner.trace`) and what ran on
+  each device stream during it.
 
 Stage knowledge (how to build an engine, grow caches to their steady shapes, which ranges the
 decode is annotated with) lives here, beside the stages; the harness (`tts_bench.profile`) only

@@ -64,7 +64,8 @@ _HOST_LAUNCHES = frozenset({
 })  # fmt: skip
 
 
-def _is_copy(name: str) -> bool:
+def is_copy(name: str) -> bool:
+    """Whether a device activity is a copy or a fill (memcpy / memset), not a kernel."""
     return name.startswith(("Memcpy", "Memset", "cudaMemcpy", "cudaMemset"))
 
 
@@ -179,7 +180,7 @@ def _launches(events, on_device: bool, repeats: int) -> LaunchCount:
                 names += _cpu_launches(event)
         elif event.device_type != torch.autograd.DeviceType.CUDA or event.is_user_annotation:
             continue  # gpu_user_annotation: the device-side span of a record_function range
-        elif _is_copy(event.name):
+        elif is_copy(event.name):
             copies += 1
         else:
             names[event.name] += 1

@@ -1,6 +1,6 @@
 """What travels between the runner's processes (all picklable, all small).
 
-    client ──Submit/Cancel/StatsQuery/Shutdown──▶ talker ──[payloads]/Drop──▶ code2wav-<r>
+    client ──Submit/Cancel/StatsQuery/TraceQuery/Shutdown──▶ talker ──[payloads]/Drop──▶ code2wav-<r>
        ▲                                              │                           │
        └────────────── Ready / ChunkReady / RequestError / StatsReport / Fatal ◀─┘
 
@@ -67,6 +67,17 @@ class StatsQuery:
 
 
 @dataclass(frozen=True)
+class TraceQuery:
+    """Client -> talker's process: profile it for `seconds` while it serves, write the Chrome
+    trace to `path` and answer with a StatsReport whose stats hold "trace" (the summary of
+    stages.profiling.window, or {"error": ...})."""
+
+    token: int
+    seconds: float
+    path: str
+
+
+@dataclass(frozen=True)
 class Ready:
     """A stage process built its model (error is None) or failed to (error is the traceback)."""
 
@@ -110,7 +121,8 @@ class RequestError:
 class StatsReport:
     token: int
     # process, pid, allocated_bytes, reserved_bytes, peak_bytes, rss_bytes, source; "work": the
-    # loop counters of each stage in the process ({stage name: counters}, stages.runner.work)
+    # loop counters of each stage in the process ({stage name: counters}, stages.runner.work);
+    # the answer to a TraceQuery: process, pid and "trace"
     stats: dict
 
 

@@ -6,6 +6,7 @@
     ...                                               # on_event(ChunkReady | RequestError),
     runner.memory_snapshot()                          #   called on the runner's reader thread
     runner.work_snapshot()                            # each stage's loop counters (stages.runner.work)
+    runner.trace(2.0, "trace.json.gz")                # a profiler window in the talker's process
     runner.stop()
 
 Topology (DESIGN.md §3): the talker and R code2wav replicas, as 1 + R processes
@@ -40,6 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any
 
 from stages.config import StageConfig, resolve_execution, stage_processes
@@ -57,6 +59,7 @@ from stages.runner.messages import (
     StatsQuery,
     StatsReport,
     Submit,
+    TraceQuery,
 )
 from stages.runner.process import ProcessSpec, threads_per_process
 from stages.runner.replica_host import replica_host_main
@@ -69,6 +72,7 @@ log = logging.getLogger(__name__)
 
 _POLL_S = 0.1  # wait granularity (seconds) while waiting for Ready or joining children
 _STATS_TIMEOUT_S = 10.0
+_TRACE_CLOSE_S = 300.0  # writing and summarizing a busy window's trace, after the window itself
 
 
 class RunnerError(RuntimeError):
@@ -345,16 +349,35 @@ class StageRunner:
         return [{"stage": stage, **counters} for s in self._stats(timeout_s)
                 for stage, counters in s.get("work", {}).items()]
 
+    def trace(self, seconds: float, path: str | Path, timeout_s: float | None = None) -> dict | None:
+        """Profile the talker's process for `seconds` while it serves (torch profiler; with
+        `runner.execution: single` that process runs every stage): the Chrome trace goes to
+        `path` (`.json`, or `.json.gz` compressed), and the answer is its summary, per device
+        stream (stages.profiling.window), or {"error": ...}. None if the process did not
+        answer within `timeout_s` (default: the window plus 300 s to write and summarize it).
+        The talker does not step while it writes the trace: take the window where a stall of
+        a few seconds does not matter."""
+        if not seconds > 0:
+            raise ValueError(f"a trace window needs seconds > 0, got {seconds}")
+        timeout_s = seconds + _TRACE_CLOSE_S if timeout_s is None else timeout_s
+        query = lambda token: TraceQuery(token, float(seconds), str(Path(path).resolve()))  # noqa: E731
+        reports = self._ask(query, self._children[:1], timeout_s)
+        return reports[0].get("trace") if reports else None
+
     def _stats(self, timeout_s: float) -> list[dict]:
+        return self._ask(StatsQuery, self._children, timeout_s)
+
+    def _ask(self, query: Callable[[int], Any], children: list[_Child], timeout_s: float) -> list[dict]:
+        """Put `query(token)` on each live child's inbox; their StatsReports, in child order."""
         token = next(self._tokens)
         with self._lock:
             if self._broken or self._closing or self._reader is None:
                 return []
             self._reports[token] = []
         expected = 0
-        for child in self._children:
+        for child in children:
             if child.process.is_alive():
-                child.inbox.put(StatsQuery(token))
+                child.inbox.put(query(token))
                 expected += 1
         deadline = time.monotonic() + timeout_s
         with self._reports_cv:

@@ -8,8 +8,9 @@ waiting for time slices, held the tier back (results/h200/README.md). In one con
 of every stage share the device at kernel granularity and the talker's stream has high priority.
 Measured there: the talker's step fell to 79 ms, not to its time alone: 63 % of it is the host
 read waiting for the device, and holding 16 SMs back from the replicas (`runner.talker_sms`,
-`stages.platform.partition`, which the replica threads then run on) left it at 79 ms. The A/B
-against processes read within noise at 32x1 and 64x4, so this is an option, not the default.
+`stages.platform.partition`, which the replica threads then run on) left it at 79 ms; the talker
+confined to its own 32 SMs took 145 ms. The A/B against processes read within noise at 32x1 and
+64x4, so this is an option, not the default.
 The cost is one interpreter: the stages' host work shares the GIL (device graphs keep it small;
 warmups at start do not).
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stages.platform import thread_stream
-from stages.platform.partition import SmPartition, reserve_sms
+from stages.platform.partition import SmPartition, split_sms
 from stages.runner.process import ProcessSpec, StageContext, run_stage_process
 from stages.runner.replica_host import LockedSender, ReplicaThread, replica_work, start_replica_threads
 from stages.runner.talker_proc import TalkerEngines, TalkerLoop, build_talker
@@ -48,19 +49,19 @@ def single_main(spec: ProcessSpec, inbox: Any, replica_inboxes: list[Any], resul
 
 def _build(ctx: StageContext, replica_inboxes: list[Any]) -> _Stages:
     talker = build_talker(ctx)  # on ctx.device: the talker's (ProcessSpec.hosts_talker)
-    partition = _talker_partition(ctx)
     # The replicas' threads; it leaves ctx.device current again for the talker loop.
-    return _Stages(talker, start_replica_threads(ctx, replica_inboxes, partition=partition))
+    return _Stages(talker, start_replica_threads(ctx, replica_inboxes, partition=_replica_partition(ctx)))
 
 
-def _talker_partition(ctx: StageContext) -> SmPartition | None:
-    """With runner.talker_sms, the SMs of the talker's device left to the replicas there."""
+def _replica_partition(ctx: StageContext) -> SmPartition | None:
+    """With runner.talker_sms, the SMs of the talker's device left to the replicas there. The
+    talker keeps the primary context, every SM: confined to the held ones it was slower."""
     count = ctx.spec.cfg.runner.talker_sms
     if not count:
         return None
-    partition = reserve_sms(ctx.device, count)
-    ctx.info["sm_partition"] = {"device": str(ctx.device), **partition.describe()}
-    return partition
+    split = split_sms(ctx.device, count)
+    ctx.info["sm_partition"] = {"device": str(ctx.device), **split.describe()}
+    return split.rest
 
 
 def _serve(ctx: StageContext, stages: _Stages, inbox: Any, replica_inboxes: list[Any]) -> None:

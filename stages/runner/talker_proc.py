@@ -8,6 +8,10 @@ code2wav replica, batched into one queue put per replica per step.
 Admission: at most `runner.talker_max_batch` requests are in the engine at once; the rest wait
 here in arrival order (the engine's static KV cache has exactly that many slots).
 
+A TraceQuery (`StageRunner.trace`) opens a profiler window in this process
+(`stages.profiling.window`); it closes at the first step boundary after its seconds, busy or
+idle, and the talker does not step while the trace is written and summed up.
+
 Faults stay request-level; the process keeps serving:
 - a request the engine refuses (`add` raises), whose chunker cannot be made, whose admission
   fails inside `step()` (the engine reports it with an `error`), or whose codes its chunker
@@ -22,14 +26,19 @@ Faults stay request-level; the process keeps serving:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from stages.profiling.window import ProfileWindow
 from stages.runner.messages import (
-    INVALID_REQUEST, STAGE_ERROR, Cancel, Drop, RequestError, Shutdown, StatsQuery, Submit,
+    INVALID_REQUEST, STAGE_ERROR, Cancel, Drop, RequestError, Shutdown, StatsQuery, StatsReport, Submit,
+    TraceQuery,
 )
 from stages.runner.process import ProcessSpec, StageContext, drain, run_stage_process, short_error
 from stages.runner.work import WorkCounters
@@ -37,6 +46,7 @@ from stages.runner.work import WorkCounters
 log = logging.getLogger(__name__)
 
 MAX_FAILED_STEPS = 3  # consecutive failing engine steps before the talker gives up (Fatal)
+_IDLE_TRACE_POLL_S = 0.01  # how often an idle talker checks whether its trace window is due
 
 
 def _kind(exc: BaseException) -> str:
@@ -84,12 +94,16 @@ class TalkerLoop:
     chunkers: dict[str, Any] = field(default_factory=dict)  # request in the engine -> chunker
     failed_steps: int = 0  # consecutive engine steps that raised
     work: WorkCounters = field(default_factory=WorkCounters)  # rows: requests in a step
+    trace: tuple[int, ProfileWindow] | None = None  # (token, window) while a TraceQuery runs
 
     def run(self, inbox: Any) -> None:
         engine = self.engines.engine
         while True:
-            for msg in drain(inbox, block=not (self.waiting or engine.has_work())):
+            idle = not (self.waiting or engine.has_work())
+            # An open trace window must close on time even with nothing to do.
+            for msg in drain(inbox, block=idle and self.trace is None):
                 if isinstance(msg, Shutdown):
+                    self._close_trace()
                     self._flush_sent(msg.gone)
                     return
                 if msg is None:  # the client died: nobody to flush for
@@ -98,6 +112,10 @@ class TalkerLoop:
             self._admit()
             if engine.has_work():
                 self._step()
+            elif self.trace is not None:
+                time.sleep(_IDLE_TRACE_POLL_S)
+            if self.trace is not None and self.trace[1].due():
+                self._close_trace()
 
     def _flush_sent(self, gone: tuple[int, ...]) -> None:
         """Wait until every payload put for a live replica is in its pipe.
@@ -115,7 +133,8 @@ class TalkerLoop:
     def _step(self) -> None:
         t0 = time.perf_counter()
         try:
-            outputs = self.engines.engine.step()
+            with self.trace[1].step() if self.trace is not None else contextlib.nullcontext():
+                outputs = self.engines.engine.step()
         except Exception as exc:
             self.failed_steps += 1
             if self.failed_steps >= MAX_FAILED_STEPS:
@@ -149,8 +168,36 @@ class TalkerLoop:
             self._cancel(msg)
         elif isinstance(msg, StatsQuery):
             self._report_stats(msg.token)
+        elif isinstance(msg, TraceQuery):
+            self._open_trace(msg)
         else:
             raise TypeError(f"talker got an unexpected message {type(msg).__name__}")
+
+    def _open_trace(self, msg: TraceQuery) -> None:
+        if self.trace is not None:
+            self._report_trace(msg.token, {"error": "a trace window is already open in this process; "
+                                                    "wait for its answer"})
+            return
+        try:
+            self.trace = (msg.token, ProfileWindow.open(seconds=msg.seconds, path=Path(msg.path),
+                                                        device=self.ctx.device))
+        except Exception as exc:  # noqa: BLE001 - the client gets the reason; serving goes on
+            self._report_trace(msg.token, {"error": short_error(exc)})
+
+    def _close_trace(self) -> None:
+        if self.trace is None:
+            return
+        (token, window), self.trace = self.trace, None
+        try:
+            summary = window.close()
+        except Exception as exc:  # noqa: BLE001 - as above
+            log.warning("talker: closing the trace window failed: %s", exc)
+            summary = {"error": short_error(exc)}
+        self._report_trace(token, summary)
+
+    def _report_trace(self, token: int, summary: dict) -> None:
+        self.ctx.results.send(StatsReport(token, {"process": self.ctx.spec.name, "pid": os.getpid(),
+                                                  "trace": summary}))
 
     def _report_stats(self, token: int) -> None:
         self.ctx.report_stats(token, {"talker": self.work_snapshot()})

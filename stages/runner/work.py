@@ -93,6 +93,8 @@ def format_work(rows: list[dict]) -> list[str]:
         if r.get("busy_s") and "device_wait_s" in r:  # the talker engine's split of its busy time
             split = (f"  of busy: {r['device_wait_s'] / r['busy_s']:.0%} waiting for the device, "
                      f"{r.get('admit_s', 0.0) / r['busy_s']:.0%} admitting")
+            if "device_span_s" in r:  # the device's own time for the steps (not on CPU)
+                split += f"; device span {1000.0 * r['device_span_s'] / r['steps']:.1f} ms a step"
         lines.append(
             f"{r['stage']:>12}  busy {r['busy']:6.1%}  {r['steps']:6d} steps  {r['ms_per_step']:7.1f} ms a step  "
             f"{r['rows_per_step']:5.1f} rows a step  backlog {r['backlog_per_step']:5.1f}{groups}{split}{graphs}"

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from stages.talker import options
+from stages.platform.device import timing_event
 from stages.platform.graphs import graph_api
 from stages.talker.config import TalkerConfig
 from stages.talker.decode_graph import DecodeGraphs
@@ -175,6 +176,12 @@ class TalkerEngine:
         # for the device (the step's kernels, queued prefills, and whatever delays them there).
         self.admit_s = 0.0
         self.device_wait_s = 0.0
+        # Device seconds from a step's first command to its result, on the talker's stream (not
+        # on CPU). Against the host's step time it says where a slow step is lost: a span near
+        # the step time is the device (or launches) being slow, a short one is the host (the
+        # GIL of a process shared with replica threads, admission) keeping the device waiting.
+        self._span_marks = (timing_event(device), timing_event(device))
+        self.device_span_s = 0.0
 
     def _decode_graphs(self, device: torch.device) -> DecodeGraphs | None:
         api = graph_api(device)
@@ -228,9 +235,13 @@ class TalkerEngine:
         self._pending.append(self._prepare(req))
 
     def work(self) -> dict:
-        """Cumulative host seconds of `step()` spent admitting and waiting for the device (the
-        runner's work report, stages.runner.work)."""
-        return {"admit_s": self.admit_s, "device_wait_s": self.device_wait_s}
+        """Cumulative host seconds of `step()` spent admitting and waiting for the device, and
+        where the device can time it, the steps' device span (the runner's work report,
+        stages.runner.work)."""
+        counters = {"admit_s": self.admit_s, "device_wait_s": self.device_wait_s}
+        if self._span_marks[0] is not None:
+            counters["device_span_s"] = self.device_span_s
+        return counters
 
     def has_work(self) -> bool:
         return bool(self._pending or self._failed) or any(s is not None for s in self._slots)
@@ -246,6 +257,9 @@ class TalkerEngine:
     def step(self) -> list[TalkerOutput]:
         """Admit waiting requests, decode every running row once, sample, report. A request
         whose admission (prefill) fails is reported finished with its `error`; the others run."""
+        first, last = self._span_marks
+        if first is not None:
+            first.record()
         t0 = time.perf_counter()
         self._admit()
         self.admit_s += time.perf_counter() - t0
@@ -261,10 +275,14 @@ class TalkerEngine:
         )
         self._prev[:rows] = result.sample
         self._fresh[:rows] = False
+        packed = torch.stack([result.sample, result.emit.long(), result.finished.long()])
+        if last is not None:
+            last.record()
         t0 = time.perf_counter()
-        # The one host read per step.
-        host = torch.stack([result.sample, result.emit.long(), result.finished.long()]).tolist()
+        host = packed.tolist()  # the one host read per step
         self.device_wait_s += time.perf_counter() - t0
+        if first is not None:
+            self.device_span_s += first.elapsed_time(last) / 1000.0  # both done: the read synced
         return failed + self._report(occupied, *host)
 
     # -- ladder --------------------------------------------------------------------------------

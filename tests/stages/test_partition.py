@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
+import time
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from stages.platform.partition import (
     SmPartition,
     active_partition,
     on_partition,
-    reserve_sms,
+    split_sms,
 )
 
 
@@ -26,8 +27,10 @@ class _FakeLibcuda:
     """The driver calls `GreenContextDriver` makes, writing through the same pointers and buffer
     offsets as libcuda: a device of `total` SMs split in steps of `granularity`."""
 
-    def __init__(self, total: int = 132, granularity: int = 8, fail: dict | None = None) -> None:
+    def __init__(self, total: int = 132, granularity: int = 8, fail: dict | None = None,
+                 create_s: float = 0.0) -> None:
         self.total, self.granularity, self.fail = total, granularity, fail or {}
+        self.create_s = create_s  # how long making a green context takes (a window for races)
         self.descs: dict[int, int] = {}  # desc handle -> SMs it describes
         self.contexts: dict[int, int] = {}  # green context handle -> SMs
         self.streams: list[tuple[int, int, int]] = []  # (context, flags, priority)
@@ -75,6 +78,7 @@ class _FakeLibcuda:
 
     def cuGreenCtxCreate(self, out, desc, dev, flags):
         assert flags.value == 1  # CU_GREEN_CTX_DEFAULT_STREAM
+        time.sleep(self.create_s)
         handle = 2000 + len(self.contexts)
         self.contexts[handle] = self.descs[desc.value]
         out._obj.value = handle
@@ -86,16 +90,38 @@ class _FakeLibcuda:
         return 0
 
 
-def test_a_reservation_holds_back_the_driver_rounded_group_and_runs_on_the_rest():
+def test_a_split_makes_a_green_context_of_the_driver_rounded_group_and_one_of_the_rest():
     lib = _FakeLibcuda()
-    part = reserve_sms(torch.device("cuda", 0), 10, driver=GreenContextDriver(lib))
-    assert (part.reserved, part.sms, part.total) == (16, 116, 132)  # 10 rounded up to 2 x 8
-    # The green context is made from the rest, not from the reserved group.
-    assert list(lib.contexts.values()) == [116]
-    assert part.describe() == {"reserved_sms": 16, "partition_sms": 116, "device_sms": 132}
-    # Its streams: non-blocking (the driver requires it) at the priority asked.
-    assert part.driver.stream(part.context, -1) == 3001
-    assert lib.streams == [(2000, 1, -1)]
+    split = split_sms(torch.device("cuda", 0), 10, driver=GreenContextDriver(lib))
+    assert (split.held.sms, split.rest.sms, split.rest.total) == (16, 116, 132)  # 10 rounded up to 2 x 8
+    assert split.describe() == {"reserved_sms": 16, "partition_sms": 116, "device_sms": 132}
+    assert lib.contexts == {}  # a side's green context is made at its first stream
+    split.rest.driver.stream(split.rest.context, 0)
+    assert list(lib.contexts.values()) == [116]  # the rest's, not the held group's
+    split.held.driver.stream(split.held.context, -1)
+    split.rest.driver.stream(split.rest.context, 0)
+    assert lib.contexts == {split.rest.context.value: 116, split.held.context.value: 16}
+    # Each side's streams are its own context's: non-blocking (the driver requires it), at the
+    # priority asked.
+    rest, held = split.rest.context.value, split.held.context.value
+    assert lib.streams == [(rest, 1, 0), (held, 1, -1), (rest, 1, 0)]
+
+
+def test_threads_asking_for_streams_at_once_share_one_green_context():
+    lib = _FakeLibcuda(create_s=0.05)
+    split = split_sms(torch.device("cuda", 0), 16, driver=GreenContextDriver(lib))
+    start = threading.Barrier(8)
+
+    def ask() -> None:
+        start.wait()
+        split.rest.driver.stream(split.rest.context, 0)
+
+    workers = [threading.Thread(target=ask) for _ in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert list(lib.contexts.values()) == [116] and len(lib.streams) == 8
 
 
 @pytest.mark.parametrize("count, message", [
@@ -105,19 +131,19 @@ def test_a_reservation_holds_back_the_driver_rounded_group_and_runs_on_the_rest(
 ])
 def test_a_reservation_that_leaves_no_sms_or_holds_none_back_fails_clearly(count, message):
     with pytest.raises(PlatformError, match=message):
-        reserve_sms(torch.device("cuda", 0), count, driver=GreenContextDriver(_FakeLibcuda()))
+        split_sms(torch.device("cuda", 0), count, driver=GreenContextDriver(_FakeLibcuda()))
 
 
 def test_a_reservation_off_cuda_names_the_setting_to_change():
     for device in (torch.device("cpu"), torch.device("meta")):
         with pytest.raises(PlatformError, match="needs a CUDA device.*runner.talker_sms=0"):
-            reserve_sms(device, 16, driver=GreenContextDriver(_FakeLibcuda()))
+            split_sms(device, 16, driver=GreenContextDriver(_FakeLibcuda()))
 
 
 def test_a_driver_error_is_reported_with_its_name_and_the_call():
     lib = _FakeLibcuda(fail={"split": 1})
     with pytest.raises(PlatformError, match=r"cuDevSmResourceSplitByCount\(16\) failed: CUDA_ERROR_INVALID_VALUE \(1\)"):
-        reserve_sms(torch.device("cuda", 0), 16, driver=GreenContextDriver(lib))
+        split_sms(torch.device("cuda", 0), 16, driver=GreenContextDriver(lib))
 
 
 def test_a_driver_without_green_contexts_is_refused_with_its_version():
@@ -131,8 +157,8 @@ def test_a_driver_without_green_contexts_is_refused_with_its_version():
 
 
 def _partition(index: int = 0) -> SmPartition:
-    return SmPartition(torch.device("cuda", index), 16, 116, 132, GreenContextDriver(_FakeLibcuda()),
-                       ctypes.c_void_p(2000))
+    return SmPartition(torch.device("cuda", index), 116, 132, GreenContextDriver(_FakeLibcuda()),
+                       ctypes.create_string_buffer(512))
 
 
 def test_on_partition_is_per_thread_nests_and_covers_only_its_device():

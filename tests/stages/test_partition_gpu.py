@@ -7,14 +7,19 @@ import pytest
 import torch
 
 from stages.platform import graph_api, thread_stream
-from stages.platform.partition import new_cuda_stream, on_partition, reserve_sms
+from stages.platform.partition import new_cuda_stream, on_partition, split_sms
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def partition():
-    return reserve_sms(torch.device("cuda", 0), 16)
+def split():
+    return split_sms(torch.device("cuda", 0), 16)
+
+
+@pytest.fixture(scope="module", params=["held", "rest"])
+def partition(request, split):
+    return getattr(split, request.param)
 
 
 def _work(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -22,10 +27,10 @@ def _work(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.softmax(y.flatten(1) @ y.flatten(1).T, dim=-1)
 
 
-def test_a_reservation_splits_the_device_sms(partition):
+def test_a_split_divides_the_device_sms(split):
     total = torch.cuda.get_device_properties(0).multi_processor_count
-    assert partition.total == total
-    assert partition.reserved >= 16 and partition.reserved + partition.sms == total
+    assert split.rest.total == split.held.total == total
+    assert split.held.sms >= 16 and split.held.sms + split.rest.sms == total
 
 
 def test_inside_on_partition_new_streams_and_graph_side_streams_are_the_partitions(partition):

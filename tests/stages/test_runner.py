@@ -8,6 +8,7 @@ chunk order, codes, audio, pinning and batching are asserted exactly. Each Stage
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ import psutil
 import pytest
 
 from stages.config import RunnerConfig, StageConfig
+from stages.profiling.ranges import TALKER_RANGE
 from stages.runner import ChunkReady, RequestError, RunnerError, RunnerRequest, StageRunner
 from stages.runner.fakes import FakePayload, fake_code, fake_factories
 from stages.runner.process import threads_per_process
@@ -194,6 +196,45 @@ def test_work_snapshots_count_every_step_row_and_decode_second_of_an_interval(sh
         assert r["busy_s"] >= 0.15 * r["steps"] > 0
         assert 0 < r["busy"] < 1 and r["ms_per_step"] >= 150
         assert r["wall_s"] >= r["busy_s"]
+
+
+def test_a_trace_window_profiles_the_talkers_steps_while_it_serves(shared, tmp_path):
+    runner, _ = shared
+    col = Collector()
+    submit_all(runner, col, [("trace-a", 51, 40), ("trace-b", 52, 40)])
+    summary = runner.trace(0.3, tmp_path / "t.json.gz")  # queued behind the submits: opens first
+    col.wait()
+    assert summary["steps"] > 0 and summary["host_ms_per_step"] > 0
+    assert summary["streams"] == [] and 0.3 <= summary["seconds"] < 10  # CPU: host only
+    events = json.loads(gzip.decompress((tmp_path / "t.json.gz").read_bytes()))["traceEvents"]
+    assert sum(e.get("name") == TALKER_RANGE for e in events) == summary["steps"]
+    with pytest.raises(ValueError, match="seconds > 0"):
+        runner.trace(0, tmp_path / "never.json")
+
+
+def test_one_trace_window_at_a_time_an_idle_one_closes_and_a_bad_path_is_reported(tmp_path):
+    runner = StageRunner(cpu_config(), replicas=1, factories=fake_factories())
+    runner.start()
+    answers = {}
+    try:
+        first = threading.Thread(target=lambda: answers.update(a=runner.trace(1.0, tmp_path / "a.json")))
+        first.start()
+        time.sleep(0.3)
+        answers["b"] = runner.trace(0.2, tmp_path / "b.json")
+        first.join(WAIT_S)
+        (tmp_path / "file").write_text("")
+        unwritable = runner.trace(0.2, tmp_path / "file" / "c.json")
+        still_serving = Collector()
+        submit_all(runner, still_serving, [("after-trace", 7, 5)])
+        still_serving.wait()
+    finally:
+        runner.stop()
+    refused = [a for a in answers.values() if "error" in a]
+    taken = [a for a in answers.values() if "error" not in a]
+    assert len(refused) == len(taken) == 1 and "already open" in refused[0]["error"]
+    assert taken[0]["steps"] == 0 and taken[0]["seconds"] >= 0.2  # idle: closed on time anyway
+    assert "error" in unwritable and "c.json" not in {p.name for p in tmp_path.rglob("*")}
+    assert isinstance(still_serving.events["after-trace"][-1], ChunkReady)
 
 
 def test_cancel_stops_a_request_and_frees_its_id(shared):

@@ -136,8 +136,10 @@ def test_graph_warmup_captures_before_ready_so_a_request_only_replays(execution,
         assert set(warmups) == {"code2wav-0", "code2wav-1"}
         # 1..max_num_seqs rows, at least a first and a settled shape each
         assert all(w and w["captured"] >= 2 * cfg.runner.max_num_seqs for w in warmups.values()), warmups
-        if talker_sms:  # every replica serves on the SMs the talker leaves
-            assert all(i["partition_sms"] > 0 for i in runner.replica_info().values())
+        if talker_sms:  # the talker on its SMs, every replica on the SMs it leaves
+            split = runner.info["stages"]["sm_partition"]
+            assert split["reserved_sms"] >= talker_sms and split["partition_sms"] > 0
+            assert all(i["partition_sms"] == split["partition_sms"] for i in runner.replica_info().values())
         before = runner.work_snapshot()
         done, events = threading.Event(), []
 
@@ -160,7 +162,7 @@ def test_graph_warmup_captures_before_ready_so_a_request_only_replays(execution,
 
 
 @pytest.mark.gpu
-def test_replicas_on_an_sm_partition_give_the_same_codes_and_audio_as_on_the_whole_device():
+def test_the_talker_and_replicas_on_sm_partitions_give_the_same_codes_and_audio_as_on_the_whole_device():
     cfg = tiny_cpu_config()
     code2wav = dataclasses.replace(cfg.code2wav, extra={**cfg.code2wav.extra, "code2wav_device_graph": True})
     runner = dataclasses.replace(cfg.runner, device="cuda", execution="single", torch_threads=1)

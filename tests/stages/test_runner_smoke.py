@@ -38,3 +38,14 @@ def test_fake_talker_feeds_real_replicas_with_voices():
     for w in stage2:  # the real engine's counters: a chunk group per batch shape, no graphs
         assert w["groups"] >= w["steps"] > 0 and w["graph_captures"] == w["graph_replays"] == 0
         assert 0 < w["busy"] <= 1
+
+
+def test_a_tier_with_a_trace_window_keeps_its_summary_and_writes_the_trace(tmp_path):
+    from scripts.runner_smoke import TraceWindow
+
+    factories = StageFactories(talker=partial(FakeTalker, step_s=0.01), talker_request=FakeTalkerRequest)
+    window = TraceWindow(after_s=0.2, seconds=0.3, path=tmp_path / "trace_2x1.json.gz")
+    res = run_tier(tiny_stages(), 2, 1, 2, factories=factories, max_codes=(60, 80), trace=window)
+    assert res["completed"] == 2, res["errors"]
+    assert res["trace"]["steps"] > 0 and res["trace"]["trace"] == str(window.path)
+    assert window.path.stat().st_size > 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -103,3 +105,18 @@ def test_cuda_decode_graph_gives_the_same_codes_as_eager(full_size):
         return codes_of(eng, joins)
 
     assert run(True) == run(False)
+
+
+def test_cuda_step_span_is_the_devices_time_inside_the_steps():
+    """The device span is timed on the talker's stream: positive, and never longer than the
+    host's time inside the steps (a step starts and ends with the host)."""
+    eng = TalkerEngine(TalkerConfig(**TINY), device=torch.device("cuda"), dtype=torch.float32,
+                       max_batch=4, max_seq_len=128)
+    assert eng.work()["device_span_s"] == 0.0
+    t0 = time.perf_counter()
+    codes_of(eng, {0: [TalkerRequest("a", "Hello there.", max_codes=12)],
+                   3: [TalkerRequest("b", "And a second one.", max_codes=6)]})
+    inside = time.perf_counter() - t0
+    span = eng.work()["device_span_s"]
+    assert 0.0 < span < inside
+

@@ -84,14 +84,16 @@ def test_replicas_pool_into_one_row_and_the_table_averages_repeats():
 
 
 def test_the_table_shows_the_talkers_busy_time_split_averaged_over_repeats():
-    def talker(wait: float, admit: float) -> dict:
+    def talker(wait: float, admit: float, span: float) -> dict:
         return {**_stage("talker", 10, 500, 8.0, 10.0), "busy": 0.8, "ms_per_step": 800.0,
-                "rows_per_step": 50.0, "backlog_per_step": 0.0, "device_wait_s": wait, "admit_s": admit}
+                "rows_per_step": 50.0, "backlog_per_step": 0.0, "device_wait_s": wait, "admit_s": admit,
+                "device_span_s": span}
 
-    entries = [{"arm": "a", "tier": "64x4", "repeat": r, "stages": [talker(w, a)]}
-               for r, (w, a) in enumerate(((6.0, 1.0), (4.0, 2.0)))]
+    entries = [{"arm": "a", "tier": "64x4", "repeat": r, "stages": [talker(w, a, d)]}
+               for r, (w, a, d) in enumerate(((6.0, 1.0, 2.0), (4.0, 2.0, 1.0)))]
     (row,) = work_table(entries).to_dict("records")
     assert row["device wait (of busy)"] == "62%" and row["admitting (of busy)"] == "19%"
+    assert row["device span (of busy)"] == "19%"  # (2/8 + 1/8) / 2
 
 
 @pytest.mark.slow

@@ -49,3 +49,12 @@ def test_the_talker_line_splits_its_busy_time_into_device_wait_and_admission():
               "admit_s": 1.0, "device_wait_s": 6.0}]
     (line,) = format_work(work_delta(before, after))
     assert "of busy: 75% waiting for the device, 12% admitting" in line
+
+
+def test_the_talker_line_gives_its_device_span_a_step_where_the_device_timed_it():
+    before = [{"stage": "talker", "steps": 0, "rows": 0, "busy_s": 0.0, "backlog": 0, "wall_s": 0.0,
+               "admit_s": 0.0, "device_wait_s": 0.0, "device_span_s": 1.0}]
+    after = [{"stage": "talker", "steps": 100, "rows": 6400, "busy_s": 8.0, "backlog": 0, "wall_s": 10.0,
+              "admit_s": 1.0, "device_wait_s": 6.0, "device_span_s": 1.5}]
+    (line,) = format_work(work_delta(before, after))
+    assert line.endswith("12% admitting; device span 5.0 ms a step")  # (1.5 - 1.0) s / 100 steps
