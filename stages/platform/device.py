@@ -237,6 +237,21 @@ def synchronize_stream(device: torch.device) -> None:
         torch.npu.current_stream(device).synchronize()
 
 
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` (host memory) on `device`, queued on the calling thread's stream without waiting.
+
+    A copy from ordinary (pageable) host memory waits for the stream to drain first, i.e. for
+    every kernel queued before it: the talker, admitting a request, would wait for the prefill it
+    had just launched for the one before. From pinned memory the copy is queued like a kernel,
+    and the caching host allocator keeps the pinned block until the copy has run. (On an NPU,
+    torch_npu pins for the NPU.) CPU: the tensor itself."""
+    if device.type == "cpu":
+        return tensor
+    if device.type == "npu":
+        _torch_npu()
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def timing_event(device: torch.device) -> Any | None:
     """A device event that can time work (`enable_timing`), or None on CPU.
 

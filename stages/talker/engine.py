@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from stages.talker import options
-from stages.platform.device import timing_event
+from stages.platform.device import host_to_device, timing_event
 from stages.platform.graphs import graph_api
 from stages.talker.config import TalkerConfig
 from stages.talker.decode_graph import DecodeGraphs
@@ -319,9 +319,10 @@ class TalkerEngine:
 
     def _prefill(self, slot: int, prep: _Prepared) -> None:
         req, cfg = prep.request, self.cfg
-        ids = torch.tensor(prep.token_ids, dtype=torch.long, device=self.device)
+        # Queued, not waited for: a blocking copy would wait for the prefills already launched.
+        ids = host_to_device(torch.tensor(prep.token_ids, dtype=torch.long), self.device)
         hidden = standin_hidden(prep.token_ids, llm_dim=cfg.llm_dim, seed=self.init_seed)
-        cond = self.model.condition(ids, hidden.to(self.device))  # [L, D]
+        cond = self.model.condition(ids, host_to_device(hidden, self.device))  # [L, D]
         self._fresh_logits[slot] = self.model.code_logits(self.model.prefill(cond, slot)[None])[0]
         self.sampler.admit(self.state, slot, limit=prep.budget + 1, ignore_eos=prep.ignore_eos)
         gen = torch.Generator(device=self.device).manual_seed(req.seed)

@@ -87,6 +87,7 @@ class CodecSampler:
         self.cfg = cfg
         self.eos_id = eos_id
         self.prelude = prelude or penalty_temperature_eager
+        self._pow: torch.Tensor | None = None  # the penalty pow table, on the state's device
 
     @property
     def prelude(self) -> Prelude:
@@ -110,18 +111,22 @@ class CodecSampler:
         return bound[1]
 
     def admit(self, state: SamplerState, slot: int, *, limit: int, ignore_eos: bool) -> None:
-        """Reset row `slot` for a new request; the pow table is computed here, once."""
-        cfg = self.cfg
-        device = state.step.device
+        """Reset row `slot` for a new request. Device-side fills and copies only: nothing here
+        waits for the talker's queued work."""
         state.history[slot].zero_()
         state.history_len[slot] = 0
         state.step[slot] = 0
         state.limit[slot] = limit
         state.ignore_eos[slot] = ignore_eos
-        state.pow_table[slot] = penalty_pow_table(cfg.repetition_penalty, cfg.history_window).to(
-            device
-        )
-        state.temperature[slot] = cfg.temperature
+        state.pow_table[slot] = self._pow_table(state.step.device)
+        state.temperature[slot] = self.cfg.temperature
+
+    def _pow_table(self, device: torch.device) -> torch.Tensor:
+        """The penalty pow table on `device`, computed and copied there once per sampler."""
+        table = self._pow
+        if table is None or table.device != device:
+            table = self._pow = penalty_pow_table(self.cfg.repetition_penalty, self.cfg.history_window).to(device)
+        return table
 
     def filter(self, logits: torch.Tensor, state: SamplerState) -> torch.Tensor:
         """logits: [R, V] fp32 -> filtered fp32 [R, V] (-inf where removed)."""

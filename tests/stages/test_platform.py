@@ -242,3 +242,30 @@ def test_a_stream_sync_beside_another_threads_capture_leaves_the_capture_intact(
     graph.replay()
     torch.cuda.synchronize(device)
     assert torch.equal(y, torch.full_like(x, 2.0))
+
+
+def test_a_host_tensor_for_the_cpu_is_not_copied():
+    from stages.platform.device import host_to_device
+
+    t = torch.arange(4)
+    assert host_to_device(t, torch.device("cpu")) is t
+
+
+@pytest.mark.gpu
+def test_cuda_host_to_device_is_queued_in_stream_order_without_waiting():
+    import time
+
+    from stages.platform.device import host_to_device
+
+    device, n = torch.device("cuda"), 1 << 20
+    host_to_device(torch.full((n,), 2.0), device)  # the caching host allocator keeps the pinned block
+    torch.cuda.synchronize()
+    x = torch.zeros(n, device=device)
+    torch.cuda._sleep(100_000_000)  # tens of ms of device work ahead of the copy
+    x.fill_(1.0)
+    t0 = time.perf_counter()
+    y = host_to_device(torch.full((n,), 2.0), device)
+    queued_s = time.perf_counter() - t0
+    total = x + y  # after the fill and the copy, in stream order
+    assert torch.equal(total.cpu(), torch.full((n,), 3.0))
+    assert queued_s < 0.02, queued_s

@@ -120,3 +120,31 @@ def test_cuda_step_span_is_the_devices_time_inside_the_steps():
     span = eng.work()["device_span_s"]
     assert 0.0 < span < inside
 
+
+
+def test_cuda_admission_queues_its_copies_instead_of_waiting_for_the_talkers_work():
+    """Admitting a request only queues work: with a long kernel ahead on the talker's stream the
+    admission returns long before that kernel ends (a blocking host copy would wait for it), and
+    the codes are those of an admission that waited."""
+    def engine() -> TalkerEngine:
+        return TalkerEngine(TalkerConfig(**TINY), device=torch.device("cuda"), dtype=torch.float32,
+                            max_batch=4, max_seq_len=128)
+
+    request = TalkerRequest("b", "And now the measured one.", seed=9, max_codes=6)
+    waited = codes_of(engine(), {0: [request]})
+    eng = engine()
+    # The same text first: cuBLAS, the cached tables and pinned host blocks of the sizes it needs.
+    codes_of(eng, {0: [TalkerRequest("warm", request.text, seed=1, max_codes=3)]})
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    torch.cuda._sleep(200_000_000)
+    torch.cuda.synchronize()
+    sleep_s = time.perf_counter() - t0
+    torch.cuda._sleep(200_000_000)
+    eng.add(request)
+    before = eng.work()["admit_s"]
+    outputs = eng.step()
+    admit_s = eng.work()["admit_s"] - before
+    assert sleep_s > 0.02 and admit_s < sleep_s / 2, (admit_s, sleep_s)
+    codes = [o.code for o in outputs if o.code is not None] + codes_of(eng, {}).get("b", [])
+    assert codes == waited["b"]
