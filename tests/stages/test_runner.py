@@ -198,12 +198,18 @@ def test_work_snapshots_count_every_step_row_and_decode_second_of_an_interval(sh
         assert r["wall_s"] >= r["busy_s"]
 
 
-def test_a_trace_window_profiles_the_talkers_steps_while_it_serves(shared, tmp_path):
-    runner, _ = shared
+@pytest.mark.parametrize("execution", ["processes", "threads", "single"])
+def test_a_trace_window_profiles_the_talkers_steps_while_it_serves(execution, tmp_path):
+    # 10 ms talker steps and 100 codes a request: the window opens while they run
+    runner = StageRunner(cpu_config(execution=execution), replicas=2, factories=fake_factories(step_s=0.01))
+    runner.start()
     col = Collector()
-    submit_all(runner, col, [("trace-a", 51, 40), ("trace-b", 52, 40)])
-    summary = runner.trace(0.3, tmp_path / "t.json.gz")  # queued behind the submits: opens first
-    col.wait()
+    try:
+        submit_all(runner, col, [("trace-a", 51, 100), ("trace-b", 52, 100)])
+        summary = runner.trace(0.3, tmp_path / "t.json.gz")
+        col.wait()
+    finally:
+        runner.stop()
     assert summary["steps"] > 0 and summary["host_ms_per_step"] > 0
     assert summary["streams"] == [] and 0.3 <= summary["seconds"] < 10  # CPU: host only
     events = json.loads(gzip.decompress((tmp_path / "t.json.gz").read_bytes()))["traceEvents"]
