@@ -245,8 +245,8 @@ def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     had just launched for the one before. From pinned memory the copy is queued like a kernel,
     and the caching host allocator keeps the pinned block until the copy has run. (On an NPU,
     torch_npu pins for the NPU.) CPU: the tensor itself."""
-    if device.type == "cpu":
-        return tensor
+    if device.type not in ("cuda", "npu"):
+        return tensor.to(device)
     if device.type == "npu":
         _torch_npu()
     return tensor.pin_memory().to(device, non_blocking=True)

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+
 @dataclass
 class WorkCounters:
     steps: int = 0

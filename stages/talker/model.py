@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
+from stages.platform.device import host_to_device
 from stages.talker.config import TalkerConfig
 
 
@@ -218,7 +219,6 @@ class TalkerModel(nn.Module):
         self.head_code = nn.ModuleList([weight_norm(head, name="weight", dim=0)])
         self.projector_semantic = MultiModalProjector(cfg.llm_dim, cfg.hidden_size)
         self.max_batch = self.max_seq_len = 0  # set by setup_caches
-        self._boundary: torch.Tensor | None = None  # _boundary_ids, on the device last asked
 
     # -- weights -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -289,22 +289,16 @@ class TalkerModel(nn.Module):
         """hidden: [R, D] -> fp32 logits [R, num_audio_tokens]."""
         return self.head_code[0](hidden).float()
 
-    def _boundary_ids(self, device: torch.device) -> torch.Tensor:
-        """[text_eos, audio_bos] on `device`, copied there once: a copy per request would wait
-        for the talker's queued work (stages.platform.device.host_to_device)."""
-        cached = self._boundary
-        if cached is None or cached.device != device:
-            cached = torch.tensor([self.cfg.text_eos_token_id, self.cfg.audio_bos_token_id], device=device)
-            self._boundary = cached  # a plain attribute: not a buffer, so not in the state dict
-        return cached
-
     def condition(self, token_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Condition rows (spec §2.2). token_ids: [N] long, hidden: [N, llm_dim] -> [N + 2, D].
 
         Row i = emb_text(tok_i) + L2normalize(projector_semantic(h_i)), then emb_text(text_eos)
         and emb_text(audio_bos). N == 0 gives just the two boundary rows.
         """
-        tail = self.emb_text(self._boundary_ids(token_ids.device))
+        cfg = self.cfg
+        # Queued, not waited for (a blocking copy would wait for the talker's queued work).
+        boundary = host_to_device(torch.tensor([cfg.text_eos_token_id, cfg.audio_bos_token_id]), token_ids.device)
+        tail = self.emb_text(boundary)
         if token_ids.numel() == 0:
             return tail
         proj = F.normalize(self.projector_semantic(hidden.to(tail.dtype)), p=2, dim=-1)

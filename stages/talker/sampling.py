@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from stages.platform.device import host_to_device
 from stages.talker.config import SamplingConfig
 from stages.talker.prelude import (
     Prelude,
@@ -87,7 +88,6 @@ class CodecSampler:
         self.cfg = cfg
         self.eos_id = eos_id
         self.prelude = prelude or penalty_temperature_eager
-        self._pow: torch.Tensor | None = None  # the penalty pow table, on the state's device
 
     @property
     def prelude(self) -> Prelude:
@@ -118,15 +118,9 @@ class CodecSampler:
         state.step[slot] = 0
         state.limit[slot] = limit
         state.ignore_eos[slot] = ignore_eos
-        state.pow_table[slot] = self._pow_table(state.step.device)
+        table = penalty_pow_table(self.cfg.repetition_penalty, self.cfg.history_window)
+        state.pow_table[slot] = host_to_device(table, state.step.device)
         state.temperature[slot] = self.cfg.temperature
-
-    def _pow_table(self, device: torch.device) -> torch.Tensor:
-        """The penalty pow table on `device`, computed and copied there once per sampler."""
-        table = self._pow
-        if table is None or table.device != device:
-            table = self._pow = penalty_pow_table(self.cfg.repetition_penalty, self.cfg.history_window).to(device)
-        return table
 
     def filter(self, logits: torch.Tensor, state: SamplerState) -> torch.Tensor:
         """logits: [R, V] fp32 -> filtered fp32 [R, V] (-inf where removed)."""

@@ -133,7 +133,7 @@ def test_cuda_admission_queues_its_copies_instead_of_waiting_for_the_talkers_wor
     request = TalkerRequest("b", "And now the measured one.", seed=9, max_codes=6)
     waited = codes_of(engine(), {0: [request]})
     eng = engine()
-    # The same text first: cuBLAS, the cached tables and pinned host blocks of the sizes it needs.
+    # The same text first: cuBLAS and the pinned host blocks of the sizes the admission needs.
     codes_of(eng, {0: [TalkerRequest("warm", request.text, seed=1, max_codes=3)]})
     torch.cuda.synchronize()
     t0 = time.perf_counter()
