@@ -14,6 +14,9 @@ operators on CPU). Timing the preludes one after another instead let host drift 
 prelude effect (the eager-mode step at B = 128 read 26.5 ms with one and 38.7 ms with the
 other, run after it). Prints a header, a fixed-width table, and one JSON document as the last
 stdout line; `--out DIR` (default `$OUT`) also writes `DIR/talker_bench.json`.
+Deterministic kernels are on, as in the stage processes (`runner.deterministic`): CUDA takes
+other index-write kernels under them, and a bench without them once hid a whole-cache copy per
+layer from these figures (stages.platform.indexing).
 
     PYTHONPATH=. python3 scripts/bench_talker.py --device cuda --out "$OUT"
     PYTHONPATH=. python3 scripts/bench_talker.py --device cpu --tiny --batches 1,4 --steps 5
@@ -30,7 +33,13 @@ import torch
 
 from scripts._report import add_out, emit
 from scripts._stages import tiny_stages
-from stages.platform.device import describe_device, dtype_from_name, resolve_device, synchronize
+from stages.platform.device import (
+    describe_device,
+    deterministic_kernels,
+    dtype_from_name,
+    resolve_device,
+    synchronize,
+)
 from stages.profiling.launches import count_launches
 from stages.talker.config import TalkerConfig
 from stages.talker.engine import TalkerEngine, TalkerRequest
@@ -170,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tiny", action="store_true")
     add_out(ap)
     args = ap.parse_args(argv)
+    deterministic_kernels()  # as in the stage processes (runner.deterministic): their kernels
     device, dtype = resolve_device(args.device), dtype_from_name(args.dtype)
     batches = [int(b) for b in args.batches.split(",")]
     base = tiny_config() if args.tiny else TalkerConfig()

@@ -37,6 +37,7 @@ from stages.code2wav.flow_cache import AttKeep, trim_conformer_att
 from stages.code2wav.hift import HiFTGenerator, NoiseKeys, crossfade_window
 from stages.code2wav.options import Code2WavOptions, tf32_scope
 from stages.code2wav.slots import SlotPool
+from stages.platform.indexing import index_copy_span
 
 META_EXTRA = 3  # columns after the codes: slot, vocoder seed, chunk number
 
@@ -81,11 +82,10 @@ class PooledAttSteps:
     def store(self, step: int, buf: torch.Tensor) -> None:
         if not self._store:
             return
-        pos = 0
-        for start, n in self.keep.ranges(buf.shape[3]):
-            part = buf[:, :, :, start : start + n].to(self.arena.dtype)
-            self.arena[step, :, :, :, pos : pos + n].index_copy_(1, self.pairs, part)
-            pos += n
+        # The kept ranges land back to back from frame 0: one write of their concatenation.
+        kept = [buf[:, :, :, start : start + n] for start, n in self.keep.ranges(buf.shape[3])]
+        part = (kept[0] if len(kept) == 1 else torch.cat(kept, dim=3)).to(self.arena.dtype)
+        index_copy_span(self.arena[step], 1, self.pairs, part, span_dim=3)
 
 
 def store_small_caches(
@@ -99,11 +99,11 @@ def store_small_caches(
     batched: bool,
 ) -> None:
     """The cache split of seed item 3: a chunk's conformer cnn/att and estimator cnn caches into
-    the rows' slots. Batched: one `index_copy_` per tensor (3 launches). Per-row (the reference,
+    the rows' slots. Batched: one write per tensor (3; 5 launches). Per-row (the reference,
     `code2wav_batched_cache_split: false`): one per row and tensor, the estimator's cond and
-    uncond rows apart (4 per row). Same bytes either way."""
+    uncond rows apart (4 per row; 6 launches). Same bytes either way."""
     _store_rows(pool["conformer_cnn"], 0, slots, conformer_cnn, batched)
-    _store_rows(pool["conformer_att"][:, :, :, : conformer_att.shape[3]], 1, slots, conformer_att, batched)
+    _store_rows(pool["conformer_att"], 1, slots, conformer_att, batched, span_dim=3)
     if batched:
         pool["estimator_cnn"].index_copy_(2, pairs, estimator_cnn)
         return
@@ -111,13 +111,15 @@ def store_small_caches(
         pool["estimator_cnn"].index_copy_(2, pairs[half : half + 1], estimator_cnn.narrow(2, half, 1))
 
 
-def _store_rows(dst: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, batched: bool) -> None:
-    """dst[index[r]] = src[r] along `dim`: one launch, or one per row (the per-row reference)."""
+def _store_rows(dst: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, batched: bool,
+                *, span_dim: int | None = None) -> None:
+    """dst[index[r]] = src[r] along `dim` (from position 0 of `span_dim`, if given): one
+    launch, or one per row (the per-row reference)."""
     if batched:
-        dst.index_copy_(dim, index, src)
+        index_copy_span(dst, dim, index, src, span_dim=span_dim)
         return
     for r in range(index.shape[0]):
-        dst.index_copy_(dim, index[r : r + 1], src.narrow(dim, r, 1))
+        index_copy_span(dst, dim, index[r : r + 1], src.narrow(dim, r, 1), span_dim=span_dim)
 
 
 class ChunkDecoder:
@@ -192,10 +194,10 @@ class ChunkDecoder:
         if shape.last:
             return speech
         frames = min(self.cfg.hift.mel_cache_frames, mel.shape[2])
-        pool["hift_mel"][:, :, :frames].index_copy_(0, slots, mel[:, :, -frames:])
-        pool["hift_source"][:, :, : frames * spf].index_copy_(0, slots, source[:, :, -frames * spf :])
+        index_copy_span(pool["hift_mel"], 0, slots, mel[:, :, -frames:], span_dim=2)
+        index_copy_span(pool["hift_source"], 0, slots, source[:, :, -frames * spf :], span_dim=2)
         held = min(n, speech.shape[1])
-        pool["hift_tail"][:, :held].index_copy_(0, slots, speech[:, -held:])
+        index_copy_span(pool["hift_tail"], 0, slots, speech[:, -held:], span_dim=1)
         return speech[:, : speech.shape[1] - n]
 
     def next_shape(self, shape: BatchShape, mel_frames: int) -> BatchShape:

@@ -56,7 +56,7 @@ from stages.code2wav.streaming import (
     validate_payload,
 )
 from stages.code2wav.weights import load_flow_weights
-from stages.platform.device import synchronize_stream
+from stages.platform.device import host_to_device, synchronize_stream
 from stages.platform.graphs import graph_api
 
 log = logging.getLogger(__name__)
@@ -410,7 +410,8 @@ class Token2Wav:
             self.graphs.invalidate()  # the pool grew: captured addresses are stale
             self._graph_generation = self.pool.generation
         if self.graphs is None or shape.last:
-            return self._decoder.run(meta.to(self.device), shape)
+            # Queued: a pageable copy would wait for this replica's launched groups to finish.
+            return self._decoder.run(host_to_device(meta, self.device), shape)
         return self.graphs.run(shape, meta, lambda m: self._decoder.run(m, shape))
 
     def _finish_group(self, out: ChunkOut, items: list[CodecPayload], streams: list[_Stream]) -> list[DecodedAudio]:

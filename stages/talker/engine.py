@@ -274,7 +274,7 @@ class TalkerEngine:
             logits, self.state, active=self._active[:rows], generators=generators
         )
         self._prev[:rows] = result.sample
-        self._fresh[:rows] = False
+        self._fresh[:rows].fill_(False)  # fill_: `= False` copies a host scalar, which syncs
         packed = torch.stack([result.sample, result.emit.long(), result.finished.long()])
         if last is not None:
             last.record()
@@ -327,9 +327,9 @@ class TalkerEngine:
         self.sampler.admit(self.state, slot, limit=prep.budget + 1, ignore_eos=prep.ignore_eos)
         gen = torch.Generator(device=self.device).manual_seed(req.seed)
         self._slots[slot] = _Running(req, gen, position=cond.shape[0], fresh=True)
-        self._active[slot] = True
-        self._fresh[slot] = True
-        self._pos[slot] = cond.shape[0]
+        self._active[slot].fill_(True)  # fill_, not `= True`: see CodecSampler.admit
+        self._fresh[slot].fill_(True)
+        self._pos[slot].fill_(cond.shape[0])
 
     def _logits(self, rows: int) -> torch.Tensor:
         """Logits [rows, V] fp32 to sample from: a decode of each running row's previous
@@ -367,9 +367,9 @@ class TalkerEngine:
 
     def _free(self, slot: int) -> None:
         self._slots[slot] = None
-        self._active[slot] = False
-        self._fresh[slot] = False
-        self._pos[slot] = 0  # a free row's dummy decode write must stay inside the cache
+        self._active[slot].fill_(False)
+        self._fresh[slot].fill_(False)
+        self._pos[slot].fill_(0)  # a free row's dummy decode write must stay inside the cache
 
     def _find(self, request_id: str) -> object | None:
         for p in self._pending:

@@ -40,7 +40,7 @@ class _CacheStep:
 
     slot: int | None = None  # prefill: the request's cache row
     positions: torch.Tensor | None = None  # decode: [R] long, write position of each row
-    rows: torch.Tensor | None = None  # decode: [R] long, arange(R) (row r is slot r)
+    cache_rows: torch.Tensor | None = None  # decode: [R * KVH] long, see KVCache.decode_rows
     kv_len: int = 0  # decode: how many cache positions attention reads
     mask: torch.Tensor | None = None  # decode: [R, 1, 1, kv_len] bool, True = attend
 
@@ -65,6 +65,7 @@ class KVCache(nn.Module):
         super().__init__()
         self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
         self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+        self.register_buffer("heads", torch.arange(shape[1], device=device), persistent=False)
 
     def write_prefill(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         # k, v: [1, KVH, T, hd] -> positions 0..T-1 of `slot`
@@ -72,11 +73,23 @@ class KVCache(nn.Module):
         self.k[slot, :, :t] = k[0]
         self.v[slot, :, :t] = v[0]
 
-    def write_decode(self, rows, positions, k: torch.Tensor, v: torch.Tensor) -> None:
-        # rows, positions: [R] long; k, v: [R, KVH, 1, hd]; row r goes to (slot r, positions[r]).
-        # An index_put (device-side scatter, no host sync), so it can be captured in a graph.
-        self.k[rows, :, positions] = k[:, :, 0]
-        self.v[rows, :, positions] = v[:, :, 0]
+    def decode_rows(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions: [R] long (row r is slot r) -> [R * KVH] rows of the cache viewed as
+        [slots * KVH * max_seq_len, hd]: (slot r, head h, positions[r]) in (r, h) order. Made
+        once per step, shared by every layer (their caches have one shape)."""
+        _, heads, seq, _ = self.k.shape
+        slots = torch.arange(positions.shape[0], device=positions.device)
+        return ((slots[:, None] * heads + self.heads) * seq + positions[:, None]).reshape(-1)
+
+    def write_decode(self, cache_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        # cache_rows: [R * KVH] from decode_rows; k, v: [R, KVH, 1, hd]. An index_put (device-side
+        # scatter, no host sync), so it can be captured in a graph. One index over the flat
+        # cache: as `k[slots, :, positions]` the indexed dims would not be adjacent, and under
+        # deterministic kernels CUDA then copies the whole cache twice per write (see
+        # stages.platform.indexing); this way it only sorts R x KVH indices.
+        hd = self.k.shape[-1]
+        self.k.view(-1, hd)[cache_rows] = k[:, :, 0].reshape(-1, hd)
+        self.v.view(-1, hd)[cache_rows] = v[:, :, 0].reshape(-1, hd)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -113,7 +126,7 @@ class Attention(nn.Module):
         gqa = self.num_heads != self.num_kv_heads
         if step is not None and step.positions is not None:
             assert self.kv_cache is not None, "setup_caches() before decode"
-            self.kv_cache.write_decode(step.rows, step.positions, k, v)
+            self.kv_cache.write_decode(step.cache_rows, k, v)
             r = x.shape[0]
             keys = self.kv_cache.k[:r, :, : step.kv_len]
             values = self.kv_cache.v[:r, :, : step.kv_len]
@@ -281,8 +294,8 @@ class TalkerModel(nn.Module):
         """
         keys = torch.arange(kv_len, device=x.device)
         mask = (keys[None, :] <= positions[:, None])[:, None, None, :]  # [R, 1, 1, kv_len]
-        rows = torch.arange(x.shape[0], device=x.device)
-        step = _CacheStep(positions=positions, rows=rows, kv_len=kv_len, mask=mask)
+        cache_rows = self.model.layers[0].self_attn.kv_cache.decode_rows(positions)
+        step = _CacheStep(positions=positions, cache_rows=cache_rows, kv_len=kv_len, mask=mask)
         return self.model(x[:, None], positions[:, None], step)[:, 0]
 
     def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:

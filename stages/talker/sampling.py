@@ -113,14 +113,16 @@ class CodecSampler:
     def admit(self, state: SamplerState, slot: int, *, limit: int, ignore_eos: bool) -> None:
         """Reset row `slot` for a new request. Device-side fills and copies only: nothing here
         waits for the talker's queued work."""
+        # fill_, not `t[slot] = scalar`: on CUDA that assignment copies a host scalar from
+        # pageable memory, which waits for the stream (the talker's queued steps) to drain.
         state.history[slot].zero_()
-        state.history_len[slot] = 0
-        state.step[slot] = 0
-        state.limit[slot] = limit
-        state.ignore_eos[slot] = ignore_eos
+        state.history_len[slot].fill_(0)
+        state.step[slot].fill_(0)
+        state.limit[slot].fill_(limit)
+        state.ignore_eos[slot].fill_(ignore_eos)
         table = penalty_pow_table(self.cfg.repetition_penalty, self.cfg.history_window)
         state.pow_table[slot] = host_to_device(table, state.step.device)
-        state.temperature[slot] = self.cfg.temperature
+        state.temperature[slot].fill_(self.cfg.temperature)
 
     def filter(self, logits: torch.Tensor, state: SamplerState) -> torch.Tensor:
         """logits: [R, V] fp32 -> filtered fp32 [R, V] (-inf where removed)."""
@@ -174,7 +176,7 @@ def top_p_filter(x: torch.Tensor, top_p: float, min_keep: int) -> torch.Tensor:
     sorted_x, order = torch.sort(x, dim=-1, descending=False)
     cum = torch.softmax(sorted_x, dim=-1).cumsum(dim=-1)
     remove = cum <= 1 - top_p
-    remove[:, -min_keep:] = False
+    remove[:, -min_keep:].fill_(False)  # not `= False`: a host scalar copy waits for the stream
     mask = torch.zeros_like(remove).scatter(-1, order, remove)
     return x.masked_fill(mask, float("-inf"))
 

@@ -148,3 +148,28 @@ def test_cuda_admission_queues_its_copies_instead_of_waiting_for_the_talkers_wor
     assert sleep_s > 0.02 and admit_s < sleep_s / 2, (admit_s, sleep_s)
     codes = [o.code for o in outputs if o.code is not None] + codes_of(eng, {}).get("b", [])
     assert codes == waited["b"]
+
+
+def test_cuda_a_step_waits_for_the_device_once():
+    """A step's one host read is its sampled ids: admission (fills, copies) and the decode
+    and sampling queue without waiting. `torch.cuda` sync debug mode reports each waiting call;
+    a `t[i] = scalar` on a device tensor is one (a host copy from pageable memory)."""
+    import warnings
+
+    eng = TalkerEngine(TalkerConfig(**TINY), device=torch.device("cuda"), dtype=torch.float32,
+                       max_batch=4, max_seq_len=128)
+    codes_of(eng, {0: [TalkerRequest("warm", "Warm up the kernels.", seed=1, max_codes=3)]})
+    eng.add(TalkerRequest("a", "Hello there.", seed=2, max_codes=5))
+    eng.add(TalkerRequest("b", "And a second one.", seed=3, max_codes=5))
+    torch.cuda.synchronize()
+    waits = []
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        for _ in range(4):  # the first step admits both, the others decode
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                eng.step()
+            waits.append(sum("synchronizing" in str(w.message) for w in seen))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert waits == [1, 1, 1, 1], waits

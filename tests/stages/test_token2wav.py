@@ -350,3 +350,31 @@ def test_describe_reports_the_speaker_branch_that_runs(monkeypatch):
     monkeypatch.setenv("VLLM_OMNI_DEVICE_SPK", "0")
     opted_out = _t2w(extra={"token2wav_device_spk": True}).describe()
     assert opted_out["device_spk"] is False and opted_out["speaker_branch"] == "cpu-onnxruntime"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_cuda_a_chunk_waits_for_the_device_once(graphs, deterministic_cuda):
+    """A batch's one host read is its audio: the chunk's inputs are queued, not copied from
+    pageable memory (which would wait for the replica's groups already launched)."""
+    import warnings
+    from dataclasses import replace
+
+    cfg = tiny_config()
+    t2w = Token2Wav(replace(cfg, extra={**cfg.extra, "code2wav_device_graph": graphs}),
+                    device=torch.device("cuda"), dtype=torch.float32, slots=4)
+    streams = [_payloads(t2w.cfg, f"r{i}", _codes(130, 20 + i)) for i in range(2)]
+    for k in range(2):  # warm up (and capture)
+        t2w.decode([s[k] for s in streams])
+    torch.cuda.synchronize()
+    waits = []
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        for k in range(2, len(streams[0]) - 1):  # steady chunks (the last one is eager anyway)
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                t2w.decode([s[k] for s in streams])
+            waits.append(sum("synchronizing" in str(w.message) for w in seen))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert waits and all(n == 1 for n in waits), waits
