@@ -317,18 +317,6 @@ def test_warmup_skips_row_counts_the_pool_cannot_hold_without_growing():
 # ---- CUDA ------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def deterministic():
-    """Deterministic kernels, as every stage process runs with them (runner.deterministic)."""
-    from stages.platform import deterministic_kernels
-
-    before = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
-    deterministic_kernels()
-    yield
-    torch.use_deterministic_algorithms(before[0])
-    torch.utils.deterministic.fill_uninitialized_memory = before[1]
-
-
 def _cuda_pair(cfg):
     extra_off = {**cfg.extra, "code2wav_device_graph": False}
     from dataclasses import replace

@@ -85,17 +85,6 @@ def test_talker_decode_write_lands_at_each_rows_own_position():
 # ---- CUDA ------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def deterministic():
-    from stages.platform import deterministic_kernels
-
-    before = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
-    deterministic_kernels()
-    yield
-    torch.use_deterministic_algorithms(before[0])
-    torch.utils.deterministic.fill_uninitialized_memory = before[1]
-
-
 def _peak_extra_bytes(write) -> int:
     """Device bytes allocated beyond the current ones while `write` runs."""
     torch.cuda.synchronize()
