@@ -32,9 +32,9 @@ def index_copy_span(
     and `span_dim` is indexed in full, so the indexed dims are one adjacent run."""
     if not dst.is_contiguous():
         raise ValueError(f"index_copy_span needs a contiguous destination, got strides {dst.stride()}")
-    if span_dim is None or span_dim == dim:
-        if span_dim is not None:
-            raise ValueError("span_dim must differ from dim")
+    if span_dim == dim:
+        raise ValueError("span_dim must differ from dim")
+    if span_dim is None:
         dst.index_copy_(dim, index, src)
         return
     n = src.shape[span_dim]
