@@ -50,6 +50,7 @@ from stages.runner.fakes import FakeTalker, FakeTalkerRequest
 from stages.profiling.window import format_trace
 from stages.runner.work import format_work, work_delta
 from tts_bench.config import apply_overrides
+from tts_bench.results import runtime_variables
 
 
 SENTENCES = [
@@ -213,8 +214,8 @@ def main() -> None:
                 "trace: none (the tier ended before the window opened, or the talker did not answer)"]
             for line in lines:
                 print(f"        {line}")
-    doc = {"config": str(path), "sets": args.sets, "fake_talker_step_s": args.fake_talker,
-           "voices": len(voices), "tiers": results}
+    doc = {"config": str(path), "sets": args.sets, "runtime_variables": runtime_variables(),
+           "fake_talker_step_s": args.fake_talker, "voices": len(voices), "tiers": results}
     emit(doc, args.out, "runner_smoke")
 
 

@@ -2,7 +2,8 @@
 
     results/runs/20261129-194500-ab-3fa9c1/
         run.json        versioned header: kind, command line, each arm's resolved config + hash,
-                        environment (git sha + dirty, host, platform, library versions, device),
+                        environment (git sha + dirty, host, platform, library versions, device, the
+                        runtime variables that were set),
                         and whatever the command adds later (aggregates, verdicts) via update()
         requests.jsonl  one JSON object per finished request, appended + fsynced as it finishes
         run.lock        the writer's advisory lock (pid, host) while a process writes the run
@@ -105,6 +106,27 @@ def _library_versions() -> dict[str, str]:
     return versions
 
 
+# Variables read by the CUDA/NPU runtimes, the allocators or cuBLAS that change what a run
+# measures without changing its config (e.g. 128x8 with `single` runs out of device memory on an
+# H200 unless the allocator uses expandable segments): a record names the ones that were set.
+RUNTIME_VARIABLES = (
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_NPU_ALLOC_CONF",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "CUDA_VISIBLE_DEVICES",
+    "ASCEND_RT_VISIBLE_DEVICES",
+    "CUDA_LAUNCH_BLOCKING",
+    "OMP_NUM_THREADS",
+    "TRITON_INTERPRET",
+)
+
+
+def runtime_variables() -> dict[str, str]:
+    """The RUNTIME_VARIABLES set in this process's environment (children inherit them)."""
+    return {name: os.environ[name] for name in RUNTIME_VARIABLES if name in os.environ}
+
+
 def collect_environment(
     device: str | dict[str, Any] | None = None, *, cwd: Path | None = None
 ) -> dict[str, Any]:
@@ -122,6 +144,7 @@ def collect_environment(
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
         "libraries": _library_versions(),
+        "runtime_variables": runtime_variables(),
     }
     if device is not None:
         env["device"] = device

@@ -264,3 +264,18 @@ def test_sigkill_keeps_every_flushed_request(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     assert len(RunDir.open(path).completed_keys()) == 30
+
+
+def test_environment_names_the_runtime_variables_that_were_set(monkeypatch, tmp_path):
+    from tts_bench.results import RUNTIME_VARIABLES
+
+    for name in RUNTIME_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+    monkeypatch.setenv("SOME_UNRELATED_VARIABLE", "x")
+    assert collect_environment(cwd=tmp_path)["runtime_variables"] == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "CUDA_DEVICE_MAX_CONNECTIONS": "32"}
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
+    assert collect_environment(cwd=tmp_path)["runtime_variables"] == {}
