@@ -10,7 +10,7 @@ top-level non-view aten operators on CPU) of four steps:
 * `code2wav_step`: one code2wav decode of B streams' steady 28-code payloads, the flow caches
   already at their steady (trimmed) shape (`stages.profiling.code2wav_step`);
 * `cache_split`: the part of the flow-cache split the two implementations differ in: storing a
-  B-row chunk's conformer cnn/att and estimator cnn caches into the rows' pool slots (4 writes per row,
+  B-row chunk's conformer cnn/att and estimator cnn caches into the rows' pool slots (4 per row,
   or 3 in all when batched; `stages.profiling.cache_split`), in the arm's own split mode
   (`code2wav.extra.code2wav_batched_cache_split`);
 * `cache_split_total`: that plus the estimator attention stores of all Euler steps (trimmed to

@@ -99,9 +99,10 @@ def store_small_caches(
     batched: bool,
 ) -> None:
     """The cache split of seed item 3: a chunk's conformer cnn/att and estimator cnn caches into
-    the rows' slots. Batched: one write per tensor (3; 5 launches). Per-row (the reference,
+    the rows' slots. Batched: one write per tensor (3 launches). Per-row (the reference,
     `code2wav_batched_cache_split: false`): one per row and tensor, the estimator's cond and
-    uncond rows apart (4 per row; 6 launches). Same bytes either way."""
+    uncond rows apart (4 per row). A conformer att cache shorter than
+    its pool indexes its heads and frames too (2 more launches). Same bytes either way."""
     _store_rows(pool["conformer_cnn"], 0, slots, conformer_cnn, batched)
     _store_rows(pool["conformer_att"], 1, slots, conformer_att, batched, span_dim=3)
     if batched:

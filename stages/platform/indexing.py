@@ -40,6 +40,9 @@ def index_copy_span(
     n = src.shape[span_dim]
     if not 0 <= start <= start + n <= dst.shape[span_dim]:
         raise ValueError(f"span {start}..{start + n} outside dim {span_dim} of size {dst.shape[span_dim]}")
+    if n == dst.shape[span_dim]:  # the whole dim: one index into a contiguous tensor already
+        dst.index_copy_(dim, index, src)
+        return
     lo, hi = min(dim, span_dim), max(dim, span_dim)
     run = hi - lo + 1
     indices: list[torch.Tensor | slice] = [slice(None)] * lo

@@ -2,10 +2,8 @@
 
 What the two split modes (`code2wav.extra.code2wav_batched_cache_split`) differ in is storing
 a B-row chunk's conformer cnn/att and estimator cnn caches into the rows' pool slots: one
-write per row and tensor (4 per row, the estimator's cond and uncond halves apart) or 3 in all
-when batched. In launches 6 per row or 5 batched: the conformer att write also makes the index
-of its heads and of its frames (`stages.platform.indexing`: a slice of the pool copied whole
-under deterministic kernels otherwise). The estimator attention stores of every Euler step are batched in both.
+`index_copy_` per row and tensor (4 per row, the estimator's cond and uncond halves apart) or
+3 in all when batched. The estimator attention stores of every Euler step are batched in both.
 The inputs are the prompt's caches grown one chunk past prompt + keep frames, so every store
 trims to two segments, as in steady state.
 
@@ -89,7 +87,7 @@ def count_cache_split(
 ) -> dict[str, LaunchCount]:
     """Launches of the flow-cache split of `rows` rows into the slot pool (`batched=None`: the
     arm's split mode): `cache_split` = the part the two modes differ in (conformer cnn/att and
-    estimator cnn: 4 writes per row, or 3 in all), `cache_split_total` = that plus the estimator
+    estimator cnn: 4 per row, or 3 in all), `cache_split_total` = that plus the estimator
     attention stores of every Euler step, which both modes share."""
     batched = t2w.options.batched_cache_split if batched is None else batched
     x = steady_store_inputs(t2w, rows, batched=batched)

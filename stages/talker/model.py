@@ -65,7 +65,10 @@ class KVCache(nn.Module):
         super().__init__()
         self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
         self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
-        self.register_buffer("heads", torch.arange(shape[1], device=device), persistent=False)
+        # Row of (slot b, head h, position 0) in the cache viewed as [slots * KVH * max_seq_len, hd].
+        slots, heads, seq, _ = shape
+        first = (torch.arange(slots, device=device)[:, None] * heads + torch.arange(heads, device=device)) * seq
+        self.register_buffer("first_rows", first, persistent=False)  # [slots, KVH]
 
     def write_prefill(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         # k, v: [1, KVH, T, hd] -> positions 0..T-1 of `slot`
@@ -77,9 +80,7 @@ class KVCache(nn.Module):
         """positions: [R] long (row r is slot r) -> [R * KVH] rows of the cache viewed as
         [slots * KVH * max_seq_len, hd]: (slot r, head h, positions[r]) in (r, h) order. Made
         once per step, shared by every layer (their caches have one shape)."""
-        _, heads, seq, _ = self.k.shape
-        slots = torch.arange(positions.shape[0], device=positions.device)
-        return ((slots[:, None] * heads + self.heads) * seq + positions[:, None]).reshape(-1)
+        return (self.first_rows[: positions.shape[0]] + positions[:, None]).reshape(-1)
 
     def write_decode(self, cache_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # cache_rows: [R * KVH] from decode_rows; k, v: [R, KVH, 1, hd]. An index_put (device-side

@@ -42,9 +42,8 @@ def test_md_and_json_render_the_same_counts():
     header = [c.strip() for c in lines[2].strip("|").split("|")]
     assert header == ["B", "step", "unit", "base", "test", "delta", "delta %"]
     splits = [[c.strip() for c in line.strip("|").split("|")] for line in lines if "| cache_split " in line]
-    # per-row: 4 stores per row (the estimator's cond and uncond rows apart), the conformer att's
-    # with its two index aranges, so 6 launches; batched: 3 stores, 5 launches
-    assert [cells[:1] + cells[3:6] for cells in splits] == [["1", "6", "5", "-1"], ["2", "12", "5", "-7"]]
+    # per-row: 4 stores per row (the estimator's cond and uncond rows apart); batched: 3
+    assert [cells[:1] + cells[3:6] for cells in splits] == [["1", "4", "3", "-1"], ["2", "8", "3", "-5"]]
 
     doc = json.loads(invoke("--format", "json").stdout)  # one document, nothing else on stdout
     assert doc["arms"] == ["base", "test"] and doc["rows"] == [1, 2] and doc["chunks"] == 1
@@ -52,7 +51,7 @@ def test_md_and_json_render_the_same_counts():
     assert [(r["B"], r["step"]) for r in doc["table"]] == [(b, s) for b in ("1", "2") for s in STEPS]
     by_step = {(p["arm"], p["rows"]): p["counts"] for p in doc["profiles"]}
     split = [by_step[(arm, 2)]["cache_split"]["per_call"] for arm in ("base", "test")]
-    assert split == [12.0, 5.0]
+    assert split == [8.0, 3.0]
     talker = {arm: by_step[(arm, 1)]["talker_step"]["per_call"] for arm in ("base", "test")}
     assert talker["base"] == talker["test"] > 0
 

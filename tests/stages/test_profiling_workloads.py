@@ -43,17 +43,13 @@ def test_per_row_split_scales_with_rows_and_batched_split_does_not(t2w):
     per_row = {b: count_cache_split(t2w, b, 2, batched=False) for b in (1, 4, 8)}
     batched = {b: count_cache_split(t2w, b, 2, batched=True) for b in (1, 4, 8)}
     for b in (1, 4, 8):
-        # 4 stores per row (cond and uncond estimator rows apart); the conformer att's store
-        # indexes its slot, heads and frames (two aranges and one index_put_): 6 per row.
-        assert per_row[b]["cache_split"].per_call == 6 * b
-        assert per_row[b]["cache_split"].by_name == {"aten::index_copy_": 3.0 * b, "aten::arange": 2.0 * b,
-                                                     "aten::index_put_": 1.0 * b}
-        assert batched[b]["cache_split"].by_name == {"aten::index_copy_": 2.0, "aten::arange": 2.0,
-                                                     "aten::index_put_": 1.0}
-        # The estimator_att stores (10 steps) are batched in both: the whole split differs by
-        # 6B - 5 and its shared part does not grow with B.
+        assert per_row[b]["cache_split"].per_call == 4 * b  # cond and uncond estimator rows apart
+        assert batched[b]["cache_split"].per_call == 3
+        assert batched[b]["cache_split"].by_name == {"aten::index_copy_": 3.0}
+        # The estimator_att stores (2 trimmed segments x 10 steps) are batched in both: the whole
+        # split differs by 4B - 3 and its shared part does not grow with B.
         delta = per_row[b]["cache_split_total"].per_call - batched[b]["cache_split_total"].per_call
-        assert delta == 6 * b - 5
+        assert delta == 4 * b - 3
         assert batched[b]["cache_split_total"].per_call == batched[1]["cache_split_total"].per_call
 
 
@@ -98,9 +94,9 @@ def test_talker_context_sets_the_condition_length():
 
 
 @pytest.mark.gpu
-def test_cuda_split_launches_are_6b_per_row_and_5_batched():
-    # One kernel per store (conformer cnn, conformer att, the estimator cnn's cond and uncond
-    # rows apart per row), plus the conformer att's two index aranges: per-row 6 per row, batched 5.
+def test_cuda_split_launches_are_4b_per_row_and_3_batched():
+    # One index_copy_ kernel per store: per-row 4 per row (conformer cnn, conformer att, the
+    # estimator cnn's cond and uncond rows), batched 3.
     device = torch.device("cuda", 0)
     t2w = Token2Wav(tiny_config(), device=device, dtype=torch.float32, init_seed=0)
     for b in (1, 4, 8):
@@ -108,4 +104,4 @@ def test_cuda_split_launches_are_6b_per_row_and_5_batched():
         batched = count_cache_split(t2w, b, 3, batched=True)["cache_split"]
         assert per_row.unit == batched.unit == "kernels"
         totals = [c.per_call + c.copies_per_call for c in (per_row, batched)]
-        assert totals == [6 * b, 5], (b, per_row, batched)
+        assert totals == [4 * b, 3], (b, per_row, batched)

@@ -33,12 +33,12 @@ def test_profile_arms_reports_both_arms_and_the_split_delta():
     df = result.table()
     assert list(df["step"].unique()) == ["talker_step", "code2wav_step", "cache_split", "cache_split_total"]
     split = df[(df["B"] == 2) & (df["step"] == "cache_split")].iloc[0]
-    assert (split["base"], split["test"], split["delta"], split["delta %"]) == ("12", "5", "-7", "-58.3%")
+    assert (split["base"], split["test"], split["delta"], split["delta %"]) == ("8", "3", "-5", "-62.5%")
     # The talker does not depend on the split flag; the code2wav step carries its delta.
     talker = [result.get(a, 2).counts["talker_step"].per_call for a in ("base", "test")]
     assert talker[0] == talker[1]
     c2w = [result.get(a, 2).counts["code2wav_step"].per_call for a in ("base", "test")]
-    assert c2w[0] - c2w[1] == 6 * 2 - 5  # per-row: 6 launches per row; batched: 5
+    assert c2w[0] - c2w[1] == 4 * 2 - 3  # per-row: 4 stores per row; batched: 3
 
 
 @pytest.mark.parametrize("rows, chunks", [((0,), 1), ((), 1), ((2,), 0)])
