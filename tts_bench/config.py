@@ -407,8 +407,27 @@ def load_arms(
     `--test-set`. Without `arms:` in the file the arms are named base and test."""
     file = _read_config(path)
     cfg = apply_overrides(file.config, sets)
-    return {name: _arm(file, cfg, name, cli_sets, flag)
+    arms = {name: _arm(file, cfg, name, cli_sets, flag)
             for name, cli_sets, flag in zip(file.arms, (base_sets, test_sets), ("--base-set", "--test-set"))}
+    _check_shared_sections(arms, file.source)
+    return arms
+
+
+# The measurement plan: both arms run it as one (same prompts, seeds, tiers, repeats, samplers),
+# and the sessions read it from the first arm, so a per-arm value would be recorded but not used.
+SHARED_SECTIONS = ("bench", "wer", "mem")
+
+
+def _check_shared_sections(arms: dict[str, BenchConfig], source: str) -> None:
+    first_name, first = next(iter(arms.items()))
+    for name, arm in arms.items():
+        for section in SHARED_SECTIONS:
+            if getattr(arm, section) != getattr(first, section):
+                raise ConfigError(
+                    f"error: arm {name!r} sets {section}.* differently from arm {first_name!r} ({source}: "
+                    f"arms, --base-set / --test-set); {section}.* is the plan both arms share: set it at the "
+                    f"top level or with --set"
+                )
 
 
 def load_arm(path: Path, sets: Sequence[str] = (), arm: str | None = None) -> BenchConfig:

@@ -61,23 +61,32 @@ def check_arms(arms: Mapping[str, BenchConfig], tiers: Iterable[Tier]) -> None:
 def check_memory(cfg: BenchConfig, *, replicas: int, concurrency: int, label: str) -> None:
     """Raise ConfigError when `cfg`'s stages need more memory than the host or device has free.
     Backends other than `embedded` run no stages here: nothing to check."""
-    if cfg.backend != "embedded" or skipped():
-        if cfg.backend == "embedded":
-            log.warning("memory preflight skipped (%s is set)", SKIP_ENV)
+    if cfg.backend != "embedded":
         return
     from stages.platform import (
         PlatformError,
+        device_count,
         free_memory_bytes,
         host_available_bytes,
         is_cpu,
         resolve_device,
     )
     from stages.runner.budget import estimate_stage_memory
+    from stages.runner.placement import resolve_devices
 
+    runner = cfg.stages.runner
     try:
-        device = resolve_device(cfg.stages.runner.device)
+        device = resolve_device(runner.device)
+        # The stage processes place themselves; a device list this host cannot honour must
+        # fail here, before the run directory exists, not as a stage's start-up traceback.
+        resolve_devices(runner.devices, device_count(runner.device))
     except PlatformError as exc:  # e.g. runner.device: cuda on a host without one
         raise ConfigError(str(exc)) from None
+    except ValueError as exc:
+        raise ConfigError(f"{exc} ({label})") from None
+    if skipped():
+        log.warning("memory preflight skipped (%s is set)", SKIP_ENV)
+        return
     budget = estimate_stage_memory(cfg.stages, replicas=replicas, concurrency=concurrency,
                                    device_type=device.type)
     free = {"host": host_available_bytes()}

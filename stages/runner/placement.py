@@ -48,6 +48,11 @@ def resolve_devices(configured: Sequence[int] | str | None, visible: int) -> tup
     if configured == "auto":
         return tuple(range(max(1, visible)))
     bad = [d for d in configured if not 0 <= d < max(1, visible)]
+    if bad and visible == 0:
+        raise ValueError(
+            f"error: runner.devices names device {bad[0]}, but this host has no accelerator (runner.devices); "
+            f"every stage runs on the CPU there: use [0], auto or null"
+        )
     if bad:
         raise ValueError(
             f"error: runner.devices names device {bad[0]} but {visible} are visible "

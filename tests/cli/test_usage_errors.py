@@ -47,6 +47,15 @@ def cli(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Compl
         (["mem", *SYNTH, "--tier", ""], "mem.tier"),
         (["wer", *SYNTH, "--num-prompts", "-1"], "'--num-prompts'"),
         (["serve", *SYNTH, "--replicas", "0"], "'--replicas'"),
+        # The plan both arms share cannot differ per arm: it was recorded but never used.
+        (["ab", *SYNTH, "--test-set", "bench.num_prompts=8"], "bench.*"),
+        (["ab", *SYNTH, "--base-set", "bench.timeout_s=1"], "bench.*"),
+        (["mem", *SYNTH, "--test-set", "mem.interval_s=5"], "mem.*"),
+        (["wer", *SYNTH, "--test-set", "wer.num_prompts=3"], "wer.*"),
+        (["ab", *SYNTH, "--until-resolved", "--max-repeats", "0"], "--max-repeats"),
+        (["wer", *SYNTH, "--arms", "nope"], "'nope'"),
+        (["wer", *SYNTH, "--arms", "base,nope"], "'nope'"),
+        (["ab", "--tiers", "1x1", "--set", "runner.devices=[99]"], "runner.devices"),  # embedded default
     ],
 )
 def test_usage_errors_exit_2_naming_the_option_without_a_traceback(tmp_path, monkeypatch, args, named):

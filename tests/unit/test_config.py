@@ -388,11 +388,11 @@ def test_validation_errors_are_ours_never_pydantics(tmp_path, text):
 
 def test_load_config_reads_an_ab_config_as_what_both_arms_share(tmp_path):
     path = write(tmp_path / "ab.yaml", "backend: synthetic\nbench: {num_prompts: 3}\n"
-                                       "arms: {base: [bench.seed=1], test: [bench.seed=2]}\n")
+                                       "arms: {base: [synthetic.delay_scale=1.1], test: [synthetic.delay_scale=1.2]}\n")
     shared = load_config(path)
     arms = load_arms(path)
-    assert shared.bench.num_prompts == 3 and shared.bench.seed == BenchConfig().bench.seed
-    assert dataclasses.replace(arms["test"], bench=shared.bench) == shared
+    assert shared.bench.num_prompts == 3 and shared.synthetic.delay_scale == BenchConfig().synthetic.delay_scale
+    assert dataclasses.replace(arms["test"], synthetic=shared.synthetic) == shared
     assert load_config("configs/ab/default.yaml").backend == "embedded"  # as the docs use it
     bad = write(tmp_path / "bad.yaml", "arms: {base: [], test: 3}\n")
     assert "arms must map exactly two arm names" in config_error(bad)  # checked, though not applied
@@ -406,3 +406,32 @@ def test_load_arm_builds_only_the_arm_asked_for(tmp_path):
         load_arm(path, arm="test")
     with pytest.raises(ConfigError, match="no arm 'other'"):
         load_arm(path, arm="other")
+
+
+def test_wer_arms_are_chosen_by_name_and_kept_in_the_config_order(tmp_path):
+    # --arms once paired its names with the config's arms by position: `--arms test` ran the
+    # base arm under the test arm's name, and a name the config lacks ran anyway.
+    from tts_bench.errors import ConfigError
+    from tts_bench.wer.session import load_wer_arms
+
+    path = tmp_path / "wer.yaml"
+    path.write_text("backend: synthetic\narms:\n  base: []\n  test: [synthetic.delay_scale=1.2]\n")
+    only = load_wer_arms(path, "test")
+    assert list(only) == ["test"] and only["test"].synthetic.delay_scale == 1.2
+    both = load_wer_arms(path, "test,base")
+    assert list(both) == ["base", "test"] and both["base"].synthetic.delay_scale == 1.0
+    with pytest.raises(ConfigError, match="no arm named 'nope'.*base, test"):
+        load_wer_arms(path, "test,nope")
+
+
+def test_arms_may_not_set_the_shared_plan_differently(tmp_path):
+    from tts_bench.config import load_arms
+    from tts_bench.errors import ConfigError
+
+    path = tmp_path / "ab.yaml"
+    path.write_text("backend: synthetic\narms:\n  base: []\n  test: [bench.seed=7]\n")
+    with pytest.raises(ConfigError, match="arm 'test' sets bench"):
+        load_arms(path)
+    assert load_arms(path, sets=["bench.seed=7"], base_sets=["bench.seed=7"])["base"].bench.seed == 7
+    with pytest.raises(ConfigError, match="mem"):
+        load_arms(tmp_path / "ab.yaml", base_sets=["bench.seed=7"], test_sets=["mem.interval_s=3"])

@@ -162,7 +162,7 @@ def _until_rule(request: AbRequest, bench) -> UntilResolved | None:
                               "add --until-resolved or drop them")
         return None
     try:
-        return UntilResolved(bench.min_effect_pct / 2.0, request.max_repeats or DEFAULT_MAX_REPEATS,
+        return UntilResolved(bench.min_effect_pct / 2.0, DEFAULT_MAX_REPEATS if request.max_repeats is None else request.max_repeats,
                              request.budget_min)
     except ValueError as exc:
         raise ConfigError(f"error: {exc} (--until-resolved); fix the value") from None

@@ -80,12 +80,17 @@ def run_session(request: WerRequest, *, notify: Callable[[str], None] = log.info
 
 def load_wer_arms(config: Path | None, arm_names: str, sets: Sequence[str] = (), base_sets: Sequence[str] = (),
                   test_sets: Sequence[str] = ()) -> dict[str, Any]:
-    """The arms named in `arm_names` ("base,test", or one), in the config's arm order."""
-    loaded = list(load_arms(config or shipped_config(DEFAULT_WER_CONFIG), sets, base_sets, test_sets).values())
+    """The arms named in `arm_names` ("base,test", or one), chosen by name, in the config's arm
+    order (the first is the base of the paired comparison, whatever order --arms lists them in)."""
+    loaded = load_arms(config or shipped_config(DEFAULT_WER_CONFIG), sets, base_sets, test_sets)
     names = [n.strip() for n in arm_names.split(",") if n.strip()]
     if not 1 <= len(names) <= len(loaded) or len(set(names)) != len(names):
         raise ConfigError(f"error: --arms {arm_names!r} must name 1 or {len(loaded)} distinct arms; e.g. base,test")
-    return dict(zip(names, loaded))
+    unknown = [n for n in names if n not in loaded]
+    if unknown:
+        raise ConfigError(f"error: --arms {arm_names!r}: no arm named {', '.join(map(repr, unknown))} in the config; "
+                          f"its arms are {', '.join(loaded)}")
+    return {n: arm for n, arm in loaded.items() if n in names}
 
 
 def _plan(request: WerRequest, notify: Callable[[str], None]):
