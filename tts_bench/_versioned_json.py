@@ -46,6 +46,12 @@ class VersionedJson:
             raise ConfigError(f"error: no {self.what} at {path} ({self.flag}); {self.record_hint}") from None
         except json.JSONDecodeError as exc:
             raise ConfigError(f"error: {path} is not valid JSON: {exc} ({self.flag}); restore it from git") from None
+        except (OSError, UnicodeDecodeError) as exc:  # a directory, no permission, binary junk
+            raise ConfigError(f"error: cannot read {self.what} {path}: {exc} ({self.flag}); "
+                              f"pass a {self.what} JSON file") from None
+        if not isinstance(doc, dict):
+            raise ConfigError(f"error: {path} is not a {self.what} (a JSON {type(doc).__name__}, not an object) "
+                              f"({self.flag}); {self.record_hint}")
         if doc.get(self.version_key) != self.version:
             raise ConfigError(f"error: {path} has {self.version_key} {doc.get(self.version_key)!r}, this "
                               f"tts-bench reads {self.version} ({self.flag}); {self.stale_hint}")

@@ -25,8 +25,9 @@ def _prov(**kw) -> Provenance:
 
 
 def _run(rtf_scale: float = 1.0, *, n: int = 40, seed: int = 0, failed: int = 0, completed: int | None = None,
-         path: str = "run", **prov) -> RunSamples:
+         path: str | None = None, **prov) -> RunSamples:
     rng = np.random.default_rng(seed)
+    path = f"run{seed}" if path is None else path  # a baseline refuses one run given twice
     completed = n - failed if completed is None else completed
     rtf = list(0.04 * rtf_scale * (1 + 0.02 * rng.standard_normal(completed)))
     ttfp = list(10.0 * rtf_scale * (1 + 0.02 * rng.standard_normal(completed)))
@@ -179,3 +180,49 @@ def test_sut_hash_follows_the_system_not_the_judging_or_schema_defaults():
     dropped = json.loads(json.dumps(d))
     del dropped["synthetic"]["fail_every"]
     assert sut_hash(dropped) == h
+
+
+def test_baseline_refuses_a_run_given_twice_and_non_finite_samples():
+    with pytest.raises(ConfigError, match="more than once"):
+        _baseline(_run(seed=1, path="a"), _run(seed=2, path="a"))
+    damaged = _run(seed=2)
+    damaged.tiers["4x1"].samples["audio_rtf"][3] = float("nan")
+    with pytest.raises(InvalidRunError, match="1 non-finite audio_rtf"):
+        _baseline(_run(seed=1), damaged)
+
+
+def test_a_current_run_with_non_finite_samples_is_invalid_not_a_crash():
+    damaged = _run(seed=3)
+    damaged.tiers["4x1"].samples["audio_ttfp_ms"][0] = float("inf")
+    report = judge(_baseline(), damaged, THR, alpha=0.01)
+    assert report.exit_status() == ExitStatus.INVALID_RUN
+    assert any("non-finite audio_ttfp_ms" in r for r in report.invalid_reasons)
+
+
+@pytest.mark.parametrize(("edit", "why"), [
+    (lambda d: d.update(tiers={}), "no tiers"),
+    (lambda d: d["tiers"].update({"4x1": {}}), "no metrics"),
+    (lambda d: d["tiers"]["4x1"]["audio_rtf"].update(center=0.0), "not a positive number"),
+    (lambda d: d["tiers"]["4x1"]["audio_rtf"].update(center=float("nan")), "not a positive number"),
+    (lambda d: d["tiers"]["4x1"]["audio_rtf"].update(samples=[]), "non-empty list"),
+    (lambda d: d["tiers"]["4x1"]["audio_rtf"].update(better="faster"), "not lower or higher"),
+])
+def test_a_degenerate_baseline_is_refused_before_it_can_pass_a_gate(tmp_path, edit, why):
+    doc = _baseline()
+    edit(doc)
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=why):
+        load_baseline(path)
+
+
+@pytest.mark.parametrize("content", ["[]", "3", "\"text\""])
+def test_a_baseline_file_that_is_not_an_object_or_not_a_file_is_a_config_error(tmp_path, content):
+    path = tmp_path / "b.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match="not a baseline"):
+        load_baseline(path)
+    with pytest.raises(ConfigError, match="cannot read baseline"):
+        load_baseline(tmp_path)
+    with pytest.raises(ConfigError, match="is a directory"):
+        write_baseline(_baseline(), tmp_path)

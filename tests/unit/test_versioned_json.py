@@ -41,7 +41,9 @@ def test_another_version_names_both_versions_and_the_fix(tmp_path, fmt, load, fi
 
 
 def test_written_baseline_reads_back_and_leaves_no_temporary(tmp_path):
-    doc = {**BASELINE_FILE.stamp(), "n_runs": 1, "sut_hash": "x", "backend": "embedded", "tiers": {}}
+    rtf = {"better": "lower", "statistic": "median", "center": 0.1, "samples": [0.1, 0.1]}
+    doc = {**BASELINE_FILE.stamp(), "n_runs": 1, "sut_hash": "x", "backend": "embedded",
+           "tiers": {"1x1": {"audio_rtf": rtf}}}
     decision = write_baseline(doc, tmp_path / "sub" / "b.json")
     assert decision.written and load_baseline(decision.path) == doc
     assert [p.name for p in decision.path.parent.iterdir()] == ["b.json"]

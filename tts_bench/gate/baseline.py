@@ -46,8 +46,14 @@ def _refuse(what: str, fix: str) -> InvalidRunError:
 
 
 def check_clean(rs: RunSamples) -> None:
-    """A run may feed a baseline only if every planned request succeeded."""
+    """A run may feed a baseline only if every planned request succeeded and every sample is a
+    number (a NaN would become the center, and every later gate would crash or pass on it)."""
     for tier, t in rs.tiers.items():
+        for name, values in t.samples.items():
+            bad = sum(not np.isfinite(v) for v in values)
+            if bad:
+                raise _refuse(f"{rs.path} has {bad} non-finite {name} samples in tier {tier}",
+                              "its records are damaged; use another run")
         if t.failed:
             raise _refuse(f"{rs.path} has {t.failed} failed requests in tier {tier} ({t.failed_by_kind})",
                           "fix the failures and rerun; a baseline is never built from a broken run")
@@ -94,6 +100,11 @@ def build_baseline(runs: Sequence[RunSamples], *, case: str, profile: str, sut: 
     """The baseline document from N clean runs of one case (see the module docstring)."""
     if not runs:
         raise ConfigError("error: no runs given (baseline update --from); pass one or more run directories")
+    paths = [Path(rs.path).resolve() for rs in runs]
+    if len(set(paths)) != len(paths):
+        twice = sorted({str(p) for p in paths if paths.count(p) > 1})
+        raise ConfigError(f"error: run {', '.join(twice)} given more than once (baseline update --from); "
+                          f"each run counts once in the run-to-run dispersion")
     for rs in runs:
         check_clean(rs)
     check_same_provenance(runs, case=case, profile=profile, sut=sut)
@@ -117,7 +128,39 @@ def build_baseline(runs: Sequence[RunSamples], *, case: str, profile: str, sut: 
 
 
 def load_baseline(path: Path | str) -> dict[str, Any]:
-    return BASELINE_FILE.load(path)
+    doc = BASELINE_FILE.load(path)
+    problem = baseline_problem(doc)
+    if problem:
+        raise ConfigError(f"error: {path} is not a usable baseline: {problem} (--baseline); re-record it with "
+                          f"tts-bench baseline update")
+    return doc
+
+
+def baseline_problem(doc: dict[str, Any]) -> str | None:
+    """What makes `doc` unusable as a gate's reference (None when nothing does): a gate over no
+    tiers passes everything, and a non-positive or non-finite center makes every delta inf/NaN."""
+    tiers = doc.get("tiers")
+    if not isinstance(tiers, dict) or not tiers:
+        return "it has no tiers"
+    for tier, metrics in tiers.items():
+        if not isinstance(metrics, dict) or not metrics:
+            return f"tier {tier!r} has no metrics"
+        for name, m in metrics.items():
+            if not isinstance(m, dict):
+                return f"{tier} {name} is not an object"
+            if m.get("better") not in ("lower", "higher"):
+                return f"{tier} {name}: better is {m.get('better')!r}, not lower or higher"
+            c = m.get("center")
+            if not _finite(c) or c <= 0:
+                return f"{tier} {name}: center {c!r} is not a positive number"
+            samples = m.get("samples")
+            if not isinstance(samples, list) or not samples or not all(map(_finite, samples)):
+                return f"{tier} {name}: samples must be a non-empty list of finite numbers"
+    return None
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
 
 
 def is_faster(new: dict[str, Any], old: dict[str, Any], metric: str = PRIMARY_METRIC) -> bool:
@@ -142,6 +185,8 @@ class UpdateDecision:
 def write_baseline(doc: dict[str, Any], path: Path | str, *, tighten_only: bool = False) -> UpdateDecision:
     """Write `doc` atomically; with `tighten_only` only when it is faster than the file there."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"error: {path} is a directory (baseline update --out); name the JSON file to write")
     if tighten_only and path.is_file():
         old = load_baseline(path)
         if old.get("sut_hash") != doc["sut_hash"] or old.get("backend") != doc["backend"]:

@@ -213,6 +213,10 @@ def judge(baseline: dict[str, Any], cur: RunSamples, thresholds: Any, *, alpha: 
             if not samples:
                 invalid.append(f"{tier}: no {metric} samples in the current run (the baseline has them)")
                 continue
+            bad = sum(not math.isfinite(v) for v in samples)
+            if bad:
+                invalid.append(f"{tier}: {bad} non-finite {metric} samples in the current run (damaged records)")
+                continue
             rows.append(compare_metric(tier, metric, base, samples, threshold=thresholds.get(metric),
                                        alpha=alpha, run_level=_run_level(calibration, tier, metric, t, base)))
     return GateReport(rows, invalid, _accuracy(wer_doc, invalid), notes, cur.path,
