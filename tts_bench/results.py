@@ -258,17 +258,22 @@ class RunDir:
             doc = json.loads((path / RUN_JSON).read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(
-                f"error: no {RUN_JSON} in {path} (--resume); pass a run directory made by tts-bench"
+                f"error: no {RUN_JSON} in {path} (--resume / run directory); pass a run directory made by tts-bench"
             ) from None
         except json.JSONDecodeError as exc:
             raise ConfigError(
-                f"error: {path / RUN_JSON} is not valid JSON: {exc} (--resume); rerun from scratch"
+                f"error: {path / RUN_JSON} is not valid JSON: {exc} (--resume / run directory); rerun from scratch"
             ) from None
+        if not isinstance(doc, dict):
+            raise ConfigError(
+                f"error: {path / RUN_JSON} is a JSON {type(doc).__name__}, not a run record (--resume / run "
+                f"directory); pass a run directory made by tts-bench"
+            )
         version = doc.get("schema_version")
         if version != SCHEMA_VERSION:
             raise ConfigError(
                 f"error: {path / RUN_JSON} has schema_version {version!r}, this tts-bench writes "
-                f"{SCHEMA_VERSION} (--resume); rerun from scratch"
+                f"{SCHEMA_VERSION} (--resume / run directory); rerun from scratch"
             )
         run = cls(path, doc, _lock=RunLock.acquire(path) if lock else None)
         flush_path(run.requests_path)  # another RunDir of this process may still be writing

@@ -279,3 +279,10 @@ def test_environment_names_the_runtime_variables_that_were_set(monkeypatch, tmp_
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
     assert collect_environment(cwd=tmp_path)["runtime_variables"] == {}
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", "null", "7"])
+def test_open_refuses_a_run_json_that_is_not_an_object(tmp_path, content):
+    (tmp_path / "run.json").write_text(content)
+    with pytest.raises(ConfigError, match="not a run record"):
+        RunDir.open(tmp_path)
