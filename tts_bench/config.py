@@ -136,6 +136,10 @@ def parse_tiers(text: str | Sequence[str]) -> tuple[Tier, ...]:
             f"error: no tier given in {text!r} (--tiers / bench.tiers); {_TIER_RULE}, "
             f"comma-separated"
         )
+    twice = sorted({t.label for t in tiers if tiers.count(t) > 1})
+    if twice:  # a second copy would run nothing (its phases exist) yet print every table twice
+        raise ConfigError(f"error: tier {', '.join(twice)} given twice in {text!r} (--tiers / bench.tiers); "
+                          f"list each tier once")
     return tiers
 
 

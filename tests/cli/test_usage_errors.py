@@ -56,6 +56,8 @@ def cli(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Compl
         (["wer", *SYNTH, "--arms", "nope"], "'nope'"),
         (["wer", *SYNTH, "--arms", "base,nope"], "'nope'"),
         (["ab", "--tiers", "1x1", "--set", "runner.devices=[99]"], "runner.devices"),  # embedded default
+        (["ab", *SYNTH, "--tiers", "1x1,2x1,1x1"], "1x1 given twice"),
+        (["ab", *SYNTH, "--voice-cache", "hit"], "synthetic backend does not report"),
     ],
 )
 def test_usage_errors_exit_2_naming_the_option_without_a_traceback(tmp_path, monkeypatch, args, named):

@@ -146,6 +146,10 @@ def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
                   until=_until_rule(request, bench), profile=profile,
                   calibration=calibration.path if calibration else None)
     check_arms(arms, plan.tiers)  # before the run directory exists and before any stage starts
+    others = sorted({c.backend for c in arms.values()} - {"embedded"})
+    if request.voice_cache is not None and others:  # only the stage runner reports prompt-cache hits
+        raise ConfigError(f"error: --voice-cache {request.voice_cache}: the {', '.join(others)} backend does not "
+                          f"report voice-cache hits or misses; drop --voice-cache or use the embedded backend")
     run = RunDir.create(
         request.result_dir, "ab", command_line=python_argv(),
         configs={n: config_to_dict(c) for n, c in arms.items()},
