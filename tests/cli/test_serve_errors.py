@@ -79,11 +79,20 @@ def url():
         (["not", "an", "object"], {}, 400, "invalid_request", None),
         ({"input": "hi", "ref_audio": "bm90IGF1ZGlv"}, {}, 400, "invalid_request", "ref_audio"),
         ({"input": "hi", "ref_audio": "%%%"}, {}, 400, "invalid_request", "ref_audio"),
+        ({"input": "hi", "speed": 2.0}, {}, 400, "invalid_request", "speed"),
+        ({"input": "hi", "speed": "fast"}, {}, 400, "invalid_request", "speed"),
+        ({"input": "hi", "speed": -1}, {}, 400, "invalid_request", "speed"),
     ],
 )
 def test_client_mistakes_are_4xx_json(url, body, kw, status, code, param):
     err = error_of(speech(url, body, **kw))
     assert (err["status"], err["code"], err["param"]) == (status, code, param), err
+
+
+def test_the_one_speed_served_is_accepted_when_a_client_sends_it(url):
+    for speed in (1, 1.0):
+        status, body, content_type = speech(url, {"input": "hi there", "speed": speed})
+        assert status == 200 and content_type.startswith("audio/wav") and len(body) > 44
 
 
 class _RefusesEveryVoice:

@@ -3,8 +3,8 @@
 Endpoints:
 - `POST /v1/audio/speech` — body `{"input": str, "model"?: str, "voice"?: str,
   "response_format"?: "pcm" | "wav" (default wav), "stream"?: bool (default false),
-  "stream_format"?: "audio" | "sse", "seed"?: int, "ref_text"?: str}`; other fields are ignored
-  (OpenAI clients send e.g. `speed`). An `X-Request-Id` header names the backend request (ids
+  "stream_format"?: "audio" | "sse", "seed"?: int, "ref_text"?: str, "speed"?: 1.0}`; other
+  fields are ignored (a `speed` other than 1.0 is a 400: the stages have one speed). An `X-Request-Id` header names the backend request (ids
   must be unique among requests in flight). Non-streaming answers carry a Content-Length. Streaming
   answers use chunked transfer encoding: raw s16le mono (`audio/pcm; rate=R`), or a WAV header
   with the streaming size 0xFFFFFFFF followed by PCM, each backend chunk written as it arrives;

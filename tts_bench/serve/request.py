@@ -5,7 +5,7 @@ Every error the server answers is OpenAI-style JSON, `{"error": {"message", "typ
 
 | status | code | when |
 |---|---|---|
-| 400 | `invalid_request` | bad JSON (also nested too deeply), a field of the wrong type or range (`seed` outside [0, 2**63), `input` empty, longer than `--max-input-chars` or too long for the talker's `runner.max_seq_len`, a `ref_audio` that is not base64 audio, is empty or longer than `code2wav.ref_audio_limit_seconds`) |
+| 400 | `invalid_request` | bad JSON (also nested too deeply), a field of the wrong type or range (`seed` outside [0, 2**63), `speed` other than 1, `input` empty, longer than `--max-input-chars` or too long for the talker's `runner.max_seq_len`, a `ref_audio` that is not base64 audio, is empty or longer than `code2wav.ref_audio_limit_seconds`) |
 | 400 | `bad_prompt` | a `ref_audio` with a valid header that the stages cannot decode or use (param `ref_audio`) |
 | 404 | `model_not_found` / `not_found` | another model name; an unknown path |
 | 405 | `method_not_allowed` | e.g. GET /v1/audio/speech |
@@ -164,6 +164,11 @@ def parse_speech_body(body: Any, model_name: str, *, max_input_chars: int = DEFA
         raise BadRequest(400, "'stream' must be true or false", "stream")
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < MAX_SEED:
         raise BadRequest(400, "'seed' must be an integer in [0, 2**63)", "seed")
+    speed = body.get("speed", 1.0)
+    if not isinstance(speed, (int, float)) or isinstance(speed, bool) or speed != 1:
+        # OpenAI's API takes 0.25-4.0; the stages synthesize at one speed, and answering 200 at
+        # 1.0 to a request for 2.0 would hand back audio the client did not ask for.
+        raise BadRequest(400, f"'speed' {speed!r} is not supported: this server synthesizes at 1.0 only", "speed")
     ref = _check_text(body, "ref_text", required=False, max_chars=max_input_chars)
     sse = stream_format == "sse"
     audio = parse_ref_audio(body.get("ref_audio"), limit_seconds=ref_audio_limit_seconds)
