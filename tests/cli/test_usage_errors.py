@@ -92,3 +92,17 @@ def test_resume_of_a_file_is_a_usage_error(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "not a run directory" in proc.stderr and str(not_a_dir) in proc.stderr
     assert "Traceback" not in proc.stderr and "NotADirectoryError" not in proc.stderr
+
+
+def test_an_embedded_ab_refuses_a_missing_voice_before_the_run_exists(tmp_path, monkeypatch):
+    # The stage runner clones each request's voice: a meta.lst naming a wav that is not there
+    # used to start the stages and fail every request (exit 5); `wer` already refused it.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "meta.lst").write_text("u1|prompt|nope.wav|hello world\nu2|prompt|nope.wav|good morning\n")
+    args = ["ab", "--tiers", "1x1", "--set", f"prompts.meta={tmp_path / 'meta.lst'}", "--result-dir", str(tmp_path / "runs")]
+    proc = main_in_process(*args)
+    assert proc.returncode == 2 and "'u1' does not exist" in proc.stderr and "meta.lst:1" in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists()
+    # A backend that clones no voice never reads the wavs, so the same list runs there.
+    synth = main_in_process(*args, *SYNTH, "--num-prompts", "2", "--repeats", "1", "--format", "json")
+    assert synth.returncode == 0, synth.stderr
