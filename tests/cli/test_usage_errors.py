@@ -58,6 +58,8 @@ def cli(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Compl
         (["ab", "--tiers", "1x1", "--set", "runner.devices=[99]"], "runner.devices"),  # embedded default
         (["ab", *SYNTH, "--tiers", "1x1,2x1,1x1"], "1x1 given twice"),
         (["ab", *SYNTH, "--voice-cache", "hit"], "synthetic backend does not report"),
+        (["wer", *SYNTH, "--generate-only", "--transcribe-only", "."], "--generate-only and --transcribe-only"),
+        (["serve", *SYNTH, "--port", "-1"], "bad --port -1"),
     ],
 )
 def test_usage_errors_exit_2_naming_the_option_without_a_traceback(tmp_path, monkeypatch, args, named):

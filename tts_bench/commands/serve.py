@@ -45,9 +45,10 @@ def serve(
     """Serve a config's backend at /v1/audio/speech, /v1/models and /metrics."""
     from tts_bench.serve.app import serve_config
 
-    if replicas < 1 or not 0 <= port <= 65535:
-        raise ConfigError(f"error: bad --replicas {replicas} or --port {port} (tts-bench serve); "
-                          "use --replicas >= 1 and a port in 0..65535")
+    if replicas < 1:
+        raise ConfigError(f"error: bad --replicas {replicas} (tts-bench serve); use --replicas >= 1")
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"error: bad --port {port} (tts-bench serve); use a port in 0..65535 (0: any free one)")
     serve_config(config, sets=sets, arm=arm, replicas=replicas, host=host, port=port, concurrency=concurrency,
                  max_input_chars=max_input_chars, max_body_bytes=max_body_bytes)
     return ExitStatus.OK

@@ -20,7 +20,7 @@ from typing import Optional
 import typer
 
 from tts_bench.commands._common import check_format, flag_sets
-from tts_bench.errors import ExitStatus
+from tts_bench.errors import ConfigError, ExitStatus
 from tts_bench.limits import MAX_PROMPTS
 
 
@@ -46,6 +46,9 @@ def wer(
     from tts_bench.wer.session import WerRequest, run_session
 
     fmt = check_format(fmt)
+    if generate_only and transcribe_only is not None:
+        raise ConfigError("error: --generate-only and --transcribe-only name opposite halves of a run "
+                          "(tts-bench wer); pass one of them, or neither for both phases")
     request = WerRequest(
         config=config, arms=arms, sets=[*sets, *_overrides(meta, num_prompts, asr, asr_model, normalizer)],
         base_sets=base_sets, test_sets=test_sets, disable_shuffle=disable_shuffle, generate_only=generate_only,
