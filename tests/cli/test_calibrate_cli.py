@@ -110,6 +110,12 @@ def test_leave_one_out_false_verdicts_judge_each_block_by_the_others():
     # The 1.5x block is far outside +-1.96 * SD of the others; the others are within.
     assert loo_false_verdicts(d, min_effect_pct=2.0) == 1
     assert loo_false_verdicts(d, min_effect_pct=60.0) == 0
+    # Below 3 blocks nothing is judged: the column reads n/a, not "0/2 = 0.0%".
+    assert loo_false_verdicts(d[:2], min_effect_pct=2.0) is None
+    from tts_bench.gate.calibrate import _fmt_rate, _metric_doc
+
+    assert _fmt_rate(_metric_doc(d[:2], d[:2], 2.0)["false_verdicts_one_block"]) == "n/a"
+    assert _fmt_rate(_metric_doc(d, d, 2.0)["false_verdicts_one_block"]).startswith("1/81 = ")
 
 
 def test_gate_reads_the_calibration_next_to_the_baseline(case, calibration, tmp_path):

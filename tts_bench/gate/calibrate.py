@@ -88,17 +88,22 @@ def run_observations(records: Sequence[RequestRecord], tier: str) -> dict[str, A
 
 
 def _rate(count: int, n: int) -> dict[str, Any]:
-    lo, hi = clopper_pearson(count, n) if n else (float("nan"), float("nan"))
+    lo, hi = clopper_pearson(count, n) if n else (None, None)  # JSON has no NaN
     return {"count": count, "of": n, "rate": count / n if n else None, "ci95": [lo, hi]}
 
 
-def loo_false_verdicts(d: np.ndarray, min_effect_pct: float, alpha: float = ALPHA) -> int:
+def _one_block_rate(count: int | None, n: int) -> dict[str, Any]:
+    return _rate(0, 0) if count is None else _rate(count, n)  # "n/a" in the tables
+
+
+def loo_false_verdicts(d: np.ndarray, min_effect_pct: float, alpha: float = ALPHA) -> int | None:
     """One-block A/As judged with the calibrated SD of all *other* blocks: how many read
-    faster/slower (|d| beyond the interval and at least the minimum effect)."""
+    faster/slower (|d| beyond the interval and at least the minimum effect). None below 3
+    blocks: the others then hold one degree of freedom or none, and nothing was judged."""
     # d: [n] block log ratios of A/As
     n = d.size
     if n < 3:
-        return 0
+        return None
     ss = float((d**2).sum())
     sd_loo = np.sqrt((ss - d**2) / (n - 1))
     half = t_quantile(1 - alpha / 2, n - 1) * sd_loo
@@ -113,7 +118,7 @@ def _metric_doc(d_mean: np.ndarray, d_median: np.ndarray, min_effect_pct: float)
     return {
         "sd_mean": sd_mean, "sd_median": sd_median, "df": n, "sd_mean_pct": pct(sd_mean),
         "max_abs_block_delta_pct": float(np.abs(np.expm1(d_mean)).max() * 100.0) if n else None,
-        "false_verdicts_one_block": _rate(loo_false_verdicts(d_mean, min_effect_pct), n),
+        "false_verdicts_one_block": _one_block_rate(loo_false_verdicts(d_mean, min_effect_pct), n),
         "mde_pct": {str(k): pct(mde_log(sd_mean, k, n if k == 1 else k - 1)) for k in MDE_REPEATS},
         "repeats_needed": {f"{e:g}": repeats_needed(e, sd_mean) for e in EFFECTS_PCT},
     }
