@@ -174,9 +174,11 @@ def _wav_problem(path: Path, decode, error) -> str | None:
     if not path.is_file():
         return "does not exist"
     try:
-        decode(path)  # empty audio is an error too
+        wav, _ = decode(path)  # empty audio is an error too
     except error as exc:
         return f"cannot be read as audio: {str(exc).removeprefix('error: ')}"
+    if not np.isfinite(wav).all():  # float files can hold them; the stages refuse such a voice
+        return "has NaN/inf samples"
     return None
 
 

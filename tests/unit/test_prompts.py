@@ -6,6 +6,7 @@ import re
 import wave
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tts_bench.errors import ConfigError
@@ -205,4 +206,21 @@ def test_every_prompt_wav_is_checked_before_generating_and_errors_name_the_line(
         check_prompt_wavs(prompts, source=meta)
     (tmp_path / "good.wav").unlink()
     with pytest.raises(ConfigError, match=r"'a' does not exist .*meta.lst:1"):
+        check_prompt_wavs(prompts, source=meta)
+
+
+def test_a_prompt_wav_of_nan_samples_is_refused_before_generating(tmp_path):
+    # A float WAV may hold NaN: it decodes, and only the stages' voice rules refused it, after
+    # the run had started (exit 5). The check now refuses it as the stages would.
+    import soundfile as sf
+
+    from tts_bench.prompts import check_prompt_wavs
+
+    sf.write(tmp_path / "nan.wav", np.full(48000, np.nan, dtype=np.float32), 24000, subtype="FLOAT")
+    sf.write(tmp_path / "ok.wav", np.zeros(48000, dtype=np.float32), 24000, subtype="FLOAT")
+    meta = tmp_path / "meta.lst"
+    meta.write_text("a|t|ok.wav|Hello there.\nb|t|nan.wav|Bye now.\n")
+    prompts = load_prompts(meta)
+    check_prompt_wavs(prompts[:1], source=meta)
+    with pytest.raises(ConfigError, match=r"'b' has NaN/inf samples .*meta.lst:2"):
         check_prompt_wavs(prompts, source=meta)
