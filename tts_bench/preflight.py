@@ -59,8 +59,9 @@ def check_arms(arms: Mapping[str, BenchConfig], tiers: Iterable[Tier]) -> None:
 
 
 def check_memory(cfg: BenchConfig, *, replicas: int, concurrency: int, label: str) -> None:
-    """Raise ConfigError when `cfg`'s stages need more memory than the host or device has free.
-    Backends other than `embedded` run no stages here: nothing to check."""
+    """Raise ConfigError when `cfg`'s stages name a device (or `runner.devices` list) this host
+    lacks, or need more memory than the host or device has free. Backends other than
+    `embedded` run no stages here: nothing to check."""
     if cfg.backend != "embedded":
         return
     from stages.platform import (
