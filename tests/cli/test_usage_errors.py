@@ -60,11 +60,15 @@ def cli(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Compl
         (["ab", *SYNTH, "--voice-cache", "hit"], "synthetic backend does not report"),
         (["wer", *SYNTH, "--generate-only", "--transcribe-only", "."], "--generate-only and --transcribe-only"),
         (["serve", *SYNTH, "--port", "-1"], "bad --port -1"),
+        (["profile", "--rows", "100000"], "--rows"),
+        (["profile", "--rows", "1,1"], "--rows"),
+        (["calibrate", "synthetic", "--runs", "1000000000"], "'--runs'"),
+        (["calibrate", "synthetic", "--runs", "2", "--repeats", "101"], "'--repeats'"),
     ],
 )
 def test_usage_errors_exit_2_naming_the_option_without_a_traceback(tmp_path, monkeypatch, args, named):
     monkeypatch.chdir(tmp_path)
-    extra = ["--result-dir", str(tmp_path / "runs")] if args[0] != "serve" else []
+    extra = ["--result-dir", str(tmp_path / "runs")] if args[0] not in ("serve", "profile") else []
     proc = main_in_process(*args, *extra)
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert named in proc.stderr, proc.stderr

@@ -21,11 +21,12 @@ from typing import Optional
 import typer
 
 from tts_bench.errors import ConfigError, ExitStatus
+from tts_bench.limits import MAX_CALIBRATION_RUNS, MAX_REPEATS
 
 def calibrate(
     case: str = typer.Argument(..., help="A case file, or a case name under configs/cases/."),
-    runs: int = typer.Option(..., "--runs", help="A/A runs (the shipped figures: synthetic >= 200, tiny-embedded >= 40)."),
-    repeats: int = typer.Option(2, "--repeats", help="Blocks (repeats) per A/A, counterbalanced."),
+    runs: int = typer.Option(..., "--runs", min=1, max=MAX_CALIBRATION_RUNS, help="A/A runs (the shipped figures: synthetic >= 200, tiny-embedded >= 40)."),
+    repeats: int = typer.Option(2, "--repeats", min=1, max=MAX_REPEATS, help="Blocks (repeats) per A/A, counterbalanced."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Hardware profile (default: cpu-<N>core)."),
     sets: list[str] = typer.Option([], "--set", help="Override on top of the case, both arms (recorded): dotted.key=value."),
     test_sets: list[str] = typer.Option([], "--test-set", help="Perturb the test arm only (the A/A is then an A/B: checks the check)."),

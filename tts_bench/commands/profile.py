@@ -29,6 +29,7 @@ import typer
 
 from tts_bench.commands._common import check_format
 from tts_bench.errors import ConfigError, ExitStatus
+from tts_bench.limits import MAX_PROFILE_ROWS
 from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
 
 
@@ -65,10 +66,12 @@ def parse_rows(text: str) -> tuple[int, ...]:
         rows = tuple(int(part) for part in text.split(","))
     except ValueError:
         rows = ()
-    if not rows or min(rows) < 1:
+    if not rows or min(rows) < 1 or max(rows) > MAX_PROFILE_ROWS:
         raise ConfigError(
-            f"error: bad batch sizes {text!r} (--rows); write positive integers, e.g. --rows 1,4,8"
+            f"error: bad batch sizes {text!r} (--rows); write integers in 1..{MAX_PROFILE_ROWS}, e.g. --rows 1,4,8"
         )
+    if len(set(rows)) != len(rows):
+        raise ConfigError(f"error: batch sizes {text!r} repeat one (--rows); list each B once")
     return rows
 
 
