@@ -88,6 +88,7 @@ class CodecSampler:
         self.cfg = cfg
         self.eos_id = eos_id
         self.prelude = prelude or penalty_temperature_eager
+        self._pow_tables: dict[torch.device, torch.Tensor] = {}  # the config's penalty table per device
 
     @property
     def prelude(self) -> Prelude:
@@ -120,9 +121,17 @@ class CodecSampler:
         state.step[slot].fill_(0)
         state.limit[slot].fill_(limit)
         state.ignore_eos[slot].fill_(ignore_eos)
-        table = penalty_pow_table(self.cfg.repetition_penalty, self.cfg.history_window)
-        state.pow_table[slot] = host_to_device(table, state.step.device)
+        state.pow_table[slot].copy_(self._pow_table(state.step.device))
         state.temperature[slot].fill_(self.cfg.temperature)
+
+    def _pow_table(self, device: torch.device) -> torch.Tensor:
+        """The penalty table every row starts from: the config's, the same for every request, so
+        made and copied to `device` once rather than at each admission."""
+        table = self._pow_tables.get(device)
+        if table is None:
+            host = penalty_pow_table(self.cfg.repetition_penalty, self.cfg.history_window)
+            table = self._pow_tables[device] = host_to_device(host, device)
+        return table
 
     def filter(self, logits: torch.Tensor, state: SamplerState) -> torch.Tensor:
         """logits: [R, V] fp32 -> filtered fp32 [R, V] (-inf where removed)."""

@@ -148,8 +148,8 @@ def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
                   until=_until_rule(request, bench), profile=profile,
                   calibration=calibration.path if calibration else None)
     check_arms(arms, plan.tiers)  # before the run directory exists and before any stage starts
-    others = sorted({c.backend for c in arms.values()} - {"embedded"})
-    if request.voice_cache is not None and others:  # only the stage runner reports prompt-cache hits
+    others = sorted({c.backend for c in arms.values()} - {"embedded"}) if request.voice_cache else []
+    if others:  # only the stage runner reports prompt-cache hits
         raise ConfigError(f"error: --voice-cache {request.voice_cache}: the {', '.join(others)} backend does not "
                           f"report voice-cache hits or misses; drop --voice-cache or use the embedded backend")
     run = RunDir.create(
@@ -168,7 +168,8 @@ def _until_rule(request: AbRequest, bench) -> UntilResolved | None:
                               "add --until-resolved or drop them")
         return None
     try:
-        return UntilResolved(bench.min_effect_pct / 2.0, DEFAULT_MAX_REPEATS if request.max_repeats is None else request.max_repeats,
+        max_repeats = DEFAULT_MAX_REPEATS if request.max_repeats is None else request.max_repeats  # 0 is refused
+        return UntilResolved(bench.min_effect_pct / 2.0, max_repeats,
                              request.budget_min)
     except ValueError as exc:
         raise ConfigError(f"error: {exc} (--until-resolved); fix the value") from None

@@ -49,8 +49,8 @@ def check_clean(rs: RunSamples) -> None:
     """A run may feed a baseline only if every planned request succeeded and every sample is a
     number (a NaN would become the center, and every later gate would crash or pass on it)."""
     for tier, t in rs.tiers.items():
-        for name, values in t.samples.items():
-            bad = sum(not np.isfinite(v) for v in values)
+        for name in t.samples:
+            bad = t.non_finite(name)
             if bad:
                 raise _refuse(f"{rs.path} has {bad} non-finite {name} samples in tier {tier}",
                               "its records are damaged; use another run")

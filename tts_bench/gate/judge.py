@@ -213,7 +213,7 @@ def judge(baseline: dict[str, Any], cur: RunSamples, thresholds: Any, *, alpha: 
             if not samples:
                 invalid.append(f"{tier}: no {metric} samples in the current run (the baseline has them)")
                 continue
-            bad = sum(not math.isfinite(v) for v in samples)
+            bad = t.non_finite(metric)
             if bad:
                 invalid.append(f"{tier}: {bad} non-finite {metric} samples in the current run (damaged records)")
                 continue

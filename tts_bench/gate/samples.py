@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,6 +117,10 @@ class TierSamples:
     failed_by_kind: dict[str, int] = field(default_factory=dict)
     samples: dict[str, list[float]] = field(default_factory=dict)
     phases: int = 0  # measured phases (repeats) with successful requests
+
+    def non_finite(self, metric: str) -> int:
+        """How many of `metric`'s samples are NaN or inf (damaged records: no statistic holds them)."""
+        return sum(not math.isfinite(v) for v in self.samples.get(metric, ()))
 
 
 @dataclass(frozen=True)
