@@ -1,15 +1,18 @@
-"""One steady code2wav chunk (1 s of audio per row): eager vs device graphs, side by side.
+"""One steady code2wav chunk (1 s of audio per row): device graphs vs eager (and the DiT's fused
+norm vs its eager chain), side by side.
 
-For each B, two full-size replicas (graphs on, graphs off) decode the same B streams' payloads;
-streams are first fed until their caches are saturated (the steady shape), then `--reps` chunks
-are timed, the two arms alternating in A B / B A order so host drift cancels out of the ratio.
+For each B, full-size replicas, one per arm (`--arms`, default graphs on and off), decode the
+same B streams' payloads; streams are first fed until their caches are saturated (the steady
+shape), then `--reps` chunks are timed, the arms alternating in forward / reverse order so host
+drift cancels out of the ratios (each arm's time over the first arm's, per chunk).
 A chunk's time is host wall time from `decode()` call to its audio on the host (what a replica
 loop waits for). Also reported per chunk: device kernels and host launch calls (a replayed graph
 is one launch), and whether the two arms' audio was identical (graph replay == eager, bit for
-bit, for the same batch composition).
+bit, for the same batch composition; arms that differ in the fused norm are not expected to be).
 
     PYTHONPATH=. python3 scripts/bench_code2wav.py --rows 1,4,8,16 --reps 10
     PYTHONPATH=. python3 scripts/bench_code2wav.py --rows 1,8 --tf32 off,flow --out $OUT
+    PYTHONPATH=. python3 scripts/bench_code2wav.py --rows 1,8 --arms graph,graph-unfused,eager,eager-unfused
 
 The last stdout line is one JSON document; a fixed-width table precedes it.
 """
@@ -31,6 +34,7 @@ from stages.code2wav.token2wav import Token2Wav
 from stages.platform import deterministic_kernels, resolve_device, synchronize
 from stages.profiling.code2wav_step import prepare_streams, steady_start
 from stages.profiling.launches import count_launches
+from tts_bench.stats import block_interval, pct
 
 def _timed(t2w: Token2Wav, batch: list) -> tuple[float, list[np.ndarray]]:
     synchronize(t2w.device)
@@ -48,7 +52,7 @@ def bench_rows(arms: dict[str, Token2Wav], rows: int, reps: int) -> dict:
             t2w.decode([s[step] for s in streams])
     names = list(arms)
     times = {n: [] for n in names}
-    identical = 0
+    identical = {n: 0 for n in names[1:]}  # chunks whose audio equals the first arm's
     for k in range(reps):
         step = warm + k
         order = names if k % 2 == 0 else names[::-1]
@@ -56,7 +60,8 @@ def bench_rows(arms: dict[str, Token2Wav], rows: int, reps: int) -> dict:
         for n in order:
             ms, audio[n] = _timed(arms[n], [s[step] for s in streams])
             times[n].append(ms)
-        identical += all(np.array_equal(a, b) for a, b in zip(audio[names[0]], audio[names[1]]))
+        for n in names[1:]:
+            identical[n] += all(np.array_equal(a, b) for a, b in zip(audio[names[0]], audio[n]))
     counts = {}
     step = warm + reps
     for n, t2w in arms.items():
@@ -69,14 +74,32 @@ def bench_rows(arms: dict[str, Token2Wav], rows: int, reps: int) -> dict:
     for n in names:
         out[n] = {
             "median_ms": statistics.median(times[n]),
+            "times_ms": times[n],  # per timed chunk, in order (paired across arms by index)
             "p90_ms": float(np.percentile(times[n], 90)),
             "kernels_per_chunk": counts[n].per_call,
             "copies_per_chunk": counts[n].copies_per_call,
             "host_launches_per_chunk": counts[n].host_per_call,
         }
-    ratios = [e / g for e, g in zip(times[names[1]], times[names[0]])]
-    out["eager_over_graph_median"] = statistics.median(ratios)
+    first = times[names[0]]
+    out["over_first_median"] = {n: statistics.median([a / f for a, f in zip(times[n], first)]) for n in names[1:]}
+    # Each timed chunk is a block of the arms side by side: the t interval of the mean log ratio,
+    # as `tts-bench ab` reads its repeats (percent change of each arm against the first).
+    out["over_first_ci95_pct"] = {}
+    for n in names[1:]:
+        iv = block_interval(np.log(np.array(times[n]) / np.array(first)))
+        out["over_first_ci95_pct"][n] = [pct(iv.center), pct(iv.lo), pct(iv.hi)] if iv.resolved else None
+    if "eager" in arms and "graph" in arms:
+        out["eager_over_graph_median"] = statistics.median([e / g for e, g in zip(times["eager"], times["graph"])])
     return out
+
+
+# Arm name -> the code2wav stage extra it runs with (on top of --tf32's mode).
+ARMS = {
+    "graph": {"code2wav_device_graph": True},
+    "eager": {"code2wav_device_graph": False},
+    "graph-unfused": {"code2wav_device_graph": True, "code2wav_fused_norm": False},
+    "eager-unfused": {"code2wav_device_graph": False, "code2wav_fused_norm": False},
+}
 
 
 def kernel_table(t2w: Token2Wav, rows: int, top: int = 25) -> dict:
@@ -145,6 +168,10 @@ def bench_threads(base: Code2WavConfig, device: torch.device, replicas: int, row
             "audio_s_per_s": audio_s / wall, "rtf_if_fed": wall * base.token_rate_hz / (chunks * base.codec_chunk_frames)}
 
 
+def _ci(ci: list[float] | None) -> str:
+    return "n/a" if ci is None else f"{ci[0]:+.1f}% [{ci[1]:+.1f}, {ci[2]:+.1f}]"
+
+
 def _null():
     import contextlib
 
@@ -161,8 +188,13 @@ def main() -> int:
     ap.add_argument("--thread-rows", type=int, default=8)
     ap.add_argument("--thread-chunks", type=int, default=8)
     ap.add_argument("--kernels", default="", help="comma list of B: device time by kernel (eager)")
+    ap.add_argument("--arms", default="graph,eager", help=f"comma list of arms, first = reference: {', '.join(ARMS)}")
     add_out(ap)
     args = ap.parse_args()
+    arm_names = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in arm_names if a not in ARMS]
+    if unknown or len(arm_names) < 2 or len(set(arm_names)) != len(arm_names):
+        ap.error(f"--arms takes two or more distinct names of {', '.join(ARMS)}; got {args.arms!r}")
     deterministic_kernels()  # as in the stage processes (runner.deterministic): replay == eager
     device = resolve_device(args.device)
     rows = [int(x) for x in args.rows.split(",")]
@@ -170,15 +202,14 @@ def main() -> int:
     for mode in args.tf32.split(","):
         base = Code2WavConfig(extra={"token2wav_allow_tf32": mode})
         arms = {
-            "graph": Token2Wav(replace(base, extra={**base.extra, "code2wav_device_graph": True}),
-                               device=device, dtype=torch.float32, slots=max(rows)),
-            "eager": Token2Wav(replace(base, extra={**base.extra, "code2wav_device_graph": False}),
-                               device=device, dtype=torch.float32, slots=max(rows)),
+            name: Token2Wav(replace(base, extra={**base.extra, **ARMS[name]}), device=device,
+                            dtype=torch.float32, slots=max(rows))
+            for name in arm_names
         }
         for t2w in arms.values():
             t2w.prompt_setup()
         for b in [int(x) for x in args.kernels.split(",") if x] if mode == "off" else []:
-            k = kernel_table(arms["eager"], b)
+            k = kernel_table(next(t for n, t in arms.items() if n.startswith("eager")), b)
             results.append({"kernel_table": k, "tf32": mode})
             print(f"eager B={b}: {k['device_ms']:.1f} device ms in {k['kernels']} kernels", file=sys.stderr)
             for row in k["top"][:12]:
@@ -186,13 +217,17 @@ def main() -> int:
         for b in rows:
             r = bench_rows(arms, b, args.reps)
             r["tf32"] = mode
-            r["graphs_disabled"] = arms["graph"].graphs.disabled if arms["graph"].graphs else "no graph API"
+            r["graphs_disabled"] = {n: (t.graphs.disabled if t.graphs else "no graph API") for n, t in arms.items()}
+            r["dit_norm"] = {n: t.describe()["dit_norm"] for n, t in arms.items()}
             results.append(r)
-            print(f"tf32={mode:4s} B={b:3d}  graph {r['graph']['median_ms']:8.2f} ms "
-                  f"({r['graph']['host_launches_per_chunk']} launches, {r['graph']['kernels_per_chunk']:.0f} kernels)  "
-                  f"eager {r['eager']['median_ms']:8.2f} ms ({r['eager']['host_launches_per_chunk']} launches)  "
-                  f"eager/graph {r['eager_over_graph_median']:.2f}x  identical {r['identical_chunks']}/{r['reps']}",
-                  file=sys.stderr, flush=True)
+            cols = "  ".join(
+                f"{n} {r[n]['median_ms']:.2f} ms ({r[n]['host_launches_per_chunk']} launches, "
+                f"{r[n]['kernels_per_chunk']:.0f} kernels"
+                + (f", x{r['over_first_median'][n]:.3f} {_ci(r['over_first_ci95_pct'][n])}, "
+                   f"identical {r['identical_chunks'][n]}/{r['reps']})" if n != arm_names[0] else ")")
+                for n in arm_names
+            )
+            print(f"tf32={mode:4s} B={b:3d}  {cols}", file=sys.stderr, flush=True)
         del arms
         torch.cuda.empty_cache() if device.type == "cuda" else None
     threads = []

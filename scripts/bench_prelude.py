@@ -186,7 +186,7 @@ def build_impls(device: torch.device, args: tuple[torch.Tensor, ...]) -> tuple[d
         impls["fused"] = lambda: fused_step(logits)
         impls["fused_alloc"] = lambda: fused(*args)
         from stages.talker.prelude_triton import _empty_kernel
-        from stages.talker.triton_launch import direct_launch, kernel_for
+        from stages.platform.triton_launch import direct_launch, kernel_for
 
         empty = kernel_for(_empty_kernel, device)
         impls["empty"] = lambda: empty[(1,)](args[0])

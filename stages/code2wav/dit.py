@@ -5,6 +5,10 @@ Input per frame = [x | mu | spk | cond] (4 x 80 = 320) -> `in_proj` -> blocks ->
 a causal conv block (conv-LN-Mish-conv, 2-frame caches) and a GELU-tanh MLP, each gated by
 adaLN shift/scale/gate rows from the timestep embedding (order msa, mlp, conv).
 
+Between branches, the gated residual add, the next non-affine LayerNorm and its modulation are
+one step (`residual_norm_modulate_eager`, or with `select_norm` its one-launch Triton twin in
+`dit_triton`): blocks are chained, each handing the next its normalised attention input.
+
 Streaming: queries are the current chunk; keys/values are `[current | cache]` (new K/V in
 *front* of the cache, the upstream convention the trim ranges rely on). Per block caches:
 conv [rows, 2*hidden, 2] (conv1 input history | conv2 input history), attention
@@ -21,6 +25,7 @@ Module names follow the official checkpoint (`decoder.estimator.blocks.0.attn.to
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -29,6 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from stages.code2wav.config import DiTConfig
+
+log = logging.getLogger(__name__)
 
 _MOD_LN_EPS = 1e-6  # the non-affine LayerNorms before modulation
 _CONV_KERNEL = 3
@@ -43,6 +50,23 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale_plus_one: torch.Tensor)
 def gated(x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """x + gate * y in one kernel (the adaLN-zero residual)."""
     return torch.addcmul(x, gate, y)
+
+
+def residual_norm_modulate_eager(x, gate, y, shift, scale, *, eps: float):
+    """(x + gate * y, LN(x + gate * y) * scale + shift): the step between two branches of a block
+    (no residual when gate is None), as three torch ops. Returns (new x, modulated activation).
+    `stages.code2wav.dit_triton.residual_norm_modulate` is the one-launch twin (x updated in place)."""
+    if gate is not None:
+        x = gated(x, gate, y)
+    return x, modulate(F.layer_norm(x, (x.shape[-1],), eps=eps), shift, scale)
+
+
+def _residual_norm_modulate_fused(x, gate, y, shift, scale, *, eps: float):
+    from stages.code2wav.dit_triton import residual_norm_modulate
+
+    if not x.is_contiguous():  # the kernel updates x in place, so it needs its own dense copy
+        x = x.contiguous()
+    return x, residual_norm_modulate(x, gate, y, shift, scale, eps=eps)
 
 
 # Per block: (shift, 1 + scale, gate) for msa, then mlp, then conv; each [rows | 1, 1, C].
@@ -101,6 +125,24 @@ class Attention(nn.Module):
         self.q_norm = nn.LayerNorm(cfg.head_dim)
         self.k_norm = nn.LayerNorm(cfg.head_dim)
         self.proj = nn.Linear(inner, cfg.hidden_size)
+        self.fused = False  # DiT.select_norm: one q|k|v GEMM + the Triton q/k norm and cache write
+        self._qkv: tuple | None = None  # (key, weight, bias): the three projections concatenated
+        self._qkv_retired: list[tuple] = []  # earlier copies, kept alive for graphs that read them
+
+    def qkv_projection(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The q, k and v projections as one [3 * H * D, C] weight and bias, made once and remade
+        when a weight is replaced or written in place (the key holds each one's storage and
+        version counter: a weight load or `.to()` is seen on the next eager call; a captured
+        graph keeps reading the copy it was captured with, as it keeps every other address, so
+        replaced copies are kept alive, never freed under a graph)."""
+        params = (self.to_q.weight, self.to_k.weight, self.to_v.weight, self.to_q.bias, self.to_k.bias, self.to_v.bias)
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        if self._qkv is None or self._qkv[0] != key:
+            if self._qkv is not None:
+                self._qkv_retired.append(self._qkv)
+            with torch.no_grad():
+                self._qkv = (key, torch.cat(params[:3]), torch.cat(params[3:]))
+        return self._qkv[1], self._qkv[2]
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, H*D] -> [B, T, H, D] (a view)
         b, t, _ = x.shape
@@ -114,13 +156,19 @@ class Attention(nn.Module):
         out_cache: torch.Tensor,  # [B, H, T+L, 2D] destination of the new cache
     ) -> torch.Tensor:
         t = x.shape[1]
-        # The head LayerNorms run on the contiguous [B, T, H, D] view and are transposed after
-        # (LayerNorm over D is the same either way): no contiguous copy of a transposed input.
-        q = self.q_norm(self._split(self.to_q(x))).transpose(1, 2)
-        # New K/V are written straight into the output cache, current frames first, then the
-        # old cache: one copy instead of cat(k), cat(v), cat(k|v) and two stacks.
-        out_cache[:, :, :t, : self.d] = self.k_norm(self._split(self.to_k(x))).transpose(1, 2)
-        out_cache[:, :, :t, self.d :] = self._split(self.to_v(x)).transpose(1, 2)
+        if self.fused:  # one GEMM and one launch for the six steps below
+            from stages.code2wav.dit_triton import qk_norm_to_cache
+
+            qkv = F.linear(x, *self.qkv_projection())
+            q = qk_norm_to_cache(qkv, self.q_norm, self.k_norm, out_cache, self.h).transpose(1, 2)
+        else:
+            # The head LayerNorms run on the contiguous [B, T, H, D] view and are transposed after
+            # (LayerNorm over D is the same either way): no contiguous copy of a transposed input.
+            q = self.q_norm(self._split(self.to_q(x))).transpose(1, 2)
+            # New K/V are written straight into the output cache, current frames first, then the
+            # old cache: one copy instead of cat(k), cat(v), cat(k|v) and two stacks.
+            out_cache[:, :, :t, : self.d] = self.k_norm(self._split(self.to_k(x))).transpose(1, 2)
+            out_cache[:, :, :t, self.d :] = self._split(self.to_v(x)).transpose(1, 2)
         if cache is not None and cache.shape[2] > 0 and not _is_view_of(cache, out_cache[:, :, t:]):
             out_cache[:, :, t:] = cache
         k, v = out_cache[..., : self.d], out_cache[..., self.d :]
@@ -209,13 +257,20 @@ class DiTBlock(nn.Module):
     def modulation(self, c: torch.Tensor) -> BlockModulation:
         return block_modulation(self.adaLN_modulation(c))
 
-    def forward(self, x, mod: BlockModulation, caches: tuple, outs: tuple, mask):
-        # x: [B, T, C]; mod: this block's modulation rows; caches = (cnn, att) inputs,
-        # outs = (cnn, att) destinations
-        (sh_msa, sc_msa, g_msa, sh_mlp, sc_mlp, g_mlp, sh_conv, sc_conv, g_conv) = mod
-        x = gated(x, g_msa, self.attn(modulate(self.norm1(x), sh_msa, sc_msa), caches[1], mask, outs[1]))
-        x = gated(x, g_conv, self.conv(modulate(self.norm3(x), sh_conv, sc_conv), caches[0], outs[0]))
-        return gated(x, g_mlp, self.mlp(modulate(self.norm2(x), sh_mlp, sc_mlp)))
+    def forward(self, x, h, mod: BlockModulation, next_mod: tuple, caches: tuple, outs: tuple, mask, norm):
+        """One block, chained: `h` is this block's attention input, modulate(norm1(x)), made by
+        the step before (the previous block's last residual, or the first norm); returns
+        (x, the next block's attention input) with `next_mod` = its (shift, 1 + scale).
+
+        Each residual add is fused with the LayerNorm and modulation after it (`norm`, eager or
+        the Triton twin), which is why a block hands its successor a normalised input: the eager
+        order of operations is unchanged (attn, conv, mlp; norm1, norm3, norm2).
+        caches = (cnn, att) inputs, outs = (cnn, att) destinations."""
+        (_, _, g_msa, sh_mlp, sc_mlp, g_mlp, sh_conv, sc_conv, g_conv) = mod
+        eps = self.norm1.eps
+        x, h = norm(x, g_msa, self.attn(h, caches[1], mask, outs[1]), sh_conv, sc_conv, eps=eps)
+        x, h = norm(x, g_conv, self.conv(h, caches[0], outs[0]), sh_mlp, sc_mlp, eps=eps)
+        return norm(x, g_mlp, self.mlp(h), *next_mod, eps=eps)
 
 
 class FinalLayer(nn.Module):
@@ -230,8 +285,9 @@ class FinalLayer(nn.Module):
         shift, scale = self.adaLN_modulation(c).chunk(2, dim=-1)
         return shift, scale + 1
 
-    def forward(self, x: torch.Tensor, mod: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        return self.linear(modulate(self.norm_final(x), *mod))
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        # h = modulate(norm_final(x), *mod), made by the last block's fused residual step.
+        return self.linear(h)
 
 
 @dataclass
@@ -249,6 +305,41 @@ class DiT(nn.Module):
         self.in_proj = nn.Linear(cfg.in_channels, cfg.hidden_size)
         self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.depth))
         self.final_layer = FinalLayer(cfg)
+        self._norm = residual_norm_modulate_eager  # `select_norm` may swap in the Triton twin
+        self.norm_kernel = "eager"
+
+    def select_norm(self, fused: bool, device: torch.device) -> str:
+        """Use the fused norm steps when `fused` and Triton runs on `device` (a CUDA/NPU device;
+        the CPU only under TRITON_INTERPRET=1): the one-launch residual + LayerNorm + modulation,
+        and in attention one q|k|v GEMM with the one-launch q/k norm and cache write
+        (`dit_triton`). Call it after the weights are loaded and the dtype set. The kernels are
+        compiled here, outside any graph capture; if that fails the eager chain stays, with the
+        reason logged and returned (`norm_kernel` says which runs: "triton" or "eager")."""
+        from stages.platform import triton_unavailable_reason
+
+        self._set_norm(False)
+        reason = "stage extra code2wav_fused_norm is false" if not fused else triton_unavailable_reason(device)
+        if reason is None:
+            try:
+                from stages.code2wav import dit_triton
+
+                dit_triton.warm_up(device, self.in_proj.weight.dtype, self.cfg.hidden_size, _MOD_LN_EPS,
+                                   self.blocks[0].attn)
+            except Exception as exc:  # a broken compiler must not take the stage down: eager runs
+                reason = f"the fused kernels failed to compile ({type(exc).__name__}: {exc})"
+                log.warning("DiT norm: eager chain kept, %s", reason)
+        if reason is None:
+            self._set_norm(True)
+            return "fused Triton norm steps (residual + LayerNorm + modulation; q/k norms + cache write)"
+        return f"eager ({reason})"
+
+    def _set_norm(self, fused: bool) -> None:
+        self._norm = _residual_norm_modulate_fused if fused else residual_norm_modulate_eager
+        self.norm_kernel = "triton" if fused else "eager"
+        for block in self.blocks:
+            block.attn.fused = fused
+            if fused:
+                block.attn.qkv_projection()  # made now, not inside a first graph capture
 
     def forward_chunk(
         self,
@@ -275,13 +366,16 @@ class DiT(nn.Module):
         if mod is None:
             mod = self._modulation(self.t_embedder(t).unsqueeze(1))
         x = self.in_proj(x_in.transpose(1, 2))
+        norm, last = self._norm, len(self.blocks) - 1
+        x, h = norm(x, None, None, *mod.blocks[0][:2], eps=_MOD_LN_EPS)  # block 0's norm1
         for i, block in enumerate(self.blocks):
             caches = (
                 None if cnn_cache is None else cnn_cache[i],
                 None if att_cache is None else att_cache[i],
             )
-            x = block(x, mod.blocks[i], caches, (cnn_out[i], att_out[i]), mask)
-        v = self.final_layer(x, mod.final).transpose(1, 2)
+            next_mod = mod.final if i == last else mod.blocks[i + 1][:2]
+            x, h = block(x, h, mod.blocks[i], next_mod, caches, (cnn_out[i], att_out[i]), mask, norm)
+        v = self.final_layer(h).transpose(1, 2)
         return DiTOut(v, cnn_out, att_out)
 
     def _modulation(self, c: torch.Tensor) -> StepModulation:

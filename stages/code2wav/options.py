@@ -57,6 +57,9 @@ BOOL_FLAGS: dict[str, bool] = {
     # it reports ready, so every steady shape is captured before the first request (otherwise
     # each new shape's first chunk pays an eager run plus a capture while serving).
     "code2wav_graph_warmup": True,
+    # The DiT's residual add + LayerNorm + adaLN modulation as one Triton launch instead of three
+    # (stages/code2wav/dit_triton.py) on CUDA/NPU; the CPU keeps the eager chain.
+    "code2wav_fused_norm": True,
 }
 # Non-boolean keys read elsewhere in stage 2: `prompt_wav` (default voice path, prompt builder).
 OTHER_KEYS = frozenset({"prompt_wav"})
@@ -134,6 +137,7 @@ class Code2WavOptions:
     device_spk: bool = True
     device_graph: bool = False
     graph_warmup: bool = True  # only acts with device_graph on a device
+    fused_norm: bool = True  # only acts where Triton runs (CUDA/NPU)
     tf32_mode: Tf32Mode = "off"
     dit_dtype: str = "float32"  # the CFM estimator's dtype (its caches too)
 
@@ -148,6 +152,7 @@ class Code2WavOptions:
             device_spk=_flag(extra, "token2wav_device_spk"),
             device_graph=_flag(extra, "code2wav_device_graph"),
             graph_warmup=_flag(extra, "code2wav_graph_warmup"),
+            fused_norm=_flag(extra, "code2wav_fused_norm"),
             tf32_mode=resolve_tf32_mode(extra, env),
             dit_dtype=parse_dit_dtype(extra.get(DIT_DTYPE_KEY)),
         )

@@ -13,7 +13,7 @@ What a newcomer needs to know:
   choice is made per launch from the tensor's device, not from the environment at import time,
   so one process can test both (the kernel tests run CPU and CUDA cases side by side).
 * Launch cost: only pointers are runtime arguments, and after the first call the compiled kernel
-  is launched directly (`stages.talker.triton_launch`): no Triton binder, no per-call closure or
+  is launched directly (`stages.platform.triton_launch`): no Triton binder, no per-call closure or
   hook plumbing while no launch hook is registered, int pointers on NVIDIA. The sampler calls
   `RepPenTempStep`, the kernel bound to its static row state: per step only the logits are
   checked and passed, the other five pointers were resolved at binding. The kernel is
@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from stages.talker.triton_launch import DirectLaunches, build_launcher, kernel_for
+from stages.platform.triton_launch import DirectLaunches, build_launcher, kernel_for
 
 # Vocab elements per program. 1024 fp32 = 4 KiB per row block; V = 6562 -> 7 programs per row.
 # The kernel is launch-bound at every B we serve (<= 128 rows), so the block size barely matters

@@ -206,7 +206,7 @@ def test_compiled_kernel_uses_ieee_division_and_no_transcendentals():
     from triton.compiler import ASTSource
 
     from stages.talker import prelude_triton as pt
-    from stages.talker.triton_launch import build_launcher
+    from stages.platform.triton_launch import build_launcher
 
     signature = {
         "logits_ptr": "*fp32",

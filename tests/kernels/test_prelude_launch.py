@@ -1,7 +1,7 @@
 """The fused prelude's steady-state branches (`rep_pen_temp`, `RepPenTempStep`), on the CPU.
 
 After its first (compiling) launch the fused prelude launches the compiled kernel directly
-(`stages.talker.triton_launch`, tested in test_triton_launch.py). Here a fake launcher is
+(`stages.platform.triton_launch`, tested in test_triton_launch.py). Here a fake launcher is
 registered for the CPU "device key", so the steady-state branches run on CPU tensors and what
 they hand the launcher is asserted; odd inputs must leave them for the checked path. The
 compiled path itself (bit-exact, graph capture) is covered by the `gpu` tests here and in the

@@ -1,4 +1,4 @@
-"""Launching compiled Triton kernels cheaply (`stages.talker.triton_launch`), on the CPU.
+"""Launching compiled Triton kernels cheaply (`stages.platform.triton_launch`), on the CPU.
 
 After the first launch a kernel is launched by calling Triton's C launcher directly, once the
 calling conventions have been checked against the installed triton. These tests pin that
@@ -22,7 +22,7 @@ STREAM_OF_DEVICE_3 = 0x7E57
 @pytest.fixture
 def tl():
     pytest.importorskip("triton", reason="the launch helpers need triton (extra: triton)")
-    from stages.talker import triton_launch
+    from stages.platform import triton_launch
 
     return triton_launch
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Hashable
 
 import torch
 
-from stages.platform import unwrapped_current_device
+from stages.platform.device import unwrapped_current_device
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,9 @@ def build_launcher(kernel, device_type: str):
     # constexprs, which is what lets `DirectLaunches` reuse it without re-running Triton's
     # binder (scalar instead of 16-byte loads costs nothing measurable: launch-bound kernels).
     pointers = [name for name in kernel.arg_names if name.endswith("_ptr")]
-    return JITFunction(kernel.fn, do_not_specialize_on_alignment=pointers)
+    # The kernel's own `do_not_specialize` (ints that vary per call, e.g. frame counts) carries over.
+    keep = list(getattr(kernel, "do_not_specialize", None) or [])
+    return JITFunction(kernel.fn, do_not_specialize=keep, do_not_specialize_on_alignment=pointers)
 
 
 def kernel_for(kernel, device: torch.device):

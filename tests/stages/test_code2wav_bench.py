@@ -1,0 +1,47 @@
+"""scripts/bench_code2wav.py: arms side by side on the same streams, paired ratios with an interval.
+
+Run: python -m pytest tests/stages/test_code2wav_bench.py -q
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from scripts import bench_code2wav as bench
+from stages.code2wav.token2wav import Token2Wav
+from tests.stages.code2wav_tiny import single_thread, tiny_config  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def _arm(name: str) -> Token2Wav:
+    cfg = tiny_config()
+    t2w = Token2Wav(replace(cfg, extra={**cfg.extra, **bench.ARMS[name]}), device=torch.device("cpu"),
+                    dtype=torch.float32, slots=2)
+    t2w.prompt_setup()
+    return t2w
+
+
+def test_arms_decode_the_same_streams_and_report_paired_ratios():
+    arms = {"eager": _arm("eager"), "eager-unfused": _arm("eager-unfused")}
+    out = bench.bench_rows(arms, rows=2, reps=3)
+    for name in arms:
+        assert len(out[name]["times_ms"]) == 3 and all(t > 0 for t in out[name]["times_ms"])
+        assert out[name]["kernels_per_chunk"] > 0
+    # On the CPU both arms run the eager norm chain: the same audio, chunk for chunk.
+    assert out["identical_chunks"] == {"eager-unfused": 3}
+    center, lo, hi = out["over_first_ci95_pct"]["eager-unfused"]
+    assert lo <= center <= hi
+    assert "eager_over_graph_median" not in out  # no graph arm here
+
+
+def test_unknown_or_single_arms_are_refused(monkeypatch, capsys):
+    for arms in ("graph", "graph,graph", "graph,fast"):
+        monkeypatch.setattr("sys.argv", ["bench_code2wav.py", "--arms", arms])
+        with pytest.raises(SystemExit) as exc:
+            bench.main()
+        assert exc.value.code == 2
+        assert "--arms takes two or more distinct names" in capsys.readouterr().err
