@@ -32,6 +32,9 @@ def check_range(name: str, value: int, low: int, high: int) -> None:
         raise ValueError(f"{name} must be in {low}..{high}, got {value}")
 
 # `tts-bench serve`: the longest `input` (characters; OpenAI's speech API allows 4096) and the
-# largest request body (bytes) accepted; a 1 MB input used to grow the server by ~2 MiB/s.
+# largest request body (bytes) accepted; a 1 MB input used to grow the server by ~2 MiB/s. The
+# body holds the voice as base64 (4/3 of the file): 16 MiB fits the stages' longest voice
+# (code2wav.ref_audio_limit_seconds, 60 s) as 48 kHz 16-bit stereo WAV, 14.7 MiB encoded. At
+# 1 MiB a 6 s 48 kHz stereo voice was already refused.
 MAX_INPUT_CHARS = 4096
-MAX_BODY_BYTES = 1024**2
+MAX_BODY_BYTES = 16 * 1024**2

@@ -3,11 +3,16 @@ requests a phase sends.
 
 A meta.lst line is `utt|prompt_text|prompt_wav|text`: an utterance id, the transcript of a
 reference recording, that recording's path (relative to the meta.lst directory) and the text to
-synthesize. Lines starting with `#` and blank lines are skipped; anything else that is not
-exactly four fields is reported with its file:line. A `|` inside the text is such a line: it
-cannot be told from a separator, and guessing (dropping or joining the rest) would synthesize
-something other than what the file says, so it is an error. The file must be UTF-8 (a
-byte-order mark is dropped); a bad byte is reported by line.
+synthesize. A fifth field that names an audio file (`...|text|gt.wav`, the ground-truth recording
+some seed-tts-eval tools list) is accepted and not used. Lines starting with `#` and blank lines
+are skipped; anything else that is not four fields is reported with its file:line. A `|` inside
+the text is such a line: it cannot be told from a separator, and guessing (dropping or joining
+the rest) would synthesize something other than what the file says, so it is an error. The file
+must be UTF-8 (a byte-order mark is dropped); a bad byte is reported by line. Lines end at
+`\n`, `\r\n` or `\r` only (not at the Unicode separators `str.splitlines` also splits on,
+which an editor does not show as line breaks). Utterance ids name files (`tts-bench wer` writes
+`wavs/<arm>/<id>.wav`), so an id with a path separator, `..`, a control character or over 200
+bytes is refused.
 
 `builtin:seed-tts-en` is the packaged English set (tts_bench/data/seed-tts-en/): sentences of
 3 to 40 words with no digits and no number words, because Whisper writes numbers as digits and
@@ -31,6 +36,8 @@ every arm, with ids that name the arm, tier, repeat and slot (`base:2x1:r0:0003`
 from __future__ import annotations
 
 import dataclasses
+import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -92,23 +99,48 @@ def resolve_meta(meta: str | Path) -> Path:
     path = Path(text)
     if not path.is_file():
         raise ConfigError(
-            f"error: prompt list {text!r} is not a file (prompts.meta); pass a seed-tts meta.lst "
-            f"or builtin:seed-tts-en"
+            f"error: prompt list {text!r} is not a file (prompts.meta; a relative path is read from "
+            f"the working directory, not from the config's folder); pass a seed-tts meta.lst or "
+            f"builtin:seed-tts-en"
         )
     return path
+
+
+_AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
+_MAX_UTT_BYTES = 200  # ids become file names (<id>.wav, <id>#2.wav): stay well under 255 bytes
+_LINE_BREAK = re.compile(r"\r\n|\n|\r")
+
+
+def _is_audio_path(field: str) -> bool:
+    return bool(field) and " " not in field and field.lower().endswith(_AUDIO_SUFFIXES)
+
+
+def _utt_problem(utt: str) -> str | None:
+    if not utt:
+        return "empty utt id"
+    if "/" in utt or "\\" in utt or utt in (".", "..") or utt.startswith(".."):
+        return f"utt id {utt!r} is a path, not a name (ids name the files of a WER run); use letters, digits, '-', '_', '.'"
+    if any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") for ch in utt):
+        return f"utt id {utt!r} holds a control or invisible character; remove it"
+    if len(utt.encode("utf-8")) > _MAX_UTT_BYTES:
+        return f"utt id is {len(utt.encode('utf-8'))} bytes long, over {_MAX_UTT_BYTES} (ids name files); shorten it"
+    return None
 
 
 def _parse_line(line: str, base: Path) -> Prompt | str:
     """A Prompt, or the reason the line is malformed."""
     fields = line.split("|")
+    if len(fields) == 5 and _is_audio_path(fields[4].strip()):
+        fields = fields[:4]  # utt|prompt_text|prompt_wav|text|gt_wav: the recording is not used
     if len(fields) > 4:
         return (f"expected 4 fields utt|prompt_text|prompt_wav|text, got {len(fields)}: a '|' "
                 f"inside the text cannot be told from a separator; remove it from the text")
     if len(fields) < 4:
         return f"expected 4 fields utt|prompt_text|prompt_wav|text, got {len(fields)}"
     utt, prompt_text, wav, text = (f.strip() for f in fields[:4])
-    if not utt:
-        return "empty utt id"
+    problem = _utt_problem(utt)
+    if problem:
+        return problem
     if not text:
         return "empty text"
     return Prompt(utt, prompt_text, (base / wav) if wav else None, text)
@@ -120,7 +152,7 @@ def parse_meta(text: str, *, source: Path, base: Path | None = None) -> list[Pro
     prompts: list[Prompt] = []
     errors: list[str] = []
     seen: dict[str, int] = {}
-    for lineno, raw in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
+    for lineno, raw in enumerate(_LINE_BREAK.split(text.removeprefix("\ufeff")), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -150,9 +182,12 @@ def parse_meta(text: str, *, source: Path, base: Path | None = None) -> list[Pro
     return prompts
 
 
-def check_prompt_wavs(prompts: Sequence[Prompt], *, source: str | Path = "prompts.meta") -> None:
-    """Every selected prompt's reference wav exists and decodes to audio; else a ConfigError
-    (exit 2) naming the meta.lst line. Each file is read once, however many lines share it."""
+def check_prompt_wavs(prompts: Sequence[Prompt], *, source: str | Path = "prompts.meta",
+                      limit_seconds: float | None = None) -> None:
+    """Every selected prompt's reference wav exists and decodes to finite audio; else a
+    ConfigError (exit 2) naming the meta.lst line. With `limit_seconds` (an embedded arm's
+    code2wav.ref_audio_limit_seconds) also the stage's channel and length rules. Each file is
+    read once, however many lines share it."""
     from stages.code2wav.audio import decode_audio  # what the stages accept as a voice
     from stages.code2wav.streaming import PromptError
 
@@ -161,7 +196,7 @@ def check_prompt_wavs(prompts: Sequence[Prompt], *, source: str | Path = "prompt
         if p.prompt_wav is None:
             continue
         if p.prompt_wav not in checked:
-            checked[p.prompt_wav] = _wav_problem(p.prompt_wav, decode_audio, PromptError)
+            checked[p.prompt_wav] = _wav_problem(p.prompt_wav, decode_audio, PromptError, limit_seconds)
         problem = checked[p.prompt_wav]
         if problem:
             where = f"{source}:{p.line}" if p.line else str(source)
@@ -170,16 +205,43 @@ def check_prompt_wavs(prompts: Sequence[Prompt], *, source: str | Path = "prompt
                 f"fix or replace it (prompt wav paths are relative to the meta.lst)")
 
 
-def _wav_problem(path: Path, decode, error) -> str | None:
+# Backends that send each request's voice (piper ignores it, synthetic has none).
+VOICE_BACKENDS = ("embedded", "http")
+
+
+def check_bench_voices(arms: dict, prompts: Sequence[Prompt]) -> None:
+    """Before a bench run (`ab`, `mem`) exists: the voices its arms will send. Every prompt wav
+    must decode when an arm's backend sends voices, and be 16-bit PCM WAV when an arm makes
+    `distinct` voices of it; else a ConfigError (exit 2) instead of an invalid run later."""
+    from tts_bench.voices import check_distinct_voices
+
+    base = next(iter(arms.values()))
+    if any(c.backend in VOICE_BACKENDS and c.prompts.voices != "default" for c in arms.values()):
+        check_prompt_wavs(prompts, source=base.prompts.meta, limit_seconds=embedded_voice_limit(list(arms.values())))
+    if any(c.prompts.voices == "distinct" for c in arms.values()):
+        check_distinct_voices(p.prompt_wav for p in prompts)
+
+
+def _wav_problem(path: Path, decode, error, limit_seconds: float | None = None) -> str | None:
     if not path.is_file():
         return "does not exist"
     try:
-        wav, _ = decode(path)  # empty audio is an error too
+        wav, rate = decode(path)  # empty audio is an error too
     except error as exc:
         return f"cannot be read as audio: {str(exc).removeprefix('error: ')}"
     if not np.isfinite(wav).all():  # float files can hold them; the stages refuse such a voice
         return "has NaN/inf samples"
+    if limit_seconds is not None:
+        from stages.code2wav.audio import reference_problem
+
+        return reference_problem(wav.shape[0], wav.shape[1], rate, limit_seconds)
     return None
+
+
+def embedded_voice_limit(arms: Sequence) -> float | None:
+    """The strictest reference-audio length limit among the embedded arms (None: no such arm)."""
+    limits = [c.stages.code2wav.ref_audio_limit_seconds for c in arms if c.backend == "embedded"]
+    return min(limits) if limits else None
 
 
 def load_prompts(meta: str | Path) -> list[Prompt]:

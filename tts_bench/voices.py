@@ -51,6 +51,13 @@ def request_voice(prompt: Any, key: str, *, mode: str, first: Path | None) -> tu
     raise ValueError(f"unknown voices mode {mode!r}; valid: {', '.join(VOICE_MODES)}")
 
 
+def check_distinct_voices(paths) -> None:
+    """Each prompt wav can be made `distinct` (16-bit PCM WAV, long enough): a ConfigError
+    (exit 2) otherwise, raised before a run rather than at its first request."""
+    for path in {Path(p) for p in paths if p is not None}:
+        _nudged(path, "check")
+
+
 def _nudged(path: Path, key: str) -> bytes:
     params, frames = _pcm16(path)
     samples = bytearray(frames)

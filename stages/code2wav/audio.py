@@ -32,6 +32,24 @@ from stages.code2wav.streaming import PromptError
 FORMATS = "WAV, FLAC, OGG or MP3"
 
 
+MAX_CHANNELS = 8  # a reference voice of more channels is refused (mixed down to mono otherwise)
+
+
+def reference_problem(channels: int, samples: int, sample_rate: int, limit_seconds: float) -> str | None:
+    """Why decoded audio of this shape cannot be a reference voice, or None: the stage's rules
+    (1-8 channels, some samples, at most `code2wav.ref_audio_limit_seconds`), shared with the
+    harness's check of a prompt set before a run."""
+    if not 1 <= channels <= MAX_CHANNELS:
+        return f"has {channels} channels; give 1-{MAX_CHANNELS} channels of audio"
+    if samples == 0:
+        return "is empty (0 samples); give 1-8 channels of audio"
+    if sample_rate < 1 or samples > limit_seconds * sample_rate:
+        return (f"is {samples / max(sample_rate, 1):.1f} s long, the limit is "
+                f"code2wav.ref_audio_limit_seconds={limit_seconds:g}; give a shorter clip (it is cut "
+                "to ref_audio_max_seconds anyway)")
+    return None
+
+
 def decode_audio(source: Path | str | bytes, *, where: str | None = None) -> tuple[np.ndarray, int]:
     """An audio file (path) or its bytes -> (float32 [C, N], sample rate). Unreadable,
     undecodable or empty audio is a PromptError naming `where` (default: the path)."""

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stages.code2wav.audio import decode_audio
+from stages.code2wav.audio import decode_audio, reference_problem
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.mel import (
     FbankConfig,
@@ -53,7 +53,6 @@ TOKEN2WAV_ASSETS = Path("assets") / "token2wav"
 S3_TOKENIZER = TOKEN2WAV_ASSETS / "speech_tokenizer_v2_25hz.onnx"
 OFFICIAL_DEFAULT_VOICE = Path("assets") / "HT_ref_audio.wav"
 TOKENIZER_RATE = 16000  # S3 tokenizer and CAM++ fbank both read 16 kHz audio
-MAX_CHANNELS = 8
 
 
 @dataclass(frozen=True)
@@ -80,18 +79,13 @@ def normalize_reference(wav: torch.Tensor, sample_rate: int, cfg: Code2WavConfig
     """[C, N] or [N] at any rate -> mono float32 [max_seconds * 24 kHz] (truncate / zero-pad)."""
     if wav.dim() == 1:
         wav = wav[None]
-    if wav.dim() != 2 or wav.shape[0] > MAX_CHANNELS or wav.shape[-1] == 0:
-        raise PromptError(
-            f"error: empty or malformed reference audio {tuple(wav.shape)} ({where}); give 1-8 channels of audio"
-        )
+    if wav.dim() != 2:
+        raise PromptError(f"error: malformed reference audio {tuple(wav.shape)} ({where}); give 1-8 channels of audio")
+    problem = reference_problem(wav.shape[0], wav.shape[-1], sample_rate, cfg.ref_audio_limit_seconds)
+    if problem is not None:
+        raise PromptError(f"error: reference audio {problem} ({where})")
     if not torch.isfinite(wav).all():
         raise PromptError(f"error: reference audio has NaN/inf samples ({where}); re-export the file")
-    if sample_rate < 1 or wav.shape[-1] > cfg.ref_audio_limit_seconds * sample_rate:
-        raise PromptError(
-            f"error: reference audio is {wav.shape[-1] / max(sample_rate, 1):.1f} s long ({where}), "
-            f"the limit is code2wav.ref_audio_limit_seconds={cfg.ref_audio_limit_seconds:g}; "
-            "give a shorter clip (it is cut to ref_audio_max_seconds anyway)"
-        )
     mono = resample(wav.float().mean(dim=0), sample_rate, cfg.sample_rate)
     target = int(round(cfg.ref_audio_max_seconds * cfg.sample_rate))
     if mono.shape[0] >= target:

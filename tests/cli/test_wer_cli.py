@@ -11,7 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from tts_bench.commands import wer as wer_cmd
-from tts_bench.errors import ExitStatus, InvalidRunError
+from tts_bench.errors import ConfigError, ExitStatus, InvalidRunError
 from tts_bench.wer import runner
 from tts_bench.wer.testing import TextCodeBackend, TextCodeTranscriber, fake_provenance
 
@@ -150,3 +150,46 @@ def test_non_inferiority_runs_say_first_whether_the_prompt_count_resolves_the_ma
     assert "NOT resolvable" in result.output
     exact = _wer(["--config", str(cfg), "--set", "wer.mode=exact"], tmp_path)
     assert "non-inferiority margin" not in exact.output and exact.return_value == 0
+
+
+def test_generate_only_with_failures_above_max_failures_exits_5_and_says_why(fake_world):
+    tmp_path, cfg = fake_world
+    result = _wer(["--config", str(cfg), "--generate-only", "--arms", "base", "--set", "synthetic.fail_every=2"], tmp_path)
+    assert result.return_value == ExitStatus.INVALID_RUN, result.output
+    assert "base: 2 of 4 requests failed (request_failed 2) > max_failures 0" in result.output
+    ok = _wer(["--config", str(cfg), "--generate-only", "--arms", "base", "--set", "synthetic.fail_every=2",
+               "--set", "wer.max_failures=2"], tmp_path)
+    assert ok.return_value == 0, ok.output
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("简单地说，这相当于惠普把消费领域市场拱手相让了。", "has CJK letters"),
+        ("Привет, как дела", "has Cyrillic letters"),
+        ("& & @ $", "empty after the seed-tts normalizer"),
+    ],
+)
+def test_texts_the_gate_cannot_score_are_refused_before_any_audio(fake_world, text, message):
+    tmp_path, cfg = fake_world
+    meta = tmp_path / "meta.lst"
+    meta.write_text(meta.read_text() + f"odd_1|ref|ref.wav|{text}\n")
+    result = _wer(["--config", str(cfg), "--set", "wer.num_prompts=5"], tmp_path)
+    assert isinstance(result.exception, ConfigError), result.output  # tts_bench.cli.main: exit 2
+    assert message in str(result.exception) and "'odd_1'" in str(result.exception)
+    assert f"{meta}:5" in str(result.exception)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_transcribe_only_refuses_a_normalizer_that_empties_a_text_before_transcribing(fake_world, monkeypatch):
+    tmp_path, cfg = fake_world
+    assert _wer(["--config", str(cfg), "--generate-only", "--arms", "base"], tmp_path).return_value == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    from tts_bench.wer import normalize
+
+    real = normalize.get_normalizer
+    monkeypatch.setattr(normalize, "get_normalizer",
+                        lambda name: (lambda t: "" if "peaches" in t else t) if name == "whisper" else real(name))
+    monkeypatch.setattr(runner, "make_transcriber", lambda *a, **k: pytest.fail("transcribed before the check"))
+    result = _wer(["--transcribe-only", str(run_dir), "--normalizer", "whisper"], tmp_path)
+    assert "empty after the whisper normalizer" in str(result.exception)

@@ -67,7 +67,7 @@ def test_normalisation_mixes_to_mono_resamples_and_pads_or_truncates():
 
 @pytest.mark.parametrize(
     "wav,match",
-    [(torch.zeros(1, 0), "empty"), (torch.tensor([0.1, float("nan"), 0.2]), "NaN"), (torch.zeros(9, 10), "empty")],
+    [(torch.zeros(1, 0), "empty"), (torch.tensor([0.1, float("nan"), 0.2]), "NaN"), (torch.zeros(9, 10), "9 channels; give 1-8")],
 )
 def test_empty_non_finite_or_too_many_channels_raise_prompt_error(wav, match):
     with pytest.raises(PromptError, match=match):

@@ -224,3 +224,104 @@ def test_a_prompt_wav_of_nan_samples_is_refused_before_generating(tmp_path):
     check_prompt_wavs(prompts[:1], source=meta)
     with pytest.raises(ConfigError, match=r"'b' has NaN/inf samples .*meta.lst:2"):
         check_prompt_wavs(prompts, source=meta)
+
+
+def test_lines_end_only_at_line_breaks_not_at_unicode_separators(tmp_path):
+    # str.splitlines() also splits at U+2028, NEL, form feed, ...: characters an editor shows
+    # inside a line. They stay in the text; CR, LF and CRLF still end lines.
+    meta = write_meta(tmp_path, "a|t|a.wav|one\u2028two\fthree\rb|t|b.wav|x\r\nc|t|c.wav|y\n")
+    prompts = load_prompts(meta)
+    assert [p.utt for p in prompts] == ["a", "b", "c"]
+    assert prompts[0].text == "one\u2028two\fthree"
+
+
+def test_a_fifth_field_naming_the_ground_truth_recording_is_accepted_and_unused(tmp_path):
+    meta = write_meta(tmp_path, "a|t|p.wav|Hello there.|gt/a.wav\nb|t|p.wav|Hi|there\n")
+    with pytest.raises(ConfigError, match=r"meta.lst:2: expected 4 fields .* got 5") as exc:
+        load_prompts(meta)
+    assert "meta.lst:1" not in str(exc.value)
+    (prompt,) = load_prompts(write_meta(tmp_path, "a|t|p.wav|Hello there.|gt/a.WAV\n"))
+    assert (prompt.text, prompt.prompt_wav.name) == ("Hello there.", "p.wav")
+
+
+@pytest.mark.parametrize(
+    "utt, why",
+    [
+        ("../u1", "is a path"),
+        ("a/b", "is a path"),
+        ("a\\b", "is a path"),
+        ("..", "is a path"),
+        ("u\u200b1", "invisible character"),
+        ("\ufeffu2", "invisible character"),  # a second BOM: two files concatenated
+        ("x" * 201, "201 bytes long"),
+        ("é" * 101, "202 bytes long"),
+    ],
+)
+def test_ids_that_cannot_name_a_file_are_refused(tmp_path, utt, why):
+    # `tts-bench wer` writes wavs/<arm>/<id>.wav: '../u1' in both arms wrote one file outside the
+    # run, and the base arm was scored on the test arm's audio.
+    meta = write_meta(tmp_path, f"ok|t|a.wav|fine\n{utt}|t|a.wav|text\n")
+    with pytest.raises(ConfigError, match=re.escape(why)) as exc:
+        load_prompts(meta)
+    assert "meta.lst:2" in str(exc.value)
+    assert load_prompts(write_meta(tmp_path, "en_0001.v2-x|t|a.wav|fine\n"))[0].utt == "en_0001.v2-x"
+
+
+def _wav(path: Path, seconds: float, channels: int = 1, rate: int = 24000, width: int = 2) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(width)
+        w.setframerate(rate)
+        w.writeframes(b"\x01\x00" * (width // 2) * int(seconds * rate) * channels if width == 2 else
+                      b"\x80" * int(seconds * rate) * channels)
+
+
+def test_with_a_stage_limit_the_check_applies_the_stages_voice_rules(tmp_path):
+    from tts_bench.prompts import check_prompt_wavs
+
+    _wav(tmp_path / "long.wav", 61.0)
+    _wav(tmp_path / "nine.wav", 1.0, channels=9)
+    _wav(tmp_path / "ok.wav", 2.0, channels=2)
+    meta = tmp_path / "meta.lst"
+    meta.write_text("a|t|ok.wav|One.\nb|t|long.wav|Two.\nc|t|nine.wav|Three.\n")
+    prompts = load_prompts(meta)
+    check_prompt_wavs(prompts, source=meta)  # no stage limit (e.g. the http backend): decodable is enough
+    check_prompt_wavs(prompts[:1], source=meta, limit_seconds=60.0)
+    with pytest.raises(ConfigError, match=r"'b' is 61.0 s long, the limit is code2wav.ref_audio_limit_seconds=60.*meta.lst:2"):
+        check_prompt_wavs(prompts[:2], source=meta, limit_seconds=60.0)
+    with pytest.raises(ConfigError, match=r"'c' has 9 channels; give 1-8 channels.*meta.lst:3"):
+        check_prompt_wavs([prompts[0], prompts[2]], source=meta, limit_seconds=60.0)
+
+
+def _arm(backend: str, voices: str, limit: float = 60.0):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(backend=backend, prompts=SimpleNamespace(voices=voices, meta="meta.lst"),
+                           stages=SimpleNamespace(code2wav=SimpleNamespace(ref_audio_limit_seconds=limit)))
+
+
+def test_bench_voices_are_checked_for_the_backends_that_send_them(tmp_path):
+    from tts_bench.prompts import check_bench_voices
+
+    meta = tmp_path / "meta.lst"
+    meta.write_text("a|t|gone.wav|One.\n")
+    prompts = load_prompts(meta)
+    for backend in ("synthetic", "piper"):  # voices are not sent: nothing to read
+        check_bench_voices({"base": _arm(backend, "file"), "test": _arm(backend, "file")}, prompts)
+    check_bench_voices({"base": _arm("http", "default"), "test": _arm("http", "default")}, prompts)
+    for backend in ("http", "embedded"):
+        with pytest.raises(ConfigError, match="'a' does not exist"):
+            check_bench_voices({"base": _arm("synthetic", "file"), "test": _arm(backend, "file")}, prompts)
+
+
+def test_distinct_voices_need_16_bit_wavs_before_the_run(tmp_path):
+    from tts_bench.prompts import check_bench_voices
+
+    _wav(tmp_path / "u8.wav", 1.0, width=1)
+    _wav(tmp_path / "ok.wav", 1.0)
+    meta = tmp_path / "meta.lst"
+    meta.write_text("a|t|ok.wav|One.\nb|t|u8.wav|Two.\n")
+    prompts = load_prompts(meta)
+    check_bench_voices({"base": _arm("synthetic", "distinct")}, prompts[:1])
+    with pytest.raises(ConfigError, match="8-bit .*prompts.voices=distinct"):
+        check_bench_voices({"base": _arm("synthetic", "file"), "test": _arm("synthetic", "distinct")}, prompts)

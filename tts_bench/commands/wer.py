@@ -57,6 +57,8 @@ def wer(
     session = run_session(request, notify=lambda line: typer.echo(line, err=True))
     if session.report is None:
         typer.echo(f"generated: {session.run_path}", err=True)
+        for problem in session.problems:
+            typer.echo(f"error: invalid run: {problem}", err=True)
         return session.exit_status
     from tts_bench.wer.report import render_report
 

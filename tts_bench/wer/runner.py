@@ -41,6 +41,7 @@ from tts_bench.wer.gate import (
 from tts_bench.wer.generate import WER_TIER, GenRecord, generate_arm
 from tts_bench.wer.normalize import get_normalizer
 from tts_bench.wer.params import WerParams
+from tts_bench.wer.references import check_reference_texts
 from tts_bench.wer.score import ArmScore, Paired, compare_utterances, score_arm
 from tts_bench.wer.transcribe import AsrSession, TranscriptCache, setup_key, transcribe_records
 
@@ -100,6 +101,19 @@ async def generate(
         described[arm.name] = {**backend.describe(), "generate_seconds": time.perf_counter() - t0}
     run.update(status="generated", backends=described)
     return out
+
+
+def generation_problems(generated: dict[str, list[GenRecord]], params: WerParams) -> list[str]:
+    """Arms whose failed requests exceed `wer.max_failures`, as the gate would word them (the
+    gate calls such a run invalid, exit 5; `--generate-only` says it before any transcription)."""
+    problems = []
+    for arm, records in generated.items():
+        failed = [r.failure_kind or "failed" for r in records if not r.ok]
+        if len(failed) > params.max_failures:
+            kinds = ", ".join(f"{k} {failed.count(k)}" for k in sorted(set(failed)))
+            problems.append(f"{arm}: {len(failed)} of {len(records)} requests failed ({kinds}) > "
+                            f"max_failures {params.max_failures}")
+    return problems
 
 
 def read_generation(run: RunDir) -> dict[str, list[GenRecord]]:
@@ -176,6 +190,10 @@ def evaluate(
     `factory` / `provenance` default to the real ASR (`make_transcriber`, `describe_asr`); tests
     pass fakes."""
     gen = read_generation(run)
+    # Before any transcription: a --transcribe-only may bring a normalizer that empties a text.
+    texts = {r.request_id: r.text for records in gen.values() for r in records}
+    check_reference_texts([(rid, text, f"{run.path.name}/requests.jsonl") for rid, text in texts.items()],
+                          params.normalizer)
     results, session, asr_wall = _transcribe_all(gen, run, params, factory, provenance)
     normalize = get_normalizer(params.normalizer)
     arms = [score_arm(arm, res, normalize) for arm, res in results.items()]

@@ -56,10 +56,13 @@ class WerRequest:
 class WerSession:
     run_path: Path
     report: runner.WerReport | None  # None after generate_only
+    problems: tuple[str, ...] = ()  # generate_only: arms with more failures than wer.max_failures
 
     @property
     def exit_status(self) -> ExitStatus:
-        return ExitStatus.OK if self.report is None else self.report.gate.exit_status
+        if self.report is None:  # the gate would call this run invalid: say so now (exit 5)
+            return ExitStatus.INVALID_RUN if self.problems else ExitStatus.OK
+        return self.report.gate.exit_status
 
 
 def run_session(request: WerRequest, *, notify: Callable[[str], None] = log.info) -> WerSession:
@@ -71,9 +74,9 @@ def run_session(request: WerRequest, *, notify: Callable[[str], None] = log.info
         run, params, generation = _plan(request, notify)
     with run.finishing():  # any exit (error, Ctrl-C) leaves run.json failed / interrupted
         if generation is not None:
-            asyncio.run(generation())
+            generated = asyncio.run(generation())
             if request.generate_only:
-                return WerSession(run.path, None)
+                return WerSession(run.path, None, tuple(runner.generation_problems(generated, params)))
         report = runner.evaluate(run, params, accept=request.accept)
     return WerSession(run.path, report)
 
@@ -127,11 +130,13 @@ def _plan(request: WerRequest, notify: Callable[[str], None]):
 
 def check_before_generating(arms: dict, params: WerParams, prompts: Sequence) -> None:
     """Everything that would otherwise fail after minutes of synthesis fails now, with exit 2:
-    the ASR backend, model and normalizer, every selected prompt's reference wav, and whether
-    each embedded arm's stages fit in memory."""
+    the ASR backend, model and normalizer, target texts the gate cannot score
+    (`tts_bench.wer.references`), every selected prompt's reference wav, and whether each
+    embedded arm's stages fit in memory."""
     from tts_bench.preflight import check_memory
-    from tts_bench.prompts import check_prompt_wavs
+    from tts_bench.prompts import check_prompt_wavs, embedded_voice_limit
     from tts_bench.wer.normalize import get_normalizer
+    from tts_bench.wer.references import check_reference_texts
 
     module = _ASR_MODULES.get(params.asr)
     if module is not None and importlib.util.find_spec(module) is None:
@@ -139,7 +144,10 @@ def check_before_generating(arms: dict, params: WerParams, prompts: Sequence) ->
                           f"pip install 'omni-tts-bench[speech]' (openai-whisper: [asr-reference])")
     runner.describe_asr(runner.asr_options(params))  # resolves (and hashes) the model, or exit 2
     get_normalizer(params.normalizer)
-    check_prompt_wavs(prompts, source=next(iter(arms.values())).prompts.meta)
+    meta = next(iter(arms.values())).prompts.meta
+    check_reference_texts([(p.utt, p.text, f"{meta}:{p.line}" if p.line else str(meta)) for p in prompts],
+                          params.normalizer)
+    check_prompt_wavs(prompts, source=meta, limit_seconds=embedded_voice_limit(list(arms.values())))
     for name, cfg in arms.items():
         check_memory(cfg, replicas=params.replicas, concurrency=params.concurrency,
                      label=f"arm {name!r} (wer.concurrency {params.concurrency}, wer.replicas {params.replicas})")

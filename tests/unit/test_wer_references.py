@@ -1,0 +1,33 @@
+"""Target texts the WER gate can score (`tts_bench.wer.references`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tts_bench.errors import ConfigError
+from tts_bench.wer.references import check_reference_texts, foreign_letter
+
+
+@pytest.mark.parametrize("text", ["Crème brûlée, naïve café.", "It's 5 µm wide, the 1ª try.", "O'Brien — well!"])
+def test_latin_text_with_accents_and_symbols_is_scored(text):
+    assert foreign_letter(text) is None
+    check_reference_texts([("u1", text, "meta.lst:1")], "seed-tts")
+
+
+@pytest.mark.parametrize(
+    "text, script",
+    [("今日は良い天気です。", "CJK"), ("こんにちは", "Hiragana"), ("안녕하세요", "Hangul"),
+     ("Καλημέρα", "Greek"), ("a mixed line, then 你好", "CJK")],
+)
+def test_other_scripts_are_refused_naming_the_script(text, script):
+    with pytest.raises(ConfigError, match=f"'u1' has {script} letters"):
+        check_reference_texts([("u1", text, "meta.lst:7")], "seed-tts")
+
+
+def test_every_problem_is_listed_with_where_it_comes_from():
+    items = [("ok", "fine words", "m:1"), ("zh", "你好", "m:2"), ("sym", "… — !", "m:3")]
+    with pytest.raises(ConfigError) as exc:
+        check_reference_texts(items, "seed-tts")
+    text = str(exc.value)
+    assert "cannot score 2 target text(s)" in text and "m:2: 'zh'" in text and "m:3: 'sym' is empty" in text
+    assert "'ok'" not in text

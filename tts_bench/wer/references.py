@@ -1,0 +1,61 @@
+"""Target texts the WER gate can score, checked before any audio is made or transcribed (exit 2).
+
+The gate scores English the way seed-tts-eval's `en` path does: an English normalizer, then word
+error rate over space-separated words. Two kinds of text cannot be scored that way, and finding
+out after minutes of synthesis and transcription (or, worse, getting a number) helps nobody:
+
+- letters of a non-Latin script (Chinese, Japanese, Cyrillic, ...): a sentence without spaces
+  counts as one "word", and the shipped ASR models transcribe English; seed-tts-eval scores
+  Chinese by character with a Chinese ASR, which this tool does not ship;
+- a text the normalizer empties (only punctuation or symbols, or only fillers under the
+  `whisper` normalizer): a word error rate has no words to divide by.
+
+    check_reference_texts([(p.utt, p.text, f"meta.lst:{p.line}") for p in prompts], "seed-tts")
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterable
+
+from tts_bench.errors import ConfigError
+
+_MAX_REPORTED = 10
+# Letters of Latin-1 that carry no script name of their own.
+_LATIN_EXTRAS = frozenset("\u00aa\u00b5\u00ba")  # ª µ º
+
+
+def foreign_letter(text: str) -> str | None:
+    """The first letter of `text` outside the Latin script, or None."""
+    for ch in text:
+        if ch.isalpha() and ch not in _LATIN_EXTRAS and not unicodedata.name(ch, "").startswith("LATIN"):
+            return ch
+    return None
+
+
+def _script(ch: str) -> str:
+    return unicodedata.name(ch, "UNKNOWN").split()[0].title()  # "CJK UNIFIED IDEOGRAPH-5728" -> "Cjk"
+
+
+def check_reference_texts(items: Iterable[tuple[str, str, str]], normalizer: str) -> None:
+    """`items`: (utterance id, target text, where it comes from). A ConfigError (exit 2) lists
+    the texts the gate cannot score, with why; nothing happens when all can be scored."""
+    from tts_bench.wer.normalize import get_normalizer
+
+    normalize = get_normalizer(normalizer)
+    problems: list[str] = []
+    for utt, text, where in items:
+        letter = foreign_letter(text)
+        if letter is not None:
+            script = "CJK" if _script(letter) == "Cjk" else _script(letter)
+            problems.append(f"{where}: {utt!r} has {script} letters ({letter!r}): the gate scores English "
+                            f"words (seed-tts-eval scores Chinese by character with a Chinese ASR, not shipped here)")
+        elif not normalize(text).split():
+            problems.append(f"{where}: {utt!r} is empty after the {normalizer} normalizer ({text!r}): "
+                            "no words to count errors against")
+    if problems:
+        shown = "\n  ".join(problems[:_MAX_REPORTED])
+        more = len(problems) - _MAX_REPORTED
+        tail = f"\n  ... and {more} more" if more > 0 else ""
+        raise ConfigError(f"error: the WER gate cannot score {len(problems)} target text(s):\n  {shown}{tail}\n"
+                          "use an English prompt set, or remove those lines (prompts.meta)")
