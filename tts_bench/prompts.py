@@ -209,17 +209,41 @@ def check_prompt_wavs(prompts: Sequence[Prompt], *, source: str | Path = "prompt
 VOICE_BACKENDS = ("embedded", "http")
 
 
-def check_bench_voices(arms: dict, prompts: Sequence[Prompt]) -> None:
-    """Before a bench run (`ab`, `mem`) exists: the voices its arms will send. Every prompt wav
-    must decode when an arm's backend sends voices, and be 16-bit PCM WAV when an arm makes
-    `distinct` voices of it; else a ConfigError (exit 2) instead of an invalid run later."""
+def check_bench_prompts(arms: dict, prompts: Sequence[Prompt]) -> None:
+    """Before a bench run (`ab`, `mem`) exists: the texts and voices its arms will send. Every
+    text must fit an embedded arm's talker (`check_text_lengths`); every prompt wav must decode
+    when an arm's backend sends voices, and be 16-bit PCM WAV when an arm makes `distinct`
+    voices of it; else a ConfigError (exit 2) instead of an invalid run later."""
     from tts_bench.voices import check_distinct_voices
 
     base = next(iter(arms.values()))
+    check_text_lengths(list(arms.values()), prompts, source=base.prompts.meta)
     if any(c.backend in VOICE_BACKENDS and c.prompts.voices != "default" for c in arms.values()):
         check_prompt_wavs(prompts, source=base.prompts.meta, limit_seconds=embedded_voice_limit(list(arms.values())))
     if any(c.prompts.voices == "distinct" for c in arms.values()):
         check_distinct_voices(p.prompt_wav for p in prompts)
+
+
+def check_text_lengths(arms: Sequence, prompts: Sequence[Prompt], *, source: str | Path) -> None:
+    """Every text fits the talker cache of each embedded arm with random weights (what its
+    backend refuses per request, `EmbeddedBackend.check_request`): a ConfigError naming the
+    lines, instead of requests failed as `invalid_request` after the run has started."""
+    from stages.talker.length import cache_positions
+
+    too_long = []
+    for cfg in arms:
+        if cfg.backend != "embedded" or cfg.stages.runner.weights is not None:
+            continue
+        limit = cfg.stages.runner.max_seq_len
+        for p in prompts:
+            needed = cache_positions(p.text, cfg.stages.talker)
+            if needed > limit:
+                too_long.append(f"{source}:{p.line}: {p.utt!r} needs {needed} talker cache positions, "
+                                f"runner.max_seq_len is {limit}")
+    if too_long:
+        shown = "\n  ".join(dict.fromkeys(too_long[:_MAX_REPORTED]))
+        raise ConfigError(f"error: {len(too_long)} text(s) are too long for the talker:\n  {shown}\n"
+                          "shorten them, or raise runner.max_seq_len (the memory check counts it)")
 
 
 def _wav_problem(path: Path, decode, error, limit_seconds: float | None = None) -> str | None:

@@ -296,32 +296,57 @@ def test_with_a_stage_limit_the_check_applies_the_stages_voice_rules(tmp_path):
 def _arm(backend: str, voices: str, limit: float = 60.0):
     from types import SimpleNamespace
 
+    # runner.weights set: the talker's length check (random weights only) is not what these test.
     return SimpleNamespace(backend=backend, prompts=SimpleNamespace(voices=voices, meta="meta.lst"),
-                           stages=SimpleNamespace(code2wav=SimpleNamespace(ref_audio_limit_seconds=limit)))
+                           stages=SimpleNamespace(code2wav=SimpleNamespace(ref_audio_limit_seconds=limit),
+                                                  runner=SimpleNamespace(weights="weights", max_seq_len=1)))
 
 
 def test_bench_voices_are_checked_for_the_backends_that_send_them(tmp_path):
-    from tts_bench.prompts import check_bench_voices
+    from tts_bench.prompts import check_bench_prompts
 
     meta = tmp_path / "meta.lst"
     meta.write_text("a|t|gone.wav|One.\n")
     prompts = load_prompts(meta)
     for backend in ("synthetic", "piper"):  # voices are not sent: nothing to read
-        check_bench_voices({"base": _arm(backend, "file"), "test": _arm(backend, "file")}, prompts)
-    check_bench_voices({"base": _arm("http", "default"), "test": _arm("http", "default")}, prompts)
+        check_bench_prompts({"base": _arm(backend, "file"), "test": _arm(backend, "file")}, prompts)
+    check_bench_prompts({"base": _arm("http", "default"), "test": _arm("http", "default")}, prompts)
     for backend in ("http", "embedded"):
         with pytest.raises(ConfigError, match="'a' does not exist"):
-            check_bench_voices({"base": _arm("synthetic", "file"), "test": _arm(backend, "file")}, prompts)
+            check_bench_prompts({"base": _arm("synthetic", "file"), "test": _arm(backend, "file")}, prompts)
 
 
 def test_distinct_voices_need_16_bit_wavs_before_the_run(tmp_path):
-    from tts_bench.prompts import check_bench_voices
+    from tts_bench.prompts import check_bench_prompts
 
     _wav(tmp_path / "u8.wav", 1.0, width=1)
     _wav(tmp_path / "ok.wav", 1.0)
     meta = tmp_path / "meta.lst"
     meta.write_text("a|t|ok.wav|One.\nb|t|u8.wav|Two.\n")
     prompts = load_prompts(meta)
-    check_bench_voices({"base": _arm("synthetic", "distinct")}, prompts[:1])
+    check_bench_prompts({"base": _arm("synthetic", "distinct")}, prompts[:1])
     with pytest.raises(ConfigError, match="8-bit .*prompts.voices=distinct"):
-        check_bench_voices({"base": _arm("synthetic", "file"), "test": _arm("synthetic", "distinct")}, prompts)
+        check_bench_prompts({"base": _arm("synthetic", "file"), "test": _arm("synthetic", "distinct")}, prompts)
+
+
+def test_texts_too_long_for_an_embedded_talker_are_refused_before_the_run(tmp_path):
+    from types import SimpleNamespace
+
+    from stages.talker.config import TalkerConfig
+    from stages.talker.length import cache_positions
+    from tts_bench.prompts import check_text_lengths
+
+    meta = tmp_path / "meta.lst"
+    meta.write_text("a|t|a.wav|Hello there.\nb|t|a.wav|" + "word " * 300 + "\n")
+    prompts = load_prompts(meta)
+    talker = TalkerConfig()
+    limit = cache_positions(prompts[0].text, talker) + 10
+
+    def arm(backend="embedded", weights=None):
+        return SimpleNamespace(backend=backend, stages=SimpleNamespace(
+            talker=talker, runner=SimpleNamespace(weights=weights, max_seq_len=limit)))
+
+    check_text_lengths([arm()], prompts[:1], source=meta)
+    check_text_lengths([arm("synthetic"), arm(weights="/w")], prompts, source=meta)  # not judged here
+    with pytest.raises(ConfigError, match=r"meta.lst:2: 'b' needs \d+ talker cache positions, runner.max_seq_len is"):
+        check_text_lengths([arm("synthetic"), arm()], prompts, source=meta)

@@ -37,7 +37,7 @@ from tts_bench.mem.samplers import parse_sampler_names, resolve_names
 from tts_bench.mem.summary import MemSummary, summarize
 from tts_bench.phases import run_fresh_phase
 from tts_bench.preflight import check_memory
-from tts_bench.prompts import check_bench_voices, load_prompts, plan_jobs, select_bench_prompts
+from tts_bench.prompts import check_bench_prompts, load_prompts, plan_jobs, select_bench_prompts
 from tts_bench.records import PhaseLabels, RequestRecord
 from tts_bench.results import RunDir, python_argv
 from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
@@ -174,7 +174,7 @@ def measure_memory(
     plan = plan_from_config(next(iter(arms.values())), num_prompts)
     plan = prepare_plan(arms, plan)  # a sampler that cannot start fails before the run exists
     _check_memory(arms, plan)
-    check_bench_voices(arms, load_prompts(next(iter(arms.values())).prompts.meta))
+    check_bench_prompts(arms, load_prompts(next(iter(arms.values())).prompts.meta))
     run = RunDir.create(
         result_dir, "mem", command_line=python_argv(),
         configs={n: config_to_dict(c) for n, c in arms.items()},

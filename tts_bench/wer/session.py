@@ -131,10 +131,10 @@ def _plan(request: WerRequest, notify: Callable[[str], None]):
 def check_before_generating(arms: dict, params: WerParams, prompts: Sequence) -> None:
     """Everything that would otherwise fail after minutes of synthesis fails now, with exit 2:
     the ASR backend, model and normalizer, target texts the gate cannot score
-    (`tts_bench.wer.references`), every selected prompt's reference wav, and whether each
-    embedded arm's stages fit in memory."""
+    (`tts_bench.wer.references`) or an embedded talker cannot hold, every selected prompt's
+    reference wav, and whether each embedded arm's stages fit in memory."""
     from tts_bench.preflight import check_memory
-    from tts_bench.prompts import check_prompt_wavs, embedded_voice_limit
+    from tts_bench.prompts import check_prompt_wavs, check_text_lengths, embedded_voice_limit
     from tts_bench.wer.normalize import get_normalizer
     from tts_bench.wer.references import check_reference_texts
 
@@ -147,6 +147,7 @@ def check_before_generating(arms: dict, params: WerParams, prompts: Sequence) ->
     meta = next(iter(arms.values())).prompts.meta
     check_reference_texts([(p.utt, p.text, f"{meta}:{p.line}" if p.line else str(meta)) for p in prompts],
                           params.normalizer)
+    check_text_lengths(list(arms.values()), prompts, source=meta)
     check_prompt_wavs(prompts, source=meta, limit_seconds=embedded_voice_limit(list(arms.values())))
     for name, cfg in arms.items():
         check_memory(cfg, replicas=params.replicas, concurrency=params.concurrency,
