@@ -25,6 +25,7 @@ import dataclasses
 import difflib
 import functools
 import json
+import math
 import re
 import types
 import typing
@@ -205,6 +206,12 @@ def _plain(value: Any, key: str, source: str, _path: tuple[int, ...] = ()) -> An
         return out
     if isinstance(value, (list, tuple)):
         return [_plain(v, _dotted(key, i), source, _path) for i, v in enumerate(value)]
+    if isinstance(value, float) and not math.isfinite(value):
+        # YAML's .inf / .nan (or 1e400) are floats the range checks (`> 0`) let through: an
+        # infinite delay or timeout waits forever, a NaN threshold never trips. No setting
+        # means "unbounded" by infinity (that is null where it exists).
+        raise ConfigError(f"error: {key or 'config'} must be a finite number, got {value} ({source}); "
+                          "write a finite value")
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
     raise ConfigError(f"error: {key or 'config'} holds a {type(value).__name__}, not plain YAML data "

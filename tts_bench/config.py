@@ -400,7 +400,16 @@ def _yaml_arms(raw: dict[str, Any], source: str) -> dict[str, list[str]]:
             f"error: arms must map exactly two arm names to lists of overrides ({source}: arms); "
             f"write arms: {{base: [], test: [\"code2wav.extra.x=false\"]}}"
         )
+    for name in arms:
+        if not isinstance(name, str) or not _ARM_NAME.fullmatch(name):
+            raise ConfigError(
+                f"error: arm name {name!r} ({source}: arms) must be 1-64 letters, digits, '-', '_' or '.', "
+                "starting with a letter or digit: it names files of a run (wavs/<arm>/) and table rows")
     return {str(k): list(v or []) for k, v in arms.items()}
+
+
+# Arm names become folder names (`tts-bench wer` writes wavs/<arm>/<id>.wav) and table labels.
+_ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def load_arms(
@@ -460,6 +469,18 @@ def _split_override(text: str, source: str) -> tuple[list[str], Any]:
     return [p.strip() for p in parts], parse_yaml_value(raw, where=f"{source} {key.strip()}")
 
 
+class FlagOverride(str):
+    """A `--set` override made from a command option (`--interval 0` -> `mem.interval_s=0`):
+    an error about it names the option, not `--set`. Everywhere else it is the plain string."""
+
+    flag: str
+
+    def __new__(cls, text: str, flag: str) -> FlagOverride:
+        obj = super().__new__(cls, text)
+        obj.flag = flag
+        return obj
+
+
 def apply_overrides(cfg: Any, sets: Sequence[str], *, source: str = "--set") -> Any:
     """Apply `a.b.c=value` overrides, each typed by the schema; returns a new config.
 
@@ -469,13 +490,14 @@ def apply_overrides(cfg: Any, sets: Sequence[str], *, source: str = "--set") -> 
     bench_fields = {f.name for f in dataclasses.fields(BenchConfig)}
     stage_fields = {f.name for f in dataclasses.fields(StageConfig)}
     for text in sets:
-        parts, value = _split_override(text, source)
+        where = getattr(text, "flag", None) or source  # an option's override names the option
+        parts, value = _split_override(text, where)
         if isinstance(cfg, BenchConfig) and len(parts) == 2 and parts[0] == "bench":
-            warn_retired_keys(parts[1:], source)
+            warn_retired_keys(parts[1:], where)
         routed = parts[0] not in bench_fields and parts[0] in stage_fields
         if isinstance(cfg, BenchConfig) and routed:
             parts = ["stages", *parts]
-        cfg = set_path(cfg, parts, value, source=source, base_dir=Path.cwd())
+        cfg = set_path(cfg, parts, value, source=where, base_dir=Path.cwd())
     return cfg
 
 

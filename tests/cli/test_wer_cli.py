@@ -193,3 +193,40 @@ def test_transcribe_only_refuses_a_normalizer_that_empties_a_text_before_transcr
     monkeypatch.setattr(runner, "make_transcriber", lambda *a, **k: pytest.fail("transcribed before the check"))
     result = _wer(["--transcribe-only", str(run_dir), "--normalizer", "whisper"], tmp_path)
     assert "empty after the whisper normalizer" in str(result.exception)
+
+
+def test_options_that_would_be_ignored_or_contradict_are_refused(fake_world):
+    tmp_path, cfg = fake_world
+    both = _wer(["--config", str(cfg), "--generate-only", "--accept"], tmp_path)
+    assert isinstance(both.exception, ConfigError) and "--accept records a scored run" in str(both.exception)
+    assert _wer(["--config", str(cfg), "--generate-only", "--arms", "base"], tmp_path).return_value == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    for extra, named in ((["--arms", "base"], "--arms"), (["--num-prompts", "2"], "--num-prompts"),
+                         (["--set", "bench.timeout_s=5"], "--set bench.timeout_s=5"),
+                         (["--test-set", "piper.length_scale=1.2"], "--test-set")):
+        result = _wer(["--transcribe-only", str(run_dir), *extra], tmp_path)
+        assert isinstance(result.exception, ConfigError), (extra, result.output)
+        assert f"so {named} would change nothing" in str(result.exception)
+    assert _wer(["--transcribe-only", str(run_dir), "--set", "wer.max_failures=1"], tmp_path).return_value == 0
+
+
+def test_transcribe_only_of_a_run_that_is_not_a_wer_run_is_a_usage_error(fake_world):
+    tmp_path, cfg = fake_world
+    assert _wer(["--config", str(cfg), "--generate-only", "--arms", "base"], tmp_path).return_value == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    doc = json.loads((run_dir / "run.json").read_text())
+    del doc["wer_selection"]
+    (run_dir / "run.json").write_text(json.dumps(doc))
+    result = _wer(["--transcribe-only", str(run_dir)], tmp_path)
+    assert isinstance(result.exception, ConfigError) and "is not a WER run" in str(result.exception)
+
+
+def test_a_history_dir_that_cannot_be_written_is_refused_before_any_audio(fake_world, monkeypatch):
+    tmp_path, cfg = fake_world
+    (tmp_path / "afile").write_text("not a folder")
+    started = []
+    monkeypatch.setattr("tts_bench.backends.make_backend", lambda c: started.append(c) or TextCodeBackend())
+    for where, said in ((tmp_path / "afile", "is not a folder"), (tmp_path / "afile" / "sub", "cannot be made")):
+        result = _wer(["--config", str(cfg), "--accept", "--set", f"wer.history_dir={where}"], tmp_path)
+        assert isinstance(result.exception, ConfigError) and said in str(result.exception)
+    assert started == [] and not (tmp_path / "runs").exists()

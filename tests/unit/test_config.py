@@ -435,3 +435,22 @@ def test_arms_may_not_set_the_shared_plan_differently(tmp_path):
     assert load_arms(path, sets=["bench.seed=7"], base_sets=["bench.seed=7"])["base"].bench.seed == 7
     with pytest.raises(ConfigError, match="mem"):
         load_arms(tmp_path / "ab.yaml", base_sets=["bench.seed=7"], test_sets=["mem.interval_s=3"])
+
+
+@pytest.mark.parametrize("name", ["../../../escape", "a b/c", "", ".hidden", "x" * 65, "tab\there"])
+def test_arm_names_that_cannot_name_a_folder_are_refused(tmp_path, name):
+    # `tts-bench wer` writes wavs/<arm>/<id>.wav: '../../../escape' wrote outside the run.
+    path = write(tmp_path / "ab.yaml", f"backend: synthetic\narms: {{{json.dumps(name)}: [], test: []}}\n")
+    with pytest.raises(ConfigError, match="must be 1-64 letters, digits"):
+        load_config(path)
+    ok = write(tmp_path / "ok.yaml", "backend: synthetic\narms: {before-1.x: [], After_2: []}\n")
+    assert load_config(ok).backend == "synthetic"
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "1e400"])
+def test_infinite_or_nan_numbers_are_refused_from_files_and_sets(tmp_path, value):
+    # `> 0` range checks let .inf through: every synthetic request then waited out its timeout.
+    path = write(tmp_path / "c.yaml", f"backend: synthetic\nsynthetic: {{delay_scale: {value}}}\n")
+    assert "synthetic.delay_scale must be a finite number" in config_error(path)
+    with pytest.raises(ConfigError, match=r"bench.timeout_s must be a finite number, got .* \(--set\)"):
+        apply_overrides(load_config(write(tmp_path / "ok.yaml", "backend: synthetic\n")), [f"bench.timeout_s={value}"])

@@ -72,7 +72,20 @@ def test_env_opt_out_typo_raises_naming_variable(monkeypatch):
 def test_option_flags_become_quoted_set_overrides_and_unset_flags_are_left_out():
     from tts_bench.commands._common import Yaml, flag_sets
 
-    sets = flag_sets([("wer.asr_model", 'a: "b" #c'), ("wer.num_prompts", 3), ("mem.interval_s", 0.5),
-                      ("bench.disable_shuffle", True), ("mem.warm_tier", Yaml("null")), ("mem.tier", None)])
+    sets = flag_sets([("wer.asr_model", 'a: "b" #c', "--asr-model"), ("wer.num_prompts", 3, "--num-prompts"),
+                      ("mem.interval_s", 0.5, "--interval"), ("bench.disable_shuffle", True, "--disable-shuffle"),
+                      ("mem.warm_tier", Yaml("null"), "--warm-tier"), ("mem.tier", None, "--tier")])
     assert sets == ['wer.asr_model="a: \\"b\\" #c"', "wer.num_prompts=3", "mem.interval_s=0.5",
                     "bench.disable_shuffle=true", "mem.warm_tier=null"]
+    assert [s.flag for s in sets] == ["--asr-model", "--num-prompts", "--interval", "--disable-shuffle", "--warm-tier"]
+
+
+def test_an_error_about_an_option_names_the_option_not_set():
+    from tts_bench.commands._common import flag_sets
+    from tts_bench.config import BenchConfig, apply_overrides
+    from tts_bench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"mem.interval_s must be > 0, got 0.0 \(--interval\)"):
+        apply_overrides(BenchConfig(), flag_sets([("mem.interval_s", 0, "--interval")]))
+    with pytest.raises(ConfigError, match=r"\(--set\)"):  # the same value through --set says --set
+        apply_overrides(BenchConfig(), ["mem.interval_s=0"])

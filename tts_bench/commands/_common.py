@@ -27,12 +27,15 @@ class Yaml(str):
     """A value already written as YAML (e.g. `null`): `flag_sets` passes it through as it is."""
 
 
-def flag_sets(pairs: Iterable[tuple[str, Any]]) -> list[str]:
-    """Option flags as `--set key=value` overrides: flags are sugar for --set, so the resolved
-    config (and its hash) records them. A None value is a flag not given (left out); a string
-    is written as a JSON string, a YAML double-quoted one whatever it holds (quotes, colons,
-    `#`), so `--asr-model "a: b"` stays a string; a bool as true/false; Yaml as it is."""
-    return [f"{key}={_yaml_value(value)}" for key, value in pairs if value is not None]
+def flag_sets(triples: Iterable[tuple[str, Any, str]]) -> list[str]:
+    """Option flags as `--set key=value` overrides, from (key, value, option name): flags are
+    sugar for --set, so the resolved config (and its hash) records them, and an error about one
+    names its option (`FlagOverride`). A None value is a flag not given (left out); a string is
+    written as a JSON string, a YAML double-quoted one whatever it holds (quotes, colons, `#`),
+    so `--asr-model "a: b"` stays a string; a bool as true/false; Yaml as it is."""
+    from tts_bench.config import FlagOverride
+
+    return [FlagOverride(f"{key}={_yaml_value(value)}", flag) for key, value, flag in triples if value is not None]
 
 
 def _yaml_value(value: Any) -> str:

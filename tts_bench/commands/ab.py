@@ -53,8 +53,8 @@ def ab(
     from tts_bench.ab import AbRequest, run_session
 
     fmt = check_format(fmt)
-    flags = flag_sets([("bench.disable_shuffle", disable_shuffle or None),
-                       ("bench.prompts_per_client", per_client)])
+    flags = flag_sets([("bench.disable_shuffle", disable_shuffle or None, "--disable-shuffle"),
+                       ("bench.prompts_per_client", per_client, "--prompts-per-client")])
     request = AbRequest(
         config=config, tiers=tiers, num_prompts=num_prompts, repeats=repeats, sets=[*sets, *flags],
         base_sets=base_sets, test_sets=test_sets, result_dir=result_dir, resume=resume, mem=mem,

@@ -60,9 +60,10 @@ def mem(
 def _flag_sets(*, tier, warm_tier, interval, sampler, device_index, disable_shuffle) -> list[str]:
     if warm_tier is not None and warm_tier.strip().lower() in ("none", "null", ""):
         warm_tier = Yaml("null")  # --warm-tier none: no warm phase
-    return flag_sets([("mem.tier", tier), ("mem.warm_tier", warm_tier), ("mem.interval_s", interval),
-                      ("mem.sampler", sampler), ("mem.device_index", device_index),
-                      ("bench.disable_shuffle", disable_shuffle or None)])
+    return flag_sets([("mem.tier", tier, "--tier"), ("mem.warm_tier", warm_tier, "--warm-tier"),
+                      ("mem.interval_s", interval, "--interval"), ("mem.sampler", sampler, "--sampler"),
+                      ("mem.device_index", device_index, "--device-index"),
+                      ("bench.disable_shuffle", disable_shuffle or None, "--disable-shuffle")])
 
 
 def render_result(result, fmt: str) -> str:

@@ -49,6 +49,12 @@ def wer(
     if generate_only and transcribe_only is not None:
         raise ConfigError("error: --generate-only and --transcribe-only name opposite halves of a run "
                           "(tts-bench wer); pass one of them, or neither for both phases")
+    if generate_only and accept:
+        raise ConfigError("error: --accept records a scored run in the history and --generate-only scores "
+                          "nothing (tts-bench wer); accept when you score it: --transcribe-only RUN --accept")
+    if transcribe_only is not None:
+        _check_transcribe_only(arms=arms, meta=meta, num_prompts=num_prompts, disable_shuffle=disable_shuffle,
+                               sets=sets, base_sets=base_sets, test_sets=test_sets)
     request = WerRequest(
         config=config, arms=arms, sets=[*sets, *_overrides(meta, num_prompts, asr, asr_model, normalizer)],
         base_sets=base_sets, test_sets=test_sets, disable_shuffle=disable_shuffle, generate_only=generate_only,
@@ -67,6 +73,21 @@ def wer(
     return session.exit_status
 
 
+def _check_transcribe_only(*, arms, meta, num_prompts, disable_shuffle, sets, base_sets, test_sets) -> None:
+    """--transcribe-only re-scores a run as it was generated (its arms, prompts and audio): the
+    options that choose those would change nothing, so they are refused rather than ignored."""
+    ignored = [flag for flag, given in (
+        ("--arms", arms != "base,test"), ("--meta", meta is not None), ("--num-prompts", num_prompts is not None),
+        ("--disable-shuffle", disable_shuffle), ("--base-set", bool(base_sets)), ("--test-set", bool(test_sets)),
+    ) if given]
+    ignored += [f"--set {s}" for s in sets if not s.strip().startswith("wer.")]
+    if ignored:
+        raise ConfigError(f"error: --transcribe-only scores the run as it was generated, so {', '.join(ignored)} "
+                          "would change nothing (tts-bench wer); drop them (--config, --set wer.*, --asr, "
+                          "--asr-model and --normalizer apply)")
+
+
 def _overrides(meta, num_prompts, asr, asr_model, normalizer) -> list[str]:
-    return flag_sets([("prompts.meta", meta), ("wer.num_prompts", num_prompts), ("wer.asr", asr),
-                      ("wer.asr_model", asr_model), ("wer.normalizer", normalizer)])
+    return flag_sets([("prompts.meta", meta, "--meta"), ("wer.num_prompts", num_prompts, "--num-prompts"),
+                      ("wer.asr", asr, "--asr"), ("wer.asr_model", asr_model, "--asr-model"),
+                      ("wer.normalizer", normalizer, "--normalizer")])

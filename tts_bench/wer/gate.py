@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tts_bench.errors import ExitStatus, InvalidRunError
+from tts_bench.errors import ConfigError, ExitStatus, InvalidRunError
 from tts_bench.wer.params import WerParams
 from tts_bench.wer.score import ArmScore, Paired, compare_utterances
 
@@ -82,6 +82,18 @@ class HistoryEntry:
 
 def _provenance_key(asr: dict, normalizer: str) -> str:
     return json.dumps({"asr": asr, "normalizer": normalizer}, sort_keys=True)
+
+
+def check_history_dir(directory: str | Path) -> None:
+    """`--accept` will write into `directory` (`wer.history_dir`): a ConfigError (exit 2) now if
+    it cannot be a writable folder, rather than after the run's synthesis and transcription."""
+    path = Path(directory)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not a folder" if path.exists() and not path.is_dir() else (
+            f"cannot be made ({existing} is not a writable folder)")
+        raise ConfigError(f"error: the WER history {str(path)!r} {what} (wer.history_dir, --accept); "
+                          "point wer.history_dir at a writable folder")
 
 
 def read_history(directory: str | Path) -> list[HistoryEntry]:

@@ -25,7 +25,7 @@ from tts_bench.asr import (
 )
 from tts_bench.asr.models import cache_root
 from tts_bench.backends.base import Backend
-from tts_bench.errors import InvalidRunError
+from tts_bench.errors import ConfigError, InvalidRunError
 from tts_bench.results import RunDir
 from tts_bench.wer.gate import (
     GateResult,
@@ -121,7 +121,7 @@ def read_generation(run: RunDir) -> dict[str, list[GenRecord]]:
     see RunDir.iter_requests)."""
     sel = run.doc.get("wer_selection")
     if run.kind != "wer" or sel is None:
-        raise InvalidRunError(f"error: {run.path} is not a WER run (--transcribe-only); pass a directory made by tts-bench wer")
+        raise ConfigError(f"error: {run.path} is not a WER run (--transcribe-only); pass a directory made by tts-bench wer")
     by_arm: dict[str, dict[str, GenRecord]] = {arm: {} for arm in run.doc["configs"]}
     for rec in run.iter_requests():
         if rec.get("tier") == WER_TIER:

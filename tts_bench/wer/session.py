@@ -28,7 +28,7 @@ from tts_bench.errors import ConfigError, ExitStatus
 from tts_bench.results import RunDir, python_argv
 from tts_bench.shipped import DEFAULT_WER_CONFIG, shipped_config
 from tts_bench.wer import runner
-from tts_bench.wer.gate import read_history
+from tts_bench.wer.gate import check_history_dir, read_history
 from tts_bench.wer.params import WerParams
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,12 @@ def run_session(request: WerRequest, *, notify: Callable[[str], None] = log.info
     """See the module docstring; `notify` gets the lines worth saying before phase 1."""
     if request.transcribe_only is not None:
         run, params = open_run(request.transcribe_only, request.config, request.sets)
+        if request.accept:
+            try:
+                check_history_dir(params.history_dir)
+            except BaseException:
+                run.release()
+                raise
         generation = None
     else:  # everything is checked before the run directory is made
         run, params, generation = _plan(request, notify)
@@ -116,6 +122,8 @@ def _plan(request: WerRequest, notify: Callable[[str], None]):
     configs = {n: config_to_dict(c) for n, c in arms.items()}
     if not request.accept:
         runner.precheck_history(configs, selection["wer_selection"], params, history)
+    else:
+        check_history_dir(params.history_dir)
     run = RunDir.create(
         request.result_dir, "wer", command_line=python_argv(),
         configs=configs, config_hashes={n: config_hash(c) for n, c in arms.items()}, extra=selection,
