@@ -207,3 +207,30 @@ def test_the_default_body_limit_fits_the_longest_voice_the_stages_take():
     wav_bytes = 44 + int(Code2WavConfig().ref_audio_limit_seconds * 48000) * 2 * 2
     body = 4 * -(-wav_bytes // 3) + len('{"input": "", "ref_audio": "data:audio/wav;base64,"}') + 4096
     assert body < MAX_BODY_BYTES
+
+
+def test_a_taken_port_or_foreign_host_is_refused_before_the_backend_starts():
+    import asyncio
+    import socket
+
+    from tts_bench.config import BenchConfig
+    from tts_bench.errors import ConfigError
+    from tts_bench.serve.app import SpeechServer
+
+    class Backend:
+        started = False
+
+        async def start(self, replicas):
+            Backend.started = True
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        server = SpeechServer(BenchConfig(), host="127.0.0.1", port=port, backend=Backend())
+        with pytest.raises(ConfigError, match=rf"cannot listen on 127.0.0.1:{port} .*pick another --port"):
+            asyncio.run(server.start())
+    bad_host = SpeechServer(BenchConfig(), host="999.1.1.1", port=8091, backend=Backend())
+    with pytest.raises(ConfigError, match="cannot listen on 999.1.1.1:8091"):
+        asyncio.run(bad_host.start())
+    assert Backend.started is False

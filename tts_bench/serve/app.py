@@ -50,6 +50,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import threading
 import time
 import uuid
@@ -124,7 +125,28 @@ class SpeechServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
+    def check_listen(self) -> None:
+        """A ConfigError (exit 2) now if `host:port` cannot be listened on (taken, or an address
+        not on this host), before the backend starts: with the embedded stages that start takes
+        minutes on a GPU. Port 0 (the OS picks one) always can. A race with another program
+        taking the port in between still ends in start()'s own error."""
+        if not self.port:
+            return
+        try:
+            family, kind, proto, _, addr = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM,
+                                                              flags=socket.AI_PASSIVE)[0]
+            with socket.socket(family, kind, proto) as probe:
+                # As aiohttp's site binds (reuse_address on Unix): a TIME_WAIT port is free,
+                # a port another program listens on is not.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(addr)
+        except OSError as exc:
+            raise ConfigError(f"error: cannot listen on {self.host}:{self.port} ({exc.strerror or exc}) "
+                              "(tts-bench serve --host/--port); pick another --port or --host, or stop "
+                              "what holds it") from None
+
     async def start(self) -> None:
+        self.check_listen()
         if self.concurrency and isinstance(self.backend, SizesForConcurrency):
             # Per-request state sized up front (the embedded runner's slot pools), so serving
             # the expected load never grows it (a grown pool drops its captured device graphs).
