@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tts_bench.limits import MAX_REPEATS
 from tts_bench.results import RunDir
 from tts_bench.stats import Comparison
 
@@ -53,8 +54,8 @@ class UntilResolved:
         if not self.target_half_width_pct > 0:
             raise ValueError(f"until-resolved needs a half-width target > 0 (bench.min_effect_pct / 2), "
                              f"got {self.target_half_width_pct}")
-        if self.max_repeats < 2:
-            raise ValueError(f"--max-repeats must be >= 2, got {self.max_repeats}")
+        if not 2 <= self.max_repeats <= MAX_REPEATS:  # the cap --repeats has too
+            raise ValueError(f"--max-repeats must be in [2, {MAX_REPEATS}], got {self.max_repeats}")
         if self.budget_min is not None and not self.budget_min > 0:
             raise ValueError(f"--budget must be > 0 minutes, got {self.budget_min}")
 

@@ -58,6 +58,8 @@ def test_first_round_is_whole_pairs_within_the_cap():
     assert UntilResolved(1.0, max_repeats=3).first_repeats(3) == 3
     with pytest.raises(ValueError, match="max-repeats"):
         UntilResolved(1.0, max_repeats=1)
+    with pytest.raises(ValueError, match=r"--max-repeats must be in \[2, 100\], got 100000"):
+        UntilResolved(1.0, max_repeats=100_000)
     with pytest.raises(ValueError, match="min_effect_pct"):
         UntilResolved(0.0)
 
