@@ -85,7 +85,7 @@ def test_an_error_about_an_option_names_the_option_not_set():
     from tts_bench.config import BenchConfig, apply_overrides
     from tts_bench.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"mem.interval_s must be > 0, got 0.0 \(--interval\)"):
+    with pytest.raises(ConfigError, match=r"mem.interval_s must be >= 0.01 s, got 0.0 \(--interval\)"):
         apply_overrides(BenchConfig(), flag_sets([("mem.interval_s", 0, "--interval")]))
     with pytest.raises(ConfigError, match=r"\(--set\)"):  # the same value through --set says --set
         apply_overrides(BenchConfig(), ["mem.interval_s=0"])

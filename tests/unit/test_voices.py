@@ -181,3 +181,16 @@ def test_the_ab_view_over_voice_cache_misses_keeps_only_those_requests(tmp_path)
     assert (kept, measured) == (4, 16)
     assert all(a.completed == 2 for a in view.tiers[0].arms.values())
     assert view.tiers[0].arms["base"].prompt_cache_misses == 2
+
+
+@pytest.mark.parametrize(
+    "body, param, said",
+    [({"input": "\x00\x00\x01"}, "input", "no visible characters"),
+     ({"input": "Hi.", "voice": 123}, "voice", "'voice' must be a string, got int"),
+     ({"input": "Hi.", "voice": ["alloy"]}, "voice", "got list")],
+)
+def test_bodies_with_nothing_to_speak_or_a_malformed_voice_are_400(body, param, said):
+    with pytest.raises(BadRequest, match=said) as exc:
+        parse_speech_body(body, "minicpmo45")
+    assert exc.value.status == 400 and exc.value.param == param
+    assert parse_speech_body({"input": "Hi.", "voice": "alloy"}, "minicpmo45").text == "Hi."  # named, unused

@@ -130,6 +130,9 @@ def _check_text(body: dict, name: str, *, required: bool, max_chars: int) -> str
     value = body.get(name, None if required else "")
     if not isinstance(value, str) or (required and not value.strip()):
         raise BadRequest(400, f"'{name}' must be a {'non-empty ' if required else ''}string", name)
+    if required and not any(ch.isprintable() and not ch.isspace() for ch in value):
+        # NULs and other control characters strip() keeps: nothing a talker can speak.
+        raise BadRequest(400, f"'{name}' holds no visible characters (only control characters or spaces)", name)
     if len(value) > max_chars:
         raise BadRequest(400, f"'{name}' has {len(value)} characters, more than the {max_chars} "
                               f"this server accepts (--max-input-chars)", name)
@@ -169,6 +172,11 @@ def parse_speech_body(body: Any, model_name: str, *, max_input_chars: int = DEFA
         # OpenAI's API takes 0.25-4.0; the stages synthesize at one speed, and answering 200 at
         # 1.0 to a request for 2.0 would hand back audio the client did not ask for.
         raise BadRequest(400, f"'speed' {speed!r} is not supported: this server synthesizes at 1.0 only", "speed")
+    voice = body.get("voice")
+    if voice is not None and not isinstance(voice, str):
+        # OpenAI clients always send one; the voice here is `ref_audio` (or the server's default),
+        # so a name is accepted and unused, but a non-string is a malformed request.
+        raise BadRequest(400, f"'voice' must be a string, got {type(voice).__name__}", "voice")
     ref = _check_text(body, "ref_text", required=False, max_chars=max_input_chars)
     sse = stream_format == "sse"
     audio = parse_ref_audio(body.get("ref_audio"), limit_seconds=ref_audio_limit_seconds)
