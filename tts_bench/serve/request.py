@@ -5,7 +5,7 @@ Every error the server answers is OpenAI-style JSON, `{"error": {"message", "typ
 
 | status | code | when |
 |---|---|---|
-| 400 | `invalid_request` | bad JSON (also nested too deeply), a field of the wrong type or range (`seed` outside [0, 2**63), `speed` other than 1, `input` empty, longer than `--max-input-chars` or too long for the talker's `runner.max_seq_len`, a `ref_audio` that is not base64 audio, is empty or longer than `code2wav.ref_audio_limit_seconds`) |
+| 400 | `invalid_request` | bad JSON (also nested too deeply), a field of the wrong type or range (`seed` outside [0, 2**63), `speed` other than 1, a `voice` that is not a string, `input` empty or only control characters, longer than `--max-input-chars` or too long for the talker's `runner.max_seq_len`, a `ref_audio` that is not base64 audio, is empty or longer than `code2wav.ref_audio_limit_seconds`) |
 | 400 | `bad_prompt` | a `ref_audio` with a valid header that the stages cannot decode or use (param `ref_audio`) |
 | 404 | `model_not_found` / `not_found` | another model name; an unknown path |
 | 405 | `method_not_allowed` | e.g. GET /v1/audio/speech |
