@@ -203,6 +203,9 @@ def _check_args(
         raise ConfigError(
             f"error: talker context must be >= 0, got {context} (--talker-context); e.g. 256"
         )
+    text = profile_text(context)
+    for arm in arms.values():  # before any arm builds its stages (minutes on a device)
+        _check_context(arm.stages, text, chunks)
 
 
 def profile_stages(
@@ -265,8 +268,9 @@ def _check_context(stages: StageConfig, text: str, chunks: int) -> None:
     limit = stages.runner.max_seq_len
     if need > limit:
         raise ConfigError(
-            f"error: talker context needs {need} positions but max_seq_len is {limit} "
-            "(--talker-context / runner.max_seq_len); lower --talker-context"
+            f"error: the profiled talker rows need {need} cache positions (their text and the steps of "
+            f"--chunks) but runner.max_seq_len is {limit} (--talker-context / --chunks); lower them or "
+            "raise runner.max_seq_len"
         )
 
 

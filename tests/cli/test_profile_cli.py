@@ -100,8 +100,13 @@ def test_tier_split_renders_after_the_launch_table_in_md():
     assert header[:3] == ["component", "B", "calls/s"] and header[-1] == "test %"
 
 
-def test_bad_tier_and_context_are_usage_errors():
+def test_bad_tier_and_context_are_usage_errors(monkeypatch):
     with pytest.raises(ConfigError, match=r"^error: bad tier '12y8' \(--tier\)"):
         invoke("--tier", "12y8")
-    with pytest.raises(ConfigError, match=r"\(--talker-context / runner.max_seq_len\)"):
+    with pytest.raises(ConfigError, match=r"but runner.max_seq_len is \d+ \(--talker-context / --chunks\)"):
         invoke("--talker-context", "5000")
+    # Too many profiled steps is the same error, raised before any stage is built.
+    monkeypatch.setattr("tts_bench.profile.build_talker", lambda *a, **k: pytest.fail("built a talker first"))
+    with pytest.raises(ConfigError, match=r"need \d+ cache positions .*\(--talker-context / --chunks\)"):
+        CliRunner().invoke(_app(), ["profile", *FAST[:4], "--chunks", "5000"], standalone_mode=False,
+                           catch_exceptions=False)

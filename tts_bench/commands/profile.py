@@ -39,9 +39,9 @@ def profile(
     base_sets: list[str] = typer.Option([], "--base-set", help="Override for the base arm only (repeatable)."),
     test_sets: list[str] = typer.Option([], "--test-set", help="Override for the test arm only (repeatable)."),
     rows: str = typer.Option("8", "--rows", help="Batch size(s) B, comma-separated, e.g. 1,4,8."),
-    chunks: int = typer.Option(3, "--chunks", help="Profiled calls per step (after warmup); counts are per call."),
+    chunks: int = typer.Option(3, "--chunks", min=1, max=10_000, help="Profiled calls per step (after warmup); counts are per call."),
     tier: Optional[str] = typer.Option(None, "--tier", help="CxR, e.g. 128x8: also split time per second of audio at that tier."),
-    talker_context: int = typer.Option(0, "--talker-context", help="Cache positions per talker row before the profiled steps (sets kv_len); 0: a short text."),
+    talker_context: int = typer.Option(0, "--talker-context", min=0, max=1_000_000, help="Cache positions per talker row before the profiled steps (sets kv_len); 0: a short text."),
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
 ) -> ExitStatus:
     """Count kernel launches (CUDA) or operators (CPU) per step for both arms, with the delta."""
