@@ -16,7 +16,8 @@ tier and metric (`audio_rtf`, `audio_ttfp_ms`) it holds:
 A calibration applies to a config when its *calibration key* matches: the system-under-test hash
 (`tts_bench.gate.samples.sut_hash`: non-default, measurement-relevant config values) with the
 repeat count and the tier list left out (the calibration is per tier; K is the run's own) and
-the measured prompt count of the run put in.
+the measured prompt count of the run put in. `Calibration.mismatch` is that test, and says what
+differs: the automatic lookup skips a file that fails it, an explicit `--calibration` is refused.
 
     cal = find_calibration([base_cfg_dict, test_cfg_dict], profile="cpu-2core", num_prompts=12)
     cal.spread("2x1", "audio_rtf")          # CalibratedSpread for a one-block interval
@@ -76,6 +77,7 @@ class Calibration:
     runs: int
     tiers: dict[str, TierCalibration]
     sut_hash: str | None = None  # the config it was made with (None: a perturbed test arm)
+    num_prompts: int | None = None  # measured prompts per tier (None: a file that did not say)
 
     def spread(self, tier: str, metric: str = "audio_rtf") -> CalibratedSpread | None:
         t = self.tiers.get(tier)
@@ -88,6 +90,24 @@ class Calibration:
         if s is None:
             return None
         return pct(mde_log(s.sd_mean, blocks, s.df if blocks == 1 else blocks - 1))
+
+    def mismatch(self, configs: Iterable[dict[str, Any]], *, profile: str,
+                 num_prompts: int | None = None) -> str | None:
+        """What differs between this calibration and a run of `configs` (an A/B's arms: an A/A of
+        either arm describes the noise) on `profile`, as a phrase; None when it applies."""
+        if self.profile != profile:
+            return (f"it was recorded on hardware profile {self.profile}, this run's profile is "
+                    f"{profile} (--profile)")
+        configs = list(configs)
+        keys = {calibration_key(c, num_prompts=num_prompts) for c in configs}
+        if self.key in keys:
+            return None
+        if (self.num_prompts not in (None, num_prompts)
+                and self.key in {calibration_key(c, num_prompts=self.num_prompts) for c in configs}):
+            return (f"it was measured with {self.num_prompts} prompts per tier, this run measures "
+                    f"{num_prompts} (--num-prompts)")
+        return (f"it was recorded for another config (case {self.case}, key {self.key}; this run's "
+                f"arms have key {' / '.join(sorted(keys))})")
 
     def describe(self) -> dict[str, Any]:
         return {"path": self.path, "case": self.case, "profile": self.profile, "key": self.key,
@@ -105,7 +125,8 @@ def load_calibration(path: Path | str) -> Calibration:
     path = Path(path)
     doc = CALIBRATION_FILE.load(path)
     return Calibration(str(path), doc["case"], doc["profile"], doc["key"], int(doc["runs"]),
-                       {t: _tier(d, str(path)) for t, d in doc["tiers"].items()}, doc.get("sut_hash"))
+                       {t: _tier(d, str(path)) for t, d in doc["tiers"].items()}, doc.get("sut_hash"),
+                       doc.get("num_prompts"))
 
 
 def find_calibration(
@@ -117,12 +138,12 @@ def find_calibration(
     directory = Path(directory)
     if not directory.is_dir():
         return None
-    keys = {calibration_key(c, num_prompts=num_prompts) for c in configs}
+    configs = list(configs)
     for path in sorted(directory.glob(f"*.{profile}{SUFFIX}")):
         try:
             cal = load_calibration(path)
         except ConfigError:
             continue  # an old-format file: not this run's calibration
-        if cal.key in keys and cal.profile == profile:
+        if cal.mismatch(configs, profile=profile, num_prompts=num_prompts) is None:
             return cal
     return None

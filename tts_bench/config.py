@@ -422,7 +422,7 @@ def load_arms(
     cfg = apply_overrides(file.config, sets)
     arms = {name: _arm(file, cfg, name, cli_sets, flag)
             for name, cli_sets, flag in zip(file.arms, (base_sets, test_sets), ("--base-set", "--test-set"))}
-    _check_shared_sections(arms, file.source)
+    check_shared_sections(arms, file.source)
     return arms
 
 
@@ -431,7 +431,7 @@ def load_arms(
 SHARED_SECTIONS = ("bench", "wer", "mem")
 
 
-def _check_shared_sections(arms: dict[str, BenchConfig], source: str) -> None:
+def check_shared_sections(arms: dict[str, BenchConfig], source: str) -> None:
     first_name, first = next(iter(arms.items()))
     for name, arm in arms.items():
         for section in SHARED_SECTIONS:

@@ -17,8 +17,10 @@ alike.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from tts_bench.errors import ConfigError
 
 if TYPE_CHECKING:
     from tts_bench.backends.base import SynthesisRequest
@@ -91,5 +93,19 @@ class RequestRecord:
 
 def read_records(run_dir: RunDir) -> list[RequestRecord]:
     """Every request the run recorded, parsed (each request key once: `RunDir.iter_requests`).
-    It reads and parses the whole JSONL: read once per result and pass the list along."""
-    return [RequestRecord.from_dict(d) for d in run_dir.iter_requests()]
+    It reads and parses the whole JSONL: read once per result and pass the list along. A record
+    without a field every request has (a line cut or edited by hand) is a ConfigError naming
+    the file and the request, not a TypeError from the dataclass."""
+    from tts_bench.results import request_key  # results is heavier; records stays import-light
+
+    required = [f.name for f in fields(RequestRecord) if f.default is MISSING]
+    records = []
+    for d in run_dir.iter_requests():  # each a JSON object with a request key (checked there)
+        missing = [name for name in required if name not in d]
+        if missing:
+            raise ConfigError(
+                f"error: {run_dir.requests_path}: request {request_key(d)} has no {', '.join(missing)} "
+                f"(run directory); the record is corrupt: rerun from scratch"
+            )
+        records.append(RequestRecord.from_dict(d))
+    return records

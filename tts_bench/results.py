@@ -11,8 +11,11 @@
 Durability: `append_request` queues the line for a background writer that fsyncs each batch
 (so the caller's event loop never waits on the disk); SIGKILL loses at most the requests in
 flight and those finished within the last fsync (milliseconds). A torn last line (killed
-mid-write) is skipped on read and dropped by `open`. `update` rewrites run.json via a temp file
-+ `os.replace`, so readers see either the old or the new document, never half.
+mid-write) is skipped on read and dropped by `open`; any other damage (a line that is not a
+request record, a run.json without its header, a directory where a file belongs) is a
+ConfigError (exit 2) naming the file, for every command that reads runs. `update` rewrites
+run.json via a temp file + `os.replace`, so readers see either the old or the new document,
+never half.
 
 One writer at a time (`tts_bench._runlock`): `create` and `open(lock=True)` (`--resume`) take
 the run's lock; a second writer gets exit 2 naming the holder; a dead holder's lock is taken
@@ -52,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from tts_bench._appender import LineAppender, flush_path
-from tts_bench._runlock import RunLock, holder_of
+from tts_bench._runlock import LOCK_NAME, RunLock, holder_of
 from tts_bench.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -210,9 +213,8 @@ class RunDir:
         (`release()`, or the end of `finishing()`, lets it go)."""
         if not re.fullmatch(r"[a-z][a-z0-9-]*", kind):
             raise ValueError(f"run kind must be a lowercase word like 'ab', got {kind!r}")
-        root = Path(root)
+        root = _result_root(root)
         created = _now_utc()
-        root.mkdir(parents=True, exist_ok=True)
         while True:
             name = f"{created:%Y%m%d-%H%M%S}-{kind}-{secrets.token_hex(3)}"
             try:
@@ -220,6 +222,8 @@ class RunDir:
                 break
             except FileExistsError:  # 1 in 16M within the same second; just draw again
                 continue
+            except OSError as exc:  # no permission, read-only filesystem, disk full
+                raise _not_writable(root, exc) from None
         if config_hashes is None:
             config_hashes = {arm: _dict_hash(c) for arm, c in configs.items()}
         doc: dict[str, Any] = {
@@ -254,31 +258,15 @@ class RunDir:
                 f"error: {path} {what}, not a run directory (--resume / run directory); pass "
                 f"the directory tts-bench made (it holds {RUN_JSON} and {REQUESTS_JSONL})"
             )
+        doc = _read_header(path)
+        run = cls(path, doc, _lock=_take_lock(path) if lock else None)
         try:
-            doc = json.loads((path / RUN_JSON).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(
-                f"error: no {RUN_JSON} in {path} (--resume / run directory); pass a run directory made by tts-bench"
-            ) from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(
-                f"error: {path / RUN_JSON} is not valid JSON: {exc} (--resume / run directory); rerun from scratch"
-            ) from None
-        if not isinstance(doc, dict):
-            raise ConfigError(
-                f"error: {path / RUN_JSON} is a JSON {type(doc).__name__}, not a run record (--resume / run "
-                f"directory); pass a run directory made by tts-bench"
-            )
-        version = doc.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise ConfigError(
-                f"error: {path / RUN_JSON} has schema_version {version!r}, this tts-bench writes "
-                f"{SCHEMA_VERSION} (--resume / run directory); rerun from scratch"
-            )
-        run = cls(path, doc, _lock=RunLock.acquire(path) if lock else None)
-        flush_path(run.requests_path)  # another RunDir of this process may still be writing
-        if lock or holder_of(path) is None:
-            run._repair_tail()
+            flush_path(run.requests_path)  # another RunDir of this process may still be writing
+            if lock or holder_of(path) is None:
+                run._repair_tail()
+        except BaseException:
+            run.release()
+            raise
         return run
 
     @property
@@ -367,17 +355,16 @@ class RunDir:
     def iter_requests(self) -> Iterator[dict[str, Any]]:
         """Recorded requests in write order, each request key once (the first record wins: a
         later one is a duplicate written by a concurrent writer). An unterminated last line
-        that does not parse (the process died mid-write) is skipped; a corrupt line elsewhere
-        is an error."""
+        that does not parse (the process died mid-write) is skipped; any other line that is not
+        a request record (a JSON object with the request key) is a ConfigError naming file:line."""
         seen: set[RequestKey] = set()
         duplicates = 0
         for record in self._iter_lines():
-            key = _key_or_none(record)
-            if key is not None:
-                if key in seen:
-                    duplicates += 1
-                    continue
-                seen.add(key)
+            key = request_key(record)
+            if key in seen:
+                duplicates += 1
+                continue
+            seen.add(key)
             yield record
         if duplicates:
             log.warning("%s: %d duplicate request record(s) ignored (the first of each key counts)",
@@ -385,32 +372,52 @@ class RunDir:
 
     def _iter_lines(self) -> Iterator[dict[str, Any]]:
         self.flush()
-        try:
-            data = self.requests_path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        data = self._requests_bytes()
+        if data is None:
             return
-        lines = data.split("\n")
-        # After a final "\n" the last element is ""; anything else there is an unterminated tail.
+        lines = data.split(b"\n")
+        # After a final "\n" the last element is b""; anything else there is an unterminated tail.
         for i, line in enumerate(lines):
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
+                record = json.loads(line.decode("utf-8"))
+            except ValueError:  # not JSON, or not even UTF-8 text
+                # Only the unterminated tail may be torn (SIGKILL mid-write; `open` drops it and
+                # --resume runs its request again); a bad line anywhere else is damage.
                 if i == len(lines) - 1:
                     log.warning("%s: skipping torn last line %d", self.requests_path, i + 1)
                     continue
-                raise ConfigError(
-                    f"error: {self.requests_path}:{i + 1} is not valid JSON; the record is "
-                    f"corrupt, rerun without --resume"
-                ) from None
+                raise self._corrupt(i + 1, "is not valid JSON") from None
+            if _key_or_none(record) is None:  # parsed, but every reader needs the request key
+                raise self._corrupt(i + 1, "is not a request record (a JSON object with arm, tier, "
+                                           "repeat and request_id)")
+            yield record
+
+    def _corrupt(self, line: int, what: str) -> ConfigError:
+        return ConfigError(
+            f"error: {self.requests_path}:{line} {what} (run directory); the record is corrupt: "
+            f"rerun from scratch, or delete that line and --resume an A/B to run its request again"
+        )
+
+    def _requests_bytes(self) -> bytes | None:
+        """requests.jsonl as bytes, None when there is none; a path that cannot be read (a
+        directory in its place, no permission) is a ConfigError naming it."""
+        try:
+            return self.requests_path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ConfigError(
+                f"error: cannot read {self.requests_path}: {exc.strerror or exc} (run directory); "
+                f"pass a run directory made by tts-bench"
+            ) from None
 
     def _repair_tail(self) -> None:
         """Make the JSONL end on a line boundary so the next append starts a fresh line: keep an
         unterminated tail that parses (terminate it), drop one that does not (a torn write)."""
-        try:
-            data = self.requests_path.read_bytes()
-        except FileNotFoundError:
+        data = self._requests_bytes()
+        if data is None:
             self.requests_path.touch()
             return
         if not data or data.endswith(b"\n"):
@@ -442,8 +449,94 @@ class RunDir:
 def _key_or_none(record: Any) -> RequestKey | None:
     try:
         return request_key(record)
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError):  # {}, [1, 2], "repeat": "x"
         return None
+
+
+def _result_root(root: Path | str) -> Path:
+    """The directory run directories are made in (`--result-dir`), made with its parents when
+    missing; anything that cannot hold them is a ConfigError naming --result-dir (every command
+    that makes runs comes through `create`)."""
+    # The commands refuse `--result-dir ''` as typed (`commands._common.result_dir_option`);
+    # a library caller's empty string is refused here.
+    if str(root).strip() == "":
+        raise ConfigError("error: --result-dir is empty; pass a directory for the run directories, or "
+                          "leave it out for the default results/runs")
+    root = Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # /dev/null, a path under a regular file, a missing mount
+        raise _not_writable(root, exc) from None
+    return root
+
+
+def _not_writable(root: Path, exc: OSError) -> ConfigError:
+    why = "it exists and is not a directory" if root.exists() and not root.is_dir() else \
+        (exc.strerror or str(exc)).lower()
+    return ConfigError(
+        f"error: --result-dir {root} is not a writable directory: {why}; pass a directory you can "
+        f"write, or a path where one can be made (default results/runs)"
+    )
+
+
+def _read_header(path: Path) -> dict[str, Any]:
+    """run.json of the run directory `path`, checked for what every reader relies on (the schema
+    version, `kind`, `configs` as arm name -> config): a damaged record is a ConfigError naming
+    the file here, not a KeyError in whichever command reads it."""
+    file = path / RUN_JSON
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"error: no {RUN_JSON} in {path} (--resume / run directory); pass a run directory made by tts-bench"
+        ) from None
+    except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError: bytes that are not text
+        raise ConfigError(
+            f"error: {file} is not valid JSON: {exc} (--resume / run directory); rerun from scratch"
+        ) from None
+    except OSError as exc:  # a directory in its place, no permission
+        raise ConfigError(
+            f"error: cannot read {file}: {exc.strerror or exc} (--resume / run directory); pass a run "
+            f"directory made by tts-bench"
+        ) from None
+    if not isinstance(doc, dict):
+        raise ConfigError(
+            f"error: {file} is a JSON {type(doc).__name__}, not a run record (--resume / run "
+            f"directory); pass a run directory made by tts-bench"
+        )
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ConfigError(
+            f"error: {file} has schema_version {version!r}, this tts-bench writes "
+            f"{SCHEMA_VERSION} (--resume / run directory); rerun from scratch"
+        )
+    configs = doc.get("configs")
+    if not isinstance(doc.get("kind"), str):
+        problem = f"its kind is {doc.get('kind')!r}, not a name like 'ab'"
+    elif "configs" not in doc:
+        problem = "it has no configs (each arm's resolved config)"
+    elif not isinstance(configs, dict):
+        problem = f"its configs is {json.dumps(configs)[:40]}, not a mapping of arm name to config"
+    else:
+        bad = [arm for arm, c in configs.items() if not isinstance(c, dict)]
+        problem = f"configs.{bad[0]} is not a config (a mapping)" if bad else None
+    if problem:
+        raise ConfigError(
+            f"error: {file} is damaged: {problem} (--resume / run directory); rerun from scratch"
+        )
+    return doc
+
+
+def _take_lock(path: Path) -> RunLock:
+    """The run's lock for a writer; a lock file that cannot be opened (a directory in its place,
+    no permission) is a ConfigError naming it. RunLockedError (another writer) passes through."""
+    try:
+        return RunLock.acquire(path)
+    except OSError as exc:
+        raise ConfigError(
+            f"error: cannot take the lock {path / LOCK_NAME}: {exc.strerror or exc} (--resume / run "
+            f"directory); remove or fix that path, then rerun"
+        ) from None
 
 
 def _error_text(exc: BaseException) -> str:

@@ -182,5 +182,5 @@ def test_until_resolved_options_are_checked(tmp_path):
 
     with pytest.raises(ConfigError, match="only apply with --until-resolved"):
         invoke(tmp_path, "--tiers", "2x1", "--budget", "5")
-    with pytest.raises(ConfigError, match="max-repeats must be >= 2"):
+    with pytest.raises(ConfigError, match="max-repeats must be in \\[2, 100\\], got 1"):
         invoke(tmp_path, "--tiers", "2x1", "--until-resolved", "--max-repeats", "1")

@@ -226,7 +226,20 @@ def test_a_history_dir_that_cannot_be_written_is_refused_before_any_audio(fake_w
     (tmp_path / "afile").write_text("not a folder")
     started = []
     monkeypatch.setattr("tts_bench.backends.make_backend", lambda c: started.append(c) or TextCodeBackend())
-    for where, said in ((tmp_path / "afile", "is not a folder"), (tmp_path / "afile" / "sub", "cannot be made")):
+    for where, said in ((tmp_path / "afile", "is a file (wer.history_dir, --accept)"),
+                        (tmp_path / "afile" / "sub", "afile is a file (wer.history_dir, --accept)")):
         result = _wer(["--config", str(cfg), "--accept", "--set", f"wer.history_dir={where}"], tmp_path)
         assert isinstance(result.exception, ConfigError) and said in str(result.exception)
     assert started == [] and not (tmp_path / "runs").exists()
+
+
+def test_a_generation_record_without_its_text_is_a_usage_error_naming_the_file(fake_world):
+    tmp_path, cfg = fake_world
+    assert _wer(["--config", str(cfg), "--generate-only", "--arms", "base"], tmp_path).return_value == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    lines = (run_dir / "requests.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    del first["text"]
+    (run_dir / "requests.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    result = _wer(["--transcribe-only", str(run_dir)], tmp_path)
+    assert isinstance(result.exception, ConfigError) and "damaged generation record" in str(result.exception)

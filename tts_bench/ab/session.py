@@ -58,12 +58,24 @@ def plan_from_run(run_dir: RunDir) -> AbPlan:
         raise ConfigError(
             f"error: {run_dir.path} is not an A/B run (--resume); pass a directory made by tts-bench ab"
         )
+    # RunDir.open checked that configs maps arm names to configs; an A/B needs exactly two.
+    if len(doc["configs"]) != 2:
+        raise ConfigError(
+            f"error: {run_dir.run_json} records {len(doc['configs'])} arm(s) {list(doc['configs'])} in configs, "
+            f"an A/B has two (--resume); the record is damaged: rerun from scratch"
+        )
     arms = {name: load_dataclass(BenchConfig, d, source=f"{run_dir.run_json}: configs.{name}")
             for name, d in doc["configs"].items()}
     plan = doc["ab"]
-    until = UntilResolved.from_dict(plan["until_resolved"]) if plan.get("until_resolved") else None
-    return AbPlan(arms, parse_tiers(plan["tiers"]), int(plan["repeats"]), int(plan["num_prompts"]),
-                  until=until, profile=plan.get("profile"), calibration=plan.get("calibration"))
+    try:
+        until = UntilResolved.from_dict(plan["until_resolved"]) if plan.get("until_resolved") else None
+        return AbPlan(arms, parse_tiers(plan["tiers"]), int(plan["repeats"]), int(plan["num_prompts"]),
+                      until=until, profile=plan.get("profile"), calibration=plan.get("calibration"))
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a plan edited or cut short
+        raise ConfigError(
+            f"error: {run_dir.run_json} has a damaged ab plan ({type(exc).__name__}: {exc}) (--resume); "
+            f"rerun from scratch"
+        ) from None
 
 
 
@@ -141,9 +153,9 @@ def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
     profile = request.profile or default_profile()
     # An explicit value is used as given (a 0 never falls back to the config: typer's min=1).
     num_prompts = bench.num_prompts if request.num_prompts is None else request.num_prompts
-    calibration = _calibration(request.calibration, arms, profile, num_prompts)
-    plan = AbPlan(arms, parse_tiers(bench.tiers if request.tiers is None else request.tiers),
-                  bench.repeats if request.repeats is None else request.repeats, num_prompts,
+    tiers = parse_tiers(bench.tiers if request.tiers is None else request.tiers)
+    calibration = _calibration(request.calibration, arms, profile, num_prompts, tiers)
+    plan = AbPlan(arms, tiers, bench.repeats if request.repeats is None else request.repeats, num_prompts,
                   until=_until_rule(request, bench), profile=profile,
                   calibration=calibration.path if calibration else None)
     check_arms(arms, plan.tiers)  # before the run directory exists and before any stage starts
@@ -175,12 +187,27 @@ def _until_rule(request: AbRequest, bench) -> UntilResolved | None:
 
 
 def _calibration(given: Path | None, arms: dict[str, BenchConfig], profile: str,
-                 num_prompts: int) -> Calibration | None:
-    """--calibration, else the calibration in results/baselines whose key matches an arm."""
-    if given is not None:
-        return load_calibration(given)
-    return find_calibration([config_to_dict(c) for c in arms.values()], profile=profile,
-                            num_prompts=num_prompts)
+                 num_prompts: int, tiers: tuple[Tier, ...]) -> Calibration | None:
+    """--calibration, else the calibration in results/baselines whose key matches an arm.
+
+    A file given explicitly must pass the same test the lookup applies (`Calibration.mismatch`)
+    and cover every tier: another config's or machine's spread would give a confident verdict
+    for noise it never measured, and a tier it lacks would quietly stay unresolved."""
+    configs = [config_to_dict(c) for c in arms.values()]
+    if given is None:
+        return find_calibration(configs, profile=profile, num_prompts=num_prompts)
+    cal = load_calibration(given)
+    why = cal.mismatch(configs, profile=profile, num_prompts=num_prompts)
+    missing = [t.label for t in tiers if t.label not in cal.tiers]
+    if why is None and missing:
+        why = f"it has no entry for tier {', '.join(missing)} (it covers {', '.join(cal.tiers) or 'none'})"
+    if why is not None:
+        raise ConfigError(
+            f"error: calibration {given} does not apply to this run: {why} (--calibration); pass a "
+            f"calibration recorded for this config, profile, prompt count and tiers (tts-bench "
+            f"calibrate), or drop --calibration"
+        )
+    return cal
 
 
 def open_plan(path: Path) -> tuple[RunDir, AbPlan]:

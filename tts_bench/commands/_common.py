@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from tts_bench.errors import ConfigError
@@ -21,6 +22,19 @@ def check_format(fmt: str | None) -> str:
     if fmt not in FORMATS:
         raise ConfigError(f"error: unknown format {fmt!r} (--format); valid: {', '.join(FORMATS)}")
     return fmt
+
+
+def result_dir_option(value: str | None) -> Path | None:
+    """`--result-dir` as typed (the parameter is declared `str` so that this sees it before
+    click's Path type turns '' into '.', the working folder): an empty value is a usage error."""
+    if value is None:
+        return None
+    if not value.strip():
+        import typer
+
+        raise typer.BadParameter("is empty; pass a directory for the run directories, or leave it out "
+                                 "for the default results/runs")
+    return Path(value)
 
 
 class Yaml(str):

@@ -23,7 +23,7 @@ from typing import Optional
 
 import typer
 
-from tts_bench.commands._common import check_format, flag_sets
+from tts_bench.commands._common import check_format, flag_sets, result_dir_option
 from tts_bench.errors import ConfigError, ExitStatus
 from tts_bench.limits import MAX_PROMPTS, MAX_REPEATS
 
@@ -38,7 +38,7 @@ def ab(
     base_sets: list[str] = typer.Option([], "--base-set", help="Override for the base arm only (repeatable)."),
     test_sets: list[str] = typer.Option([], "--test-set", help="Override for the test arm only (repeatable)."),
     disable_shuffle: bool = typer.Option(False, "--disable-shuffle", help="Send prompts in file order."),
-    result_dir: Path = typer.Option(Path("results/runs"), "--result-dir", help="Where run directories are made."),
+    result_dir: str = typer.Option("results/runs", "--result-dir", callback=result_dir_option, help="Where run directories are made."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Finish a killed run (its directory); other options are ignored."),
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
     mem: bool = typer.Option(False, "--mem", help="Sample device memory during every tier (tts-bench mem)."),

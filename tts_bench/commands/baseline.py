@@ -17,6 +17,7 @@ from typing import Optional
 
 import typer
 
+from tts_bench.commands._common import result_dir_option
 from tts_bench.errors import ExitStatus
 
 app = typer.Typer(help="Perf-gate baselines: build, tighten.", no_args_is_help=True)
@@ -31,7 +32,7 @@ def update(
     tighten_only: bool = typer.Option(False, "--tighten-only", help="Keep the old baseline unless the new one is faster."),
     out: Optional[Path] = typer.Option(None, "--out", help="Output file (default: results/baselines/<case>.<profile>.json)."),
     run: int = typer.Option(0, "--run", help="First run the case this many times (added to --from)."),
-    result_dir: Path = typer.Option(Path("results/runs"), "--result-dir", help="Where --run makes run directories."),
+    result_dir: str = typer.Option("results/runs", "--result-dir", callback=result_dir_option, help="Where --run makes run directories."),
 ) -> ExitStatus:
     """Build a baseline from N runs of a case (pooled samples, per-run dispersion, provenance)."""
     from tts_bench.gate.baseline import update_baseline

@@ -7,8 +7,10 @@
 Writes `results/baselines/<case>.<profile>.calibration.json` and `.md` (`--out DIR`; not with
 `--no-write`) and prints the markdown on stdout; one line per A/A on stderr. Exit 0; 3 with
 `--fail-on-false-verdict` when some A/A read faster/slower (`--test-set` perturbs the test arm,
-to see the check fail); 5 when no A/A was valid. The library call behind it is
-`tts_bench.gate.calibrate.calibrate_case`.
+to see the check fail); 5 when no A/A was valid; 2, before the first A/A, for what `ab` would
+refuse (a per-arm bench.* in `--test-set`, a tier listed twice, prompts or stages that cannot
+run), a `--profile` that is no file name, or an `--out` that cannot be written. The library call
+behind it is `tts_bench.gate.calibrate.calibrate_case`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Optional
 
 import typer
 
+from tts_bench.commands._common import result_dir_option
 from tts_bench.errors import ConfigError, ExitStatus
 from tts_bench.limits import MAX_CALIBRATION_RUNS, MAX_REPEATS
 
@@ -33,7 +36,7 @@ def calibrate(
     out: Path = typer.Option(Path("results/baselines"), "--out", help="Where the calibration files go."),
     no_write: bool = typer.Option(False, "--no-write", help="Print only; leave the calibration files alone."),
     fail_on_false_verdict: bool = typer.Option(False, "--fail-on-false-verdict", help="Exit 3 when some A/A reads faster/slower (CI)."),
-    result_dir: Optional[Path] = typer.Option(None, "--result-dir", help="Keep the A/A run directories here (default: a temporary directory)."),
+    result_dir: Optional[str] = typer.Option(None, "--result-dir", callback=result_dir_option, help="Keep the A/A run directories here (default: a temporary directory)."),
     fmt: str = typer.Option("md", "--format", help="md | json (the whole document)."),
 ) -> ExitStatus:
     """Run A/As of a case: false-verdict rate (Clopper-Pearson) and run-to-run variance."""

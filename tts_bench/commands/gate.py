@@ -7,8 +7,12 @@
 
 Exit 0 pass, 3 perf regression (some metric `worse`; 0 with --report-only), 4 accuracy
 regression (--wer-run), 5 invalid run (failed/missing requests, provenance mismatch), 1 error.
-Marks and thresholds: `tts_bench.gate.judge`. Table on stdout (`--format md|table|csv|json`).
-The library call behind it is `tts_bench.gate.session.run_session`.
+`--case` and `--arm` go with `--current`, `--set` and `--result-dir` with `--run-case`: the other
+way round exits 2 rather than being ignored; everything `--run-case` can check (baseline, tiers,
+`--wer-run`, memory and prompt preflight) is checked before its bench runs, and `--current`
+judges only a complete run (else 5). Marks and thresholds: `tts_bench.gate.judge`. Table on
+stdout (`--format md|table|csv|json`). The library call behind it is
+`tts_bench.gate.session.run_session`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Optional
 
 import typer
 
-from tts_bench.commands._common import check_format
+from tts_bench.commands._common import check_format, result_dir_option
 from tts_bench.errors import ExitStatus
 
 
@@ -35,7 +39,7 @@ def gate(
     wer_run: Optional[Path] = typer.Option(None, "--wer-run", help="A `tts-bench wer` run whose verdict is folded in (exit 4)."),
     report_only: bool = typer.Option(False, "--report-only", "--no-fail-on-perf", help="Report perf verdicts, exit 0 on them (still 4/5)."),
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
-    result_dir: Path = typer.Option(Path("results/runs"), "--result-dir", help="Where --run-case makes its run directory."),
+    result_dir: Optional[str] = typer.Option(None, "--result-dir", callback=result_dir_option, help="Where --run-case makes its run directory (default: results/runs)."),
 ) -> ExitStatus:
     """Gate a run against a baseline: per metric Δ%, threshold, Mann-Whitney p, mark."""
     from tts_bench.gate.session import GateRequest, run_session

@@ -23,7 +23,7 @@ from typing import Optional
 
 import typer
 
-from tts_bench.commands._common import Yaml, check_format, flag_sets
+from tts_bench.commands._common import Yaml, check_format, flag_sets, result_dir_option
 from tts_bench.errors import ExitStatus
 from tts_bench.limits import MAX_PROMPTS
 
@@ -40,7 +40,7 @@ def mem(
     base_sets: list[str] = typer.Option([], "--base-set", help="Override for the base arm only (repeatable)."),
     test_sets: list[str] = typer.Option([], "--test-set", help="Override for the test arm only (repeatable)."),
     disable_shuffle: bool = typer.Option(False, "--disable-shuffle", help="Send prompts in file order."),
-    result_dir: Path = typer.Option(Path("results/runs"), "--result-dir", help="Where run directories are made."),
+    result_dir: str = typer.Option("results/runs", "--result-dir", callback=result_dir_option, help="Where run directories are made."),
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
 ) -> ExitStatus:
     """Sample memory over one tier for both arms: steady-state median, peak, delta, headroom."""

@@ -19,7 +19,7 @@ from typing import Optional
 
 import typer
 
-from tts_bench.commands._common import check_format, flag_sets
+from tts_bench.commands._common import check_format, flag_sets, result_dir_option
 from tts_bench.errors import ConfigError, ExitStatus
 from tts_bench.limits import MAX_PROMPTS
 
@@ -40,7 +40,7 @@ def wer(
     transcribe_only: Optional[Path] = typer.Option(None, "--transcribe-only", help="Only transcribe + score this earlier WER run directory."),
     accept: bool = typer.Option(False, "--accept", "--record-history", help="Append this run to the WER history (wer.history_dir)."),
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
-    result_dir: Path = typer.Option(Path("results/runs"), "--result-dir", help="Where run directories are made."),
+    result_dir: str = typer.Option("results/runs", "--result-dir", callback=result_dir_option, help="Where run directories are made."),
 ) -> ExitStatus:
     """Seed-tts WER gate: per-arm mean/median/corpus WER, failures, paired ΔWER and a verdict."""
     from tts_bench.wer.session import WerRequest, run_session

@@ -19,6 +19,7 @@ baseline is faster on `audio_rtf` in every tier.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ BASELINE_FILE = VersionedJson(
     record_hint="record one with tts-bench baseline update --case <case> --from <run dirs>",
     stale_hint="re-record it",
 )
+# The same format, read as the file `baseline update --tighten-only` would replace: errors name --out.
+_OUT_FILE = dataclasses.replace(BASELINE_FILE, flag="--out")
 PRIMARY_METRIC = "audio_rtf"
 
 
@@ -128,10 +131,14 @@ def build_baseline(runs: Sequence[RunSamples], *, case: str, profile: str, sut: 
 
 
 def load_baseline(path: Path | str) -> dict[str, Any]:
-    doc = BASELINE_FILE.load(path)
+    return _load(path, BASELINE_FILE)
+
+
+def _load(path: Path | str, fmt: VersionedJson) -> dict[str, Any]:
+    doc = fmt.load(path)
     problem = baseline_problem(doc)
     if problem:
-        raise ConfigError(f"error: {path} is not a usable baseline: {problem} (--baseline); re-record it with "
+        raise ConfigError(f"error: {path} is not a usable baseline: {problem} ({fmt.flag}); re-record it with "
                           f"tts-bench baseline update")
     return doc
 
@@ -213,19 +220,36 @@ def update_baseline(
     from tts_bench.gate.samples import read_run, sut_hash
 
     loaded = cases.load_case(case)
-    profile = profile or cases.default_profile()
+    profile = cases.resolve_profile(profile)
     if not runs_from and run < 1:
         raise ConfigError("error: no runs given (baseline update --from); pass run directories made by "
                           "tts-bench gate --run-case, or --run N")
     resolved = cases.resolve_case(loaded)  # once: it reads the case's config file
-    paths = list(runs_from)
+    out = Path(out or cases.baseline_path(loaded.case, profile))
+    sut = sut_hash(config_to_dict(resolved.case_config))
+    _check_out(out, tighten_only=tighten_only, sut=sut, backend=resolved.case_config.backend)
+    if run:
+        cases.check_writable(result_dir, flag="--result-dir", directory=True)
+    samples = [read_run(p, profile=profile) for p in runs_from]  # a bad --from fails before the runs
     for i in range(run):
         made = run_case(resolved, profile=profile, result_dir=result_dir).path
         if on_run is not None:
             on_run(i, made)
-        paths.append(made)
-    sut = sut_hash(config_to_dict(resolved.case_config))
-    doc = build_baseline([read_run(p, profile=profile) for p in paths],
-                         case=loaded.case.name, profile=profile, sut=sut)
+        samples.append(read_run(made, profile=profile))
+    doc = build_baseline(samples, case=loaded.case.name, profile=profile, sut=sut)
     doc["case_file"] = str(case)  # lets `gate --current <ab run>` find the thresholds
-    return write_baseline(doc, out or cases.baseline_path(loaded.case, profile), tighten_only=tighten_only)
+    return write_baseline(doc, out, tighten_only=tighten_only)
+
+
+def _check_out(out: Path, *, tighten_only: bool, sut: str, backend: str) -> None:
+    """Before any run: `--out` can be written and, with --tighten-only, the file there is a
+    baseline of this config (what `write_baseline` would refuse after the runs)."""
+    from tts_bench.gate.case import check_writable
+
+    check_writable(out, flag="--out", directory=False)
+    if not (tighten_only and out.is_file()):
+        return
+    old = _load(out, _OUT_FILE)
+    if old.get("sut_hash") != sut or old.get("backend") != backend:
+        raise ConfigError(f"error: {out} was recorded for another config ({old.get('sut_hash')} vs {sut}) "
+                          f"(--out, --tighten-only); drop --tighten-only to replace it")

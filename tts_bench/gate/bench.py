@@ -15,7 +15,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from tts_bench.config import config_hash, config_to_dict
+from tts_bench.config import BenchConfig, Tier, config_hash, config_to_dict, parse_tiers
 from tts_bench.gate.case import ResolvedCase
 from tts_bench.gate.samples import sut_hash
 from tts_bench.phases import run_fresh_phase
@@ -54,14 +54,29 @@ def _num_prompts(rc: ResolvedCase, tier) -> int:
     return bench.prompts_for(tier.concurrency, bench.num_prompts)
 
 
+def preflight_arms(arms: dict[str, BenchConfig]) -> tuple[Tier, ...]:
+    """The checks `tts-bench ab` makes before its run directory exists (`ab.session.new_plan`):
+    the tiers (each once), the prompts each arm will send and whether its stages fit. Without
+    them a case that cannot run leaves a `failed` run directory behind. Returns the tiers."""
+    from tts_bench.preflight import check_arms
+    from tts_bench.prompts import check_bench_prompts, load_prompts
+
+    base = next(iter(arms.values()))
+    tiers = parse_tiers(base.bench.tiers)  # bench.tier_list would run a tier listed twice twice
+    check_bench_prompts(arms, load_prompts(base.prompts.meta))
+    check_arms(arms, tiers)
+    return tiers
+
+
 def run_case(rc: ResolvedCase, *, profile: str, result_dir: Path) -> RunDir:
     """Run the case's bench; returns the finished run directory (status `complete`)."""
+    tiers = preflight_arms({rc.arm: rc.config})
     run = _create_run(rc, profile, Path(result_dir))
     hooks = _mem_hooks(rc, run)
     bench = rc.config.bench
 
     async def main() -> None:
-        for tier in bench.tier_list:
+        for tier in tiers:
             prompts = select_bench_prompts(rc.config, _num_prompts(rc, tier))
             for repeat in range(bench.repeats):
                 log.info("case %s: %s r%d", rc.loaded.case.name, tier.label, repeat)

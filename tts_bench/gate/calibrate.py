@@ -38,9 +38,10 @@ import numpy as np
 from tts_bench._versioned_json import write_json_atomic
 from tts_bench.ab import run_ab
 from tts_bench.calibration import CALIBRATION_FILE, DEFAULT_DIR, calibration_key, calibration_path
-from tts_bench.config import apply_overrides, config_to_dict
+from tts_bench.config import check_shared_sections, apply_overrides, config_to_dict
 from tts_bench.errors import ExitStatus, InvalidRunError
-from tts_bench.gate.case import LoadedCase, case_path, default_profile, load_case, resolve_case
+from tts_bench.gate.bench import preflight_arms
+from tts_bench.gate.case import LoadedCase, case_path, check_writable, load_case, resolve_case, resolve_profile
 from tts_bench.gate.samples import METRICS, center, sut_hash
 from tts_bench.metrics import aggregate
 from tts_bench.records import RequestRecord, read_records
@@ -140,7 +141,11 @@ def _tier_doc(tier: str, obs: list[dict[str, Any]], verdicts: list[dict[str, Any
 
 
 def _arms(rc, test_sets: Sequence[str]) -> dict[str, Any]:
-    return {"base": rc.config, "test": apply_overrides(rc.config, test_sets, source="--test-set")}
+    arms = {"base": rc.config, "test": apply_overrides(rc.config, test_sets, source="--test-set")}
+    # ab's own check: an A/A reads bench.* (tiers, prompts, repeats) from the base arm, so a
+    # --test-set there would be recorded and never run.
+    check_shared_sections(arms, "tts-bench calibrate")
+    return arms
 
 
 def run_calibration(
@@ -156,7 +161,7 @@ def run_calibration(
     rc = resolve_case(loaded, sets)
     arms = _arms(rc, test_sets)
     bench = rc.config.bench
-    tiers = bench.tier_list
+    tiers = preflight_arms(arms)  # before the first A/A's run directory exists
     rows, obs = [], defaultdict(list)
     t0 = time.perf_counter()
     for i in range(runs):
@@ -165,8 +170,9 @@ def run_calibration(
                             configs={n: config_to_dict(c) for n, c in arms.items()},
                             extra={"ab": {"tiers": [t.label for t in tiers], "repeats": repeats,
                                           "num_prompts": bench.num_prompts, "calibration_run": i}})
-        result = run_ab(arms, tiers, repeats=repeats, num_prompts=bench.num_prompts, run_dir=run)
-        run.close()
+        with run.finishing():  # as `ab` records it: complete / invalid, or failed / interrupted
+            result = run_ab(arms, tiers, repeats=repeats, num_prompts=bench.num_prompts, run_dir=run)
+            run.update(status="complete" if result.valid else "invalid", result=result.to_dict())
         records = read_records(run)
         for t in result.tiers:
             if t.invalid_reasons or t.rtf is None or t.ttfp is None:
@@ -279,7 +285,14 @@ def calibrate_case(
     `runs` A/As (run directories in `result_dir`, default a temporary one), and, with `write`,
     `<out>/<case>.<profile>.calibration.json` and `.md`."""
     loaded = load_case(case_path(case))
-    profile = profile or default_profile()
+    profile = resolve_profile(profile)
+    if write:  # before the A/As: a bad --out found after them would lose them all
+        target = calibration_path(loaded.case.name, profile, out)
+        check_writable(out, flag="--out", directory=True)
+        for path in (target, target.with_suffix(".md")):
+            check_writable(path, flag="--out", directory=False)
+    if result_dir is not None:
+        check_writable(result_dir, flag="--result-dir", directory=True)
     with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
         doc = run_calibration(loaded, runs=runs, repeats=repeats, profile=profile,
                               result_dir=result_dir or Path(tmp), sets=sets, test_sets=test_sets, on_run=on_run)

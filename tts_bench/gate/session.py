@@ -1,12 +1,14 @@
 """One `tts-bench gate` as a library call: find (or make) the run, its case and baseline, judge.
 
 `run_session(GateRequest(...))` takes exactly one of `run_case` (run that case's bench now, after
-loading its baseline so a missing one fails first) or `current` (a recorded run: its case from
-`case`, else the case file the run recorded, else the one the baseline was built for, else
-default thresholds), reads the run's samples (`tts_bench.gate.samples.read_run`), folds in a WER
-run's verdict, uses the A/A calibration next to the baseline when it was made with the
-baseline's config, and judges (`tts_bench.gate.judge.judge`). A `run_case` run keeps its own
-verdict in run.json (`gate`). Lines worth saying on stderr go to `notify`.
+every check that can fail without it: the options, the baseline, the `--wer-run`, the case's
+tiers against the baseline's, the preflight `ab` makes) or `current` (a complete recorded run:
+its case from `case`, else the case file the run recorded, else the one the baseline was built
+for, else default thresholds); an option of the other mode is refused, not ignored. It reads
+the run's samples (`tts_bench.gate.samples.read_run`), folds in a WER run's verdict, uses the
+A/A calibration next to the baseline when it was made with the baseline's config, and judges
+(`tts_bench.gate.judge.judge`). A `run_case` run keeps its own verdict in run.json (`gate`).
+Lines worth saying on stderr go to `notify`.
 
     session = run_session(GateRequest(run_case=Path("configs/cases/synthetic.yaml"), profile="cpu-2core"))
     session.report.exit_status(report_only=False)
@@ -21,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from tts_bench.calibration import Calibration, calibration_path, load_calibration
-from tts_bench.errors import ConfigError
+from tts_bench.config import parse_tiers
+from tts_bench.errors import ConfigError, InvalidRunError
 from tts_bench.gate import case as cases
 from tts_bench.gate.baseline import load_baseline
 from tts_bench.gate.judge import GateReport, judge
@@ -29,6 +32,8 @@ from tts_bench.gate.samples import read_run
 from tts_bench.results import RunDir
 
 log = logging.getLogger(__name__)
+
+DEFAULT_RESULT_DIR = Path("results/runs")
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,7 @@ class GateRequest:
     sets: Sequence[str] = ()  # extra overrides on top of the case (recorded, reported)
     wer_run: Path | None = None  # a `tts-bench wer` run whose verdict is folded in
     report_only: bool = False
-    result_dir: Path = Path("results/runs")
+    result_dir: Path | None = None  # where run_case's run goes (default results/runs)
 
 
 @dataclass(frozen=True)
@@ -65,13 +70,12 @@ class _Target:
 
 def run_session(request: GateRequest, *, notify: Callable[[str], None] = log.warning) -> GateSession:
     """See the module docstring."""
-    if (request.run_case is None) == (request.current is None):
-        raise ConfigError("error: give exactly one of --run-case and --current (tts-bench gate); "
-                          "e.g. --run-case configs/cases/synthetic.yaml")
+    _check_options(request)
+    wer_doc = _wer_doc(request.wer_run)  # before --run-case's bench: a bad --wer-run fails first
     target = _target(request, notify)
     c = target.case
     report = judge(target.baseline_doc, read_run(target.run, arm=request.arm, profile=target.profile),
-                   c.thresholds, alpha=c.alpha, min_samples=c.min_samples, wer_doc=_wer_doc(request.wer_run),
+                   c.thresholds, alpha=c.alpha, min_samples=c.min_samples, wer_doc=wer_doc,
                    calibration=_calibration(target, notify))
     doc = {**report.to_dict(report_only=request.report_only), "baseline_file": str(target.baseline_path)}
     if request.run_case is not None:  # the run keeps its own verdict
@@ -79,16 +83,48 @@ def run_session(request: GateRequest, *, notify: Callable[[str], None] = log.war
     return GateSession(report, doc, target.baseline_path)
 
 
+# Options of one mode, by GateRequest field: with the other mode they would be ignored.
+_REFUSED = {
+    "--run-case": {"case": ("--case", "--case gives a recorded run's thresholds; --run-case uses its case file's"),
+                   "arm": ("--arm", "--arm picks an arm of a recorded A/B; --run-case runs its case file's arm")},
+    "--current": {"sets": ("--set", "--set changes the run --run-case makes; a recorded run is judged as it ran"),
+                  "result_dir": ("--result-dir", "--result-dir is where --run-case makes its run; --current "
+                                                 "makes none")},
+}
+
+
+def _check_options(request: GateRequest) -> None:
+    """Options of the other mode are refused, not ignored: `--run-case --case X` would judge
+    with the run case's thresholds, `--current --set k=v` would judge a run made without it."""
+    if (request.run_case is None) == (request.current is None):
+        raise ConfigError("error: give exactly one of --run-case and --current (tts-bench gate); "
+                          "e.g. --run-case configs/cases/synthetic.yaml")
+    mode = "--run-case" if request.run_case is not None else "--current"
+    given = [(flag, why) for name, (flag, why) in _REFUSED[mode].items()
+             if getattr(request, name) not in (None, [], ())]
+    if given:
+        flags = " and ".join(flag for flag, _ in given)
+        reasons = "; ".join(why for _, why in given)
+        raise ConfigError(f"error: {flags} cannot be used with {mode} (tts-bench gate): {reasons}; drop {flags}")
+
+
 def _target(request: GateRequest, notify: Callable[[str], None]) -> _Target:
-    """--run-case: load the baseline first (a missing one fails before the run), then run.
-    --current: the case from --case, else the run's recorded case, else the baseline's."""
-    profile = request.profile or cases.default_profile()
+    """--run-case: load the baseline and check the case against it first (nothing that fails
+    there runs the bench), then run. --current: the case from --case, else the run's recorded
+    case, else the baseline's."""
+    profile = cases.resolve_profile(request.profile)
     if request.run_case is not None:
         loaded = cases.load_case(request.run_case)
         base_path = request.baseline or cases.baseline_path(loaded.case, profile)
         base_doc = load_baseline(base_path)
-        return _Target(_run(loaded, request, profile, notify), loaded.case, base_path, base_doc, profile)
-    run = RunDir.open(Path(request.current))
+        rc = cases.resolve_case(loaded, request.sets)
+        _check_tiers(rc, base_doc, base_path)
+        return _Target(_run(rc, request, profile, notify), loaded.case, base_path, base_doc, profile)
+    run = _open_run(Path(request.current), "--current")
+    status = run.doc.get("status")
+    if status != "complete":  # a failed or cut-short run's missing requests are not a speed-up
+        raise InvalidRunError(f"error: {run.path} is not a complete run: its run.json status is {status!r} "
+                              f"(--current); gate a finished run (an A/B can be finished with ab --resume)")
     recorded = run.doc.get("case") or {}  # {} for runs not made by --run-case
     loaded = _case_for(request.case, recorded)
     name = (loaded.case.name if loaded else None) or recorded.get("name") or "adhoc"
@@ -119,10 +155,23 @@ def _calibration(target: _Target, notify: Callable[[str], None]) -> Calibration 
     return cal
 
 
-def _run(loaded: cases.LoadedCase, request: GateRequest, profile: str, notify: Callable[[str], None]) -> RunDir:
+def _check_tiers(rc: cases.ResolvedCase, base_doc: dict, base_path: Path) -> None:
+    """The run's tiers are the baseline's: a tier the baseline lacks would run and never be
+    judged, one the run lacks would make the gate invalid (exit 5), both after the whole bench."""
+    run_tiers = [t.label for t in parse_tiers(rc.config.bench.tiers)]
+    base_tiers = list(base_doc["tiers"])
+    if sorted(run_tiers) != sorted(base_tiers):
+        raise ConfigError(f"error: the run would cover tiers {', '.join(run_tiers)} but baseline {base_path} has "
+                          f"{', '.join(base_tiers)} ({rc.loaded.path}: bench.tiers, --set); run the baseline's "
+                          f"tiers, or record a baseline for these with tts-bench baseline update")
+
+
+def _run(rc: cases.ResolvedCase, request: GateRequest, profile: str, notify: Callable[[str], None]) -> RunDir:
     from tts_bench.gate.bench import run_case
 
-    run = run_case(cases.resolve_case(loaded, request.sets), profile=profile, result_dir=request.result_dir)
+    result_dir = request.result_dir or DEFAULT_RESULT_DIR
+    cases.check_writable(result_dir, flag="--result-dir", directory=True)
+    run = run_case(rc, profile=profile, result_dir=result_dir)
     notify(f"run: {run.path}")
     return run
 
@@ -140,7 +189,15 @@ def _case_for(case: Path | None, recorded: dict) -> cases.LoadedCase | None:
 def _wer_doc(path: Path | None) -> dict | None:
     if path is None:
         return None
-    doc = RunDir.open(path).doc.get("wer")
+    doc = _open_run(path, "--wer-run").doc.get("wer")
     if not doc:
         raise ConfigError(f"error: {path} holds no WER result (--wer-run); pass a finished tts-bench wer run")
     return doc
+
+
+def _open_run(path: Path, flag: str) -> RunDir:
+    """RunDir.open, its errors naming `flag`: they name --resume, where runs are usually given."""
+    try:
+        return RunDir.open(path)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("--resume / run directory", flag)) from None

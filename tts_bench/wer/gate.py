@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tts_bench.errors import ConfigError, ExitStatus, InvalidRunError
+from tts_bench._paths import check_writable
+from tts_bench.errors import ExitStatus, InvalidRunError
 from tts_bench.wer.params import WerParams
 from tts_bench.wer.score import ArmScore, Paired, compare_utterances
 
@@ -87,13 +88,7 @@ def _provenance_key(asr: dict, normalizer: str) -> str:
 def check_history_dir(directory: str | Path) -> None:
     """`--accept` will write into `directory` (`wer.history_dir`): a ConfigError (exit 2) now if
     it cannot be a writable folder, rather than after the run's synthesis and transcription."""
-    path = Path(directory)
-    existing = next((p for p in (path, *path.parents) if p.exists()), None)
-    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        what = "is not a folder" if path.exists() and not path.is_dir() else (
-            f"cannot be made ({existing} is not a writable folder)")
-        raise ConfigError(f"error: the WER history {str(path)!r} {what} (wer.history_dir, --accept); "
-                          "point wer.history_dir at a writable folder")
+    check_writable(Path(directory), flag="wer.history_dir, --accept", directory=True)
 
 
 def read_history(directory: str | Path) -> list[HistoryEntry]:

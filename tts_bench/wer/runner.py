@@ -125,7 +125,13 @@ def read_generation(run: RunDir) -> dict[str, list[GenRecord]]:
     by_arm: dict[str, dict[str, GenRecord]] = {arm: {} for arm in run.doc["configs"]}
     for rec in run.iter_requests():
         if rec.get("tier") == WER_TIER:
-            by_arm.setdefault(rec["arm"], {})[rec["request_id"]] = GenRecord.from_json(rec)
+            try:
+                record = GenRecord.from_json(rec)
+            except TypeError:  # a record without the text or another field a generation writes
+                raise ConfigError(f"error: {run.requests_path} holds a damaged generation record "
+                                  f"({rec['arm']} {rec['request_id']}: missing fields) (--transcribe-only); "
+                                  "regenerate the run") from None
+            by_arm.setdefault(rec["arm"], {})[rec["request_id"]] = record
     out = {}
     for arm, recs in by_arm.items():
         missing = [i for i in sel["request_ids"] if i not in recs]

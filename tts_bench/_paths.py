@@ -1,0 +1,26 @@
+"""Output paths checked before the work that ends by writing them (`--out`, `--result-dir`,
+`wer.history_dir`): hours of runs must not be lost to a typo found at the end."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tts_bench.errors import ConfigError
+
+
+def check_writable(path: Path, *, flag: str, directory: bool) -> None:
+    """Before any run: `path` (a directory with `directory`, else a file) can be made or
+    replaced there, so hours of runs are not lost to a typo in `--out`."""
+    path = Path(path)
+    if path.exists() and path.is_dir() != directory:
+        want = "a directory" if directory else "a file to write"
+        raise ConfigError(f"error: {path} is {'a file' if directory else 'a directory'} ({flag}); "
+                          f"{flag} names {want}")
+    parent = path if directory else path.parent
+    while not parent.exists() and parent != parent.parent:  # the folders mkdir would make
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"error: cannot write under {path}: {parent} is a file ({flag}); pass a path in a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"error: {parent} is not writable ({flag}); pass a path you can write to")
