@@ -47,6 +47,7 @@ def cli(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Compl
         (["mem", *SYNTH, "--tier", ""], "mem.tier"),
         (["wer", *SYNTH, "--num-prompts", "-1"], "'--num-prompts'"),
         (["serve", *SYNTH, "--replicas", "0"], "'--replicas'"),
+        (["baseline", "update", "--case", "configs/cases/synthetic.yaml", "--run", "-1"], "'--run'"),
         # The plan both arms share cannot differ per arm: it was recorded but never used.
         (["ab", *SYNTH, "--test-set", "bench.num_prompts=8"], "bench.*"),
         (["ab", *SYNTH, "--base-set", "bench.timeout_s=1"], "bench.*"),

@@ -31,7 +31,7 @@ def update(
     profile: Optional[str] = typer.Option(None, "--profile", help="Hardware profile (default: cpu-<N>core)."),
     tighten_only: bool = typer.Option(False, "--tighten-only", help="Keep the old baseline unless the new one is faster."),
     out: Optional[Path] = typer.Option(None, "--out", help="Output file (default: results/baselines/<case>.<profile>.json)."),
-    run: int = typer.Option(0, "--run", help="First run the case this many times (added to --from)."),
+    run: int = typer.Option(0, "--run", min=0, max=100, help="First run the case this many times (added to --from)."),
     result_dir: str = typer.Option("results/runs", "--result-dir", callback=result_dir_option, help="Where --run makes run directories."),
 ) -> ExitStatus:
     """Build a baseline from N runs of a case (pooled samples, per-run dispersion, provenance)."""
