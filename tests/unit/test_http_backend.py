@@ -350,3 +350,30 @@ def test_serve_config_checks_memory_at_the_expected_concurrency_or_the_talkers_l
     app.serve_config(config)
     limit = BenchConfig().stages.runner.talker_max_batch
     assert checked == [12, limit] and served == [12, None]
+
+
+def test_a_request_the_server_calls_its_own_fault_keeps_the_servers_kind():
+    # tts-bench serve answers OpenAI-style JSON with error.code; a 400 `invalid_request` (too
+    # long an input) and a 413 for a voice too large are the request's fault, counted as the
+    # embedded backend counts them, not as a server's http_error.
+    async def main():
+        server = SpeechServer(server_cfg(), port=0, max_input_chars=8, max_body_bytes=2048)
+        await server.start()
+        try:
+            async with client(server.url) as backend:
+                async def one(request):
+                    try:
+                        async for _ in backend.synthesize(request):
+                            pass
+                    except RequestFailed as exc:
+                        return exc.kind, str(exc)
+                    return None, ""
+                long_text = await one(SynthesisRequest("r1", "far too long for eight characters"))
+                big_voice = await one(SynthesisRequest("r2", "Hi.", prompt_audio=b"RIFF" + bytes(4096)))
+        finally:
+            await server.stop()
+        return long_text, big_voice
+
+    (kind1, detail1), (kind2, detail2) = asyncio.run(main())
+    assert kind1 == "invalid_request" and "HTTP 400: " in detail1 and "--max-input-chars" in detail1
+    assert kind2 == "bad_prompt" and "HTTP 413: " in detail2

@@ -23,6 +23,8 @@ Failures, all counted per request by the load generator (never a crashed run):
 | what happened | kind | detail starts with |
 |---|---|---|
 | server answered >= 400 | http_error | `HTTP 500: <body>` |
+| the server's JSON error says the request was at fault (`error.code`) | invalid_request / bad_prompt | `HTTP 400: <body>` |
+| 413 for a request that carries a voice (the voice is the body's size) | bad_prompt | `HTTP 413: <body>` |
 | cannot connect (closed port, DNS) | connection_error | `cannot connect to <url>` |
 | connection dropped mid-response | connection_error | `dropped after N bytes` |
 | bytes do not match the declared format | backend_error | `protocol_error:` |
@@ -243,7 +245,9 @@ class HttpBackend:
             async with self._session.post(url, json=self.request_body(request), headers=headers,
                                           timeout=timeout) as resp:
                 if resp.status >= 400:
-                    raise RequestFailed("http_error", f"HTTP {resp.status}: {await _error_text(resp)}")
+                    raw = await _error_body(resp)
+                    raise RequestFailed(_failure_kind(resp.status, raw, request),
+                                        f"HTTP {resp.status}: {_shown(raw) or resp.reason or ''}")
                 stream = _AudioStream(resp.content_type.lower(), self.params, _rate_param(resp))
                 async for data in resp.content.iter_any():
                     received += len(data)
@@ -311,9 +315,32 @@ def _data_url(voice: bytes) -> str:
     return "data:audio/wav;base64," + base64.b64encode(voice).decode("ascii")
 
 
-async def _error_text(resp: aiohttp.ClientResponse) -> str:
+async def _error_body(resp: aiohttp.ClientResponse) -> str:
     try:
-        text = (await resp.text(errors="replace")).strip()
+        return (await resp.text(errors="replace")).strip()
     except (aiohttp.ClientError, TimeoutError):
-        return resp.reason or ""
-    return " ".join(text.split())[:_ERROR_BODY_CHARS] or (resp.reason or "")
+        return ""
+
+
+def _shown(raw: str) -> str:
+    return " ".join(raw.split())[:_ERROR_BODY_CHARS]
+
+
+# OpenAI-style `error.code`s that say the request itself was at fault (tts-bench serve sends them;
+# the embedded backend counts the same requests under the same kinds).
+_REQUEST_FAULTS = ("invalid_request", "bad_prompt")
+
+
+def _failure_kind(status: int, raw: str, request: SynthesisRequest) -> str:
+    """The failure kind of an error response: the server's own `invalid_request` / `bad_prompt`
+    when its JSON says so; a 413 for a request that carries a voice is that voice (the text is
+    bounded far below any body limit), so `bad_prompt`; anything else `http_error`."""
+    try:
+        code = json.loads(raw)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        code = None
+    if code in _REQUEST_FAULTS:
+        return code
+    if status == 413 and (request.prompt_wav is not None or request.prompt_audio is not None):
+        return "bad_prompt"
+    return "http_error"
