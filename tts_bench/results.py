@@ -244,8 +244,9 @@ class RunDir:
         return run
 
     @classmethod
-    def open(cls, path: Path | str, *, lock: bool = False) -> RunDir:
-        """Open an existing run; a missing or foreign directory is a ConfigError.
+    def open(cls, path: Path | str, *, lock: bool = False, flag: str = "--resume / run directory") -> RunDir:
+        """Open an existing run; a missing or foreign directory is a ConfigError naming `flag`
+        (the option the caller took the directory from).
 
         `lock=True` (a writer: --resume) takes the run's lock first, RunLockedError (exit 2)
         when another live process holds it. A torn last line in requests.jsonl is dropped here,
@@ -255,11 +256,11 @@ class RunDir:
         if not path.is_dir():
             what = "does not exist" if not path.exists() else "is a file"
             raise ConfigError(
-                f"error: {path} {what}, not a run directory (--resume / run directory); pass "
+                f"error: {path} {what}, not a run directory ({flag}); pass "
                 f"the directory tts-bench made (it holds {RUN_JSON} and {REQUESTS_JSONL})"
             )
-        doc = _read_header(path)
-        run = cls(path, doc, _lock=_take_lock(path) if lock else None)
+        doc = _read_header(path, flag)
+        run = cls(path, doc, _lock=_take_lock(path, flag) if lock else None)
         try:
             flush_path(run.requests_path)  # another RunDir of this process may still be writing
             if lock or holder_of(path) is None:
@@ -479,7 +480,7 @@ def _not_writable(root: Path, exc: OSError) -> ConfigError:
     )
 
 
-def _read_header(path: Path) -> dict[str, Any]:
+def _read_header(path: Path, flag: str) -> dict[str, Any]:
     """run.json of the run directory `path`, checked for what every reader relies on (the schema
     version, `kind`, `configs` as arm name -> config): a damaged record is a ConfigError naming
     the file here, not a KeyError in whichever command reads it."""
@@ -488,27 +489,26 @@ def _read_header(path: Path) -> dict[str, Any]:
         doc = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(
-            f"error: no {RUN_JSON} in {path} (--resume / run directory); pass a run directory made by tts-bench"
+            f"error: no {RUN_JSON} in {path} ({flag}); pass a run directory made by tts-bench"
         ) from None
     except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError: bytes that are not text
         raise ConfigError(
-            f"error: {file} is not valid JSON: {exc} (--resume / run directory); rerun from scratch"
+            f"error: {file} is not valid JSON: {exc} ({flag}); rerun from scratch"
         ) from None
     except OSError as exc:  # a directory in its place, no permission
         raise ConfigError(
-            f"error: cannot read {file}: {exc.strerror or exc} (--resume / run directory); pass a run "
+            f"error: cannot read {file}: {exc.strerror or exc} ({flag}); pass a run "
             f"directory made by tts-bench"
         ) from None
     if not isinstance(doc, dict):
         raise ConfigError(
-            f"error: {file} is a JSON {type(doc).__name__}, not a run record (--resume / run "
-            f"directory); pass a run directory made by tts-bench"
+            f"error: {file} is a JSON {type(doc).__name__}, not a run record ({flag}); pass a run directory made by tts-bench"
         )
     version = doc.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ConfigError(
             f"error: {file} has schema_version {version!r}, this tts-bench writes "
-            f"{SCHEMA_VERSION} (--resume / run directory); rerun from scratch"
+            f"{SCHEMA_VERSION} ({flag}); rerun from scratch"
         )
     configs = doc.get("configs")
     if not isinstance(doc.get("kind"), str):
@@ -522,20 +522,19 @@ def _read_header(path: Path) -> dict[str, Any]:
         problem = f"configs.{bad[0]} is not a config (a mapping)" if bad else None
     if problem:
         raise ConfigError(
-            f"error: {file} is damaged: {problem} (--resume / run directory); rerun from scratch"
+            f"error: {file} is damaged: {problem} ({flag}); rerun from scratch"
         )
     return doc
 
 
-def _take_lock(path: Path) -> RunLock:
+def _take_lock(path: Path, flag: str) -> RunLock:
     """The run's lock for a writer; a lock file that cannot be opened (a directory in its place,
     no permission) is a ConfigError naming it. RunLockedError (another writer) passes through."""
     try:
         return RunLock.acquire(path)
     except OSError as exc:
         raise ConfigError(
-            f"error: cannot take the lock {path / LOCK_NAME}: {exc.strerror or exc} (--resume / run "
-            f"directory); remove or fix that path, then rerun"
+            f"error: cannot take the lock {path / LOCK_NAME}: {exc.strerror or exc} ({flag}); remove or fix that path, then rerun"
         ) from None
 
 

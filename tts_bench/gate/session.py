@@ -120,7 +120,7 @@ def _target(request: GateRequest, notify: Callable[[str], None]) -> _Target:
         rc = cases.resolve_case(loaded, request.sets)
         _check_tiers(rc, base_doc, base_path)
         return _Target(_run(rc, request, profile, notify), loaded.case, base_path, base_doc, profile)
-    run = _open_run(Path(request.current), "--current")
+    run = RunDir.open(Path(request.current), flag="--current")
     status = run.doc.get("status")
     if status != "complete":  # a failed or cut-short run's missing requests are not a speed-up
         raise InvalidRunError(f"error: {run.path} is not a complete run: its run.json status is {status!r} "
@@ -189,15 +189,7 @@ def _case_for(case: Path | None, recorded: dict) -> cases.LoadedCase | None:
 def _wer_doc(path: Path | None) -> dict | None:
     if path is None:
         return None
-    doc = _open_run(path, "--wer-run").doc.get("wer")
+    doc = RunDir.open(path, flag="--wer-run").doc.get("wer")
     if not doc:
         raise ConfigError(f"error: {path} holds no WER result (--wer-run); pass a finished tts-bench wer run")
     return doc
-
-
-def _open_run(path: Path, flag: str) -> RunDir:
-    """RunDir.open, its errors naming `flag`: they name --resume, where runs are usually given."""
-    try:
-        return RunDir.open(path)
-    except ConfigError as exc:
-        raise ConfigError(str(exc).replace("--resume / run directory", flag)) from None

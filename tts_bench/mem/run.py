@@ -171,10 +171,11 @@ def measure_memory(
     configs/ab/default.yaml), the plan from the base arm's `mem:` section (`num_prompts` None:
     max(bench.num_prompts, 2 x C)), every check before the run directory exists, then the run."""
     arms = load_arms(config or shipped_config(DEFAULT_AB_CONFIG), sets, base_sets, test_sets)
-    plan = plan_from_config(next(iter(arms.values())), num_prompts)
+    base = next(iter(arms.values()))
+    check_bench_prompts(arms, load_prompts(base.prompts.meta))  # a bad meta.lst or voice: exit 2 now
+    plan = plan_from_config(base, num_prompts)
     plan = prepare_plan(arms, plan)  # a sampler that cannot start fails before the run exists
     _check_memory(arms, plan)
-    check_bench_prompts(arms, load_prompts(next(iter(arms.values())).prompts.meta))
     run = RunDir.create(
         result_dir, "mem", command_line=python_argv(),
         configs={n: config_to_dict(c) for n, c in arms.items()},
@@ -185,8 +186,7 @@ def measure_memory(
 
 
 def plan_from_config(base: BenchConfig, num_prompts: int | None = None) -> MemPlan:
-    """The plan of the base arm's `mem:` section (its prompt list read, so a bad one fails now)."""
-    load_prompts(base.prompts.meta)  # a bad meta.lst fails before the run exists
+    """The plan of the base arm's `mem:` section (the caller has read and checked its prompts)."""
     params, tier = base.mem, parse_tier(base.mem.tier, where="--tier / mem.tier")
     return MemPlan(
         tier=tier,

@@ -164,7 +164,7 @@ def check_before_generating(arms: dict, params: WerParams, prompts: Sequence) ->
 
 def open_run(path: Path, config: Path | None, sets: Sequence[str]) -> tuple[RunDir, WerParams]:
     """An earlier run's directory; ASR/normalizer/gate settings from it, then --config/--set."""
-    run = RunDir.open(path, lock=True)  # it rewrites run.json: one writer at a time
+    run = RunDir.open(path, lock=True, flag="--transcribe-only")  # it rewrites run.json: one writer at a time
     try:
         recorded = next(iter(run.doc.get("configs", {}).values()), {}).get("wer", {})
         params = load_config(config).wer if config else load_dataclass(WerParams, recorded, source=f"{path}/run.json")
