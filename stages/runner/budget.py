@@ -13,7 +13,7 @@ on a CPU that is the host too):
 | talker weights | exact parameter count x dtype | the stage dims, runner.dtype |
 | talker KV cache | 2 x layers x talker_max_batch x max_seq_len x kv_heads x head_dim x dtype | runner.talker_max_batch, runner.max_seq_len |
 | code2wav weights | ~parameter count x dtype, per replica | R (replicas) |
-| code2wav request state | each replica's slot pool: 2 x max_num_seqs slots, doubled until its share of the C requests in flight fits, of estimator + conformer attention caches (the estimator's in code2wav_dit_dtype) | C (concurrency), runner.max_num_seqs, code2wav.prompt_keep_frames, code2wav.ref_audio_max_seconds, code2wav.extra.code2wav_dit_dtype |
+| code2wav request state | each replica's slot pool: one slot for each of its share of the C requests in flight, of estimator + conformer attention caches (the estimator's in code2wav_dit_dtype) | C (concurrency), code2wav.prompt_keep_frames, code2wav.ref_audio_max_seconds, code2wav.extra.code2wav_dit_dtype |
 | code2wav voices | the default voice and up to prompt_cache_size request voices per module copy, each a prompt setup's caches | code2wav.prompt_cache_size |
 | code2wav decode transient | a quarter of a request's state per batched row (measured 0.158 on an H200), per replica | runner.max_num_seqs |
 | code2wav device graphs | with `code2wav_device_graph` on a GPU: the graphs' memory pool, 0.55 of a request's state per batched row (measured 0.53 on an H200), per replica | code2wav.extra.code2wav_device_graph, runner.max_num_seqs |
@@ -126,12 +126,14 @@ def request_state_bytes(c: Code2WavConfig, elem: int, dit_dtype: str) -> int:
 
 
 def pool_slots(max_num_seqs: int, live: int) -> int:
-    """Slots of one replica's pool (stages.code2wav.slots): 2 x max_num_seqs up front, doubled
-    until `live` requests fit."""
-    slots = max(1, 2 * max_num_seqs)
-    while slots < live:
-        slots *= 2
-    return slots
+    """Slots of one replica's pool (stages.code2wav.slots): the `live` requests the runner will
+    keep on it when that is known, else 2 x max_num_seqs.
+
+    The runner gives each request to the least-loaded replica and counts it until its last audio
+    is delivered, after the replica has released the slot, so a replica never holds more than
+    its share: more slots would be idle device memory (at 128x8 with 16-row batches, 2 x 16
+    slots of 0.5 GiB per replica did not fit an H200). The pool still grows if it must."""
+    return live if live > 0 else max(1, 2 * max_num_seqs)
 
 
 def estimate_stage_memory(
@@ -158,7 +160,7 @@ def estimate_stage_memory(
         BudgetItem("code2wav weights", copies * code2wav_params(c) * elem, "device",
                    ("tier R (replicas)", "stages (dims)")),
         BudgetItem("code2wav request state", replicas * slots * state, "device",
-                   ("tier C (concurrency)", "runner.max_num_seqs", "code2wav.prompt_keep_frames",
+                   ("tier C (concurrency)", "code2wav.prompt_keep_frames",
                     "code2wav.ref_audio_max_seconds", "code2wav.extra.code2wav_dit_dtype=bfloat16")),
         BudgetItem("code2wav voices", copies * (1 + c.prompt_cache_size) * int(state * _setup_share(c)), "device",
                    ("code2wav.prompt_cache_size", "code2wav.ref_audio_max_seconds")),

@@ -40,9 +40,8 @@ def build_token2wav(ctx: StageContext, shared: Any = None) -> Any:
     """The replica's engine on `ctx.device`; `shared`: a replica on the same device (threads of
     one process) whose modules and prompt setups it reuses. Adds the engine's facts to ctx.info."""
     cfg, runner = ctx.spec.cfg, ctx.spec.cfg.runner
-    # Two batches' worth of slots up front, doubled for the requests the runner expects live
-    # here: growing the pool reallocates every cache and drops the captured graphs, so a replica
-    # should rarely need to (it still grows when it must).
+    # Slots for the requests the runner will keep here, up front: growing the pool reallocates
+    # every cache and drops the captured graphs, so a replica should rarely need to.
     kwargs = dict(device=ctx.device, dtype=ctx.dtype, init_seed=runner.seed, weights_dir=runner.weights,
                   slots=pool_slots(runner.max_num_seqs, ctx.spec.live_per_replica))
     if shared is not None:

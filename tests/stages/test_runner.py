@@ -510,14 +510,15 @@ def test_stop_does_not_wait_on_a_replica_that_died_with_a_payload_half_written()
 
 @pytest.mark.parametrize("execution", ["processes", "single"])
 def test_replicas_size_their_slot_pools_for_the_concurrency_the_runner_expects(execution):
-    # 9 requests in flight over 2 replicas: 5 a replica, past the 2 x max_num_seqs = 4 slots a
-    # replica starts with, so the pool starts at 8 (a pool that grew later would drop its graphs).
+    # 9 requests in flight over 2 replicas: at most 5 a replica (the least-loaded one gets the
+    # next), so each pool starts with 5 slots, past the 2 batches of 2 rows, and none is idle
+    # (a pool that grew later would drop its graphs).
     runner = StageRunner(cpu_config(max_num_seqs=2, execution=execution), replicas=2,
                          factories=fake_factories(), concurrency=9)
     runner.start()
     try:
         infos = runner.replica_info()
-        assert [infos[f"code2wav-{r}"]["code2wav"]["slots"] for r in (0, 1)] == [8, 8]
+        assert [infos[f"code2wav-{r}"]["code2wav"]["slots"] for r in (0, 1)] == [5, 5]
     finally:
         runner.stop()
     unknown = StageRunner(cpu_config(max_num_seqs=2), replicas=2, factories=fake_factories())

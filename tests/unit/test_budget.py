@@ -148,3 +148,16 @@ def test_code2wav_device_graphs_count_their_pool_on_a_gpu_only():
     assert all(i.name != "code2wav device graphs" for i in cpu.items)
     eight = estimate_stage_memory(cfg_on, replicas=8, concurrency=128, device_type="cuda")
     assert next(i for i in eight.items if i.name == "code2wav device graphs").bytes == 8 * graphs.bytes
+
+
+def test_a_replica_pool_holds_its_share_of_the_tier_not_two_batches():
+    from stages.runner.budget import pool_slots
+
+    assert pool_slots(16, 16) == 16  # 128x8 with 16-row batches: 16 requests live a replica
+    assert pool_slots(8, 32) == 32 and pool_slots(8, 1) == 1
+    assert pool_slots(8, 0) == 16  # concurrency unknown (serve): two batches up front
+    # The estimate follows: more rows a batch at the same tier adds no request state.
+    m8, m16 = (estimate_stage_memory(stages(FULL, f"runner.max_num_seqs={m}"), replicas=8, concurrency=128,
+                                     device_type="cuda") for m in (8, 16))
+    state = [next(i.bytes for i in b.items if i.name == "code2wav request state") for b in (m8, m16)]
+    assert state[0] == state[1]

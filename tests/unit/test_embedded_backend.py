@@ -100,7 +100,7 @@ def test_synthesize_before_start_is_a_backend_error():
 def test_the_tiers_concurrency_sizes_every_replica_pool_before_the_first_request():
     cfg = bench_config()
     backend = EmbeddedBackend(cfg, factories=fake_factories())
-    backend.expect_concurrency(40)  # 20 a replica: 2 x max_num_seqs (16) doubled once
+    backend.expect_concurrency(40)  # 20 a replica, past 2 x max_num_seqs (16): the pool holds 20
 
     async def scenario():
         await backend.start(replicas=2)
@@ -110,4 +110,4 @@ def test_the_tiers_concurrency_sizes_every_replica_pool_before_the_first_request
             await backend.stop()
 
     processes = asyncio.run(scenario())["processes"]
-    assert [processes[f"code2wav-{r}"]["code2wav"]["slots"] for r in (0, 1)] == [32, 32]
+    assert [processes[f"code2wav-{r}"]["code2wav"]["slots"] for r in (0, 1)] == [20, 20]
