@@ -130,7 +130,8 @@ def run_stage_process(
 
     `build` may add facts to `ctx.info` (they reach the client in Ready, then `describe()`).
     """
-    # No allocator setting is forced. Earlier runs set expandable segments against
+    # No allocator setting is forced here (`single` sets one for its own process, see
+    # single_proc.choose_allocator). Earlier runs set expandable segments against
     # fragmentation of per-request caches; the slot pool keeps those in fixed tensors now, and
     # with whole-chunk device graphs in replica processes that setting was the one difference
     # from the in-process benchmark when replicas hit illegal memory accesses on an H200

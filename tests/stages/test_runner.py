@@ -529,3 +529,23 @@ def test_replicas_size_their_slot_pools_for_the_concurrency_the_runner_expects(e
         unknown.stop()
     with pytest.raises(ValueError, match="concurrency"):
         StageRunner(cpu_config(), replicas=1, concurrency=0)
+
+
+def test_single_sets_expandable_segments_for_itself_unless_the_user_set_the_allocator(monkeypatch):
+    from stages.runner.single_proc import ALLOC_CONF, EXPANDABLE_SEGMENTS, choose_allocator
+
+    env = {}
+    assert "set by runner.execution=single" in choose_allocator(env)
+    assert env == {ALLOC_CONF: EXPANDABLE_SEGMENTS}
+    mine = {ALLOC_CONF: "garbage_collection_threshold:0.8"}
+    assert "from the environment" in choose_allocator(mine)
+    assert mine == {ALLOC_CONF: "garbage_collection_threshold:0.8"}
+    # The process does it for itself: the parent's environment is left alone, the record says it.
+    monkeypatch.delenv(ALLOC_CONF, raising=False)
+    runner = StageRunner(cpu_config(execution="single"), replicas=1, factories=fake_factories())
+    runner.start()
+    try:
+        assert "set by runner.execution=single" in runner.info["stages"]["allocator"]
+        assert ALLOC_CONF not in os.environ
+    finally:
+        runner.stop()
