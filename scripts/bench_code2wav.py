@@ -1,5 +1,5 @@
 """One steady code2wav chunk (1 s of audio per row): device graphs vs eager (and the DiT's fused
-norm vs its eager chain), side by side.
+norm vs its eager chain, the DiT's attention paths), side by side.
 
 For each B, full-size replicas, one per arm (`--arms`, default graphs on and off), decode the
 same B streams' payloads; streams are first fed until their caches are saturated (the steady
@@ -13,6 +13,7 @@ bit, for the same batch composition; arms that differ in the fused norm are not 
     PYTHONPATH=. python3 scripts/bench_code2wav.py --rows 1,4,8,16 --reps 10
     PYTHONPATH=. python3 scripts/bench_code2wav.py --rows 1,8 --tf32 off,flow --out $OUT
     PYTHONPATH=. python3 scripts/bench_code2wav.py --rows 1,8 --arms graph,graph-unfused,eager,eager-unfused
+    PYTHONPATH=. python3 scripts/bench_code2wav.py --rows 1,2,4,8,16 --arms graph-sdpa,graph-matmul
 
 The last stdout line is one JSON document; a fixed-width table precedes it.
 """
@@ -99,6 +100,10 @@ ARMS = {
     "eager": {"code2wav_device_graph": False},
     "graph-unfused": {"code2wav_device_graph": True, "code2wav_fused_norm": False},
     "eager-unfused": {"code2wav_device_graph": False, "code2wav_fused_norm": False},
+    # The DiT's attention at every row count through one path (the default switches by rows).
+    "graph-sdpa": {"code2wav_device_graph": True, "code2wav_matmul_attention_requests": 0},
+    "graph-matmul": {"code2wav_device_graph": True, "code2wav_matmul_attention_requests": 4096},
+    "graph-bf16": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16"},  # the DiT and its caches
 }
 
 
@@ -195,6 +200,8 @@ def main() -> int:
     unknown = [a for a in arm_names if a not in ARMS]
     if unknown or len(arm_names) < 2 or len(set(arm_names)) != len(arm_names):
         ap.error(f"--arms takes two or more distinct names of {', '.join(ARMS)}; got {args.arms!r}")
+    if args.kernels and not any(a.startswith("eager") for a in arm_names):
+        ap.error(f"--kernels profiles an eager chunk: add eager or eager-unfused to --arms (got {args.arms!r})")
     deterministic_kernels()  # as in the stage processes (runner.deterministic): replay == eager
     device = resolve_device(args.device)
     rows = [int(x) for x in args.rows.split(",")]
@@ -219,6 +226,7 @@ def main() -> int:
             r["tf32"] = mode
             r["graphs_disabled"] = {n: (t.graphs.disabled if t.graphs else "no graph API") for n, t in arms.items()}
             r["dit_norm"] = {n: t.describe()["dit_norm"] for n, t in arms.items()}
+            r["dit_attention"] = {n: t.describe()["dit_attention"] for n, t in arms.items()}
             results.append(r)
             cols = "  ".join(
                 f"{n} {r[n]['median_ms']:.2f} ms ({r[n]['host_launches_per_chunk']} launches, "

@@ -8,6 +8,8 @@ adaLN shift/scale/gate rows from the timestep embedding (order msa, mlp, conv).
 Between branches, the gated residual add, the next non-affine LayerNorm and its modulation are
 one step (`residual_norm_modulate_eager`, or with `select_norm` its one-launch Triton twin in
 `dit_triton`): blocks are chained, each handing the next its normalised attention input.
+Attention runs through `scaled_dot_product_attention`, or for chunks of few rows on a GPU/NPU
+as batched GEMMs (`select_attention`, `attention_by_matmul`).
 
 Streaming: queries are the current chunk; keys/values are `[current | cache]` (new K/V in
 *front* of the cache, the upstream convention the trim ranges rely on). Per block caches:
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stages.code2wav.config import DiTConfig
+from stages.platform import is_cpu
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +117,24 @@ class TimestepEmbedder(nn.Module):
         return self.mlp(emb)
 
 
+def attention_by_matmul(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v, unmasked, as two batched GEMMs and a softmax: q [B, H, T, D],
+    k and v [B, H, L, D] (slices of the K|V cache are fine: they stay views) -> [B, H, T, D].
+
+    Why: a fused attention kernel tiles its grid by (batch x head, query block), so a one- or
+    two-request chunk (2-4 DiT rows x 8 heads, one 50-frame query block) gives it 16-32 blocks on
+    a GPU of 132 SMs, each walking the whole cache alone; cuBLAS splits these small GEMMs over
+    the device. The same function to float rounding; 1/sqrt(D) is applied to q on its copy (a
+    power of two for D = 64, so exact there)."""
+    b, h, t, d = q.shape
+    length = k.shape[2]
+    qh = q.new_empty(b, h, t, d)
+    torch.mul(q, 1.0 / math.sqrt(d), out=qh)  # the one copy q needs to be a [B*H, T, D] batch
+    scores = torch.bmm(qh.view(b * h, t, d), k.reshape(b * h, length, d).transpose(1, 2))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.bmm(probs, v.reshape(b * h, length, d)).view(b, h, t, d)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: DiTConfig) -> None:
         super().__init__()
@@ -126,6 +147,7 @@ class Attention(nn.Module):
         self.k_norm = nn.LayerNorm(cfg.head_dim)
         self.proj = nn.Linear(inner, cfg.hidden_size)
         self.fused = False  # DiT.select_norm: one q|k|v GEMM + the Triton q/k norm and cache write
+        self.matmul_rows = 0  # DiT.select_attention: up to this many rows, attention_by_matmul
         self._qkv: tuple | None = None  # (key, weight, bias): the three projections concatenated
         self._qkv_retired: list[tuple] = []  # earlier copies, kept alive for graphs that read them
 
@@ -172,9 +194,12 @@ class Attention(nn.Module):
         if cache is not None and cache.shape[2] > 0 and not _is_view_of(cache, out_cache[:, :, t:]):
             out_cache[:, :, t:] = cache
         k, v = out_cache[..., : self.d], out_cache[..., self.d :]
-        attn_mask = None if mask is None else mask.unsqueeze(1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        b = out.shape[0]
+        b = x.shape[0]
+        if mask is None and b <= self.matmul_rows:
+            out = attention_by_matmul(q, k, v)
+        else:
+            attn_mask = None if mask is None else mask.unsqueeze(1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         return self.proj(out.transpose(1, 2).reshape(b, t, self.h * self.d))
 
 
@@ -307,6 +332,7 @@ class DiT(nn.Module):
         self.final_layer = FinalLayer(cfg)
         self._norm = residual_norm_modulate_eager  # `select_norm` may swap in the Triton twin
         self.norm_kernel = "eager"
+        self.attention_kernel = "sdpa"  # `select_attention` may route small chunks to GEMMs
 
     def select_norm(self, fused: bool, device: torch.device) -> str:
         """Use the fused norm steps when `fused` and Triton runs on `device` (a CUDA/NPU device;
@@ -332,6 +358,21 @@ class DiT(nn.Module):
             self._set_norm(True)
             return "fused Triton norm steps (residual + LayerNorm + modulation; q/k norms + cache write)"
         return f"eager ({reason})"
+
+    def select_attention(self, max_requests: int, device: torch.device) -> str:
+        """Attention of chunks of up to `max_requests` requests (2 DiT rows each, CFG) as
+        batched GEMMs (`attention_by_matmul`) on a CUDA/NPU device; larger chunks and the CPU
+        keep `scaled_dot_product_attention` (0 = always). Returns what runs, for logs;
+        `attention_kernel` says it in one word ("matmul<=N" or "sdpa")."""
+        on_device = not is_cpu(device)  # CUDA or NPU
+        for block in self.blocks:
+            block.attn.matmul_rows = 2 * max_requests if on_device else 0
+        self.attention_kernel = f"matmul<={max_requests}" if on_device and max_requests else "sdpa"
+        if not on_device:
+            return "scaled_dot_product_attention (the CPU)"
+        if not max_requests:
+            return "scaled_dot_product_attention (code2wav_matmul_attention_requests is 0)"
+        return f"batched GEMMs up to {max_requests} requests a chunk, scaled_dot_product_attention above"
 
     def _set_norm(self, fused: bool) -> None:
         self._norm = _residual_norm_modulate_fused if fused else residual_norm_modulate_eager

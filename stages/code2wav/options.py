@@ -61,12 +61,38 @@ BOOL_FLAGS: dict[str, bool] = {
     # (stages/code2wav/dit_triton.py) on CUDA/NPU; the CPU keeps the eager chain.
     "code2wav_fused_norm": True,
 }
+# Chunks of up to this many requests run the DiT's attention as batched GEMMs on CUDA/NPU
+# (`dit.attention_by_matmul`), larger ones through scaled_dot_product_attention; 0 = always
+# the latter. Small chunks leave a fused attention kernel most of the GPU idle: on an H200 one
+# steady chunk read -8.8 % at 1 request, -4.4 % at 4, +0.4 % at 8 and +1.8 % at 16
+# (results/h200/README.md, eleventh part), hence 4.
+MATMUL_ATTENTION_KEY = "code2wav_matmul_attention_requests"
+MATMUL_ATTENTION_DEFAULT = 4
+_MAX_REQUESTS = 4096
 # Non-boolean keys read elsewhere in stage 2: `prompt_wav` (default voice path, prompt builder).
 OTHER_KEYS = frozenset({"prompt_wav"})
 # The CFM estimator's (DiT's) precision, with its caches: float32 (default) or bfloat16.
 DIT_DTYPE_KEY = "code2wav_dit_dtype"
 DIT_DTYPES = ("float32", "bfloat16")
-KNOWN_KEYS = frozenset(BOOL_FLAGS) | {TF32_KEY, TF32_ALIAS, DIT_DTYPE_KEY} | OTHER_KEYS
+KNOWN_KEYS = frozenset(BOOL_FLAGS) | {TF32_KEY, TF32_ALIAS, DIT_DTYPE_KEY, MATMUL_ATTENTION_KEY} | OTHER_KEYS
+
+
+def parse_request_count(value: Any, *, key: str, default: int) -> int:
+    """A whole number of requests, 0..4096, as an int or its decimal string; null = `default`.
+    Booleans and fractions are refused (`true` is not 1 request, 8.5 is no count)."""
+    if value is None:
+        return default
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        number = int(value.strip())
+    if number is None or not 0 <= number <= _MAX_REQUESTS:
+        raise FlagError(
+            f"error: {key} must be a whole number of requests from 0 to {_MAX_REQUESTS}, got {value!r} "
+            f"(code2wav stage extra); write e.g. {default}, or 0 to turn it off"
+        )
+    return number
 
 
 def parse_dit_dtype(value: Any) -> str:
@@ -140,6 +166,7 @@ class Code2WavOptions:
     fused_norm: bool = True  # only acts where Triton runs (CUDA/NPU)
     tf32_mode: Tf32Mode = "off"
     dit_dtype: str = "float32"  # the CFM estimator's dtype (its caches too)
+    matmul_attention_requests: int = MATMUL_ATTENTION_DEFAULT  # only acts on CUDA/NPU
 
     @classmethod
     def from_extra(
@@ -155,6 +182,8 @@ class Code2WavOptions:
             fused_norm=_flag(extra, "code2wav_fused_norm"),
             tf32_mode=resolve_tf32_mode(extra, env),
             dit_dtype=parse_dit_dtype(extra.get(DIT_DTYPE_KEY)),
+            matmul_attention_requests=parse_request_count(
+                extra.get(MATMUL_ATTENTION_KEY), key=MATMUL_ATTENTION_KEY, default=MATMUL_ATTENTION_DEFAULT),
         )
 
 

@@ -170,6 +170,8 @@ class Token2Wav:
             self.flow.decoder.estimator.to(getattr(torch, self.options.dit_dtype))
         norm = self.flow.decoder.estimator.select_norm(self.options.fused_norm, self.device)
         log.info("token2wav: DiT norm %s", norm)
+        attention = self.flow.decoder.estimator.select_attention(self.options.matmul_attention_requests, self.device)
+        log.info("token2wav: DiT attention %s", attention)
         self.flow.decoder.init_noise(seed=seed, device=self.device, dtype=self.dtype)
         self.hift = self._build_hift(seed, weights_dir)
         self._prompts = PromptBuilder(
@@ -210,6 +212,7 @@ class Token2Wav:
             "tf32_mode": self.options.tf32_mode,
             "dit_dtype": self.options.dit_dtype,
             "dit_norm": self.flow.decoder.estimator.norm_kernel,  # what runs: "triton" or "eager"
+            "dit_attention": self.flow.decoder.estimator.attention_kernel,  # "matmul<=N" or "sdpa"
             "device_graph": graphs is not None and graphs.disabled is None,
             "graph_disabled_reason": None if graphs is None else graphs.disabled,
             "slots": 0 if self.pool is None else self.pool.capacity,

@@ -45,3 +45,19 @@ def test_unknown_or_single_arms_are_refused(monkeypatch, capsys):
             bench.main()
         assert exc.value.code == 2
         assert "--arms takes two or more distinct names" in capsys.readouterr().err
+
+
+def test_a_kernel_table_without_an_eager_arm_is_refused_before_any_model_is_built(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["bench_code2wav.py", "--arms", "graph-sdpa,graph-matmul", "--kernels", "1"])
+    monkeypatch.setattr(bench, "Token2Wav", None)  # building one would fail with a TypeError
+    with pytest.raises(SystemExit) as exc:
+        bench.main()
+    assert exc.value.code == 2
+    assert "--kernels profiles an eager chunk" in capsys.readouterr().err
+
+
+def test_every_arm_is_a_valid_set_of_stage_flags():
+    from stages.code2wav.options import Code2WavOptions
+
+    for name, extra in bench.ARMS.items():
+        Code2WavOptions.from_extra(extra)  # a typo in an arm would raise FlagError here
