@@ -57,15 +57,18 @@ async def run_fresh_phase(
     progress: Sink | None = None,
     skip_ids: frozenset[str] | set[str] = frozenset(),
     before: Callable[[Backend], Awaitable[None]] | None = None,
+    size_for: int | None = None,
 ) -> PhaseResult:
     """Run one phase: `jobs` is (warmup jobs, measured jobs); measured jobs whose id is in
-    `skip_ids` (already recorded, on resume) are not sent. Returns the measured phase's result."""
+    `skip_ids` (already recorded, on resume) are not sent. Returns the measured phase's result.
+    The backend sizes its per-request state for the tier's concurrency, or `size_for` when that
+    is larger (requests that `before` sends at a higher concurrency, e.g. mem's warm tier)."""
     warm, measured = jobs
     sink = sink if sink is not None else (lambda rec: run_dir.append_request(rec.to_dict()))
     common = dict(concurrency=tier.concurrency, labels=labels, timeout_s=cfg.bench.timeout_s, sink=sink)
     backend = make_backend(cfg)
     if isinstance(backend, SizesForConcurrency):
-        backend.expect_concurrency(tier.concurrency)
+        backend.expect_concurrency(max(tier.concurrency, size_for or 0))
     hooked = False  # between the "warmup" and the "end" hook: abandon on the way out
     try:  # stop() also cleans up after a start() that failed half-way (some workers up)
         await backend.start(tier.replicas)

@@ -127,12 +127,16 @@ def request_state_bytes(c: Code2WavConfig, elem: int, dit_dtype: str) -> int:
 
 def pool_slots(max_num_seqs: int, live: int) -> int:
     """Slots of one replica's pool (stages.code2wav.slots): the `live` requests the runner will
-    keep on it when that is known, else 2 x max_num_seqs.
+    keep on it when that is known (ceil(C / R) of the concurrency it was told), else
+    2 x max_num_seqs.
 
     The runner gives each request to the least-loaded replica and counts it until its last audio
-    is delivered, after the replica has released the slot, so a replica never holds more than
-    its share: more slots would be idle device memory (at 128x8 with 16-row batches, 2 x 16
-    slots of 0.5 GiB per replica did not fit an H200). The pool still grows if it must."""
+    is delivered, after the replica has released the slot (a cancelled or failed request's slot
+    is released before the next payload for that replica, which comes through the talker
+    behind the Drop), so while clients keep at most C requests in flight a replica holds at most
+    its share: more slots would be idle device memory (at 128x8 with 16-row batches, 2 x 16 slots
+    of 0.5 GiB per replica did not fit an H200). Past C (a `serve --concurrency` that clients
+    exceed) the pool grows by doubling, which drops the replica's captured graphs once."""
     return live if live > 0 else max(1, 2 * max_num_seqs)
 
 
@@ -151,7 +155,7 @@ def estimate_stage_memory(
     in_flight = min(concurrency, r.talker_max_batch)
     options = Code2WavOptions.from_extra(c.extra)  # the stage flags, parsed as the stage parses them
     state = request_state_bytes(c, elem, options.dit_dtype)
-    slots = pool_slots(r.max_num_seqs, -(-in_flight // replicas))
+    slots = pool_slots(r.max_num_seqs, -(-concurrency // replicas))  # C, not in_flight: see StageRunner
     kv = 2 * t.num_layers * r.talker_max_batch * r.max_seq_len * t.num_kv_heads * t.head_dim * elem
     items = [
         BudgetItem("talker weights", talker_params(t) * elem, "device", ("stages (dims)", "runner.dtype=bfloat16")),

@@ -107,8 +107,10 @@ class StageRunner:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.cfg = cfg
         self.replicas = replicas
-        in_flight = 0 if concurrency is None else min(concurrency, cfg.runner.talker_max_batch)
-        self._live_per_replica = -(-in_flight // replicas)
+        # Up to C requests are tracked at once (a request counts until its last audio arrives,
+        # also after the talker has finished generating it), so least-loaded routing gives a
+        # replica at most ceil(C / R), whatever runner.talker_max_batch admits at a time.
+        self._live_per_replica = 0 if concurrency is None else -(-concurrency // replicas)
         self.factories = factories or StageFactories()
         self.execution = resolve_execution(cfg.runner)
         self.info: dict[str, dict] = {}  # process name -> facts from its Ready

@@ -97,3 +97,24 @@ def test_embedded_tiny_on_cuda_with_nvml_and_torch(tmp_path):
         assert 0 < arm["peak_mib"] < arm["total_mib"] and arm["headroom_mib"] > 0
     for arm in doc["samplers"]["torch"]["arms"].values():
         assert arm["steady_median_mib"] > 0 and arm["reserved_peak_mib"] >= arm["peak_mib"]
+
+
+def test_the_backend_is_sized_for_the_warm_tier_when_it_runs_more_requests_at_once(tmp_path, monkeypatch):
+    # The warm tier runs first on the same replicas: a backend sized for the sampled tier alone
+    # would grow its per-request state (the embedded slot pools, dropping their graphs) in it.
+    from tts_bench import phases
+
+    told: list[int] = []
+    make = phases.make_backend
+
+    def sized(cfg):
+        backend = make(cfg)
+        backend.expect_concurrency = told.append  # the synthetic backend sizes nothing itself
+        return backend
+
+    monkeypatch.setattr(phases, "make_backend", sized)
+    invoke(tmp_path, "--format", "json", "--tier", "2x1", "--warm-tier", "4x1")
+    assert told == [4, 4]  # both arms, the warm tier's 4 over the sampled 2
+    told.clear()
+    invoke(tmp_path, "--format", "json", "--tier", "4x1", "--warm-tier", "2x1")
+    assert told == [4, 4]

@@ -521,6 +521,15 @@ def test_replicas_size_their_slot_pools_for_the_concurrency_the_runner_expects(e
         assert [infos[f"code2wav-{r}"]["code2wav"]["slots"] for r in (0, 1)] == [5, 5]
     finally:
         runner.stop()
+    # More clients than the talker admits at once: requests still decoding stay on their
+    # replica after the talker is done with them, so the share comes from C = 9 all the same.
+    capped = StageRunner(cpu_config(max_num_seqs=2, talker_max_batch=4), replicas=2, factories=fake_factories(),
+                         concurrency=9)
+    capped.start()
+    try:
+        assert capped.info["code2wav-0"]["code2wav"]["slots"] == 5
+    finally:
+        capped.stop()
     unknown = StageRunner(cpu_config(max_num_seqs=2), replicas=2, factories=fake_factories())
     unknown.start()
     try:

@@ -161,3 +161,8 @@ def test_a_replica_pool_holds_its_share_of_the_tier_not_two_batches():
                                      device_type="cuda") for m in (8, 16))
     state = [next(i.bytes for i in b.items if i.name == "code2wav request state") for b in (m8, m16)]
     assert state[0] == state[1]
+    # A request stays on its replica after the talker has finished generating it, so the
+    # replica's share comes from C, not from what runner.talker_max_batch admits at a time.
+    capped = estimate_stage_memory(stages(FULL, "runner.talker_max_batch=32"), replicas=8, concurrency=128,
+                                   device_type="cuda")
+    assert next(i.bytes for i in capped.items if i.name == "code2wav request state") == state[0]

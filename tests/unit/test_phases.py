@@ -98,6 +98,20 @@ def test_a_backend_that_sizes_state_is_told_the_tiers_concurrency_before_it_star
     assert Sized.expected == [3]
 
 
+@pytest.mark.parametrize("size_for, told", [(8, 8), (2, 3), (None, 3)])
+def test_a_larger_size_for_wins_over_the_tiers_concurrency(tmp_path, monkeypatch, size_for, told):
+    from tts_bench import phases
+
+    monkeypatch.setattr(Sized, "expected", [])
+    monkeypatch.setattr(phases, "make_backend", Sized)
+    cfg = load_config(None, SETS)
+    run = RunDir.create(tmp_path, "ab", command_line=["test"], configs={})
+    labels = PhaseLabels("base", "3x1", 0)
+    asyncio.run(phases.run_fresh_phase(cfg, Tier(3, 1), labels, plan_jobs(PROMPTS, labels, seed=0, warmup=1),
+                                       run_dir=run, size_for=size_for))
+    assert Sized.expected == [told]
+
+
 def test_the_hook_chain_calls_every_hook_in_order_and_abandons_those_that_can():
     from tts_bench.phases import HookChain
 

@@ -122,8 +122,12 @@ async def _run_arm(arm: str, cfg: BenchConfig, plan: MemPlan, prompts: list, run
     labels = PhaseLabels(arm, plan.tier.label, 0)
     jobs = plan_jobs(prompts, labels, seed=cfg.bench.seed, warmup=cfg.bench.warmup_for(plan.tier.concurrency),
                      voices=cfg.prompts.voices)
+    # The warm tier runs on the same replicas first: size them for it too, or a warm tier above
+    # the sampled one's concurrency would grow the slot pools (and drop their graphs) before sampling.
+    warm_c = plan.warm_tier.concurrency if plan.warm_tier is not None else 0
     result = await run_fresh_phase(cfg, plan.tier, labels, jobs, run_dir=run_dir, hooks=hooks,
-                                   before=lambda backend: _warm(backend, cfg, arm, plan, prompts, run_dir))
+                                   before=lambda backend: _warm(backend, cfg, arm, plan, prompts, run_dir),
+                                   size_for=warm_c)
     series = {name: arms[arm] for name, arms in hooks.series(plan.tier.label).items() if arm in arms}
     return _ArmRun(series, result.records)
 
