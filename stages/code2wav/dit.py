@@ -125,7 +125,8 @@ def attention_by_matmul(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     two-request chunk (2-4 DiT rows x 8 heads, one 50-frame query block) gives it 16-32 blocks on
     a GPU of 132 SMs, each walking the whole cache alone; cuBLAS splits these small GEMMs over
     the device. The same function to float rounding; 1/sqrt(D) is applied to q on its copy (a
-    power of two for D = 64, so exact there)."""
+    power of two for D = 64, so exact there). The logits take q's dtype: `Attention` routes
+    fp32 only here (bf16 logits would lose what the fused kernels keep in fp32)."""
     b, h, t, d = q.shape
     length = k.shape[2]
     qh = q.new_empty(b, h, t, d)
@@ -195,7 +196,9 @@ class Attention(nn.Module):
             out_cache[:, :, t:] = cache
         k, v = out_cache[..., : self.d], out_cache[..., self.d :]
         b = x.shape[0]
-        if mask is None and b <= self.matmul_rows:
+        # fp32 only: in bf16 the GEMM would round the logits to bf16 before the softmax, where
+        # the fused kernels keep them in fp32 (and the path was measured in fp32 only).
+        if mask is None and b <= self.matmul_rows and q.dtype == k.dtype == torch.float32:
             out = attention_by_matmul(q, k, v)
         else:
             attn_mask = None if mask is None else mask.unsqueeze(1)
@@ -361,8 +364,9 @@ class DiT(nn.Module):
 
     def select_attention(self, max_requests: int, device: torch.device) -> str:
         """Attention of chunks of up to `max_requests` requests (2 DiT rows each, CFG) as
-        batched GEMMs (`attention_by_matmul`) on a CUDA/NPU device; larger chunks and the CPU
-        keep `scaled_dot_product_attention` (0 = always). Returns what runs, for logs;
+        batched GEMMs (`attention_by_matmul`) on a CUDA/NPU device, in fp32 (with TF32 matmuls
+        on, those GEMMs are TF32 too); larger chunks, a bf16 DiT and the CPU keep
+        `scaled_dot_product_attention` (0 = always). Returns what runs, for logs;
         `attention_kernel` says it in one word ("matmul<=N" or "sdpa")."""
         on_device = not is_cpu(device)  # CUDA or NPU
         for block in self.blocks:

@@ -11,7 +11,10 @@ raises), and the TF32 mode is resolved once:
 Values: "off" / "flow" / "all", booleans (true = "all"), and the tokens in `_TF32_TOKENS`;
 every value present is parsed (a typo in an unused alias still fails). The mode is applied
 only on CUDA, by `tf32_scope` (through `stages.platform.precision`), from the resolved value —
-never re-read per forward.
+never re-read per forward. It covers matmuls only: cuDNN's convolutions run in TF32 in every
+mode (PyTorch's default `torch.backends.cudnn.allow_tf32`, left as upstream leaves it), so "off"
+is fp32 matmuls with TF32 convs. The request-count flags (`code2wav_matmul_attention_requests`)
+are whole numbers, 0..4096, refused otherwise.
 
     opts = Code2WavOptions.from_extra({"code2wav_batched_cache_split": "false"})
     with tf32_scope(opts.tf32_mode, device, region="flow"):
@@ -62,8 +65,8 @@ BOOL_FLAGS: dict[str, bool] = {
     "code2wav_fused_norm": True,
 }
 # Chunks of up to this many requests run the DiT's attention as batched GEMMs on CUDA/NPU
-# (`dit.attention_by_matmul`), larger ones through scaled_dot_product_attention; 0 = always
-# the latter. Small chunks leave a fused attention kernel most of the GPU idle: on an H200 one
+# (`dit.attention_by_matmul`, fp32 DiT only), larger ones through scaled_dot_product_attention;
+# 0 = always the latter. Small chunks leave a fused attention kernel most of the GPU idle: on an H200 one
 # steady chunk read -8.8 % at 1 request, -4.4 % at 4, +0.4 % at 8 and +1.8 % at 16
 # (results/h200/README.md, eleventh part), hence 4.
 MATMUL_ATTENTION_KEY = "code2wav_matmul_attention_requests"

@@ -35,7 +35,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stages.platform import thread_stream
+from stages.platform import is_cuda, thread_stream
 from stages.platform.partition import SmPartition, split_sms
 from stages.runner.process import ProcessSpec, StageContext, run_stage_process
 from stages.runner.replica_host import LockedSender, ReplicaThread, replica_work, start_replica_threads
@@ -70,7 +70,8 @@ def single_main(spec: ProcessSpec, inbox: Any, replica_inboxes: list[Any], resul
 
 
 def _build(ctx: StageContext, replica_inboxes: list[Any], allocator: str) -> _Stages:
-    ctx.info["allocator"] = allocator
+    # Set on every platform (harmless, and before the device is known), effective on CUDA only.
+    ctx.info["allocator"] = allocator if is_cuda(ctx.device) else f"{ctx.device.type} allocator ({ALLOC_CONF} is CUDA's)"
     talker = build_talker(ctx)  # on ctx.device: the talker's (ProcessSpec.hosts_talker)
     # The replicas' threads; it leaves ctx.device current again for the talker loop.
     return _Stages(talker, start_replica_threads(ctx, replica_inboxes, partition=_replica_partition(ctx)))

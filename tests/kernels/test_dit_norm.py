@@ -19,7 +19,7 @@ import torch
 from stages.code2wav.dit import DiT, gated, modulate, residual_norm_modulate_eager
 from stages.code2wav.options import Code2WavOptions
 from stages.flags import FlagError
-from tests.stages.code2wav_tiny import tiny_config
+from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, random_dit
 
 EPS = 1e-6
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -161,16 +161,6 @@ def test_the_qkv_projection_follows_a_weight_load():
     assert torch.equal(b2, torch.cat([state["to_q.bias"], state["to_k.bias"], state["to_v.bias"]]))
 
 
-def _dit(seed: int = 0, dtype=torch.float32, device="cpu") -> DiT:
-    torch.manual_seed(seed)
-    dit = DiT(tiny_config().dit).eval()
-    # adaLN-zero initialises its rows at zero upstream; random rows exercise every term here.
-    with torch.no_grad():
-        for p in dit.parameters():
-            p.normal_(0, 0.2)
-    return dit.to(device=device, dtype=dtype)
-
-
 def _reference_forward(dit: DiT, x_in, t):
     """The block order before the residual steps were chained: LN, modulate, branch, gated add,
     block by block, then the final layer's own LN and modulation."""
@@ -190,7 +180,7 @@ def _reference_forward(dit: DiT, x_in, t):
 
 
 def test_chained_eager_blocks_are_bit_identical_to_the_old_block_order():
-    dit = _dit()
+    dit = random_dit()
     x_in, t = torch.randn(4, 320, 7), torch.rand(4)
     with torch.no_grad():
         got = dit.forward_chunk(x_in, t, None, None).velocity
@@ -199,7 +189,7 @@ def test_chained_eager_blocks_are_bit_identical_to_the_old_block_order():
 
 
 def test_dit_with_the_fused_norm_matches_eager_on_the_interpreter(interpret):
-    dit = _dit(seed=3)
+    dit = random_dit(seed=3)
     x_in, t = torch.randn(2, 320, 6), torch.rand(2)
     with torch.no_grad():
         want = dit.forward_chunk(x_in, t, None, None)
@@ -212,7 +202,7 @@ def test_dit_with_the_fused_norm_matches_eager_on_the_interpreter(interpret):
 
 
 def test_select_norm_says_why_it_stays_eager(monkeypatch, caplog):
-    dit = _dit()
+    dit = random_dit()
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert "code2wav_fused_norm is false" in dit.select_norm(False, torch.device("cpu"))
     assert "TRITON_INTERPRET" in dit.select_norm(True, torch.device("cpu"))
@@ -226,7 +216,7 @@ def test_a_kernel_that_fails_to_compile_leaves_the_eager_chain(interpret, monkey
         raise RuntimeError("ptxas died")
 
     monkeypatch.setattr(dit_triton, "warm_up", broken)
-    dit = _dit()
+    dit = random_dit()
     with caplog.at_level(logging.WARNING):
         said = dit.select_norm(True, torch.device("cpu"))
     assert "ptxas died" in said and dit.norm_kernel == "eager"
@@ -281,21 +271,7 @@ def test_cuda_qk_norm_to_cache_matches_eager(dtype, tol):
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_dit_with_the_fused_norm_matches_eager_and_replays_bit_identically():
-    dit = _dit(seed=5, device="cuda")
-    x_in, t = torch.randn(6, 320, 50, device="cuda"), torch.rand(6, device="cuda")
-    with torch.no_grad():
-        want = dit.forward_chunk(x_in, t, None, None).velocity
+    def fuse(dit):
         assert dit.select_norm(True, torch.device("cuda")).startswith("fused")
-        eager = dit.forward_chunk(x_in, t, None, None).velocity
-        torch.testing.assert_close(eager, want, rtol=1e-4, atol=1e-4)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream):
-            dit.forward_chunk(x_in, t, None, None)  # warm the stream's allocator
-            with torch.cuda.graph(graph, stream=stream):
-                captured = dit.forward_chunk(x_in, t, None, None).velocity
-        torch.cuda.current_stream().wait_stream(stream)
-        graph.replay()
-        torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
+
+    check_a_dit_path_on_cuda(fuse, rows=6)

@@ -18,7 +18,7 @@ from stages.code2wav import dit as dit_module
 from stages.code2wav.dit import DiT, attention_by_matmul
 from stages.code2wav.options import MATMUL_ATTENTION_DEFAULT, MATMUL_ATTENTION_KEY, Code2WavOptions
 from stages.flags import FlagError
-from tests.stages.code2wav_tiny import single_thread, tiny_config  # noqa: F401
+from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, random_dit, single_thread, tiny_config  # noqa: F401
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -50,17 +50,8 @@ def test_the_gemm_path_is_a_pure_function_of_its_inputs():
     assert all(torch.equal(x, y) for x, y in zip((q, k, v), before))  # nothing written in place
 
 
-def _dit(seed=0, device="cpu") -> DiT:
-    torch.manual_seed(seed)
-    dit = DiT(tiny_config().dit).eval()
-    with torch.no_grad():  # random adaLN rows, so every term of the blocks matters
-        for p in dit.parameters():
-            p.normal_(0, 0.2)
-    return dit.to(device)
-
-
 def test_select_attention_routes_small_chunks_on_a_device_only():
-    dit = _dit()
+    dit = random_dit()
     assert "CPU" in dit.select_attention(8, torch.device("cpu"))
     assert dit.attention_kernel == "sdpa" and all(b.attn.matmul_rows == 0 for b in dit.blocks)
     # Only the device's type is read: no CUDA device is needed to check the routing.
@@ -73,7 +64,7 @@ def test_select_attention_routes_small_chunks_on_a_device_only():
 
 @pytest.mark.parametrize("rows, routed", [(4, True), (6, False)])
 def test_a_chunk_takes_the_gemm_path_up_to_the_row_limit(monkeypatch, rows, routed):
-    dit = _dit(seed=1)
+    dit = random_dit(seed=1)
     x_in, t = torch.randn(rows, 320, 6), torch.rand(rows)
     with torch.no_grad():
         want = dit.forward_chunk(x_in, t, None, None)
@@ -95,8 +86,21 @@ def test_a_chunk_takes_the_gemm_path_up_to_the_row_limit(monkeypatch, rows, rout
     torch.testing.assert_close(got.att_cache, want.att_cache, rtol=1e-4, atol=1e-4)
 
 
+def test_a_bf16_dit_keeps_scaled_dot_product_attention(monkeypatch):
+    # In bf16 the GEMM path would round the logits before the softmax; the fused kernels do not.
+    dit = random_dit(seed=2, dtype=torch.bfloat16)
+    calls = []
+    monkeypatch.setattr(dit_module, "attention_by_matmul", lambda q, k, v: calls.append(q.dtype))
+    for block in dit.blocks:
+        block.attn.matmul_rows = 64
+    with torch.no_grad():
+        dit.forward_chunk(torch.randn(2, 320, 6, dtype=torch.bfloat16), torch.rand(2, dtype=torch.bfloat16),
+                          None, None)
+    assert calls == []
+
+
 def test_a_masked_call_keeps_scaled_dot_product_attention(monkeypatch):
-    dit = _dit(seed=2)
+    dit = random_dit(seed=2)
     x_in, t = torch.randn(2, 320, 6), torch.rand(2)
     mask = torch.ones(1, 6, 6, dtype=torch.bool).tril()  # the reference path's block-causal mask
 
@@ -121,11 +125,24 @@ def test_the_flag_is_a_strict_request_count():
             read(bad)
 
 
-def test_a_cpu_engine_says_which_attention_runs(single_thread):  # noqa: F811
+def test_an_engine_routes_its_dit_by_the_flag_and_says_which_attention_runs(monkeypatch, single_thread):  # noqa: F811
+    from dataclasses import replace
+
     from stages.code2wav.token2wav import Token2Wav
 
-    t2w = Token2Wav(tiny_config(), device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
-    assert t2w.describe()["dit_attention"] == "sdpa"
+    asked = []
+    select = DiT.select_attention
+
+    def spy(self, max_requests, device):
+        asked.append((max_requests, device.type))
+        return select(self, max_requests, device)
+
+    monkeypatch.setattr(DiT, "select_attention", spy)
+    cfg = tiny_config()
+    t2w = Token2Wav(replace(cfg, extra={**cfg.extra, MATMUL_ATTENTION_KEY: "3"}), device=torch.device("cpu"),
+                    dtype=torch.float32, init_seed=0)
+    assert asked == [(3, "cpu")]
+    assert t2w.describe()["dit_attention"] == "sdpa"  # the CPU keeps SDPA whatever the flag says
 
 
 @pytest.mark.gpu
@@ -139,22 +156,16 @@ def test_cuda_gemm_path_computes_attention(dtype, tol):
 
 @pytest.mark.gpu
 @needs_cuda
-def test_cuda_dit_with_gemm_attention_matches_sdpa_and_replays_bit_identically():
-    dit = _dit(seed=5, device="cuda")
-    x_in, t = torch.randn(4, 320, 50, device="cuda"), torch.rand(4, device="cuda")
-    with torch.no_grad():
-        want = dit.forward_chunk(x_in, t, None, None).velocity
+def test_cuda_dit_with_gemm_attention_matches_sdpa_and_replays_bit_identically(monkeypatch):
+    calls = []
+
+    def counted(q, k, v):
+        calls.append(q.shape[0])
+        return attention_by_matmul(q, k, v)
+
+    def gemms_for_two_requests(dit):
         assert dit.select_attention(2, torch.device("cuda")).startswith("batched GEMMs")
-        eager = dit.forward_chunk(x_in, t, None, None).velocity
-        torch.testing.assert_close(eager, want, rtol=1e-4, atol=1e-4)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream):
-            dit.forward_chunk(x_in, t, None, None)  # warm the stream's allocator
-            with torch.cuda.graph(graph, stream=stream):
-                captured = dit.forward_chunk(x_in, t, None, None).velocity
-        torch.cuda.current_stream().wait_stream(stream)
-        graph.replay()
-        torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
+        monkeypatch.setattr(dit_module, "attention_by_matmul", counted)
+
+    check_a_dit_path_on_cuda(gemms_for_two_requests, rows=4)
+    assert calls and set(calls) == {4}  # every block, eager and captured, took the GEMM path
