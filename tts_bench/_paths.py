@@ -4,9 +4,21 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from tts_bench.errors import ConfigError
+
+# Words that become one file or folder name (an arm's wavs/<arm>/, a profile's
+# `<case>.<profile>.json`): no separators, no leading dot, so `a/b` cannot write into a
+# folder and `..` cannot climb out.
+FILE_NAME_WORD_RULE = "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+_FILE_NAME_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def is_file_name_word(text: object) -> bool:
+    """Whether `text` is a string that may name a file or folder on its own (FILE_NAME_WORD_RULE)."""
+    return isinstance(text, str) and _FILE_NAME_WORD.fullmatch(text) is not None
 
 
 def check_writable(path: Path, *, flag: str, directory: bool) -> None:

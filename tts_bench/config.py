@@ -56,6 +56,7 @@ from tts_bench._dataclass_yaml import (
     set_path,
     to_data,
 )
+from tts_bench._paths import FILE_NAME_WORD_RULE, is_file_name_word
 from tts_bench.errors import ConfigError
 from tts_bench.limits import (
     MAX_CONCURRENCY, MAX_PROMPTS, MAX_REPEATS, MAX_REPLICAS, MAX_RESAMPLES, MAX_SAMPLE_RATE, MAX_SEED,
@@ -401,15 +402,12 @@ def _yaml_arms(raw: dict[str, Any], source: str) -> dict[str, list[str]]:
             f"write arms: {{base: [], test: [\"code2wav.extra.x=false\"]}}"
         )
     for name in arms:
-        if not isinstance(name, str) or not _ARM_NAME.fullmatch(name):
+        if not is_file_name_word(name):
             raise ConfigError(
-                f"error: arm name {name!r} ({source}: arms) must be 1-64 letters, digits, '-', '_' or '.', "
-                "starting with a letter or digit: it names files of a run (wavs/<arm>/) and table rows")
+                f"error: arm name {name!r} ({source}: arms) must be {FILE_NAME_WORD_RULE}: it names files of a "
+                "run (wavs/<arm>/) and table rows")
     return {str(k): list(v or []) for k, v in arms.items()}
 
-
-# Arm names become folder names (`tts-bench wer` writes wavs/<arm>/<id>.wav) and table labels.
-_ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def load_arms(

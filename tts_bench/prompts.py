@@ -228,20 +228,18 @@ def check_text_lengths(arms: Sequence, prompts: Sequence[Prompt], *, source: str
     """Every text fits the talker cache of each embedded arm with random weights (what its
     backend refuses per request, `EmbeddedBackend.check_request`): a ConfigError naming the
     lines, instead of requests failed as `invalid_request` after the run has started."""
-    from stages.talker.length import cache_positions
+    from stages.talker.length import cache_problem
 
-    too_long = []
+    too_long: dict[str, None] = {}  # ordered, once per line even when both arms refuse it
     for cfg in arms:
-        if cfg.backend != "embedded" or cfg.stages.runner.weights is not None:
+        if cfg.backend != "embedded":
             continue
-        limit = cfg.stages.runner.max_seq_len
         for p in prompts:
-            needed = cache_positions(p.text, cfg.stages.talker)
-            if needed > limit:
-                too_long.append(f"{source}:{p.line}: {p.utt!r} needs {needed} talker cache positions, "
-                                f"runner.max_seq_len is {limit}")
+            problem = cache_problem(p.text, cfg.stages)
+            if problem is not None:
+                too_long[f"{source}:{p.line}: {p.utt!r} {problem}"] = None
     if too_long:
-        shown = "\n  ".join(dict.fromkeys(too_long[:_MAX_REPORTED]))
+        shown = "\n  ".join(list(too_long)[:_MAX_REPORTED])
         raise ConfigError(f"error: {len(too_long)} text(s) are too long for the talker:\n  {shown}\n"
                           "shorten them, or raise runner.max_seq_len (the memory check counts it)")
 

@@ -89,14 +89,16 @@ def _residual_norm_modulate_kernel(
     tl.store(out_ptr + row * C + cols, (normed * scale + shift).to(x.dtype), mask=mask)
 
 
-_launches: dict[str, DirectLaunches] = {}  # device type -> launches of its kernel variant
+_launches: dict[tuple[object, str], DirectLaunches] = {}  # (jitted kernel, device type) -> its launches
 
 
-def _launcher(device: torch.device) -> DirectLaunches:
-    launches = _launches.get(device.type)
+def _launch(kernel, device: torch.device, key: tuple, rows: int, tensors: tuple, tail: tuple) -> None:
+    """One program per (row, frame) of `kernel` on `device`, every tensor already checked to be
+    on it (so the compiled launch may take raw addresses: `DirectLaunches.checked`)."""
+    launches = _launches.get((kernel, device.type))
     if launches is None:
-        launches = _launches[device.type] = DirectLaunches(kernel_for(_residual_norm_modulate_kernel, device))
-    return launches
+        launches = _launches[(kernel, device.type)] = DirectLaunches(kernel_for(kernel, device))
+    launches.checked(key, (rows, 1, 1), tensors, tail)
 
 
 def _mod_stride(row: torch.Tensor, x: torch.Tensor) -> int:
@@ -139,20 +141,10 @@ def residual_norm_modulate(
     out = torch.empty_like(x)
     if x.numel() == 0:
         return out
-    launches = _launcher(x.device)
-    key = (x.device.index, x.dtype, c, has_residual, eps)
     tail = (frames, y_sb, y_st, y_sc, gate_sb, shift_sb, scale_sb, c, triton.next_power_of_2(c), eps, has_residual)
-    launch = launches.compiled.get(key)
-    if launch is not None and launch.pointers_as_ints:
-        # Every tensor was checked to be on x's device above, so the launcher may take raw
-        # addresses (no driver query per pointer; see triton_launch.direct_launch).
-        launch(b * frames, 1, 1, x.data_ptr(), y.data_ptr(), gate.data_ptr(), shift.data_ptr(),
-               scale.data_ptr(), out.data_ptr(), *tail)
-    else:
-        launches(key, (b * frames, 1, 1), x, y, gate, shift, scale, out, *tail)
+    _launch(_residual_norm_modulate_kernel, x.device, (x.device.index, x.dtype, c, has_residual, eps), b * frames,
+            (x, y, gate, shift, scale, out), tail)
     return out
-
-
 
 
 @triton.jit(do_not_specialize=["frames", "c_sb", "c_sh", "c_st"])
@@ -206,9 +198,6 @@ def _qk_norm_to_cache_kernel(
     tl.store(dst + D, v, mask=mask)
 
 
-_qk_launches: dict[str, DirectLaunches] = {}
-
-
 def qk_norm_to_cache(
     qkv: torch.Tensor,  # [B, T, 3 * H * D] contiguous
     q_norm: torch.nn.LayerNorm,
@@ -236,21 +225,13 @@ def qk_norm_to_cache(
     q = qkv.new_empty(b, frames, heads, d)
     if qkv.numel() == 0:
         return q
-    launches = _qk_launches.get(qkv.device.type)
-    if launches is None:
-        launches = _qk_launches[qkv.device.type] = DirectLaunches(kernel_for(_qk_norm_to_cache_kernel, qkv.device))
     c_sb, c_sh, c_st, _ = out_cache.stride()
     eps = q_norm.eps
     if k_norm.eps != eps:
         raise ValueError("q and k LayerNorms must share eps")
-    key = (qkv.device.index, qkv.dtype, heads, d, eps)
     tail = (frames, c_sb, c_sh, c_st, heads, d, triton.next_power_of_2(heads), triton.next_power_of_2(d), eps)
-    launch = launches.compiled.get(key)
-    if launch is not None and launch.pointers_as_ints:  # every tensor checked on qkv's device
-        launch(b * frames, 1, 1, qkv.data_ptr(), *(p.data_ptr() for p in norms), q.data_ptr(),
-               out_cache.data_ptr(), *tail)
-    else:
-        launches(key, (b * frames, 1, 1), qkv, *norms, q, out_cache, *tail)
+    _launch(_qk_norm_to_cache_kernel, qkv.device, (qkv.device.index, qkv.dtype, heads, d, eps), b * frames,
+            (qkv, *norms, q, out_cache), tail)
     return q
 
 

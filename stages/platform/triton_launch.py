@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import logging
 import types
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import torch
 
@@ -251,6 +252,17 @@ class DirectLaunches:
             launch(*grid, *args)
         else:
             self.first(key, grid, *args)
+
+    def checked(self, key: Hashable, grid: tuple[int, int, int], tensors: Sequence[Any], tail: Sequence[Any]) -> None:
+        """Launch with `tensors` as the leading (pointer) arguments and `tail` after them, where
+        the caller has checked that every tensor is on the kernel's device: once compiled, a
+        launcher that takes int pointers gets `data_ptr()` ints (no driver query per pointer,
+        see `direct_launch`), any other gets the tensors."""
+        launch = self.compiled.get(key)
+        if launch is not None and launch.pointers_as_ints:
+            launch(*grid, *(t.data_ptr() for t in tensors), *tail)
+        else:
+            self(key, grid, *tensors, *tail)
 
     def first(self, key: Hashable, grid: tuple[int, int, int], *args) -> None:
         """Launch through Triton's binder (compiling if needed); remember the compiled kernel."""

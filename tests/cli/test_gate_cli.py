@@ -12,6 +12,7 @@ import pytest
 import typer
 
 from tts_bench.errors import ExitStatus
+from tests.cli.gate_cases import record_baseline, synthetic_case
 from tests.cli.in_process import invoke_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,23 +39,14 @@ def invoke(*args: str):
 
 @pytest.fixture
 def case(tmp_path: Path) -> Path:
-    path = tmp_path / "synth.yaml"
-    path.write_text(
-        f"name: synth\nconfig: {ROOT / 'configs/ab/synthetic.yaml'}\n"
-        "bench: {tiers: [4x1], num_prompts: 16, repeats: 1, warmup: 2}\n"
-        "thresholds: {audio_rtf: 10, audio_ttfp_ms: 20, audio_throughput: 10}\n"
-        "alpha: 0.01\nmin_samples: 8\n"
-    )
-    return path
+    return synthetic_case(tmp_path / "synth.yaml", bench="{tiers: [4x1], num_prompts: 16, repeats: 1, warmup: 2}",
+                          extra="thresholds: {audio_rtf: 10, audio_ttfp_ms: 20, audio_throughput: 10}\n"
+                                "alpha: 0.01\nmin_samples: 8\n")
 
 
 @pytest.fixture
 def baseline(case: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "synth.cpu-2core.json"
-    result, status = invoke("baseline", "update", "--case", str(case), "--run", "2", "--profile", "cpu-2core",
-                            "--result-dir", str(tmp_path / "runs"), "--out", str(out))
-    assert status == ExitStatus.OK, result.output
-    return out
+    return record_baseline(invoke, case, tmp_path / "synth.cpu-2core.json", run=2, result_dir=tmp_path / "runs")
 
 
 def gate(case: Path, baseline: Path, tmp_path: Path, *extra: str):

@@ -15,6 +15,7 @@ import pytest
 
 from tts_bench.cli import app
 from tts_bench.errors import ExitStatus
+from tests.cli.gate_cases import record_baseline, synthetic_case
 from tests.cli.in_process import invoke_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,21 +35,13 @@ def made_runs(directory: Path) -> list[Path]:
 
 @pytest.fixture
 def case(tmp_path: Path) -> Path:
-    path = tmp_path / "synth.yaml"
-    path.write_text(
-        f"name: synth\nconfig: {ROOT / 'configs/ab/synthetic.yaml'}\noverrides: [{', '.join(FAST)}]\n"
-        "bench: {tiers: [2x1], num_prompts: 8, repeats: 1, warmup: 1}\nmin_samples: 4\n"
-    )
-    return path
+    return synthetic_case(tmp_path / "synth.yaml", bench="{tiers: [2x1], num_prompts: 8, repeats: 1, warmup: 1}",
+                          extra="min_samples: 4\n", overrides=FAST)
 
 
 @pytest.fixture
 def baseline(case: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "synth.cpu-2core.json"
-    result, status = invoke("baseline", "update", "--case", str(case), "--run", "1", "--profile", "cpu-2core",
-                            "--result-dir", str(tmp_path / "base-runs"), "--out", str(out))
-    assert status == ExitStatus.OK, result.output
-    return out
+    return record_baseline(invoke, case, tmp_path / "synth.cpu-2core.json", run=1, result_dir=tmp_path / "base-runs")
 
 
 @pytest.fixture

@@ -55,6 +55,8 @@ def cli(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Compl
         (["wer", *SYNTH, "--test-set", "wer.num_prompts=3"], "wer.*"),
         (["ab", *SYNTH, "--until-resolved", "--max-repeats", "0"], "--max-repeats"),
         (["ab", *SYNTH, "--until-resolved", "--repeats", "5", "--max-repeats", "2"], "--repeats 5 is above --max-repeats 2"),
+        (["ab", *SYNTH, "--until-resolved", "--set", "bench.repeats=5", "--max-repeats", "2"],
+         "bench.repeats 5 is above --max-repeats 2"),
         (["wer", *SYNTH, "--arms", "nope"], "'nope'"),
         (["wer", *SYNTH, "--arms", "base,nope"], "'nope'"),
         (["ab", "--tiers", "1x1", "--set", "runner.devices=[99]"], "runner.devices"),  # embedded default

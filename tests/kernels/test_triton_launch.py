@@ -129,6 +129,31 @@ def test_direct_launches_reuse_the_compiled_kernel_per_key(tl):
     ]
 
 
+@pytest.mark.parametrize("ints", [True, False], ids=["int-pointers", "tensors"])
+def test_checked_launches_pass_addresses_only_to_a_compiled_launcher_that_takes_them(tl, ints):
+    import torch
+
+    log = []
+
+    def compiled_launch(*args):
+        log.append(("direct", args))
+
+    compiled_launch.pointers_as_ints = ints
+
+    class FakeJit:  # Triton's binder; it returns no CompiledKernel, so nothing is kept
+        def __getitem__(self, grid):
+            return lambda *args: log.append(("jit", grid, args))
+
+    launches = tl.DirectLaunches(FakeJit())
+    a, b = torch.zeros(2), torch.ones(3)
+    launches.checked("k", (4, 1, 1), (a, b), (7, 8))  # not compiled yet: Triton's binder, tensors
+    assert log.pop() == ("jit", (4, 1, 1), (a, b, 7, 8))
+    launches.compiled["k"] = compiled_launch
+    launches.checked("k", (5, 1, 1), (a, b), (7, 8))
+    want = (a.data_ptr(), b.data_ptr()) if ints else (a, b)
+    assert log == [("direct", (5, 1, 1, *want, 7, 8))]
+
+
 def test_only_tritons_nvidia_launcher_gets_int_pointers(tl):
     """Guards the class name the int-pointer shortcut is keyed on against a Triton rename."""
     from triton.backends.nvidia.driver import CudaLauncher

@@ -350,3 +350,6 @@ def test_texts_too_long_for_an_embedded_talker_are_refused_before_the_run(tmp_pa
     check_text_lengths([arm("synthetic"), arm(weights="/w")], prompts, source=meta)  # not judged here
     with pytest.raises(ConfigError, match=r"meta.lst:2: 'b' needs \d+ talker cache positions, runner.max_seq_len is"):
         check_text_lengths([arm("synthetic"), arm()], prompts, source=meta)
+    with pytest.raises(ConfigError, match=r"error: 1 text\(s\) are too long") as err:  # not once per arm
+        check_text_lengths([arm(), arm()], prompts, source=meta)
+    assert str(err.value).count("meta.lst:2:") == 1

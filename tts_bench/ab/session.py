@@ -155,8 +155,8 @@ def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
     num_prompts = bench.num_prompts if request.num_prompts is None else request.num_prompts
     tiers = parse_tiers(bench.tiers if request.tiers is None else request.tiers)
     calibration = _calibration(request.calibration, arms, profile, num_prompts, tiers)
-    plan = AbPlan(arms, tiers, bench.repeats if request.repeats is None else request.repeats, num_prompts,
-                  until=_until_rule(request, bench), profile=profile,
+    repeats = bench.repeats if request.repeats is None else request.repeats
+    plan = AbPlan(arms, tiers, repeats, num_prompts, until=_until_rule(request, bench, repeats), profile=profile,
                   calibration=calibration.path if calibration else None)
     check_arms(arms, plan.tiers)  # before the run directory exists and before any stage starts
     others = sorted({c.backend for c in arms.values()} - {"embedded"}) if request.voice_cache else []
@@ -171,8 +171,10 @@ def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
     return run, plan, calibration
 
 
-def _until_rule(request: AbRequest, bench) -> UntilResolved | None:
-    """--until-resolved [--max-repeats K] [--budget MIN] as a rule (None without the flag)."""
+def _until_rule(request: AbRequest, bench, repeats: int) -> UntilResolved | None:
+    """--until-resolved [--max-repeats K] [--budget MIN] as a rule (None without the flag);
+    `repeats` (--repeats, else bench.repeats) must fit under the cap, or the first round would
+    be cut to it without a word."""
     if not request.until_resolved:
         if request.max_repeats is not None or request.budget_min is not None:
             raise ConfigError("error: --max-repeats and --budget only apply with --until-resolved (tts-bench ab); "
@@ -180,10 +182,15 @@ def _until_rule(request: AbRequest, bench) -> UntilResolved | None:
         return None
     try:
         max_repeats = DEFAULT_MAX_REPEATS if request.max_repeats is None else request.max_repeats  # 0 is refused
-        return UntilResolved(bench.min_effect_pct / 2.0, max_repeats,
-                             request.budget_min)
+        rule = UntilResolved(bench.min_effect_pct / 2.0, max_repeats, request.budget_min)
     except ValueError as exc:
         raise ConfigError(f"error: {exc} (--until-resolved); fix the value") from None
+    if repeats > max_repeats:
+        given = "--repeats" if request.repeats is not None else "bench.repeats"
+        raise ConfigError(f"error: {given} {repeats} is above --max-repeats {max_repeats} (tts-bench ab "
+                          "--until-resolved); the first round would be cut to the cap: lower it or raise "
+                          "--max-repeats")
+    return rule
 
 
 def _calibration(given: Path | None, arms: dict[str, BenchConfig], profile: str,

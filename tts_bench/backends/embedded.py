@@ -42,7 +42,7 @@ from stages.runner import (
     StageRunner,
 )
 from stages.runner.messages import BAD_PROMPT, INVALID_REQUEST
-from stages.talker.length import cache_positions
+from stages.talker.length import cache_problem
 from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.errors import BackendError
 
@@ -104,14 +104,9 @@ class EmbeddedBackend:
         sees it: RequestFailed("invalid_request")."""
         if not 0 <= request.seed < MAX_SEED:
             raise RequestFailed("invalid_request", f"seed must be in [0, 2**63), got {request.seed}")
-        runner = self.stages.runner
-        if runner.weights is None:  # random weights: the stand-in tokenizer and length model
-            needed = cache_positions(request.text, self.stages.talker)
-            if needed > runner.max_seq_len:
-                raise RequestFailed(
-                    "invalid_request",
-                    f"the input needs {needed} talker cache positions (text tokens + codes), "
-                    f"runner.max_seq_len is {runner.max_seq_len}; shorten the input")
+        problem = cache_problem(request.text, self.stages)
+        if problem is not None:
+            raise RequestFailed("invalid_request", f"the input {problem}; shorten the input")
 
     async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioChunk]:
         runner = self._runner

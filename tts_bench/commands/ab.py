@@ -24,7 +24,7 @@ from typing import Optional
 import typer
 
 from tts_bench.commands._common import check_format, flag_sets, result_dir_option
-from tts_bench.errors import ConfigError, ExitStatus
+from tts_bench.errors import ExitStatus
 from tts_bench.limits import MAX_PROMPTS, MAX_REPEATS
 
 
@@ -53,10 +53,6 @@ def ab(
     from tts_bench.ab import AbRequest, run_session
 
     fmt = check_format(fmt)
-    if until_resolved and repeats is not None and max_repeats is not None and repeats > max_repeats:
-        raise ConfigError(f"error: --repeats {repeats} is above --max-repeats {max_repeats} (tts-bench ab "
-                          "--until-resolved); the first round would be cut to the cap: lower --repeats or raise "
-                          "--max-repeats")
     flags = flag_sets([("bench.disable_shuffle", disable_shuffle or None, "--disable-shuffle"),
                        ("bench.prompts_per_client", per_client, "--prompts-per-client")])
     request = AbRequest(

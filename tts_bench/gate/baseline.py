@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from tts_bench._paths import check_writable
 from tts_bench._versioned_json import VersionedJson, write_json_atomic
 from tts_bench.errors import ConfigError, InvalidRunError
 from tts_bench.gate.samples import METRICS, RunSamples, center
@@ -229,7 +230,7 @@ def update_baseline(
     sut = sut_hash(config_to_dict(resolved.case_config))
     _check_out(out, tighten_only=tighten_only, sut=sut, backend=resolved.case_config.backend)
     if run:
-        cases.check_writable(result_dir, flag="--result-dir", directory=True)
+        check_writable(result_dir, flag="--result-dir", directory=True)
     samples = [read_run(p, profile=profile) for p in runs_from]  # a bad --from fails before the runs
     for i in range(run):
         made = run_case(resolved, profile=profile, result_dir=result_dir).path
@@ -244,8 +245,6 @@ def update_baseline(
 def _check_out(out: Path, *, tighten_only: bool, sut: str, backend: str) -> None:
     """Before any run: `--out` can be written and, with --tighten-only, the file there is a
     baseline of this config (what `write_baseline` would refuse after the runs)."""
-    from tts_bench.gate.case import check_writable
-
     check_writable(out, flag="--out", directory=False)
     if not (tighten_only and out.is_file()):
         return

@@ -35,13 +35,14 @@ from typing import Any
 
 import numpy as np
 
+from tts_bench._paths import check_writable
 from tts_bench._versioned_json import write_json_atomic
 from tts_bench.ab import run_ab
 from tts_bench.calibration import CALIBRATION_FILE, DEFAULT_DIR, calibration_key, calibration_path
 from tts_bench.config import apply_overrides, check_shared_sections, config_to_dict
 from tts_bench.errors import ExitStatus, InvalidRunError
 from tts_bench.gate.bench import preflight_arms
-from tts_bench.gate.case import LoadedCase, case_path, check_writable, load_case, resolve_case, resolve_profile
+from tts_bench.gate.case import LoadedCase, case_path, load_case, resolve_case, resolve_profile
 from tts_bench.gate.samples import METRICS, center, sut_hash
 from tts_bench.metrics import aggregate
 from tts_bench.records import RequestRecord, read_records

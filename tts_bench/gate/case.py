@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tts_bench.config import BenchConfig, apply_overrides, load_dataclass, load_yaml_file
-from tts_bench._paths import check_writable  # noqa: F401 - the gate modules' import point
+from tts_bench._paths import FILE_NAME_WORD_RULE, is_file_name_word
 from tts_bench.errors import ConfigError
 
 DEFAULT_BASELINE_DIR = Path("results/baselines")
@@ -168,19 +168,13 @@ def default_profile() -> str:
     return f"cpu-{os.cpu_count() or 1}core"
 
 
-# A profile names files (`<case>.<profile>.json`): `a/b` would write into a folder `a`, `..`
-# climb out of results/baselines.
-_PROFILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
 def resolve_profile(profile: str | None) -> str:
     """`--profile` checked as a file-name-safe word, or the default when not given."""
     if profile is None:
         return default_profile()
-    if not _PROFILE_RE.fullmatch(profile):
+    if not is_file_name_word(profile):  # it names `<case>.<profile>.json` in results/baselines
         raise ConfigError(f"error: bad profile {profile!r} (--profile); it names baseline and calibration files: "
-                          f"write 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit, "
-                          f"e.g. cpu-2core or h200")
+                          f"write {FILE_NAME_WORD_RULE}, e.g. cpu-2core or h200")
     return profile
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tts_bench._paths import check_writable
 from tts_bench.calibration import Calibration, calibration_path, load_calibration
 from tts_bench.config import parse_tiers
 from tts_bench.errors import ConfigError, InvalidRunError
@@ -170,7 +171,7 @@ def _run(rc: cases.ResolvedCase, request: GateRequest, profile: str, notify: Cal
     from tts_bench.gate.bench import run_case
 
     result_dir = request.result_dir or DEFAULT_RESULT_DIR
-    cases.check_writable(result_dir, flag="--result-dir", directory=True)
+    check_writable(result_dir, flag="--result-dir", directory=True)
     run = run_case(rc, profile=profile, result_dir=result_dir)
     notify(f"run: {run.path}")
     return run

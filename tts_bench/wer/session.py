@@ -143,7 +143,6 @@ def check_before_generating(arms: dict, params: WerParams, prompts: Sequence) ->
     reference wav, and whether each embedded arm's stages fit in memory."""
     from tts_bench.preflight import check_memory
     from tts_bench.prompts import check_prompt_wavs, check_text_lengths, embedded_voice_limit
-    from tts_bench.wer.normalize import get_normalizer
     from tts_bench.wer.references import check_reference_texts
 
     module = _ASR_MODULES.get(params.asr)
@@ -151,10 +150,9 @@ def check_before_generating(arms: dict, params: WerParams, prompts: Sequence) ->
         raise ConfigError(f"error: ASR backend {params.asr!r} is not installed (--asr / wer.asr); "
                           f"pip install 'omni-tts-bench[speech]' (openai-whisper: [asr-reference])")
     runner.describe_asr(runner.asr_options(params))  # resolves (and hashes) the model, or exit 2
-    get_normalizer(params.normalizer)
     meta = next(iter(arms.values())).prompts.meta
     check_reference_texts([(p.utt, p.text, f"{meta}:{p.line}" if p.line else str(meta)) for p in prompts],
-                          params.normalizer)
+                          params.normalizer)  # resolves the normalizer too: an unknown one is exit 2 here
     check_text_lengths(list(arms.values()), prompts, source=meta)
     check_prompt_wavs(prompts, source=meta, limit_seconds=embedded_voice_limit(list(arms.values())))
     for name, cfg in arms.items():
