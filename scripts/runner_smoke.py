@@ -3,7 +3,8 @@
 Starts the embedded runner (talker + R code2wav replicas) from a stage YAML, keeps C requests
 in flight until N have finished, and reports runner start seconds, mean/median audio RTF and
 TTFP, audio seconds, failures, every stage process's allocator memory and every stage's work
-over the tier (busy share, ms and rows a step, backlog, chunk groups, graph captures/replays:
+over the tier (busy share, ms and rows a step, backlog, chunk groups, graph captures / replays /
+groups run eagerly:
 `stages.runner.work`; the talker's line also splits its busy time into waiting for the device
 and admitting requests), which says whether the talker or code2wav held the tier back.
 Independent of the harness's load generator on purpose: it checks the runner alone.
@@ -13,7 +14,7 @@ Independent of the harness's load generator on purpose: it checks the runner alo
     PYTHONPATH=. python3 scripts/runner_smoke.py --config configs/stages/minicpmo45-tiny.yaml \
         --tiers 1x1,2x2 --num-requests 4           # CPU
     PYTHONPATH=. python3 scripts/runner_smoke.py --tiers 64x4 --num-requests 192 --fake-talker 0.02 \
-        --voices --set code2wav.extra.code2wav_device_graph=true
+        --voices --set code2wav.extra.code2wav_dit_dtype=bfloat16
 
 `--trace SECONDS` opens a profiler window in the talker's process (every stage's, with
 `runner.execution: single`) `--trace-after` seconds into each tier: its Chrome trace goes to
@@ -22,7 +23,7 @@ Independent of the harness's load generator on purpose: it checks the runner alo
 the trace stalls the talker for a few seconds, which the tier's RTF then includes.
 
     PYTHONPATH=. python3 scripts/runner_smoke.py --voices --tiers 64x4 --num-requests 128 \
-        --set runner.execution=single --set code2wav.extra.code2wav_device_graph=true --trace 1
+        --set runner.execution=single --trace 1
 
 `--fake-talker STEP_S` replaces the talker by the runner tests' fake (no device work, one code
 per request every STEP_S seconds, 100-300 codes a request) while the code2wav replicas stay

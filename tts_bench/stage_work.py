@@ -90,7 +90,7 @@ def work_table(entries: list[dict]) -> pd.DataFrame:
             "rows a step": _num(_mean(s.get("rows_per_step") for s in seen), 1),
             "backlog a step": _num(_mean(s.get("backlog_per_step") for s in seen), 1),
             "groups a step": _num(_mean(s.get("groups_per_step") for s in seen), 2, missing=""),
-            "graphs captured / replayed": _graphs(seen),
+            "graphs captured / replayed / eager": _graphs(seen),
             # The talker's busy time split (its engine's counters); blank for other stages.
             "device wait (of busy)": _pct(_mean(_share(s, "device_wait_s") for s in seen), missing=""),
             "admitting (of busy)": _pct(_mean(_share(s, "admit_s") for s in seen), missing=""),
@@ -119,6 +119,9 @@ def _num(value: float | None, digits: int, missing: str = "n/a") -> str:
 
 
 def _graphs(seen: list[dict]) -> str:
+    from stages.runner.work import eager_groups  # here: see on_phase
+
     if not any("graph_captures" in s for s in seen):
         return ""
-    return f"{sum(s.get('graph_captures', 0) for s in seen)} / {sum(s.get('graph_replays', 0) for s in seen)}"
+    captured, replayed = (sum(s.get(k, 0) for s in seen) for k in ("graph_captures", "graph_replays"))
+    return f"{captured} / {replayed} / {sum(eager_groups(s) for s in seen)}"

@@ -51,11 +51,12 @@ _TF32_TOKENS: dict[str, Tf32Mode] = {
 BOOL_FLAGS: dict[str, bool] = {
     "code2wav_batched_cache_split": True,
     "token2wav_device_spk": True,
-    # Replay whole chunks as device graphs on CUDA/NPU (no effect on CPU). Off by default: the
-    # illegal memory accesses they caused in replica processes are fixed (chunk_graphs.py), but
-    # on an H200 at 64x4 they did not pay: mean RTF +27.2 % [-9.4, +78.6], TTFP +40.4 %
-    # [+7.4, +83.4] against the eager runner (results/h200/README.md, 2026-12-01 fourth part).
-    "code2wav_device_graph": False,
+    # Replay whole chunks as device graphs on CUDA/NPU (no effect on CPU). On since replicas warm
+    # their shapes up before serving: with replica processes on an H200, 3 repeats, mean RTF
+    # -9.8 % [-18.4, -0.4] at 64x4 and -25.2 % [-39.5, -7.5] at 32x1, codes identical in every
+    # paired request (results/h200/README.md, twelfth part; before the warmup, the fourth part's
+    # A/B read +27.2 % [-9.4, +78.6] at 64x4, within noise).
+    "code2wav_device_graph": True,
     # With device graphs on: a replica decodes synthetic streams of 1..max_num_seqs rows before
     # it reports ready, so every steady shape is captured before the first request (otherwise
     # each new shape's first chunk pays an eager run plus a capture while serving).

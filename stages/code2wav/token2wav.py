@@ -13,7 +13,7 @@ same length); each group is one `ChunkDecoder.run`: gather the rows' caches, enc
 rows, HiFT, store the new caches back (trimmed to prompt + `prompt_keep_frames`). Every group of
 a call is queued before any audio is copied back, so the host launches one group while the
 device runs another. On CUDA/NPU a non-final group replays a device graph captured for its shape
-(`ChunkGraphs`, stage flag `code2wav_device_graph`, default false); the first chunk of a shape
+(`ChunkGraphs`, stage flag `code2wav_device_graph`, default true); the first chunk of a shape
 and every last chunk run eagerly. Graph replay and eager run the same kernels, so outputs are
 equal bit for bit for the same batch composition.
 

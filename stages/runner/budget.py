@@ -16,7 +16,7 @@ on a CPU that is the host too):
 | code2wav request state | each replica's slot pool: one slot for each of its share of the C requests in flight, of estimator + conformer attention caches (the estimator's in code2wav_dit_dtype) | C (concurrency), code2wav.prompt_keep_frames, code2wav.ref_audio_max_seconds, code2wav.extra.code2wav_dit_dtype |
 | code2wav voices | the default voice and up to prompt_cache_size request voices per module copy, each a prompt setup's caches | code2wav.prompt_cache_size |
 | code2wav decode transient | a quarter of a request's state per batched row (measured 0.158 on an H200), per replica | runner.max_num_seqs |
-| code2wav device graphs | with `code2wav_device_graph` on a GPU: the graphs' memory pool, 0.55 of a request's state per batched row (measured 0.53 on an H200), per replica | code2wav.extra.code2wav_device_graph, runner.max_num_seqs |
+| code2wav device graphs | with `code2wav_device_graph` (default) on a GPU: the graphs' memory pool, 0.25 of a request's state per batched row (with the transient, 0.5 against 0.39-0.43 measured on an H200 with expandable segments), per replica | code2wav.extra.code2wav_device_graph, runner.max_num_seqs |
 | processes | torch and its libraries per process (~300 MiB RSS on a CPU; a CUDA context and workspaces on a GPU) | R |
 | model build | one more fp32 copy of each process's weights while it is built on the host | the stage dims |
 
@@ -25,7 +25,7 @@ terms of each module, within a few percent at the real dims (tests/unit/test_bud
 both against the built modules). The per-request estimator cache is the spec's figure (1.25 MiB
 per frame at full size, 400 frames = 500 MiB). It is an estimate to catch configs that are off
 by multiples, not an allocator model: NVML on an H200 reads ~40% above the torch-allocated peak
-at 128x8 (caching allocator), and 128x8 at full size still fits there with this estimate.
+at 128x8 (caching allocator), and 128x8 at full size, chunk graphs on, still fits there with this estimate.
 
     budget = estimate_stage_memory(cfg, replicas=8, concurrency=128, device_type="cuda")
     budget.total("device"), budget.largest("device")
@@ -50,9 +50,13 @@ DEVICE_PROCESS_BYTES = 512 * MIB
 # an H200 at B = 8 with the stepwise estimator cache; rounded up).
 TRANSIENT_PER_ROW = 0.25
 # A replica's device-graph pool, per row of its largest batch, as a fraction of one request's
-# state: 2,192 MiB more reserved with graphs than without on an H200 (one replica, 16 live
-# requests, 8 rows a decode, 518 MiB of state a request: 0.53), rounded up.
-GRAPH_POOL_PER_ROW = 0.55
+# state. Measured on an H200 with expandable segments (which every stage process sets unless the
+# user sets the allocator): at 128x8, replica processes, 8-row batches, each replica held
+# 1.90-2.09 GB reserved beyond its allocated 11.23 GB, graph pool and eager transient together,
+# 0.39-0.43 of the 0.61 GB estimated a request (0.43-0.47 of the 0.55 GB it really held), so this plus
+# TRANSIENT_PER_ROW (0.5) covers it. With the default segments one replica had needed 0.53 for
+# the pool alone (2,192 MiB at 8 rows); a user who sets PYTORCH_CUDA_ALLOC_CONF gets that back.
+GRAPH_POOL_PER_ROW = 0.25
 # The DiT's two causal convolutions per block use this kernel width (stages.code2wav.dit).
 _DIT_CONV_KERNEL = 3
 

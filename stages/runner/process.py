@@ -20,7 +20,7 @@ import os
 import queue
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from stages.platform import (
     deterministic_kernels,
     device_count,
     dtype_from_name,
+    is_cuda,
     memory_stats,
     resolve_device,
     set_current_device,
@@ -120,6 +121,26 @@ class StageContext:
         self.results.send(StatsReport(token, stats))
 
 
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
+
+
+def choose_allocator(env: MutableMapping[str, str]) -> str:
+    """Set expandable segments in `env` unless it names an allocator setting already; returns
+    the setting in force, for the run record.
+
+    Why every stage process: a replica holds a slot pool, a prompt cache and its graphs' private
+    pool, and one process may hold several replicas (`threads`, `single`). With the default
+    segments `single` ran out of memory at 128x8 on an H200 (139.5 GiB in use, 108.1 GiB
+    allocated) and finished with expandable ones; replica processes with chunk graphs ran 128x8
+    there with them too (results/h200/README.md, eleventh and twelfth parts). It must run before
+    the process's first device allocation (the allocator reads the variable once)."""
+    if env.get(ALLOC_CONF, "").strip():
+        return f"{ALLOC_CONF}={env[ALLOC_CONF]} (from the environment)"
+    env[ALLOC_CONF] = EXPANDABLE_SEGMENTS
+    return f"{ALLOC_CONF}={EXPANDABLE_SEGMENTS} (set by the stage runner)"
+
+
 def run_stage_process(
     spec: ProcessSpec,
     results: Any,
@@ -130,14 +151,7 @@ def run_stage_process(
 
     `build` may add facts to `ctx.info` (they reach the client in Ready, then `describe()`).
     """
-    # No allocator setting is forced here (`single` sets one for its own process, see
-    # single_proc.choose_allocator). Earlier runs set expandable segments against
-    # fragmentation of per-request caches; the slot pool keeps those in fixed tensors now, and
-    # with whole-chunk device graphs in replica processes that setting was the one difference
-    # from the in-process benchmark when replicas hit illegal memory accesses on an H200
-    # (torch 2.11; graph pools and expandable segments were re-enabled together upstream only
-    # later; the fault itself was a first run on the capture stream, see chunk_graphs.py). A
-    # PYTORCH_CUDA_ALLOC_CONF the user sets is passed through as before.
+    allocator = choose_allocator(os.environ)  # before anything touches the device
     if spec.cfg.runner.deterministic:  # replay == eager and A/B identity need equal kernels
         deterministic_kernels()
     ignore_interrupts()  # Ctrl-C and SIGTERM are the parent's: it stops us in order (stages.signals)
@@ -153,7 +167,8 @@ def run_stage_process(
         set_current_device(device)
         ctx = StageContext(spec, device, dtype_from_name(runner.dtype), results)
         ctx.info.update(device=describe_device(device), torch=torch.__version__,
-                        dtype=str(ctx.dtype).removeprefix("torch."), threads=spec.threads)
+                        dtype=str(ctx.dtype).removeprefix("torch."), threads=spec.threads,
+                        allocator=allocator if is_cuda(device) else f"{device.type} allocator ({ALLOC_CONF} is CUDA's)")
         engines = build(ctx)
     except BaseException as exc:  # noqa: BLE001 - every startup failure must reach the client
         results.send(Ready(spec.name, os.getpid(), error=_trace(exc)))

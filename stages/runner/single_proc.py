@@ -14,10 +14,9 @@ confined to its own 32 SMs took 145 ms. The A/B against processes read within no
 The cost is one interpreter: the stages' host work shares the GIL (device graphs keep it small;
 warmups at start do not).
 
-One process holds every replica's graph pool and slot pool, so the CUDA allocator's segments
-fragment: at 128x8 on an H200 it ran out of memory with 139.5 GiB in use and 108.1 GiB allocated,
-and finished with expandable segments (reserved 113.4 GiB, results/h200/README.md). So this process sets `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` for itself
-unless the user set the variable (then theirs holds); the run record's `allocator` says which.
+One process holds every replica's graph pool and slot pool; like every stage process it runs
+with expandable segments unless the user set the allocator (`process.choose_allocator`: with the
+default segments this mode ran out of memory at 128x8 on an H200).
 
 The messages are the other modes': the talker reads Submit / Cancel / StatsQuery / Shutdown from
 the process inbox and puts payload lists on the replicas' queues, which the replica threads read
@@ -30,12 +29,10 @@ A replica thread that fails ends the process (Fatal), as a replica process's dea
 
 from __future__ import annotations
 
-import os
-from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stages.platform import is_cuda, thread_stream
+from stages.platform import thread_stream
 from stages.platform.partition import SmPartition, split_sms
 from stages.runner.process import ProcessSpec, StageContext, run_stage_process
 from stages.runner.replica_host import LockedSender, ReplicaThread, replica_work, start_replica_threads
@@ -48,30 +45,13 @@ class _Stages:
     replicas: list[ReplicaThread]
 
 
-ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
-EXPANDABLE_SEGMENTS = "expandable_segments:True"
-
-
-def choose_allocator(env: MutableMapping[str, str]) -> str:
-    """Set expandable segments in `env` unless it names an allocator setting already; returns
-    the setting in force, for the run record. It must run before this process's first CUDA
-    allocation (the allocator reads the variable once), so `single_main` calls it first."""
-    if env.get(ALLOC_CONF, "").strip():
-        return f"{ALLOC_CONF}={env[ALLOC_CONF]} (from the environment)"
-    env[ALLOC_CONF] = EXPANDABLE_SEGMENTS
-    return f"{ALLOC_CONF}={EXPANDABLE_SEGMENTS} (set by runner.execution=single)"
-
-
 def single_main(spec: ProcessSpec, inbox: Any, replica_inboxes: list[Any], results: Any) -> None:
     """Process target (spawn): build the talker and the replica threads, run the talker loop."""
-    allocator = choose_allocator(os.environ)  # before anything touches the device
-    run_stage_process(spec, LockedSender(results), lambda ctx: _build(ctx, replica_inboxes, allocator),
+    run_stage_process(spec, LockedSender(results), lambda ctx: _build(ctx, replica_inboxes),
                       lambda ctx, stages: _serve(ctx, stages, inbox, replica_inboxes))
 
 
-def _build(ctx: StageContext, replica_inboxes: list[Any], allocator: str) -> _Stages:
-    # Set on every platform (harmless, and before the device is known), effective on CUDA only.
-    ctx.info["allocator"] = allocator if is_cuda(ctx.device) else f"{ctx.device.type} allocator ({ALLOC_CONF} is CUDA's)"
+def _build(ctx: StageContext, replica_inboxes: list[Any]) -> _Stages:
     talker = build_talker(ctx)  # on ctx.device: the talker's (ProcessSpec.hosts_talker)
     # The replicas' threads; it leaves ctx.device current again for the talker loop.
     return _Stages(talker, start_replica_threads(ctx, replica_inboxes, partition=_replica_partition(ctx)))

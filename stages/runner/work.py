@@ -79,8 +79,17 @@ def per_step(counters: dict) -> dict:
             "backlog_per_step": counters["backlog"] / steps}
 
 
+def eager_groups(counters: dict) -> int:
+    """Chunk groups that ran eagerly although graphs were on: final chunks (their length varies,
+    so they are never captured) and each new shape's first run before its capture. Every group
+    either replays or runs eagerly. With many replica threads in one process these eager runs,
+    ~6k launches each under one GIL, can hold a tier back while the device idles."""
+    return counters.get("groups", 0) - counters.get("graph_replays", 0)
+
+
 def format_work(rows: list[dict]) -> list[str]:
-    """One line per stage of a `work_delta`: busy %, ms and rows a step, backlog, graphs."""
+    """One line per stage of a `work_delta`: busy %, ms and rows a step, backlog, graphs (captured /
+    replayed / eager groups)."""
     lines = []
     for r in rows:
         if not r.get("steps"):
@@ -88,7 +97,8 @@ def format_work(rows: list[dict]) -> list[str]:
             continue
         graphs = ""
         if r.get("graph_captures") or r.get("graph_replays"):
-            graphs = f"  graphs {r.get('graph_captures', 0)} captured / {r.get('graph_replays', 0)} replayed"
+            graphs = (f"  graphs {r.get('graph_captures', 0)} captured / {r.get('graph_replays', 0)} replayed"
+                      f" / {eager_groups(r)} eager")
         groups = f"  {r['groups'] / r['steps']:.2f} groups a step" if "groups" in r else ""
         split = ""
         if r.get("busy_s") and "device_wait_s" in r:  # the talker engine's split of its busy time

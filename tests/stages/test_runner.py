@@ -540,22 +540,25 @@ def test_replicas_size_their_slot_pools_for_the_concurrency_the_runner_expects(e
         StageRunner(cpu_config(), replicas=1, concurrency=0)
 
 
-def test_single_sets_expandable_segments_for_itself_unless_the_user_set_the_allocator(monkeypatch):
-    from stages.runner.single_proc import ALLOC_CONF, EXPANDABLE_SEGMENTS, choose_allocator
+@pytest.mark.parametrize("execution", ["processes", "single"])
+def test_each_stage_process_sets_expandable_segments_unless_the_user_set_the_allocator(monkeypatch, execution):
+    from stages.runner.process import ALLOC_CONF, EXPANDABLE_SEGMENTS, choose_allocator
 
     env = {}
-    assert "set by runner.execution=single" in choose_allocator(env)
+    assert "set by the stage runner" in choose_allocator(env)
     assert env == {ALLOC_CONF: EXPANDABLE_SEGMENTS}
     mine = {ALLOC_CONF: "garbage_collection_threshold:0.8"}
     assert "from the environment" in choose_allocator(mine)
     assert mine == {ALLOC_CONF: "garbage_collection_threshold:0.8"}
-    # The process does it for itself: the parent's environment is left alone. Off CUDA the
-    # record says the variable does nothing there.
+    # Each process does it for itself: the parent's environment is left alone. Off CUDA the
+    # record says the variable does nothing there, for every stage process.
     monkeypatch.delenv(ALLOC_CONF, raising=False)
-    runner = StageRunner(cpu_config(execution="single"), replicas=1, factories=fake_factories())
+    runner = StageRunner(cpu_config(execution=execution), replicas=1, factories=fake_factories())
     runner.start()
     try:
-        assert runner.info["stages"]["allocator"] == f"cpu allocator ({ALLOC_CONF} is CUDA's)"
+        names = ["stages"] if execution == "single" else ["talker", "code2wav-0"]
+        for name in names:
+            assert runner.info[name]["allocator"] == f"cpu allocator ({ALLOC_CONF} is CUDA's)"
         assert ALLOC_CONF not in os.environ
     finally:
         runner.stop()

@@ -40,6 +40,10 @@ def test_a_stage_missing_before_counts_from_its_start_and_an_idle_one_has_no_rat
     lines = format_work([new, idle])
     assert "busy  50.0%" in lines[0] and "1.50 groups a step" in lines[0]
     assert lines[1].split() == ["code2wav-1", "idle"]
+    # With graphs on, the groups that did not replay ran eagerly (final chunks, first runs).
+    graphs = {**after[0], "graph_captures": 1, "graph_replays": 4}
+    (line,) = format_work(work_delta([], [graphs]))
+    assert line.endswith("graphs 1 captured / 4 replayed / 2 eager")
 
 
 def test_the_talker_line_splits_its_busy_time_into_device_wait_and_admission():
