@@ -64,6 +64,9 @@ def build_config(dit: str, full: bool) -> Code2WavConfig:
 
 
 def measure(cfg: Code2WavConfig, *, rows: int, device: torch.device) -> dict:
+    # Eager decodes: the transient measured here is the eager one (with graphs on, the first decode
+    # of a shape would also capture, and its pool would count as transient).
+    cfg = replace(cfg, extra={**cfg.extra, "code2wav_device_graph": False})
     t2w = Token2Wav(cfg, device=device, dtype=torch.float32, init_seed=0, slots=rows)
     start = steady_start(cfg)  # chunks before the caches are saturated (prompt + keep frames)
     streams = prepare_streams(cfg, rows, start + 1, "memory")

@@ -72,6 +72,7 @@ def check_memory(cfg: BenchConfig, *, replicas: int, concurrency: int, label: st
         is_cpu,
         resolve_device,
     )
+    from stages.runner.allocator import runs_expandable_segments
     from stages.runner.budget import estimate_stage_memory
     from stages.runner.placement import resolve_devices
 
@@ -89,7 +90,8 @@ def check_memory(cfg: BenchConfig, *, replicas: int, concurrency: int, label: st
         log.warning("memory preflight skipped (%s is set)", SKIP_ENV)
         return
     budget = estimate_stage_memory(cfg.stages, replicas=replicas, concurrency=concurrency,
-                                   device_type=device.type)
+                                   device_type=device.type,
+                                   expandable_segments=runs_expandable_segments(os.environ))
     free = {"host": host_available_bytes()}
     if not is_cpu(device):
         free["device"] = free_memory_bytes(device)  # None on NPU: not checked

@@ -110,9 +110,11 @@ def _library_versions() -> dict[str, str]:
 
 
 # Variables read by the CUDA/NPU runtimes, the allocators or cuBLAS that change what a run
-# measures without changing its config (e.g. 128x8 with `single` runs out of device memory on an
-# H200 unless the allocator uses expandable segments): a record names the ones that were set.
+# measures without changing its config (e.g. the allocator setting: the stage processes choose
+# expandable segments themselves only when none of the first two is set): a record names the ones
+# that were set.
 RUNTIME_VARIABLES = (
+    "PYTORCH_ALLOC_CONF",
     "PYTORCH_CUDA_ALLOC_CONF",
     "PYTORCH_NPU_ALLOC_CONF",
     "CUDA_DEVICE_MAX_CONNECTIONS",

@@ -165,7 +165,7 @@ def check_known_keys(extra: Mapping[str, Any], known: frozenset[str] = KNOWN_KEY
 class Code2WavOptions:
     batched_cache_split: bool = True
     device_spk: bool = True
-    device_graph: bool = False
+    device_graph: bool = True
     graph_warmup: bool = True  # only acts with device_graph on a device
     fused_norm: bool = True  # only acts where Triton runs (CUDA/NPU)
     tf32_mode: Tf32Mode = "off"

@@ -16,7 +16,7 @@ on a CPU that is the host too):
 | code2wav request state | each replica's slot pool: one slot for each of its share of the C requests in flight, of estimator + conformer attention caches (the estimator's in code2wav_dit_dtype) | C (concurrency), code2wav.prompt_keep_frames, code2wav.ref_audio_max_seconds, code2wav.extra.code2wav_dit_dtype |
 | code2wav voices | the default voice and up to prompt_cache_size request voices per module copy, each a prompt setup's caches | code2wav.prompt_cache_size |
 | code2wav decode transient | a quarter of a request's state per batched row (measured 0.158 on an H200), per replica | runner.max_num_seqs |
-| code2wav device graphs | with `code2wav_device_graph` (default) on a GPU: the graphs' memory pool, 0.25 of a request's state per batched row (with the transient, 0.5 against 0.39-0.43 measured on an H200 with expandable segments), per replica | code2wav.extra.code2wav_device_graph, runner.max_num_seqs |
+| code2wav device graphs | with `code2wav_device_graph` (default) on a GPU: the graphs' memory pool, 0.25 of a request's state per batched row with expandable segments (with the transient, 0.5 against 0.39-0.43 measured on an H200), 0.55 with the default segments (0.53 measured), per replica | code2wav.extra.code2wav_device_graph, runner.max_num_seqs |
 | processes | torch and its libraries per process (~300 MiB RSS on a CPU; a CUDA context and workspaces on a GPU) | R |
 | model build | one more fp32 copy of each process's weights while it is built on the host | the stage dims |
 
@@ -50,13 +50,15 @@ DEVICE_PROCESS_BYTES = 512 * MIB
 # an H200 at B = 8 with the stepwise estimator cache; rounded up).
 TRANSIENT_PER_ROW = 0.25
 # A replica's device-graph pool, per row of its largest batch, as a fraction of one request's
-# state. Measured on an H200 with expandable segments (which every stage process sets unless the
-# user sets the allocator): at 128x8, replica processes, 8-row batches, each replica held
-# 1.90-2.09 GB reserved beyond its allocated 11.23 GB, graph pool and eager transient together,
-# 0.39-0.43 of the 0.61 GB estimated a request (0.43-0.47 of the 0.55 GB it really held), so this plus
-# TRANSIENT_PER_ROW (0.5) covers it. With the default segments one replica had needed 0.53 for
-# the pool alone (2,192 MiB at 8 rows); a user who sets PYTORCH_CUDA_ALLOC_CONF gets that back.
+# state. With expandable segments (what every stage process runs with unless the user sets the
+# allocator, stages.runner.allocator), measured on an H200 at 128x8, replica processes, 8-row
+# batches: each replica held 1.90-2.09 GB reserved beyond its allocated 11.23 GB at the end of
+# the tier, graph pool and eager transient together, 0.39-0.43 of the 0.61 GB estimated a request
+# (0.43-0.47 of the 0.55 GB it really held); this plus TRANSIENT_PER_ROW (0.5) covers it. With the
+# default segments one replica had needed 0.53 for the pool alone (2,192 MiB more reserved with
+# graphs than without at 8 rows), rounded up.
 GRAPH_POOL_PER_ROW = 0.25
+GRAPH_POOL_PER_ROW_DEFAULT_SEGMENTS = 0.55
 # The DiT's two causal convolutions per block use this kernel width (stages.code2wav.dit).
 _DIT_CONV_KERNEL = 3
 
@@ -145,10 +147,12 @@ def pool_slots(max_num_seqs: int, live: int) -> int:
 
 
 def estimate_stage_memory(
-    cfg: StageConfig, *, replicas: int, concurrency: int, device_type: str
+    cfg: StageConfig, *, replicas: int, concurrency: int, device_type: str, expandable_segments: bool = True
 ) -> StageBudget:
     """The memory a runner of `cfg` with `replicas` code2wav replicas needs while `concurrency`
-    requests are in flight, on a device of type `device_type` (cpu, cuda, npu)."""
+    requests are in flight, on a device of type `device_type` (cpu, cuda, npu).
+    `expandable_segments`: whether its processes will run with them (they do unless the user sets
+    the allocator: `stages.runner.allocator.runs_expandable_segments(os.environ)`)."""
     t, c, r = cfg.talker, cfg.code2wav, cfg.runner
     elem = dtype_bytes(r.dtype)
     execution = resolve_execution(r)
@@ -184,7 +188,8 @@ def estimate_stage_memory(
                                 ("tier R (replicas)",)))
         if options.device_graph:
             rows = min(r.max_num_seqs, in_flight)
-            items.append(BudgetItem("code2wav device graphs", int(replicas * rows * GRAPH_POOL_PER_ROW * state),
+            per_row = GRAPH_POOL_PER_ROW if expandable_segments else GRAPH_POOL_PER_ROW_DEFAULT_SEGMENTS
+            items.append(BudgetItem("code2wav device graphs", int(replicas * rows * per_row * state),
                                     "device", ("code2wav.extra.code2wav_device_graph=false", "runner.max_num_seqs")))
     return StageBudget(tuple(items), device_type)
 

@@ -20,7 +20,7 @@ import os
 import queue
 import sys
 import traceback
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ from stages.platform import (
     resolve_device,
     set_current_device,
 )
+from stages.runner.allocator import choose_allocator
 from stages.runner.factories import StageFactories
 from stages.runner.messages import Fatal, Ready, StatsReport
 from stages.runner.placement import Placement, place, resolve_devices
@@ -121,26 +122,6 @@ class StageContext:
         self.results.send(StatsReport(token, stats))
 
 
-ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
-EXPANDABLE_SEGMENTS = "expandable_segments:True"
-
-
-def choose_allocator(env: MutableMapping[str, str]) -> str:
-    """Set expandable segments in `env` unless it names an allocator setting already; returns
-    the setting in force, for the run record.
-
-    Why every stage process: a replica holds a slot pool, a prompt cache and its graphs' private
-    pool, and one process may hold several replicas (`threads`, `single`). With the default
-    segments `single` ran out of memory at 128x8 on an H200 (139.5 GiB in use, 108.1 GiB
-    allocated) and finished with expandable ones; replica processes with chunk graphs ran 128x8
-    there with them too (results/h200/README.md, eleventh and twelfth parts). It must run before
-    the process's first device allocation (the allocator reads the variable once)."""
-    if env.get(ALLOC_CONF, "").strip():
-        return f"{ALLOC_CONF}={env[ALLOC_CONF]} (from the environment)"
-    env[ALLOC_CONF] = EXPANDABLE_SEGMENTS
-    return f"{ALLOC_CONF}={EXPANDABLE_SEGMENTS} (set by the stage runner)"
-
-
 def run_stage_process(
     spec: ProcessSpec,
     results: Any,
@@ -168,7 +149,7 @@ def run_stage_process(
         ctx = StageContext(spec, device, dtype_from_name(runner.dtype), results)
         ctx.info.update(device=describe_device(device), torch=torch.__version__,
                         dtype=str(ctx.dtype).removeprefix("torch."), threads=spec.threads,
-                        allocator=allocator if is_cuda(device) else f"{device.type} allocator ({ALLOC_CONF} is CUDA's)")
+                        allocator=allocator if is_cuda(device) else f"{allocator}; CUDA's allocator reads it, this process runs on {device.type}")
         engines = build(ctx)
     except BaseException as exc:  # noqa: BLE001 - every startup failure must reach the client
         results.send(Ready(spec.name, os.getpid(), error=_trace(exc)))

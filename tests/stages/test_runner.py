@@ -540,25 +540,41 @@ def test_replicas_size_their_slot_pools_for_the_concurrency_the_runner_expects(e
         StageRunner(cpu_config(), replicas=1, concurrency=0)
 
 
-@pytest.mark.parametrize("execution", ["processes", "single"])
-def test_each_stage_process_sets_expandable_segments_unless_the_user_set_the_allocator(monkeypatch, execution):
-    from stages.runner.process import ALLOC_CONF, EXPANDABLE_SEGMENTS, choose_allocator
+def test_the_allocator_choice_leaves_a_users_setting_alone():
+    from stages.runner.allocator import (
+        ALLOC_CONF,
+        EXPANDABLE_SEGMENTS,
+        GENERIC_ALLOC_CONF,
+        choose_allocator,
+        runs_expandable_segments,
+    )
 
     env = {}
     assert "set by the stage runner" in choose_allocator(env)
-    assert env == {ALLOC_CONF: EXPANDABLE_SEGMENTS}
-    mine = {ALLOC_CONF: "garbage_collection_threshold:0.8"}
-    assert "from the environment" in choose_allocator(mine)
-    assert mine == {ALLOC_CONF: "garbage_collection_threshold:0.8"}
-    # Each process does it for itself: the parent's environment is left alone. Off CUDA the
-    # record says the variable does nothing there, for every stage process.
+    assert env == {ALLOC_CONF: EXPANDABLE_SEGMENTS} and runs_expandable_segments({})
+    for name in (ALLOC_CONF, GENERIC_ALLOC_CONF):  # torch reads the generic name first
+        mine = {name: "garbage_collection_threshold:0.8"}
+        assert choose_allocator(mine) == f"{name}=garbage_collection_threshold:0.8 (from the environment)"
+        assert mine == {name: "garbage_collection_threshold:0.8"} and not runs_expandable_segments(mine)
+    assert runs_expandable_segments({ALLOC_CONF: "max_split_size_mb:64, expandable_segments: True"})
+
+
+@pytest.mark.parametrize("execution", ["processes", "threads", "single"])
+def test_each_stage_process_chooses_its_allocator_for_itself(monkeypatch, execution):
+    from stages.runner.allocator import ALLOC_CONF, GENERIC_ALLOC_CONF
+
+    names = {"single": ["stages"], "threads": ["talker", "code2wav"], "processes": ["talker", "code2wav-0"]}
     monkeypatch.delenv(ALLOC_CONF, raising=False)
-    runner = StageRunner(cpu_config(execution=execution), replicas=1, factories=fake_factories())
-    runner.start()
-    try:
-        names = ["stages"] if execution == "single" else ["talker", "code2wav-0"]
-        for name in names:
-            assert runner.info[name]["allocator"] == f"cpu allocator ({ALLOC_CONF} is CUDA's)"
-        assert ALLOC_CONF not in os.environ
-    finally:
-        runner.stop()
+    monkeypatch.delenv(GENERIC_ALLOC_CONF, raising=False)
+    for user, expected in ((None, "set by the stage runner"), ("roundup_power2_divisions:4", "from the environment")):
+        if user is not None:
+            monkeypatch.setenv(ALLOC_CONF, user)
+        runner = StageRunner(cpu_config(execution=execution), replicas=1, factories=fake_factories())
+        runner.start()
+        try:
+            for name in names[execution]:  # each process records its own choice (no effect on a CPU)
+                record = runner.info[name]["allocator"]
+                assert expected in record and record.endswith("this process runs on cpu"), (name, record)
+            assert os.environ.get(ALLOC_CONF) == user  # the parent's environment is left alone
+        finally:
+            runner.stop()

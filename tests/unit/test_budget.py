@@ -61,7 +61,7 @@ def test_the_full_default_kv_cache_on_a_cpu_is_what_the_oom_killer_saw():
 def test_full_size_128x8_fits_an_h200_as_measured():
     # results/h200/README.md, twelfth part: the default (replica processes, chunk graphs,
     # expandable segments) ran 128x8 there; torch-allocated peak summed over the 9 processes
-    # 102.7 GiB, reserved 115.0 GiB plus 9 device contexts, of 139.8 GiB. The estimate must sit
+    # 102.6 GiB, reserved 115.0 GiB plus 9 device contexts, of 139.8 GiB. The estimate must sit
     # above the allocated peak and below what a fresh H200 has free.
     budget = estimate_stage_memory(stages(FULL), replicas=8, concurrency=128, device_type="cuda")
     assert 103 * GIB < budget.total("device") < 138 * GIB
@@ -114,6 +114,28 @@ def test_on_cuda_the_device_free_memory_is_checked(monkeypatch):
         check_arms({"base": cfg}, [Tier(32, 1), Tier(128, 8)])
 
 
+def test_the_device_check_counts_the_graph_pool_of_the_allocator_in_force(monkeypatch):
+    # The estimate at 128x8 with expandable segments (the runner's choice) and with a user's own
+    # allocator setting without them; a card with free memory between the two runs the first only.
+    import stages.platform
+
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    cfg = load_config(None, [f"stages={FULL}"])
+    ours, theirs = (estimate_stage_memory(cfg.stages, replicas=8, concurrency=128, device_type="cuda",
+                                          expandable_segments=e).total("device") for e in (True, False))
+    assert theirs > ours
+    monkeypatch.setattr(stages.platform, "resolve_device", lambda kind: torch.device("cuda", 0))
+    monkeypatch.setattr(stages.platform, "free_memory_bytes", lambda device: (ours + theirs) // 2)
+    monkeypatch.setattr(stages.platform, "host_available_bytes", lambda: 500 * GIB)
+    check_arms({"base": cfg}, [Tier(128, 8)])
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # theirs, the same
+    check_arms({"base": cfg}, [Tier(128, 8)])
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.8")
+    with pytest.raises(ConfigError, match="code2wav device graphs"):
+        check_arms({"base": cfg}, [Tier(128, 8)])
+
+
 def test_other_backends_are_not_checked(monkeypatch):
     import stages.platform
 
@@ -152,6 +174,12 @@ def test_code2wav_device_graphs_count_their_pool_on_a_gpu_only():
     transient = next(i for i in on.items if i.name == "code2wav decode transient")
     assert 2.09e9 < graphs.bytes + transient.bytes < 3.0e9
     assert 1000 * 2**20 < graphs.bytes < 1400 * 2**20
+    # A user's own allocator setting without expandable segments gets the pool measured with the
+    # default segments back (2,192 MiB at 8 rows on an H200).
+    default_segments = estimate_stage_memory(cfg_on, replicas=1, concurrency=16, device_type="cuda",
+                                             expandable_segments=False)
+    pool = next(i for i in default_segments.items if i.name == "code2wav device graphs")
+    assert 2192 * 2**20 < pool.bytes < 2600 * 2**20
     assert on.total("device") - off.total("device") == graphs.bytes
     assert all(i.name != "code2wav device graphs" for i in off.items)
     cpu = estimate_stage_memory(cfg_on, replicas=1, concurrency=16, device_type="cpu")
