@@ -61,6 +61,13 @@ BOOL_FLAGS: dict[str, bool] = {
     # it reports ready, so every steady shape is captured before the first request (otherwise
     # each new shape's first chunk pays an eager run plus a capture while serving).
     "code2wav_graph_warmup": True,
+    # With device graphs and their warmup: final chunks of one request whose caches have settled
+    # replay graphs too, one per count of new codes (0..codec_chunk_frames-1), captured at warmup
+    # and never while serving (a final chunk's shape varies with its length). Every request ends
+    # with one; at 128x8 on an H200 eight replica threads running them eagerly (~6k launches each,
+    # under one GIL) left the device 84 % idle (results/h200/README.md, twelfth part). Off until
+    # measured there: it adds codec_chunk_frames captures to each replica's start.
+    "code2wav_final_chunk_graphs": False,
     # The DiT's residual add + LayerNorm + adaLN modulation as one Triton launch instead of three
     # (stages/code2wav/dit_triton.py) on CUDA/NPU; the CPU keeps the eager chain.
     "code2wav_fused_norm": True,
@@ -167,6 +174,7 @@ class Code2WavOptions:
     device_spk: bool = True
     device_graph: bool = True
     graph_warmup: bool = True  # only acts with device_graph on a device
+    final_chunk_graphs: bool = False  # only acts with device_graph and graph_warmup on a device
     fused_norm: bool = True  # only acts where Triton runs (CUDA/NPU)
     tf32_mode: Tf32Mode = "off"
     dit_dtype: str = "float32"  # the CFM estimator's dtype (its caches too)
@@ -183,6 +191,7 @@ class Code2WavOptions:
             device_spk=_flag(extra, "token2wav_device_spk"),
             device_graph=_flag(extra, "code2wav_device_graph"),
             graph_warmup=_flag(extra, "code2wav_graph_warmup"),
+            final_chunk_graphs=_flag(extra, "code2wav_final_chunk_graphs"),
             fused_norm=_flag(extra, "code2wav_fused_norm"),
             tf32_mode=resolve_tf32_mode(extra, env),
             dit_dtype=parse_dit_dtype(extra.get(DIT_DTYPE_KEY)),

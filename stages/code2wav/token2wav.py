@@ -14,7 +14,8 @@ rows, HiFT, store the new caches back (trimmed to prompt + `prompt_keep_frames`)
 a call is queued before any audio is copied back, so the host launches one group while the
 device runs another. On CUDA/NPU a non-final group replays a device graph captured for its shape
 (`ChunkGraphs`, stage flag `code2wav_device_graph`, default true); the first chunk of a shape
-and every last chunk run eagerly. Graph replay and eager run the same kernels, so outputs are
+and last chunks run eagerly (settled last chunks replay graphs captured at warmup with
+`code2wav_final_chunk_graphs`, see graph_warmup.py). Graph replay and eager run the same kernels, so outputs are
 equal bit for bit for the same batch composition.
 
 A steady 28-code payload gives exactly 50 mel frames = 24000 samples (1.0 s). Stage flags are
@@ -33,6 +34,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -43,6 +45,7 @@ from stages.code2wav.chunk_graphs import ChunkGraphs
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.flow import FlowModel
 from stages.code2wav.flow_cache import FlowCache
+from stages.code2wav.graph_warmup import warm_graphs
 from stages.code2wav.hift import HiFTGenerator, fold_weight_norm
 from stages.code2wav.hift_weights import find_hift_checkpoint, load_hift
 from stages.code2wav.options import Code2WavOptions, tf32_scope
@@ -50,7 +53,6 @@ from stages.code2wav.prompt import PromptBuilder, PromptFeatures
 from stages.code2wav.slots import SlotPool
 from stages.code2wav.streaming import (
     DEFAULT_PROMPT_ID,
-    Chunker,
     Code2WavPayloadError,
     CodecPayload,
     validate_payload,
@@ -61,8 +63,9 @@ from stages.platform.graphs import graph_api
 
 log = logging.getLogger(__name__)
 
-WARMUP_PREFIX = "__graph-warmup-"  # request ids of warm_graphs' synthetic streams
-_WARMUP_MAX_CHUNKS = 16  # a stream's shape settles after a few chunks (the cache trim); a bound
+# Graphs a replica holds before it drops them all for a new shape: its steady shapes (~3 a row
+# count up to max_num_seqs) with room to spare; warmed final chunks add one per new-code count.
+_MAX_STEADY_GRAPHS = 48
 
 
 @dataclass
@@ -150,7 +153,9 @@ class Token2Wav:
         self.pool: SlotPool | None = None  # made with the first prompt setup (it fixes the length)
         self._decoder: ChunkDecoder | None = None
         api = graph_api(self.device) if self.options.device_graph else None
-        self.graphs = ChunkGraphs(api) if api is not None else None
+        final = self.cfg.codec_chunk_frames if self.options.final_chunk_graphs else 0
+        self.graphs = ChunkGraphs(api, max_graphs=_MAX_STEADY_GRAPHS + final) if api is not None else None
+        self._capturing_final = False  # see capturing_final_chunks
         self._graph_generation = 0
         self._groups = 0  # ChunkDecoder runs (one per batch shape of a decode call)
         log.info(
@@ -214,6 +219,7 @@ class Token2Wav:
             "dit_norm": self.flow.decoder.estimator.norm_kernel,  # what runs: "triton" or "eager"
             "dit_attention": self.flow.decoder.estimator.attention_kernel,  # "matmul<=N" or "sdpa"
             "device_graph": graphs is not None and graphs.disabled is None,
+            "final_chunk_graphs": graphs is not None and graphs.disabled is None and self.options.final_chunk_graphs,
             "graph_disabled_reason": None if graphs is None else graphs.disabled,
             "slots": 0 if self.pool is None else self.pool.capacity,
         }
@@ -415,10 +421,21 @@ class Token2Wav:
         if self.pool.generation != self._graph_generation and self.graphs is not None:
             self.graphs.invalidate()  # the pool grew: captured addresses are stale
             self._graph_generation = self.pool.generation
-        if self.graphs is None or shape.last:
+        graphs = self.graphs
+        if graphs is not None and shape.last:
+            if not self.options.final_chunk_graphs:
+                graphs = None
+            elif not self._capturing_final:
+                # A final chunk's shape varies with its length: replay what the warmup captured,
+                # never capture while serving (graph_warmup).
+                out = graphs.replay(shape, meta)
+                if out is not None:
+                    return out
+                graphs = None
+        if graphs is None:
             # Queued: a pageable copy would wait for this replica's launched groups to finish.
             return self._decoder.run(host_to_device(meta, self.device), shape)
-        return self.graphs.run(shape, meta, lambda m: self._decoder.run(m, shape))
+        return graphs.run(shape, meta, lambda m: self._decoder.run(m, shape))
 
     def _finish_group(self, out: ChunkOut, items: list[CodecPayload], streams: list[_Stream]) -> list[DecodedAudio]:
         """Copy a launched group's audio back (waits for it) and advance its streams."""
@@ -436,34 +453,23 @@ class Token2Wav:
         return DecodedAudio(p.request_id, p.chunk_seq, np.ascontiguousarray(audio[row]), p.last_chunk, row_mel)
 
     def warm_graphs(self, max_rows: int) -> int:
-        """Capture the graphs of every non-final chunk shape of 1..`max_rows` rows now; returns
-        how many were captured (0 with graphs off, `code2wav_graph_warmup: false`, or a failed
-        capture, which leaves graphs off as it would while serving).
+        """Capture this replica's chunk graphs for 1..`max_rows` rows before it serves; returns
+        how many were captured (`graph_warmup.warm_graphs`)."""
+        return warm_graphs(self, max_rows)
 
-        For each row count, that many synthetic streams of the default voice (silence codes)
-        decode chunk after chunk in one batch until their shape repeats (the cache lengths
-        settle at the trim), then are dropped. So the eager run + capture of each shape is paid
-        before the replica serves, not by the first requests that meet it. Row counts past the
-        pool's capacity are skipped: growing the pool would drop the graphs again."""
-        if self.graphs is None or not self.options.graph_warmup:
-            return 0
-        self.prompt_setup()
-        before = self.graphs.captures
-        for rows in range(1, min(max_rows, self.pool.capacity) + 1):
-            chunkers = [Chunker(self.cfg, f"{WARMUP_PREFIX}{rows}-{i}") for i in range(rows)]
-            seen: set[BatchShape] = set()
-            try:
-                for _ in range(_WARMUP_MAX_CHUNKS):
-                    payloads = [c.push([self.cfg.silence_code] * self.cfg.codec_chunk_frames)[0] for c in chunkers]
-                    self.decode(payloads)
-                    shape = self._requests[chunkers[0].request_id].caches
-                    if shape in seen or self.graphs is None or self.graphs.disabled is not None:
-                        break  # the next chunk would replay, or capture is off
-                    seen.add(shape)
-            finally:
-                for c in chunkers:
-                    self.drop(c.request_id)
-        return self.graphs.captures - before
+    def stream_shape(self, request_id: str) -> BatchShape:
+        """The cache lengths of a live stream's next chunk (rows and tokens unset)."""
+        return self._requests[request_id].caches
+
+    @contextmanager
+    def capturing_final_chunks(self):
+        """Within: a final chunk whose shape has no graph is captured (the warmup's use); outside,
+        it runs eagerly."""
+        self._capturing_final = True
+        try:
+            yield
+        finally:
+            self._capturing_final = False
 
     # -- non-streaming reference -----------------------------------------------------------------
 

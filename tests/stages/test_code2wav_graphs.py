@@ -243,13 +243,19 @@ class _ReplayingGraphs(ChunkGraphs):
     def invalidate(self) -> None:
         self._graphs.clear()
 
-    def run(self, key, inputs, fn):
+    def replay(self, key, inputs):
         entry = self._graphs.get(key)
-        if entry is not None:
-            static, fn0 = entry
-            static.copy_(inputs)
-            self.replays += 1
-            return fn0(static)
+        if entry is None:
+            return None
+        static, fn0 = entry
+        static.copy_(inputs)
+        self.replays += 1
+        return fn0(static)
+
+    def run(self, key, inputs, fn):
+        out = self.replay(key, inputs)
+        if out is not None:
+            return out
         static = inputs.clone()
         out = fn(static)
         self._graphs[key] = (static, fn)
@@ -295,6 +301,53 @@ def test_warmup_captures_every_steady_shape_so_lockstep_traffic_only_replays():
     assert warm.graphs.captures == captured and warm.graphs.replays > 0
 
 
+def _final_shapes(graphs) -> set:
+    return {key for key in graphs._graphs if key.last}
+
+
+def test_final_chunk_graphs_warm_one_shape_per_new_code_count_and_replay_while_serving():
+    on = tiny_config(extra={"code2wav_final_chunk_graphs": True})
+    warm = Token2Wav(on, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, keep_mel=True, slots=4)
+    steady = Token2Wav(tiny_config(), device=torch.device("cpu"), dtype=torch.float32, init_seed=0, slots=4)
+    eager = Token2Wav(tiny_config(extra={"code2wav_device_graph": False}), device=torch.device("cpu"),
+                      dtype=torch.float32, init_seed=0, keep_mel=True, slots=4)
+    warm.graphs, steady.graphs = _ReplayingGraphs(), _ReplayingGraphs()
+    chunk = on.codec_chunk_frames
+    assert warm.warm_graphs(3) - steady.warm_graphs(3) == chunk  # 0..chunk-1 new codes
+    assert {k.tokens for k in _final_shapes(warm.graphs)} == {on.codec_left_context_frames + n for n in range(chunk)}
+    assert {k.rows for k in _final_shapes(warm.graphs)} == {1} and not _final_shapes(steady.graphs)
+    assert warm.active_requests == 0 and warm.pool.in_use == 0
+    _check_settled_streams_replay_their_final_chunks(warm, eager)
+
+
+def _check_settled_streams_replay_their_final_chunks(warm: Token2Wav, eager: Token2Wav) -> None:
+    """Settled streams ending with 0, 7 and chunk-1 new codes, one at a time, through a warmed
+    replica and an eager twin: every chunk replays, the final one included, nothing is captured,
+    and audio and mel are equal bit for bit."""
+    chunk, captures = warm.cfg.codec_chunk_frames, warm.graphs.captures
+    for length in (6 * chunk, 6 * chunk + 7, 7 * chunk - 1):
+        (stream,) = _streams(warm.cfg, [length], seed=length)
+        replays = warm.graphs.replays
+        for payload in stream:
+            (x,) = warm.decode([payload])
+            (y,) = eager.decode([payload])
+            assert torch.equal(torch.from_numpy(x.audio), torch.from_numpy(y.audio)), (length, payload.chunk_seq)
+            assert torch.equal(x.mel, y.mel)
+        assert warm.graphs.replays - replays == len(stream)
+    assert warm.graphs.captures == captures and warm.active_requests == 0
+
+
+def test_a_final_chunk_without_a_warmed_graph_runs_eagerly_and_is_never_captured():
+    for extra in ({"code2wav_final_chunk_graphs": True}, {}):
+        t2w = Token2Wav(tiny_config(extra=extra), device=torch.device("cpu"), dtype=torch.float32, init_seed=0,
+                        slots=2)
+        t2w.graphs = _ReplayingGraphs()
+        for batch in _traffic(_streams(t2w.cfg, [130, 60, 75], seed=3)):
+            t2w.decode(batch)
+        assert t2w.graphs.captures > 0 and not _final_shapes(t2w.graphs), extra
+        assert t2w.work()["groups"] - t2w.graphs.replays >= 3  # three final chunks, all eager
+
+
 def test_warmup_does_nothing_when_switched_off_or_without_graphs():
     cfg = tiny_config(extra={"code2wav_graph_warmup": "false"})
     t2w = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
@@ -337,6 +390,16 @@ def test_cuda_graph_replay_equals_eager_bit_for_bit_tiny():
     # ones mix first, growing and last chunks into the batches (captures of many shapes).
     _assert_same_run(on, off, _streams(on.cfg, TINY_TRAFFIC))
     assert on.graphs.disabled is None and on.graphs.replays > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("deterministic")
+def test_cuda_warmed_final_chunk_graphs_equal_eager_bit_for_bit_tiny():
+    on, off = _cuda_pair(tiny_config(extra={"code2wav_final_chunk_graphs": True}))
+    assert on.warm_graphs(3) > on.cfg.codec_chunk_frames and on.graphs.disabled is None
+    assert on.describe()["final_chunk_graphs"] is True
+    _check_settled_streams_replay_their_final_chunks(on, off)
+    assert on.graphs.disabled is None
 
 
 @pytest.mark.gpu

@@ -1,0 +1,90 @@
+"""Capturing a replica's chunk graphs before it serves (`Token2Wav.warm_graphs`).
+
+Without it each new batch shape's first chunk pays an eager run plus a capture while requests
+wait. Synthetic streams of the default voice (silence codes) decode in lockstep, chunk after
+chunk, until their shape repeats: the cache lengths settle at the trim after a few chunks, so
+one row count passes through ~3 shapes (first, growing, settled). Row counts 1..max_rows are
+warmed, up to the slot pool's capacity (growing the pool would drop the graphs again).
+
+With `code2wav_final_chunk_graphs`, final chunks of settled streams are captured too, one shape
+per count of new codes a final chunk can bring (0..codec_chunk_frames-1; a one-row final chunk
+is what a request's end looks like unless two requests end in the same step with the same
+length). They are captured here only: `Token2Wav` replays a final chunk whose shape was warmed
+and runs any other eagerly, so serving never captures a final shape (there are too many).
+
+    captured = warm_graphs(t2w, max_rows=8)   # through Token2Wav.warm_graphs
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from stages.code2wav.streaming import Chunker
+
+if TYPE_CHECKING:
+    from stages.code2wav.token2wav import Token2Wav
+
+WARMUP_PREFIX = "__graph-warmup-"  # request ids of the synthetic streams
+_MAX_CHUNKS = 16  # a stream's shape settles after a few chunks (the cache trim); a bound
+
+
+def warm_graphs(t2w: Token2Wav, max_rows: int) -> int:
+    """Capture `t2w`'s chunk graphs for 1..`max_rows` rows (and its settled final chunks when
+    the flag says so); returns how many were captured (0 with graphs off, the warmup off, or a
+    failed capture, which leaves graphs off as it would while serving)."""
+    graphs = t2w.graphs
+    if graphs is None or not t2w.options.graph_warmup:
+        return 0
+    t2w.prompt_setup()
+    before = graphs.captures
+    width = min(max_rows, t2w.pool.capacity)
+    for rows in range(1, width + 1):
+        with _streams(t2w, f"{rows}", rows) as chunkers:
+            _settle(t2w, chunkers)
+    if t2w.options.final_chunk_graphs and width > 0:
+        _warm_final_chunks(t2w, width)
+    return graphs.captures - before
+
+
+def _warm_final_chunks(t2w: Token2Wav, width: int) -> None:
+    """Settle `width` streams at a time, then end each with its own count of new codes."""
+    counts = list(range(t2w.cfg.codec_chunk_frames))
+    for start in range(0, len(counts), width):
+        group = counts[start : start + width]
+        with _streams(t2w, f"final-{start}", len(group)) as chunkers:
+            if not _settle(t2w, chunkers):
+                return
+            with t2w.capturing_final_chunks():
+                for chunker, new in zip(chunkers, group):
+                    chunker.push([t2w.cfg.silence_code] * new)  # fewer than a chunk: no payload yet
+                    t2w.decode([chunker.finish()])  # one row; frees the stream's slot
+                    if t2w.graphs.disabled is not None:
+                        return
+
+
+def _settle(t2w: Token2Wav, chunkers: list[Chunker]) -> bool:
+    """Decode the streams in lockstep until the next chunk's shape would repeat; False when
+    capture went off on the way."""
+    seen = set()
+    for _ in range(_MAX_CHUNKS):
+        t2w.decode([c.push([t2w.cfg.silence_code] * t2w.cfg.codec_chunk_frames)[0] for c in chunkers])
+        if t2w.graphs.disabled is not None:
+            return False
+        shape = t2w.stream_shape(chunkers[0].request_id)
+        if shape in seen:
+            return True
+        seen.add(shape)
+    return True
+
+
+@contextmanager
+def _streams(t2w: Token2Wav, tag: str, rows: int) -> Iterator[list[Chunker]]:
+    """`rows` synthetic streams of the default voice, dropped on the way out whatever happens."""
+    chunkers = [Chunker(t2w.cfg, f"{WARMUP_PREFIX}{tag}-{i}") for i in range(rows)]
+    try:
+        yield chunkers
+    finally:
+        for c in chunkers:
+            t2w.drop(c.request_id)  # a no-op for a stream its final chunk already ended
