@@ -98,25 +98,18 @@ class ChunkGraphs:
         """`fn` on `inputs` (host or device): replayed when `key` was captured, else eager
         (and captured for next time). Returned tensors belong to the graph: copy them out
         before the next `run` with the same key."""
-        outputs = self.replay(key, inputs)
-        if outputs is not None:
-            return outputs
+        entry = self._graphs.get(key)
+        if entry is not None:
+            entry.inputs.copy_(inputs, non_blocking=True)
+            entry.graph.replay()
+            self.replays += 1
+            return entry.outputs
         if len(self._graphs) >= self.max_graphs:
             # All together, and before the new shape's first run, which makes the capture
             # stream's cuBLAS workspace anew for the graphs to come (see the landmines above).
             log.info("code2wav graphs: %d shapes held, dropping them all for a new one", len(self._graphs))
             self.invalidate()
         return self._eager_then_capture(key, inputs, fn)
-
-    def replay(self, key: Hashable, inputs: torch.Tensor) -> Any:
-        """The captured graph of `key` on `inputs`, or None when `key` has none (nothing runs)."""
-        entry = self._graphs.get(key)
-        if entry is None:
-            return None
-        entry.inputs.copy_(inputs, non_blocking=True)
-        entry.graph.replay()
-        self.replays += 1
-        return entry.outputs
 
     def _static(self, inputs: torch.Tensor) -> torch.Tensor:
         static = torch.empty(inputs.shape, dtype=inputs.dtype, device=self.api.current_stream().device)

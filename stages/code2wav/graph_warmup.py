@@ -6,11 +6,12 @@ chunk, until their shape repeats: the cache lengths settle at the trim after a f
 one row count passes through ~3 shapes (first, growing, settled). Row counts 1..max_rows are
 warmed, up to the slot pool's capacity (growing the pool would drop the graphs again).
 
-With `code2wav_final_chunk_graphs`, final chunks of settled streams are captured too, one shape
-per count of new codes a final chunk can bring (0..codec_chunk_frames-1; a one-row final chunk
-is what a request's end looks like unless two requests end in the same step with the same
-length). They are captured here only: `Token2Wav` replays a final chunk whose shape was warmed
-and runs any other eagerly, so serving never captures a final shape (there are too many).
+With `code2wav_final_chunk_graphs`, one-row final chunks of settled streams are captured too, one
+shape per count of new codes a final chunk can bring (0..codec_chunk_frames-1): what a request's
+end looks like unless it had fewer than two full chunks, or another request ends in the same step
+with the same count of new codes. Only these final shapes go through the graphs while serving
+(`Token2Wav.final_shapes`; one dropped with the rest is captured again when it comes back);
+every other final chunk runs eagerly, since final shapes are too many to capture as they come.
 
     captured = warm_graphs(t2w, max_rows=8)   # through Token2Wav.warm_graphs
 """
@@ -28,6 +29,11 @@ if TYPE_CHECKING:
 
 WARMUP_PREFIX = "__graph-warmup-"  # request ids of the synthetic streams
 _MAX_CHUNKS = 16  # a stream's shape settles after a few chunks (the cache trim); a bound
+# Room the graphs need so that warming does not overflow them (past `max_graphs` the whole set
+# is dropped, chunk_graphs.py): shapes a row count passes through (3 at full size), plus shapes
+# first met while serving (streams out of lockstep).
+_SHAPES_PER_ROW_COUNT = 4
+_SPARE_GRAPHS = 8
 
 
 def warm_graphs(t2w: Token2Wav, max_rows: int) -> int:
@@ -40,10 +46,14 @@ def warm_graphs(t2w: Token2Wav, max_rows: int) -> int:
     t2w.prompt_setup()
     before = graphs.captures
     width = min(max_rows, t2w.pool.capacity)
+    finals = t2w.cfg.codec_chunk_frames if t2w.options.final_chunk_graphs else 0
+    graphs.max_graphs = max(graphs.max_graphs, _SHAPES_PER_ROW_COUNT * width + finals + _SPARE_GRAPHS)
     for rows in range(1, width + 1):
         with _streams(t2w, f"{rows}", rows) as chunkers:
             _settle(t2w, chunkers)
-    if t2w.options.final_chunk_graphs and width > 0:
+        if graphs.disabled is not None:
+            return graphs.captures - before
+    if finals and width > 0:
         _warm_final_chunks(t2w, width)
     return graphs.captures - before
 
@@ -66,7 +76,7 @@ def _warm_final_chunks(t2w: Token2Wav, width: int) -> None:
 
 def _settle(t2w: Token2Wav, chunkers: list[Chunker]) -> bool:
     """Decode the streams in lockstep until the next chunk's shape would repeat; False when
-    capture went off on the way."""
+    capture went off on the way or the shape never settled."""
     seen = set()
     for _ in range(_MAX_CHUNKS):
         t2w.decode([c.push([t2w.cfg.silence_code] * t2w.cfg.codec_chunk_frames)[0] for c in chunkers])
@@ -76,7 +86,7 @@ def _settle(t2w: Token2Wav, chunkers: list[Chunker]) -> bool:
         if shape in seen:
             return True
         seen.add(shape)
-    return True
+    return False
 
 
 @contextmanager

@@ -61,9 +61,9 @@ BOOL_FLAGS: dict[str, bool] = {
     # it reports ready, so every steady shape is captured before the first request (otherwise
     # each new shape's first chunk pays an eager run plus a capture while serving).
     "code2wav_graph_warmup": True,
-    # With device graphs and their warmup: final chunks of one request whose caches have settled
-    # replay graphs too, one per count of new codes (0..codec_chunk_frames-1), captured at warmup
-    # and never while serving (a final chunk's shape varies with its length). Every request ends
+    # With device graphs and their warmup: one-row final chunks whose caches have settled replay
+    # graphs too, one per count of new codes (0..codec_chunk_frames-1), chosen at warmup; other
+    # final chunks stay eager (a final chunk's shape varies with its length: too many shapes). Every request ends
     # with one; at 128x8 on an H200 eight replica threads running them eagerly (~6k launches each,
     # under one GIL) left the device 84 % idle (results/h200/README.md, twelfth part). Off until
     # measured there: it adds codec_chunk_frames captures to each replica's start.

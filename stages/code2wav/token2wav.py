@@ -14,7 +14,7 @@ rows, HiFT, store the new caches back (trimmed to prompt + `prompt_keep_frames`)
 a call is queued before any audio is copied back, so the host launches one group while the
 device runs another. On CUDA/NPU a non-final group replays a device graph captured for its shape
 (`ChunkGraphs`, stage flag `code2wav_device_graph`, default true); the first chunk of a shape
-and last chunks run eagerly (settled last chunks replay graphs captured at warmup with
+and last chunks run eagerly (settled one-row last chunks replay graphs captured at warmup with
 `code2wav_final_chunk_graphs`, see graph_warmup.py). Graph replay and eager run the same kernels, so outputs are
 equal bit for bit for the same batch composition.
 
@@ -63,9 +63,6 @@ from stages.platform.graphs import graph_api
 
 log = logging.getLogger(__name__)
 
-# Graphs a replica holds before it drops them all for a new shape: its steady shapes (~3 a row
-# count up to max_num_seqs) with room to spare; warmed final chunks add one per new-code count.
-_MAX_STEADY_GRAPHS = 48
 
 
 @dataclass
@@ -153,8 +150,11 @@ class Token2Wav:
         self.pool: SlotPool | None = None  # made with the first prompt setup (it fixes the length)
         self._decoder: ChunkDecoder | None = None
         api = graph_api(self.device) if self.options.device_graph else None
-        final = self.cfg.codec_chunk_frames if self.options.final_chunk_graphs else 0
-        self.graphs = ChunkGraphs(api, max_graphs=_MAX_STEADY_GRAPHS + final) if api is not None else None
+        self.graphs = ChunkGraphs(api) if api is not None else None
+        # Final-chunk shapes the warmup chose (code2wav_final_chunk_graphs): they go through the
+        # graphs while serving, so one dropped with the rest (pool growth, too many shapes) is
+        # captured again when it comes back; every other final chunk runs eagerly.
+        self.final_shapes: set[BatchShape] = set()
         self._capturing_final = False  # see capturing_final_chunks
         self._graph_generation = 0
         self._groups = 0  # ChunkDecoder runs (one per batch shape of a decode call)
@@ -219,7 +219,6 @@ class Token2Wav:
             "dit_norm": self.flow.decoder.estimator.norm_kernel,  # what runs: "triton" or "eager"
             "dit_attention": self.flow.decoder.estimator.attention_kernel,  # "matmul<=N" or "sdpa"
             "device_graph": graphs is not None and graphs.disabled is None,
-            "final_chunk_graphs": graphs is not None and graphs.disabled is None and self.options.final_chunk_graphs,
             "graph_disabled_reason": None if graphs is None else graphs.disabled,
             "slots": 0 if self.pool is None else self.pool.capacity,
         }
@@ -421,21 +420,15 @@ class Token2Wav:
         if self.pool.generation != self._graph_generation and self.graphs is not None:
             self.graphs.invalidate()  # the pool grew: captured addresses are stale
             self._graph_generation = self.pool.generation
-        graphs = self.graphs
-        if graphs is not None and shape.last:
-            if not self.options.final_chunk_graphs:
-                graphs = None
-            elif not self._capturing_final:
-                # A final chunk's shape varies with its length: replay what the warmup captured,
-                # never capture while serving (graph_warmup).
-                out = graphs.replay(shape, meta)
-                if out is not None:
-                    return out
-                graphs = None
-        if graphs is None:
-            # Queued: a pageable copy would wait for this replica's launched groups to finish.
-            return self._decoder.run(host_to_device(meta, self.device), shape)
-        return graphs.run(shape, meta, lambda m: self._decoder.run(m, shape))
+        if shape.last and self._capturing_final:
+            self.final_shapes.add(shape)  # the warmup's (graph_warmup)
+        # Queued: a pageable copy would wait for this replica's launched groups to finish (before
+        # a replay as before an eager run).
+        meta = host_to_device(meta, self.device)
+        if self.graphs is None or (shape.last and shape not in self.final_shapes):
+            # A final chunk's shape varies with its length: only the warmed ones have graphs.
+            return self._decoder.run(meta, shape)
+        return self.graphs.run(shape, meta, lambda m: self._decoder.run(m, shape))
 
     def _finish_group(self, out: ChunkOut, items: list[CodecPayload], streams: list[_Stream]) -> list[DecodedAudio]:
         """Copy a launched group's audio back (waits for it) and advance its streams."""
@@ -463,8 +456,8 @@ class Token2Wav:
 
     @contextmanager
     def capturing_final_chunks(self):
-        """Within: a final chunk whose shape has no graph is captured (the warmup's use); outside,
-        it runs eagerly."""
+        """Within, final chunks' shapes join `final_shapes` (captured now, replayed while
+        serving): the warmup's use."""
         self._capturing_final = True
         try:
             yield

@@ -71,7 +71,10 @@ def warm_replica(ctx: StageContext, t2w: Any) -> Any:
         captured = warm(ctx.spec.cfg.runner.max_num_seqs)
         seconds = time.perf_counter() - t0
         if captured:
-            ctx.info.setdefault("code2wav", {})["graph_warmup"] = {"captured": captured, "seconds": round(seconds, 2)}
+            ctx.info.setdefault("code2wav", {})["graph_warmup"] = {
+                "captured": captured, "seconds": round(seconds, 2),
+                "final_shapes": len(getattr(t2w, "final_shapes", ())),  # code2wav_final_chunk_graphs
+            }
             log.info("%s: %d chunk graphs captured in %.1f s", ctx.spec.name, captured, seconds)
     return t2w
 

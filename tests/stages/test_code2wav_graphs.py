@@ -194,14 +194,16 @@ def _traffic(streams):
         step += 1
 
 
-def _assert_same_run(on: Token2Wav, off: Token2Wav, streams) -> None:
+def _assert_same_run(on: Token2Wav, off: Token2Wav, streams, *, pools: bool = True) -> None:
+    """Equal outputs (and, unless one side was warmed, equal slot pools) over staggered traffic."""
     for batch in _traffic(streams):
         for x, y in zip(on.decode(batch), off.decode(batch)):
             assert (x.request_id, x.chunk_seq) == (y.request_id, y.chunk_seq)
             assert torch.equal(torch.from_numpy(x.audio), torch.from_numpy(y.audio)), x.request_id
             assert torch.equal(x.mel, y.mel)
-        for name, t in on.pool.tensors.items():
-            assert torch.equal(t, off.pool[name]), name
+        if pools:
+            for name, t in on.pool.tensors.items():
+                assert torch.equal(t, off.pool[name]), name
 
 
 TINY_TRAFFIC = [300, 60, 260, 30, 300, 75]  # the tiny CUDA test's stream lengths, in codes
@@ -243,19 +245,13 @@ class _ReplayingGraphs(ChunkGraphs):
     def invalidate(self) -> None:
         self._graphs.clear()
 
-    def replay(self, key, inputs):
-        entry = self._graphs.get(key)
-        if entry is None:
-            return None
-        static, fn0 = entry
-        static.copy_(inputs)
-        self.replays += 1
-        return fn0(static)
-
     def run(self, key, inputs, fn):
-        out = self.replay(key, inputs)
-        if out is not None:
-            return out
+        entry = self._graphs.get(key)
+        if entry is not None:
+            static, fn0 = entry
+            static.copy_(inputs)
+            self.replays += 1
+            return fn0(static)
         static = inputs.clone()
         out = fn(static)
         self._graphs[key] = (static, fn)
@@ -316,6 +312,7 @@ def test_final_chunk_graphs_warm_one_shape_per_new_code_count_and_replay_while_s
     assert warm.warm_graphs(3) - steady.warm_graphs(3) == chunk  # 0..chunk-1 new codes
     assert {k.tokens for k in _final_shapes(warm.graphs)} == {on.codec_left_context_frames + n for n in range(chunk)}
     assert {k.rows for k in _final_shapes(warm.graphs)} == {1} and not _final_shapes(steady.graphs)
+    assert warm.final_shapes == _final_shapes(warm.graphs) and not steady.final_shapes
     assert warm.active_requests == 0 and warm.pool.in_use == 0
     _check_settled_streams_replay_their_final_chunks(warm, eager)
 
@@ -342,10 +339,34 @@ def test_a_final_chunk_without_a_warmed_graph_runs_eagerly_and_is_never_captured
         t2w = Token2Wav(tiny_config(extra=extra), device=torch.device("cpu"), dtype=torch.float32, init_seed=0,
                         slots=2)
         t2w.graphs = _ReplayingGraphs()
+        # 130, 60 and 75 codes end in steps 5, 2 and 4 of the staggered traffic: three final groups
         for batch in _traffic(_streams(t2w.cfg, [130, 60, 75], seed=3)):
             t2w.decode(batch)
-        assert t2w.graphs.captures > 0 and not _final_shapes(t2w.graphs), extra
-        assert t2w.work()["groups"] - t2w.graphs.replays >= 3  # three final chunks, all eager
+        assert t2w.graphs.captures > 0 and not _final_shapes(t2w.graphs) and not t2w.final_shapes, extra
+        # every non-final group replayed or was captured; what is left ran eagerly: the finals
+        assert t2w.work()["groups"] - t2w.graphs.replays - t2w.graphs.captures == 3, extra
+
+
+def test_warmed_final_shapes_are_captured_again_after_the_graphs_are_dropped():
+    cfg = tiny_config(extra={"code2wav_final_chunk_graphs": True})
+    t2w = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, slots=2)
+    t2w.graphs = _ReplayingGraphs()
+    t2w.warm_graphs(2)
+    warmed = set(t2w.final_shapes)
+    for batch in _lockstep(_streams(cfg, [60, 60, 60], seed=5)):  # three live requests: the pool grows
+        t2w.decode(batch)
+    assert t2w.pool.capacity > 2 and not _final_shapes(t2w.graphs) and t2w.final_shapes == warmed
+    length = 6 * cfg.codec_chunk_frames + 7
+    (first,) = _streams(cfg, [length], seed=1)
+    captures = t2w.graphs.captures
+    for payload in first:
+        t2w.decode([payload])
+    assert t2w.graphs.captures > captures and len(_final_shapes(t2w.graphs)) == 1  # captured again
+    (second,) = _streams(cfg, [length], seed=2)
+    replays = t2w.graphs.replays
+    for payload in second:
+        t2w.decode([payload])
+    assert t2w.graphs.replays - replays == len(second)  # its final chunk included
 
 
 def test_warmup_does_nothing_when_switched_off_or_without_graphs():
@@ -370,14 +391,15 @@ def test_warmup_skips_row_counts_the_pool_cannot_hold_without_growing():
 # ---- CUDA ------------------------------------------------------------------------------------
 
 
-def _cuda_pair(cfg):
+def _cuda_pair(cfg, slots: int = 1):
     extra_off = {**cfg.extra, "code2wav_device_graph": False}
     from dataclasses import replace
 
     dev = torch.device("cuda")
     on = Token2Wav(replace(cfg, extra={**cfg.extra, "code2wav_device_graph": True}), device=dev,
-                   dtype=torch.float32, init_seed=0, keep_mel=True)
-    off = Token2Wav(replace(cfg, extra=extra_off), device=dev, dtype=torch.float32, init_seed=0, keep_mel=True)
+                   dtype=torch.float32, init_seed=0, keep_mel=True, slots=slots)
+    off = Token2Wav(replace(cfg, extra=extra_off), device=dev, dtype=torch.float32, init_seed=0, keep_mel=True,
+                    slots=slots)
     return on, off
 
 
@@ -395,11 +417,14 @@ def test_cuda_graph_replay_equals_eager_bit_for_bit_tiny():
 @pytest.mark.gpu
 @pytest.mark.usefixtures("deterministic")
 def test_cuda_warmed_final_chunk_graphs_equal_eager_bit_for_bit_tiny():
-    on, off = _cuda_pair(tiny_config(extra={"code2wav_final_chunk_graphs": True}))
+    on, off = _cuda_pair(tiny_config(extra={"code2wav_final_chunk_graphs": True}), slots=6)
     assert on.warm_graphs(3) > on.cfg.codec_chunk_frames and on.graphs.disabled is None
-    assert on.describe()["final_chunk_graphs"] is True
+    assert len(on.final_shapes) == on.cfg.codec_chunk_frames
     _check_settled_streams_replay_their_final_chunks(on, off)
-    assert on.graphs.disabled is None
+    # Staggered traffic: decode calls that mix first, settled and final groups, warmed or not.
+    replays = on.graphs.replays
+    _assert_same_run(on, off, _streams(on.cfg, TINY_TRAFFIC), pools=False)
+    assert on.graphs.disabled is None and on.graphs.replays > replays
 
 
 @pytest.mark.gpu
