@@ -185,37 +185,40 @@ def _null():
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default="1,4,8,16")
+    ap.add_argument("--rows", default="1,4,8,16", help="comma list of B; empty: no per-chunk arms (e.g. --threads alone)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--tf32", default="off", help="comma list of token2wav_allow_tf32 modes")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", default="", help="comma list of replica-thread counts (graphs on)")
     ap.add_argument("--thread-rows", type=int, default=8)
     ap.add_argument("--thread-chunks", type=int, default=8)
+    ap.add_argument("--thread-arm", default="graph", choices=[a for a in ARMS if a.startswith("graph")],
+                    help="the stage flags of the replica threads (e.g. graph-bf16)")
     ap.add_argument("--kernels", default="", help="comma list of B: device time by kernel (eager)")
     ap.add_argument("--arms", default="graph,eager", help=f"comma list of arms, first = reference: {', '.join(ARMS)}")
     add_out(ap)
     args = ap.parse_args()
-    arm_names = [a for a in args.arms.split(",") if a]
+    rows = [int(x) for x in args.rows.split(",") if x]
+    kernel_rows = [int(x) for x in args.kernels.split(",") if x]
+    arm_names = [a for a in args.arms.split(",") if a] if rows or kernel_rows else []
     unknown = [a for a in arm_names if a not in ARMS]
-    if unknown or len(arm_names) < 2 or len(set(arm_names)) != len(arm_names):
+    if arm_names and (unknown or len(arm_names) < 2 or len(set(arm_names)) != len(arm_names)):
         ap.error(f"--arms takes two or more distinct names of {', '.join(ARMS)}; got {args.arms!r}")
     if args.kernels and not any(a.startswith("eager") for a in arm_names):
         ap.error(f"--kernels profiles an eager chunk: add eager or eager-unfused to --arms (got {args.arms!r})")
     deterministic_kernels()  # as in the stage processes (runner.deterministic): replay == eager
     device = resolve_device(args.device)
-    rows = [int(x) for x in args.rows.split(",")]
     results = []
-    for mode in args.tf32.split(","):
+    for mode in args.tf32.split(",") if arm_names else []:
         base = Code2WavConfig(extra={"token2wav_allow_tf32": mode})
         arms = {
             name: Token2Wav(replace(base, extra={**base.extra, **ARMS[name]}), device=device,
-                            dtype=torch.float32, slots=max(rows))
+                            dtype=torch.float32, slots=max(rows + kernel_rows))
             for name in arm_names
         }
         for t2w in arms.values():
             t2w.prompt_setup()
-        for b in [int(x) for x in args.kernels.split(",") if x] if mode == "off" else []:
+        for b in kernel_rows if mode == "off" else []:
             k = kernel_table(next(t for n, t in arms.items() if n.startswith("eager")), b)
             results.append({"kernel_table": k, "tf32": mode})
             print(f"eager B={b}: {k['device_ms']:.1f} device ms in {k['kernels']} kernels", file=sys.stderr)
@@ -240,7 +243,9 @@ def main() -> int:
         torch.cuda.empty_cache() if device.type == "cuda" else None
     threads = []
     for r in [int(x) for x in args.threads.split(",") if x]:
-        t = bench_threads(Code2WavConfig(), device, r, args.thread_rows, args.thread_chunks)
+        t = bench_threads(Code2WavConfig(extra=dict(ARMS[args.thread_arm])), device, r, args.thread_rows,
+                          args.thread_chunks)
+        t["arm"] = args.thread_arm
         threads.append(t)
         print(f"threads={r} rows={t['rows']}: {t['audio_s_per_s']:.2f} audio s/s "
               f"(each stream at RTF {t['rtf_if_fed']:.3f})", file=sys.stderr, flush=True)
