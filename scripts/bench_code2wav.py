@@ -185,7 +185,8 @@ def _null():
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default="1,4,8,16", help="comma list of B; empty: no per-chunk arms (e.g. --threads alone)")
+    ap.add_argument("--rows", default="1,4,8,16",
+                    help="comma list of B; empty: no per-chunk arms (e.g. --threads alone)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--tf32", default="off", help="comma list of token2wav_allow_tf32 modes")
     ap.add_argument("--device", default="auto")

@@ -75,7 +75,8 @@ def main() -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--live", type=int, default=16, help="requests in flight (C/R of the tier)")
     ap.add_argument("--rows", type=int, default=8, help="rows a decode (runner.max_num_seqs)")
-    ap.add_argument("--slots", type=int, default=16, help="initial slot-pool capacity (the runner: --live, or 2 x max_num_seqs when unknown)")
+    ap.add_argument("--slots", type=int, default=16,
+                    help="initial slot-pool capacity (the runner: --live, or 2 x max_num_seqs when unknown)")
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--voices", action="store_true", help="each request brings a seed-tts prompt wav (3 voices)")
     ap.add_argument("--seed", type=int, default=0)

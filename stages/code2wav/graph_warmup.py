@@ -66,12 +66,13 @@ def _warm_final_chunks(t2w: Token2Wav, width: int) -> None:
         with _streams(t2w, f"final-{start}", len(group)) as chunkers:
             if not _settle(t2w, chunkers):
                 return
-            with t2w.capturing_final_chunks():
-                for chunker, new in zip(chunkers, group):
-                    chunker.push([t2w.cfg.silence_code] * new)  # fewer than a chunk: no payload yet
-                    t2w.decode([chunker.finish()])  # one row; frees the stream's slot
-                    if t2w.graphs.disabled is not None:
-                        return
+            for chunker, new in zip(chunkers, group):
+                chunker.push([t2w.cfg.silence_code] * new)  # fewer than a chunk: no payload yet
+                final = chunker.finish()
+                t2w.final_shapes.add(t2w.chunk_shape(final, rows=1))  # so this decode captures it
+                t2w.decode([final])  # one row; frees the stream's slot
+                if t2w.graphs.disabled is not None:
+                    return
 
 
 def _settle(t2w: Token2Wav, chunkers: list[Chunker]) -> bool:

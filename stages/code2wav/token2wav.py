@@ -15,8 +15,8 @@ a call is queued before any audio is copied back, so the host launches one group
 device runs another. On CUDA/NPU a non-final group replays a device graph captured for its shape
 (`ChunkGraphs`, stage flag `code2wav_device_graph`, default true); the first chunk of a shape
 and last chunks run eagerly (settled one-row last chunks replay graphs captured at warmup with
-`code2wav_final_chunk_graphs`, see graph_warmup.py). Graph replay and eager run the same kernels, so outputs are
-equal bit for bit for the same batch composition.
+`code2wav_final_chunk_graphs`, see graph_warmup.py). Graph replay and eager run the same
+kernels, so outputs are equal bit for bit for the same batch composition.
 
 A steady 28-code payload gives exactly 50 mel frames = 24000 samples (1.0 s). Stage flags are
 parsed once in __init__ (`options.Code2WavOptions`); TF32 is applied on CUDA only.
@@ -34,7 +34,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -155,7 +154,6 @@ class Token2Wav:
         # graphs while serving, so one dropped with the rest (pool growth, too many shapes) is
         # captured again when it comes back; every other final chunk runs eagerly.
         self.final_shapes: set[BatchShape] = set()
-        self._capturing_final = False  # see capturing_final_chunks
         self._graph_generation = 0
         self._groups = 0  # ChunkDecoder runs (one per batch shape of a decode call)
         log.info(
@@ -352,9 +350,8 @@ class Token2Wav:
                 self._prepared.pop(p.request_id, None)
             raise
         groups: dict[BatchShape, list[int]] = {}
-        for i, (p, s) in enumerate(zip(payloads, streams)):
-            key = replace(s.caches, tokens=len(p.codes), last=p.last_chunk)
-            groups.setdefault(key, []).append(i)
+        for i, p in enumerate(payloads):
+            groups.setdefault(self.chunk_shape(p), []).append(i)
         # Every group is queued before the first copy back, so the device runs one group while
         # the host launches the next (an eager group, e.g. last chunks, is ~10k launches). Safe:
         # a decode call has each shape once, so no graph replays twice (its outputs stay put).
@@ -420,8 +417,6 @@ class Token2Wav:
         if self.pool.generation != self._graph_generation and self.graphs is not None:
             self.graphs.invalidate()  # the pool grew: captured addresses are stale
             self._graph_generation = self.pool.generation
-        if shape.last and self._capturing_final:
-            self.final_shapes.add(shape)  # the warmup's (graph_warmup)
         # Queued: a pageable copy would wait for this replica's launched groups to finish (before
         # a replay as before an eager run).
         meta = host_to_device(meta, self.device)
@@ -454,15 +449,10 @@ class Token2Wav:
         """The cache lengths of a live stream's next chunk (rows and tokens unset)."""
         return self._requests[request_id].caches
 
-    @contextmanager
-    def capturing_final_chunks(self):
-        """Within, final chunks' shapes join `final_shapes` (captured now, replayed while
-        serving): the warmup's use."""
-        self._capturing_final = True
-        try:
-            yield
-        finally:
-            self._capturing_final = False
+    def chunk_shape(self, p: CodecPayload, rows: int = 0) -> BatchShape:
+        """The shape `p` is decoded with (its stream admitted; `rows` as given): the key that
+        groups a decode call's payloads, and with `rows` the group's graph key."""
+        return replace(self._requests[p.request_id].caches, rows=rows, tokens=len(p.codes), last=p.last_chunk)
 
     # -- non-streaming reference -----------------------------------------------------------------
 

@@ -147,9 +147,10 @@ def run_stage_process(
         device = resolve_device(runner.device, spec.device_indices()[0])
         set_current_device(device)
         ctx = StageContext(spec, device, dtype_from_name(runner.dtype), results)
+        if not is_cuda(device):
+            allocator += f"; CUDA's allocator reads it, this process runs on {device.type}"
         ctx.info.update(device=describe_device(device), torch=torch.__version__,
-                        dtype=str(ctx.dtype).removeprefix("torch."), threads=spec.threads,
-                        allocator=allocator if is_cuda(device) else f"{allocator}; CUDA's allocator reads it, this process runs on {device.type}")
+                        dtype=str(ctx.dtype).removeprefix("torch."), threads=spec.threads, allocator=allocator)
         engines = build(ctx)
     except BaseException as exc:  # noqa: BLE001 - every startup failure must reach the client
         results.send(Ready(spec.name, os.getpid(), error=_trace(exc)))
