@@ -3,8 +3,9 @@
 An eager full-size chunk launches ~11,000 small kernels, so a replica is bound by the host, not
 the device. `ChunkDecoder.run` is shape-static and sync-free for a given `BatchShape`, so one
 graph per shape replays the whole chunk (encoder, 10 Euler steps, HiFT, cache stores) in one
-launch. Inputs enter through one static int64 tensor (`meta`), outputs leave in the graph's own
-tensors, which the next replay of that graph overwrites: callers copy them out first.
+launch. Inputs enter through one static int64 tensor (`meta`); a replay's outputs are copied out
+of the graph's own tensors on the device before `run` returns, so what the caller gets is its own
+(see the landmines: a later replay of another shape may write over the graph's outputs).
 
 The first chunk of a shape runs eagerly on the caller's stream and returns that real result;
 then the same function is captured on the capture stream, on the same static input, without
@@ -31,6 +32,14 @@ Landmines:
 * a capture that fails (an op that syncs, an unsupported kernel) switches graphs off for this
   instance for good (logged once) and the chunk's eager result stands;
 * captured graphs hold the slot pool's addresses: `invalidate()` after the pool reallocates;
+* a graph's outputs are not safe from the other graphs of its pool: the allocator hands a capture
+  the blocks that earlier captures freed, so a graph's outputs may lie where an earlier-captured
+  graph keeps its temporaries, and that graph's next replay overwrites them. Sharing a pool is
+  only safe when outputs are consumed before any other graph replays (PyTorch's "replay in
+  capture order" rule), and a decode call queues every group before copying any back. Measured
+  on an H200: with the warmup's graphs, 5 of 46 chunks of staggered tiny traffic came back with
+  another group's temporaries as audio. So `run` copies a replay's outputs out (one device copy
+  per output tensor, queued right after the replay);
 * graphs are dropped all together, never one at a time: destroying a CUDA graph clears the
   cuBLAS workspace of the stream it was captured on (torch 2.11, pytorch/pytorch#193402), and
   every other graph captured on that stream still writes to that workspace. Past `max_graphs`
@@ -46,6 +55,7 @@ Landmines:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -63,6 +73,21 @@ class _Captured:
     graph: Any
     inputs: torch.Tensor
     outputs: Any
+
+
+def copied_out(outputs: Any) -> Any:
+    """`outputs` (a tensor, or a dataclass, tuple, list or dict of them) with every tensor
+    cloned: queued on the current stream after the replay that wrote them."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs.clone()
+    if dataclasses.is_dataclass(outputs) and not isinstance(outputs, type):
+        return dataclasses.replace(outputs, **{f.name: copied_out(getattr(outputs, f.name))
+                                               for f in dataclasses.fields(outputs) if f.init})
+    if isinstance(outputs, (tuple, list)):
+        return type(outputs)(copied_out(x) for x in outputs)
+    if isinstance(outputs, dict):
+        return {k: copied_out(v) for k, v in outputs.items()}
+    return outputs
 
 
 class ChunkGraphs:
@@ -96,14 +121,14 @@ class ChunkGraphs:
 
     def run(self, key: Hashable, inputs: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> Any:
         """`fn` on `inputs` (host or device): replayed when `key` was captured, else eager
-        (and captured for next time). Returned tensors belong to the graph: copy them out
-        before the next `run` with the same key."""
+        (and captured for next time). The returned tensors are the caller's: later runs never
+        write to them."""
         entry = self._graphs.get(key)
         if entry is not None:
             entry.inputs.copy_(inputs, non_blocking=True)
             entry.graph.replay()
             self.replays += 1
-            return entry.outputs
+            return copied_out(entry.outputs)
         if len(self._graphs) >= self.max_graphs:
             # All together, and before the new shape's first run, which makes the capture
             # stream's cuBLAS workspace anew for the graphs to come (see the landmines above).

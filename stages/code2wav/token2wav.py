@@ -354,7 +354,8 @@ class Token2Wav:
             groups.setdefault(self.chunk_shape(p), []).append(i)
         # Every group is queued before the first copy back, so the device runs one group while
         # the host launches the next (an eager group, e.g. last chunks, is ~10k launches). Safe:
-        # a decode call has each shape once, so no graph replays twice (its outputs stay put).
+        # a replayed group's outputs are copied out of its graph as soon as it is queued
+        # (ChunkGraphs.run), so the groups queued after it cannot overwrite them.
         launched = []
         for shape, idx in groups.items():
             items, group = [payloads[i] for i in idx], [streams[i] for i in idx]

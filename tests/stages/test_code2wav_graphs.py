@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from stages.code2wav.chunk_graphs import ChunkGraphs
+from stages.code2wav.chunk_graphs import ChunkGraphs, copied_out
 from stages.code2wav.streaming import Chunker
 from stages.code2wav.token2wav import Token2Wav
 from stages.platform.graphs import GraphAPI
@@ -89,6 +89,43 @@ def test_first_call_runs_eagerly_then_replays_with_fresh_inputs():
     second = graphs.run("k", torch.tensor([5, 6]), fn)
     assert second.tolist() == [10, 12] and graphs.replays == 1
     assert len(calls) == 2  # one eager run + one capture; replays call no Python function
+
+
+def test_a_replayed_result_survives_the_replays_of_other_shapes_queued_after_it():
+    """Graphs of one pool may keep their temporaries where another graph's outputs lie (the
+    allocator hands a capture what earlier captures freed). Modelled here: every graph's output
+    is one shared buffer. A decode call queues all its groups before reading any back, so what
+    `run` returns must already be out of the graph."""
+    fake = _FakeAPI()
+    graphs = ChunkGraphs(fake.api())
+    shared = torch.zeros(2)
+
+    def fn(offset):
+        def body(x):
+            fake.pending = lambda: shared.copy_(x + offset)
+            return shared.copy_(x + offset)
+        return body
+
+    graphs.run("a", torch.tensor([0.0, 0.0]), fn(1))
+    graphs.run("b", torch.tensor([0.0, 0.0]), fn(100))
+    a = graphs.run("a", torch.tensor([1.0, 2.0]), fn(1))  # replayed, then b's replay queued after it
+    b = graphs.run("b", torch.tensor([3.0, 4.0]), fn(100))
+    assert graphs.replays == 2
+    assert a.tolist() == [2.0, 3.0] and b.tolist() == [103.0, 104.0]
+
+
+def test_copied_out_copies_every_tensor_of_a_nested_result():
+    @dataclass
+    class Out:
+        audio: torch.Tensor
+        parts: tuple
+        extra: dict
+
+    src = Out(torch.ones(2), (torch.zeros(1), 3), {"m": torch.full((1,), 5.0)})
+    out = copied_out(src)
+    src.audio.add_(1), src.parts[0].add_(1), src.extra["m"].add_(1)
+    assert out.audio.tolist() == [1.0, 1.0] and out.parts[0].tolist() == [0.0] and out.parts[1] == 3
+    assert out.extra["m"].tolist() == [5.0] and type(out) is Out
 
 
 def test_capture_failure_keeps_the_eager_result_and_switches_graphs_off():
@@ -416,11 +453,17 @@ def test_cuda_graph_replay_equals_eager_bit_for_bit_tiny():
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("deterministic")
-def test_cuda_warmed_final_chunk_graphs_equal_eager_bit_for_bit_tiny():
-    on, off = _cuda_pair(tiny_config(extra={"code2wav_final_chunk_graphs": True}), slots=6)
-    assert on.warm_graphs(3) > on.cfg.codec_chunk_frames and on.graphs.disabled is None
-    assert len(on.final_shapes) == on.cfg.codec_chunk_frames
-    _check_settled_streams_replay_their_final_chunks(on, off)
+@pytest.mark.parametrize("finals", [False, True], ids=["warmed", "warmed-finals"])
+def test_cuda_warmed_graphs_equal_eager_bit_for_bit_tiny(finals):
+    """Graphs captured before serving, replayed in decode calls that queue several groups before
+    reading any back: on an H200 this failed (5 of 46 chunks) until a replay's outputs were
+    copied out of the graph's pool (ChunkGraphs.run)."""
+    on, off = _cuda_pair(tiny_config(extra={"code2wav_final_chunk_graphs": finals}), slots=6)
+    finals_count = on.cfg.codec_chunk_frames if finals else 0
+    assert on.warm_graphs(3) > finals_count and on.graphs.disabled is None
+    assert len(on.final_shapes) == finals_count
+    if finals:
+        _check_settled_streams_replay_their_final_chunks(on, off)
     # Staggered traffic: decode calls that mix first, settled and final groups, warmed or not.
     replays = on.graphs.replays
     _assert_same_run(on, off, _streams(on.cfg, TINY_TRAFFIC), pools=False)
