@@ -9,7 +9,9 @@ Shapes are fixed per graph, so graphs are keyed by (rows bucket, kv_len): rows r
 power of two (capped at max_batch; the extra rows are free slots, see below) and kv_len as the
 engine already buckets it. Graphs are captured lazily on first use and share one memory pool.
 Inputs go through static buffers (`ids`, `pos`); the logits buffer of a graph is overwritten
-by its next replay, so callers consume it before the next `run`.
+by its next replay and may be by another graph's (a capture is given the pool blocks earlier
+captures freed, which the earlier graphs use for temporaries), so callers queue their reads of
+it before the next `run` (code2wav's graphs copy their outputs out instead: chunk_graphs.py).
 
 Landmines:
 * Rows R..bucket-1 of a replay are free slots: their position is set to 0, so their dummy write
