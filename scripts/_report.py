@@ -15,8 +15,13 @@ import os
 from pathlib import Path
 
 
+def _folder(value: str) -> str | None:
+    # `--out none` (or OUT=none, or empty) means stdout only, as the help says, not a folder "none".
+    return None if value.strip().lower() in ("", "none") else value
+
+
 def add_out(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--out", default=os.environ.get("OUT"),
+    ap.add_argument("--out", type=_folder, default=os.environ.get("OUT"),
                     help="folder for the result JSON (default: $OUT; none: stdout only)")
 
 

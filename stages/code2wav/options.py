@@ -64,10 +64,10 @@ BOOL_FLAGS: dict[str, bool] = {
     # With device graphs and their warmup: one-row final chunks whose caches have settled replay
     # graphs too, one per count of new codes (0..codec_chunk_frames-1), chosen at warmup; other
     # final chunks stay eager (a final chunk's shape varies with its length: too many shapes).
-    # Every request ends with one; at 128x8 on an H200 eight replica threads running them eagerly
-    # (~6k launches each, under one GIL) left the device 84 % idle (results/h200/README.md,
-    # twelfth part). Off until measured there: it adds codec_chunk_frames captures to each
-    # replica's start.
+    # Every request ends with one. Off: at 128x8 with `single` on an H200 it left 7-10 eager
+    # groups a replica but did not gain (3.31 against 2.97 without, one reading each, other
+    # sessions), and it adds codec_chunk_frames captures to each replica's start (warmup 195 s;
+    # results/h200/README.md, thirteenth part).
     "code2wav_final_chunk_graphs": False,
     # The DiT's residual add + LayerNorm + adaLN modulation as one Triton launch instead of three
     # (stages/code2wav/dit_triton.py) on CUDA/NPU; the CPU keeps the eager chain.

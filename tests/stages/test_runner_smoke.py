@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from functools import partial
 
-import pytest
-
 from scripts._stages import prompt_voices, tiny_stages
 from scripts.runner_smoke import run_tier
 from stages.runner.factories import StageFactories
@@ -49,3 +47,28 @@ def test_a_tier_with_a_trace_window_keeps_its_summary_and_writes_the_trace(tmp_p
     assert res["completed"] == 2, res["errors"]
     assert res["trace"]["steps"] > 0 and res["trace"]["trace"] == str(window.path)
     assert window.path.stat().st_size > 0
+
+
+def test_out_none_means_stdout_only_as_the_measuring_scripts_say(monkeypatch, tmp_path, capsys):
+    import argparse
+
+    from scripts._report import add_out, emit
+
+    monkeypatch.chdir(tmp_path)
+    for argv, env in ((["--out", "none"], None), ([], "none"), ([], ""), (["--out", "NONE"], str(tmp_path / "x"))):
+        if env is None:
+            monkeypatch.delenv("OUT", raising=False)
+        else:
+            monkeypatch.setenv("OUT", env)
+        ap = argparse.ArgumentParser()
+        add_out(ap)
+        out = ap.parse_args(argv).out
+        assert out is None, (argv, env)
+        emit({"figure": 1}, out, "bench")
+        assert capsys.readouterr().out.strip() == '{"figure": 1}'
+    assert list(tmp_path.iterdir()) == []  # no folder called "none" (or anything else) was made
+    monkeypatch.setenv("OUT", str(tmp_path / "res"))
+    ap = argparse.ArgumentParser()
+    add_out(ap)
+    emit({"figure": 2}, ap.parse_args([]).out, "bench")
+    assert (tmp_path / "res" / "bench.json").read_text().startswith("{")
