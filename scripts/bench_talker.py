@@ -1,8 +1,9 @@
 """Talker decode-step benchmark: ms per step and device kernels per step, by batch and prelude.
 
 Full-size dims (or `--tiny`), seeded random weights, every request decoding for the whole
-measurement (fixed `max_codes`). For decode graphs off/on (stage extra `talker_decode_graph`;
-on is eager where the platform has no graphs), each prelude (eager reference, and whatever
+measurement (fixed `max_codes`). For device graphs off/on (stage extras `talker_decode_graph`
+and `talker_prefill_graph` together, so `prefill ms`, admitting B requests in one step, reads
+prefill graphs off/on; on is eager where the platform has no graphs), each prelude (eager reference, and whatever
 `select_prelude(fused=True)` picks on this device) and each batch size B, after one discarded
 pass that captures the graphs the timed pass needs: prefill B requests once, warm up, then time
 `--reps` windows of `--steps` engine steps per prelude, the preludes alternating window by window
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
                 "selected": select_prelude(fused=True, device=device)}  # fmt: skip
     cells: list[Cell] = []
     for graph in (False, True):
-        cfg = dataclasses.replace(base, extra={"talker_decode_graph": graph})
+        cfg = dataclasses.replace(base, extra={"talker_decode_graph": graph, "talker_prefill_graph": graph})
         engine = TalkerEngine(cfg, device=device, dtype=dtype, max_batch=max(batches),
                               max_seq_len=args.max_seq_len, prelude=penalty_temperature_eager)
         if graph and engine.graphs is None:  # no graph API here: the same pass as graph off

@@ -64,10 +64,11 @@ BOOL_FLAGS: dict[str, bool] = {
     # With device graphs and their warmup: one-row final chunks whose caches have settled replay
     # graphs too, one per count of new codes (0..codec_chunk_frames-1), chosen at warmup; other
     # final chunks stay eager (a final chunk's shape varies with its length: too many shapes).
-    # Every request ends with one. Off: at 128x8 with `single` on an H200 it left 7-10 eager
-    # groups a replica but did not gain (3.31 against 2.97 without, one reading each, other
-    # sessions), and it adds codec_chunk_frames captures to each replica's start (warmup 195 s;
-    # results/h200/README.md, thirteenth part).
+    # Every request ends with one. Off: it adds codec_chunk_frames captures to each replica's
+    # start (warmup ~200 s at 128x8 on an H200), and its gain is one reading: at 128x8 with
+    # `single` it read 3.31 against 2.97 while the talker's admissions bounded that tier, 2.17
+    # against 2.50 once prefill graphs lifted them (one reading each, no A/B; results/h200/
+    # README.md, thirteenth and fourteenth parts). Not measured with replica processes.
     "code2wav_final_chunk_graphs": False,
     # The DiT's residual add + LayerNorm + adaLN modulation as one Triton launch instead of three
     # (stages/code2wav/dit_triton.py) on CUDA/NPU; the CPU keeps the eager chain.

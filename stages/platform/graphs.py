@@ -99,3 +99,37 @@ def graph_api(device: torch.device) -> GraphAPI | None:
             current_stream=lambda: npu.current_stream(device),
         )
     return None
+
+
+class SideStreamCapture:
+    """Captures forwards into one shared pool on one side stream, without syncing the device.
+
+    A forward is warmed up on the side stream (CUDA's rule before a capture), then captured there;
+    the side stream first waits for the caller's (its inputs were written there) and the caller's
+    then waits for the side's (the warmup's writes, e.g. KV-cache rows, come before the first
+    replay). No device-wide sync: with replicas on threads of the same process
+    (`runner.execution: single`) a sync while one of them captures breaks its capture.
+
+        captures = SideStreamCapture(api)
+        graph, out = captures.capture(lambda: model(static_x))
+    """
+
+    def __init__(self, api: GraphAPI) -> None:
+        self.api = api
+        self.pool = api.pool()
+        self.side = None  # made at the first capture, then reused
+
+    def capture(self, forward: Callable[[], Any]) -> tuple[Any, Any]:
+        """-> (graph, outputs of the captured `forward`, owned by the graph's pool)."""
+        api = self.api
+        if self.side is None:
+            self.side = api.stream()
+        caller, side = api.current_stream(), self.side
+        side.wait_stream(caller)
+        with api.use_stream(side):
+            forward()
+        graph = api.graph()
+        with CAPTURE_LOCK, api.capture(graph, pool=self.pool, stream=side, **api.capture_options):
+            out = forward()
+        caller.wait_stream(side)
+        return graph, out

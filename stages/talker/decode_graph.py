@@ -19,10 +19,8 @@ Landmines:
 * Warmup before capture runs the same forward on the same inputs as the replay that follows it,
   so its KV-cache writes are exactly the ones the replay makes (no stale garbage).
 * The capture must not sync the host: the forward uses only index ops, no `.item()`.
-* Nor may capturing sync the device: with `runner.execution: single` the replicas are threads
-  of the same process, and a device-wide sync while one of them captures breaks its capture.
-  The side stream waits for the caller's stream (the inputs) instead, warms up and captures,
-  and the caller's stream waits for the warmup's writes before the first replay.
+* Nor may capturing sync the device (replicas may be threads of the same process):
+  `SideStreamCapture` orders the side stream against the caller's instead.
 
     graphs = DecodeGraphs(model, graph_api(device), max_batch=64, device=device)
     logits = graphs.run(prev_ids[:R], positions[:R], kv_len)   # [R, V] fp32, a view
@@ -34,7 +32,7 @@ import logging
 
 import torch
 
-from stages.platform.graphs import CAPTURE_LOCK, GraphAPI
+from stages.platform.graphs import GraphAPI, SideStreamCapture
 from stages.talker.model import TalkerModel
 
 logger = logging.getLogger(__name__)
@@ -45,8 +43,7 @@ class DecodeGraphs:
         self.model, self.api, self.max_batch, self.device = model, api, max_batch, device
         self.ids = torch.zeros(max_batch, dtype=torch.long, device=device)
         self.pos = torch.zeros(max_batch, dtype=torch.long, device=device)
-        self.pool = api.pool()
-        self.side = None  # warmup and capture stream, made at the first capture, then reused
+        self.captures = SideStreamCapture(api)  # one pool for every shape
         self.graphs: dict[tuple[int, int], tuple[object, torch.Tensor]] = {}
 
     def rows_bucket(self, rows: int) -> int:
@@ -58,16 +55,7 @@ class DecodeGraphs:
         return m.code_logits(hidden)  # [rows, V] fp32
 
     def _capture(self, rows: int, kv_len: int) -> tuple[object, torch.Tensor]:
-        if self.side is None:
-            self.side = self.api.stream()
-        caller, side = self.api.current_stream(), self.side
-        side.wait_stream(caller)  # the inputs were copied on the caller's stream
-        with self.api.use_stream(side):  # warm up off the caller's stream (CUDA rule)
-            self._forward(rows, kv_len)
-        graph = self.api.graph()
-        with CAPTURE_LOCK, self.api.capture(graph, pool=self.pool, stream=side, **self.api.capture_options):
-            out = self._forward(rows, kv_len)
-        caller.wait_stream(side)  # the warmup's KV writes come before the first replay
+        graph, out = self.captures.capture(lambda: self._forward(rows, kv_len))
         logger.debug("talker decode graph captured: rows=%d kv_len=%d", rows, kv_len)
         return graph, out
 

@@ -8,8 +8,10 @@ The runner drives it as a loop (continuous batching):
         for out in engine.step():   # out.code is an int, or None with out.finished=True
             ...
 
-A request added between steps is admitted at the next `step()`: its condition rows are
-prefilled into a free cache slot (one forward per new request), and the code sampled at its last
+A request added between steps is admitted at the next `step()`: its condition rows, padded to
+a length bucket (`prefill_length`), are prefilled into a free cache slot (one forward per new
+request; a device graph per bucket with stage extra `talker_prefill_graph`, the default), and
+the code sampled at its last
 prefill row (audio_bos) is its code #0, drawn in the same batched sampling call as the decode
 rows of the requests already running. Every later step decodes all occupied rows together, each
 at its own position; EOS is never emitted, a finished request is reported once with
@@ -48,6 +50,7 @@ from stages.talker.config import TalkerConfig
 from stages.talker.decode_graph import DecodeGraphs
 from stages.talker.length import codec_budget
 from stages.talker.model import TalkerModel
+from stages.talker.prefill_graph import PrefillGraphs
 from stages.talker.prelude import select_prelude
 from stages.talker.sampling import CodecSampler, Prelude, SamplerState
 from stages.talker.thinker_standin import standin_hidden
@@ -57,12 +60,25 @@ from stages.talker.weights import load_talker_weights
 logger = logging.getLogger(__name__)
 
 # Stage extras (see stages.talker.options): the fused (default) or eager penalty + temperature
-# prelude, and device graphs for the decode forward (CUDA/NPU; ignored on CPU).
+# prelude, and device graphs for the decode and prefill forwards (CUDA/NPU; ignored on CPU).
 FUSED_PRELUDE_FLAG, DECODE_GRAPH_FLAG = options.FUSED_PRELUDE_FLAG, options.DECODE_GRAPH_FLAG
+PREFILL_GRAPH_FLAG = options.PREFILL_GRAPH_FLAG
 
 # Decode reads cache[:, :, :kv_len] with kv_len rounded up to this many positions, so the number
 # of distinct attention shapes (and of graphs a runner would capture) stays small.
 KV_LEN_BUCKET = 64
+
+# A prefill runs on its condition rows padded with zero rows to a multiple of this (at most
+# max_seq_len), so prefill graphs need few shapes (<= max_seq_len / 32) and the eager path runs
+# the same shapes as the graphs. Padding follows the request's rows and attention is causal, so
+# its rows see only themselves; the padding's cache writes are overwritten by decode before
+# they could be read.
+PREFILL_LEN_BUCKET = 32
+
+
+def prefill_length(rows: int, max_seq_len: int) -> int:
+    """The padded length a request with `rows` condition rows is prefilled at."""
+    return min(max_seq_len, -(-rows // PREFILL_LEN_BUCKET) * PREFILL_LEN_BUCKET)
 
 
 class TalkerRequestError(ValueError):
@@ -147,7 +163,7 @@ class TalkerEngine:
         self.init_seed = init_seed
         # Stage flags first: a typo fails before any weights are built (seed item 4).
         opts = options.TalkerOptions.from_extra(cfg.extra)
-        fused, use_graphs = opts.fused_prelude, opts.decode_graph
+        fused = opts.fused_prelude
         self.model = build_model(
             cfg, device=device, dtype=dtype, init_seed=init_seed, weights_dir=weights_dir
         )
@@ -162,7 +178,21 @@ class TalkerEngine:
             max_batch, cfg.sampling.history_window, device, vocab=cfg.num_audio_tokens
         )
         self.random_weights = weights_dir is None
-        self.graphs = self._decode_graphs(device) if use_graphs else None
+        api = graph_api(device)
+        self.graphs = self.prefill_graphs = None
+        if api is None and (opts.decode_graph or opts.prefill_graph):
+            logger.info("talker graphs: off (%s has no graph API)", device.type)
+        elif api is not None:
+            if opts.decode_graph:
+                self.graphs = DecodeGraphs(self.model, api, max_batch=max_batch, device=device)
+            if opts.prefill_graph:
+                self.prefill_graphs = PrefillGraphs(self.model, api, max_seq_len=max_seq_len,
+                                                    device=device, dtype=dtype)
+            logger.info("talker graphs (%s): decode %s, prefill %s", api.platform,
+                        self.graphs is not None, self.prefill_graphs is not None)
+        # Row r's cache slot as a [1] tensor view (`_slot_ids[r:r+1]`): prefills take the slot
+        # as a tensor, so one graph serves every slot and no host scalar is copied.
+        self._slot_ids = torch.arange(max_batch, device=device)
         self._active = torch.zeros(max_batch, dtype=torch.bool, device=device)
         self._fresh = torch.zeros(max_batch, dtype=torch.bool, device=device)
         self._pos = torch.zeros(max_batch, dtype=torch.long, device=device)
@@ -183,14 +213,6 @@ class TalkerEngine:
         self._span_marks = (timing_event(device), timing_event(device))
         self.device_span_s = 0.0
 
-    def _decode_graphs(self, device: torch.device) -> DecodeGraphs | None:
-        api = graph_api(device)
-        if api is None:
-            logger.info("talker decode graphs: off (%s has no graph API)", device.type)
-            return None
-        logger.info("talker decode graphs: on (%s)", api.platform)
-        return DecodeGraphs(self.model, api, max_batch=self.max_batch, device=device)
-
     # -- public API ----------------------------------------------------------------------------
     @property
     def prelude(self) -> Prelude:
@@ -210,6 +232,7 @@ class TalkerEngine:
             "init_seed": self.init_seed,
             "prelude": getattr(self.prelude, "__name__", type(self.prelude).__name__),
             "decode_graph": self.graphs is not None,
+            "prefill_graph": self.prefill_graphs is not None,
             "params": sum(p.numel() for p in self.model.parameters()),
             "max_batch": self.max_batch,
             "max_seq_len": self.max_seq_len,
@@ -323,7 +346,15 @@ class TalkerEngine:
         ids = host_to_device(torch.tensor(prep.token_ids, dtype=torch.long), self.device)
         hidden = standin_hidden(prep.token_ids, llm_dim=cfg.llm_dim, seed=self.init_seed)
         cond = self.model.condition(ids, host_to_device(hidden, self.device))  # [L, D]
-        self._fresh_logits[slot] = self.model.code_logits(self.model.prefill(cond, slot)[None])[0]
+        rows = cond.shape[0]
+        padded = torch.nn.functional.pad(cond, (0, 0, 0, prefill_length(rows, self.max_seq_len) - rows))
+        slot_id = self._slot_ids[slot : slot + 1]
+        if self.prefill_graphs is not None:
+            hidden_rows = self.prefill_graphs.run(padded, slot_id)
+        else:
+            hidden_rows = self.model.prefill_rows(padded, slot_id)
+        # Read (queued) before anything else replays the graph: its output is overwritten then.
+        self._fresh_logits[slot] = self.model.code_logits(hidden_rows[rows - 1 : rows])[0]
         self.sampler.admit(self.state, slot, limit=prep.budget + 1, ignore_eos=prep.ignore_eos)
         gen = torch.Generator(device=self.device).manual_seed(req.seed)
         self._slots[slot] = _Running(req, gen, position=cond.shape[0], fresh=True)

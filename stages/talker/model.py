@@ -8,7 +8,9 @@ rename table: `model.layers.N.self_attn.q_proj.weight`, `emb_text.weight`, `emb_
 
 Three ways through the backbone, all sharing the same layers:
 * `forward_full(x)`: no cache, causal; the uncached reference used by tests.
-* `prefill(x, slot)`: one request's condition rows at positions 0..T-1, written into its slot.
+* `prefill_rows(x, slot)`: one request's condition rows at positions 0..T-1, written into its
+  slot (a [1] long tensor, so a device graph can replay it for any slot); `prefill(x, slot)` is
+  the same for an int slot, returning the last row.
 * `decode(x, positions, kv_len)`: one token for rows 0..R-1 (row == cache slot), each at its own
   position; attention reads `cache[:R, :, :kv_len]` (views, no copy) under a per-row length mask.
 
@@ -38,9 +40,9 @@ from stages.talker.config import TalkerConfig
 class _CacheStep:
     """How one attention call uses the KV cache (None = no cache, the uncached reference)."""
 
-    slot: int | None = None  # prefill: the request's cache row
+    # Rows of the flat cache this call writes: KVCache.prefill_rows or KVCache.decode_rows.
+    cache_rows: torch.Tensor | None = None
     positions: torch.Tensor | None = None  # decode: [R] long, write position of each row
-    cache_rows: torch.Tensor | None = None  # decode: [R * KVH] long, see KVCache.decode_rows
     kv_len: int = 0  # decode: how many cache positions attention reads
     mask: torch.Tensor | None = None  # decode: [R, 1, 1, kv_len] bool, True = attend
 
@@ -70,11 +72,12 @@ class KVCache(nn.Module):
         first = (torch.arange(slots, device=device)[:, None] * heads + torch.arange(heads, device=device)) * seq
         self.register_buffer("first_rows", first, persistent=False)  # [slots, KVH]
 
-    def write_prefill(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        # k, v: [1, KVH, T, hd] -> positions 0..T-1 of `slot`
-        t = k.shape[2]
-        self.k[slot, :, :t] = k[0]
-        self.v[slot, :, :t] = v[0]
+    def prefill_rows(self, slot: torch.Tensor, length: int) -> torch.Tensor:
+        """slot: [1] long -> [KVH * length] rows of the flat cache (see decode_rows): (slot, head
+        h, positions 0..length-1) in (h, position) order, the order of a prefill's k [1, KVH, T, hd].
+        A tensor slot, not an int, so one captured prefill serves every slot."""
+        positions = torch.arange(length, device=slot.device)
+        return (self.first_rows[slot].reshape(-1, 1) + positions).reshape(-1)
 
     def decode_rows(self, positions: torch.Tensor) -> torch.Tensor:
         """positions: [R] long (row r is slot r) -> [R * KVH] rows of the cache viewed as
@@ -82,15 +85,16 @@ class KVCache(nn.Module):
         once per step, shared by every layer (their caches have one shape)."""
         return (self.first_rows[: positions.shape[0]] + positions[:, None]).reshape(-1)
 
-    def write_decode(self, cache_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        # cache_rows: [R * KVH] from decode_rows; k, v: [R, KVH, 1, hd]. An index_put (device-side
-        # scatter, no host sync), so it can be captured in a graph. One index over the flat
-        # cache: as `k[slots, :, positions]` the indexed dims would not be adjacent, and under
-        # deterministic kernels CUDA then copies the whole cache twice per write (see
-        # stages.platform.indexing); this way it only sorts R x KVH indices.
+    def write(self, cache_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        # cache_rows from decode_rows (k, v: [R, KVH, 1, hd]) or prefill_rows ([1, KVH, T, hd]):
+        # both list rows in k's (r, h, t) order. An index_put (device-side scatter, no host sync),
+        # so it can be captured in a graph. One index over the flat cache: as
+        # `k[slots, :, positions]` the indexed dims would not be adjacent, and under deterministic
+        # kernels CUDA then copies the whole cache twice per write (see stages.platform.indexing);
+        # this way it only sorts the written rows' indices.
         hd = self.k.shape[-1]
-        self.k.view(-1, hd)[cache_rows] = k[:, :, 0].reshape(-1, hd)
-        self.v.view(-1, hd)[cache_rows] = v[:, :, 0].reshape(-1, hd)
+        self.k.view(-1, hd)[cache_rows] = k.reshape(-1, hd)
+        self.v.view(-1, hd)[cache_rows] = v.reshape(-1, hd)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -127,7 +131,7 @@ class Attention(nn.Module):
         gqa = self.num_heads != self.num_kv_heads
         if step is not None and step.positions is not None:
             assert self.kv_cache is not None, "setup_caches() before decode"
-            self.kv_cache.write_decode(step.cache_rows, k, v)
+            self.kv_cache.write(step.cache_rows, k, v)
             r = x.shape[0]
             keys = self.kv_cache.k[:r, :, : step.kv_len]
             values = self.kv_cache.v[:r, :, : step.kv_len]
@@ -137,7 +141,7 @@ class Attention(nn.Module):
         else:
             if step is not None:
                 assert self.kv_cache is not None, "setup_caches() before prefill"
-                self.kv_cache.write_prefill(step.slot, k, v)
+                self.kv_cache.write(step.cache_rows, k, v)
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         r, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(r, t, -1))
@@ -282,10 +286,20 @@ class TalkerModel(nn.Module):
         positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
         return self.model(x, positions, None)
 
-    def prefill(self, x: torch.Tensor, slot: int) -> torch.Tensor:
-        """One request's rows x: [T, D] into cache `slot` at 0..T-1 -> last hidden [D]."""
+    def prefill_rows(self, x: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        """One request's rows x: [T, D] into cache `slot` ([1] long) at 0..T-1 -> hidden [T, D].
+
+        Causal: row t depends on rows 0..t only, so rows appended after a request's own (the
+        engine pads to a length bucket) change none of its rows' inputs; their cache writes land
+        beyond its length, where its decode writes before it reads (and masks the rest)."""
         positions = torch.arange(x.shape[0], device=x.device)[None]
-        return self.model(x[None], positions, _CacheStep(slot=slot))[0, -1]
+        rows = self.model.layers[0].self_attn.kv_cache.prefill_rows(slot, x.shape[0])
+        return self.model(x[None], positions, _CacheStep(cache_rows=rows))[0]
+
+    def prefill(self, x: torch.Tensor, slot: int) -> torch.Tensor:
+        """`prefill_rows` into the int `slot` -> the last row's hidden [D]."""
+        slot_t = torch.full((1,), slot, dtype=torch.long, device=x.device)  # a fill: no host copy
+        return self.prefill_rows(x, slot_t)[-1]
 
     def decode(self, x: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
         """One token per row. x: [R, D] (row r == slot r), positions: [R] long -> hidden [R, D].

@@ -8,6 +8,10 @@
     talker_decode_graph         (default true)  capture the decode forward in device graphs
                                                 (CUDA/NPU; eager on a CPU). Measured on an
                                                 H200: results/h200/README.md.
+    talker_prefill_graph        (default true)  capture the prefill forward of an admitted
+                                                request in device graphs, one per length bucket
+                                                (CUDA/NPU; eager on a CPU). Off or on, prefills
+                                                run at the bucket length, so codes are the same.
 
 Unknown keys raise with the nearest valid name, so a typo never silently keeps a default.
 Dependency-free (no torch) so the harness can validate a config before starting any process.
@@ -23,7 +27,8 @@ from stages.flags import check_known_keys, read_bool_flag, read_env_opt_out
 
 FUSED_PRELUDE_FLAG = "talker_codec_fused_prelude"
 DECODE_GRAPH_FLAG = "talker_decode_graph"
-KNOWN_KEYS = frozenset({FUSED_PRELUDE_FLAG, DECODE_GRAPH_FLAG})
+PREFILL_GRAPH_FLAG = "talker_prefill_graph"
+KNOWN_KEYS = frozenset({FUSED_PRELUDE_FLAG, DECODE_GRAPH_FLAG, PREFILL_GRAPH_FLAG})
 FUSED_PRELUDE_ENV = "TALKER_CODEC_FUSED_PRELUDE"  # process-wide opt-out of the fused prelude
 
 
@@ -37,6 +42,7 @@ def check_env(env: Mapping[str, str] | None = None) -> None:
 class TalkerOptions:
     fused_prelude: bool = True
     decode_graph: bool = True
+    prefill_graph: bool = True
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> TalkerOptions:
@@ -44,4 +50,5 @@ class TalkerOptions:
         return cls(
             fused_prelude=read_bool_flag(extra, FUSED_PRELUDE_FLAG, True),
             decode_graph=read_bool_flag(extra, DECODE_GRAPH_FLAG, True),
+            prefill_graph=read_bool_flag(extra, PREFILL_GRAPH_FLAG, True),
         )

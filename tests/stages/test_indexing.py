@@ -78,7 +78,17 @@ def _kv_reference(cache, rows, positions, k, v):
 def test_talker_decode_write_lands_at_each_rows_own_position():
     cache, rows, positions, k, v = _kv_case(torch.device("cpu"))
     ek, ev = _kv_reference(cache, rows, positions, k, v)
-    cache.write_decode(cache.decode_rows(positions), k, v)
+    cache.write(cache.decode_rows(positions), k, v)
+    assert torch.equal(cache.k, ek) and torch.equal(cache.v, ev)
+
+
+def test_talker_prefill_write_fills_positions_0_to_t_of_its_slot_only():
+    cache, _, _, _, _ = _kv_case(torch.device("cpu"))
+    ek, ev = cache.k.clone(), cache.v.clone()
+    gen = torch.Generator().manual_seed(2)
+    k, v = (torch.randn(1, 3, 7, 4, generator=gen) for _ in range(2))
+    ek[5, :, :7], ev[5, :, :7] = k[0], v[0]
+    cache.write(cache.prefill_rows(torch.tensor([5]), 7), k, v)
     assert torch.equal(cache.k, ek) and torch.equal(cache.v, ev)
 
 
@@ -116,6 +126,6 @@ def test_cuda_talker_decode_write_does_not_copy_the_cache(deterministic):
     dev = torch.device("cuda")
     cache, rows, positions, k, v = _kv_case(dev, rows=64, heads=12, seq=1024, hd=64)
     ek, ev = _kv_reference(cache, rows, positions, k, v)
-    extra = _peak_extra_bytes(lambda: cache.write_decode(cache.decode_rows(positions), k, v))
+    extra = _peak_extra_bytes(lambda: cache.write(cache.decode_rows(positions), k, v))
     assert torch.equal(cache.k, ek) and torch.equal(cache.v, ev)
     assert extra < cache.k.nbytes // 8, (extra, cache.k.nbytes)

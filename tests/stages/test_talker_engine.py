@@ -135,13 +135,18 @@ def test_stage_extra_flags_are_parsed_strictly_at_construction():
     from stages.talker.prelude import penalty_temperature_eager
 
     cfg = dataclasses.replace(tiny(), extra={"talker_codec_fused_prelude": "false",
-                                             "talker_decode_graph": " TRUE "})
+                                             "talker_decode_graph": " TRUE ",
+                                             "talker_prefill_graph": "1"})
     eng = engine(cfg)
     assert eng.prelude is penalty_temperature_eager
-    assert eng.graphs is None  # no graph API on CPU: eager decode
-    assert eng.describe()["decode_graph"] is False
+    assert eng.graphs is None and eng.prefill_graphs is None  # no graph API on CPU: eager
+    assert eng.describe()["decode_graph"] is False and eng.describe()["prefill_graph"] is False
     with pytest.raises(FlagError, match="talker_decode_graph"):
         engine(dataclasses.replace(tiny(), extra={"talker_decode_graph": "yes"}))
+    with pytest.raises(FlagError, match="talker_prefill_graph"):
+        engine(dataclasses.replace(tiny(), extra={"talker_prefill_graph": "on"}))
+    with pytest.raises(FlagError, match="talker_prefill_graph"):  # a typo names the real key
+        engine(dataclasses.replace(tiny(), extra={"talker_prefil_graph": True}))
 
 
 def test_engine_logits_match_an_uncached_forward_over_the_emitted_codes():
@@ -193,6 +198,69 @@ def test_decode_graph_buffers_and_row_buckets_reproduce_eager_codes():
     graphed, _ = drain(eng, joins)
     assert graphed == eager
     assert {rows for rows, _ in eng.graphs.captured} == {1, 2, 4}  # 3 rows ran in the 4-bucket
+
+
+def test_prefill_length_rounds_up_to_the_bucket_and_never_past_the_cache():
+    from stages.talker.engine import PREFILL_LEN_BUCKET, prefill_length
+
+    assert [prefill_length(n, 256) for n in (1, 31, 32, 33)] == [32, 32, 32, 64]
+    assert prefill_length(250, 256) == 256 and prefill_length(200, 220) == 220
+    assert all(prefill_length(n, 1024) % PREFILL_LEN_BUCKET == 0 for n in range(1, 1000))
+
+
+def test_prefill_graph_buffers_and_length_buckets_reproduce_eager_codes_and_cache():
+    """CPU stand-in for a device graph (as for the decode graphs below): `replay` re-runs the
+    captured forward on the static buffers into the same output tensor, so the padding, the
+    slot tensor, the static-input copies and the read of the last real row are checked here;
+    the real CUDA capture, bit for bit, in test_talker_gpu.py."""
+    from types import SimpleNamespace
+
+    from stages.talker.engine import prefill_length
+    from stages.talker.prefill_graph import PrefillGraphs
+
+    class ReplayGraphs(PrefillGraphs):
+        def _capture(self, length):
+            out = self._forward(length)
+            graph = SimpleNamespace(replay=lambda: out.copy_(self._forward(length)))
+            self.captured.append(length)
+            return graph, out
+
+    long_text = " ".join([TEXT_A] * 3)  # more condition rows than one bucket
+    joins = {0: [TalkerRequest("a", TEXT_A, max_codes=40), TalkerRequest("b", long_text, seed=3, max_codes=20)],
+             2: [TalkerRequest("c", TEXT_C, seed=4, max_codes=30)],
+             25: [TalkerRequest("d", TEXT_B, seed=5, max_codes=10)]}  # reuses a freed slot
+    ref = engine(max_batch=3)
+    eager, _ = drain(ref, joins)
+    eng = engine(max_batch=3)
+    eng.prefill_graphs = ReplayGraphs(eng.model, SimpleNamespace(pool=lambda: None), max_seq_len=256,
+                                      device=torch.device("cpu"), dtype=torch.float32)
+    eng.prefill_graphs.captured = []
+    graphed, _ = drain(eng, joins)
+    assert graphed == eager and set(graphed) == {"a", "b", "c", "d"}
+    rows = [len(eng.tokenizer.encode(t)) + 2 for t in (TEXT_A, long_text, TEXT_C, TEXT_B)]
+    assert sorted(set(eng.prefill_graphs.captured)) == sorted({prefill_length(n, 256) for n in rows})
+    assert len(set(eng.prefill_graphs.captured)) >= 2  # the long text took a second bucket
+    for layer, ref_layer in zip(eng.model.model.layers, ref.model.model.layers):
+        assert torch.equal(layer.self_attn.kv_cache.k, ref_layer.self_attn.kv_cache.k)
+
+
+def test_padding_a_prefill_leaves_its_own_rows_and_the_next_decode_as_unpadded():
+    """The padded rows follow the request's rows: under causal attention its rows and its first
+    decode match an unpadded prefill's (to fp32 noise: the shapes differ)."""
+    from stages.talker.thinker_standin import standin_hidden
+
+    eng = engine()
+    model, ids = eng.model, eng.tokenizer.encode(TEXT_A)
+    cond = model.condition(torch.tensor(ids), standin_hidden(ids, llm_dim=64, seed=0))
+    n = cond.shape[0]
+    padded = torch.cat([cond, torch.randn(40, cond.shape[1])])  # junk padding, even
+    with torch.no_grad():
+        plain = model.prefill_rows(cond, torch.tensor([1]))
+        step_plain = model.decode(model.emb_code[0](torch.tensor([0, 7])), torch.tensor([0, n]), 128)[1]
+        rows = model.prefill_rows(padded, torch.tensor([1]))[:n]
+        step_padded = model.decode(model.emb_code[0](torch.tensor([0, 7])), torch.tensor([0, n]), 128)[1]
+    torch.testing.assert_close(rows, plain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(step_padded, step_plain, rtol=1e-5, atol=1e-5)
 
 
 def test_step_counts_admission_and_device_wait_seconds():

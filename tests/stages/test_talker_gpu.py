@@ -88,23 +88,59 @@ def test_cuda_batched_draw_equals_torch_multinomial_row_by_row():
 
 
 @pytest.mark.parametrize("full_size", [False, True])
-def test_cuda_decode_graph_gives_the_same_codes_as_eager(full_size):
+@pytest.mark.parametrize("decode,prefill", [(True, False), (False, True), (True, True)])
+def test_cuda_graphs_give_the_same_codes_as_eager(full_size, decode, prefill):
     import dataclasses
 
     base = TalkerConfig() if full_size else TalkerConfig(**TINY)
     dtype = torch.bfloat16 if full_size else torch.float32
+    long_text = " ".join(["A longer request takes a second prefill length bucket."] * 4)
 
-    def run(graph: bool) -> dict[str, list[int]]:
-        cfg = dataclasses.replace(base, extra={"talker_decode_graph": graph})
+    def run(decode: bool, prefill: bool) -> dict[str, list[int]]:
+        cfg = dataclasses.replace(base, extra={"talker_decode_graph": decode,
+                                               "talker_prefill_graph": prefill})
         eng = TalkerEngine(cfg, device=torch.device("cuda"), dtype=dtype, max_batch=8,
                            max_seq_len=256)
-        assert (eng.graphs is not None) == graph
+        assert (eng.graphs is not None, eng.prefill_graphs is not None) == (decode, prefill)
         joins = {0: [TalkerRequest("a", "The first request speaks here.", max_codes=70)],
                  5: [TalkerRequest(f"j{i}", "Joining later.", seed=i, max_codes=40)
-                     for i in range(3)]}
-        return codes_of(eng, joins)
+                     for i in range(3)] + [TalkerRequest("long", long_text, seed=9, max_codes=30)]}
+        codes = codes_of(eng, joins)
+        if prefill:
+            assert len(eng.prefill_graphs.graphs) == 2  # both lengths replayed a captured graph
+        return codes
 
-    assert run(True) == run(False)
+    assert run(decode, prefill) == run(False, False)
+
+
+@pytest.mark.parametrize("full_size", [False, True])
+def test_cuda_prefill_graph_replay_equals_eager_bit_for_bit(full_size):
+    """A replayed prefill returns the eager prefill's hidden rows and writes the same cache rows
+    (torch.equal), for a slot other than the one it was captured for."""
+    from stages.platform.graphs import graph_api
+    from stages.talker.prefill_graph import PrefillGraphs
+
+    cfg = TalkerConfig() if full_size else TalkerConfig(**TINY)
+    dtype = torch.bfloat16 if full_size else torch.float32
+    dev = torch.device("cuda")
+    model = TalkerModel(cfg)
+    model.init_random_weights(torch.Generator().manual_seed(0))
+    model = model.to(dev, dtype).eval()
+    model.fold_weight_norm()
+    model.setup_caches(max_batch=4, max_seq_len=128, device=dev, dtype=dtype)
+    gen = torch.Generator().manual_seed(1)
+    x1, x2 = (torch.randn(64, cfg.hidden_size, generator=gen).to(dev, dtype) for _ in range(2))
+    slots = torch.arange(4, device=dev)
+    graphs = PrefillGraphs(model, graph_api(dev), max_seq_len=128, device=dev, dtype=dtype)
+    with torch.inference_mode():
+        graphs.run(x1, slots[0:1])  # captured with slot 0 and x1
+        replayed = graphs.run(x2, slots[2:3]).clone()
+        cache = [(l.self_attn.kv_cache.k[2].clone(), l.self_attn.kv_cache.v[2].clone()) for l in model.model.layers]
+        eager = model.prefill_rows(x2, slots[3:4])
+    torch.cuda.synchronize()
+    assert torch.equal(replayed, eager)
+    for (k, v), layer in zip(cache, model.model.layers):
+        assert torch.equal(k, layer.self_attn.kv_cache.k[3]) and torch.equal(v, layer.self_attn.kv_cache.v[3])
 
 
 def test_cuda_step_span_is_the_devices_time_inside_the_steps():
