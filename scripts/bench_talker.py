@@ -3,8 +3,8 @@
 Full-size dims (or `--tiny`), seeded random weights, every request decoding for the whole
 measurement (fixed `max_codes`). For device graphs off/on (stage extras `talker_decode_graph`
 and `talker_prefill_graph` together, so `prefill ms`, admitting B requests in one step, reads
-prefill graphs off/on; on is eager where the platform has no graphs), each prelude (eager reference, and whatever
-`select_prelude(fused=True)` picks on this device) and each batch size B, after one discarded
+prefill graphs off/on; on is eager where the platform has no graphs), each prelude (eager
+reference, and whatever `select_prelude(fused=True)` picks on this device) and each batch size B, after one discarded
 pass that captures the graphs the timed pass needs: prefill B requests once, warm up, then time
 `--reps` windows of `--steps` engine steps per prelude, the preludes alternating window by window
 (A B, B A, ...) on the same running requests (synchronize before each clock read; `step()`

@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 class DecodeGraphs:
     def __init__(self, model: TalkerModel, api: GraphAPI, *, max_batch: int, device) -> None:
-        self.model, self.api, self.max_batch, self.device = model, api, max_batch, device
+        self.model, self.max_batch = model, max_batch
         self.ids = torch.zeros(max_batch, dtype=torch.long, device=device)
         self.pos = torch.zeros(max_batch, dtype=torch.long, device=device)
         self.captures = SideStreamCapture(api)  # one pool for every shape

@@ -62,7 +62,6 @@ logger = logging.getLogger(__name__)
 # Stage extras (see stages.talker.options): the fused (default) or eager penalty + temperature
 # prelude, and device graphs for the decode and prefill forwards (CUDA/NPU; ignored on CPU).
 FUSED_PRELUDE_FLAG, DECODE_GRAPH_FLAG = options.FUSED_PRELUDE_FLAG, options.DECODE_GRAPH_FLAG
-PREFILL_GRAPH_FLAG = options.PREFILL_GRAPH_FLAG
 
 # Decode reads cache[:, :, :kv_len] with kv_len rounded up to this many positions, so the number
 # of distinct attention shapes (and of graphs a runner would capture) stays small.
@@ -178,18 +177,13 @@ class TalkerEngine:
             max_batch, cfg.sampling.history_window, device, vocab=cfg.num_audio_tokens
         )
         self.random_weights = weights_dir is None
-        api = graph_api(device)
-        self.graphs = self.prefill_graphs = None
-        if api is None and (opts.decode_graph or opts.prefill_graph):
-            logger.info("talker graphs: off (%s has no graph API)", device.type)
-        elif api is not None:
-            if opts.decode_graph:
-                self.graphs = DecodeGraphs(self.model, api, max_batch=max_batch, device=device)
-            if opts.prefill_graph:
-                self.prefill_graphs = PrefillGraphs(self.model, api, max_seq_len=max_seq_len,
-                                                    device=device, dtype=dtype)
-            logger.info("talker graphs (%s): decode %s, prefill %s", api.platform,
-                        self.graphs is not None, self.prefill_graphs is not None)
+        api = graph_api(device)  # None on CPU: both forwards eager
+        self.graphs = (DecodeGraphs(self.model, api, max_batch=max_batch, device=device)
+                       if api is not None and opts.decode_graph else None)
+        self.prefill_graphs = (PrefillGraphs(self.model, api, max_seq_len=max_seq_len, device=device, dtype=dtype)
+                               if api is not None and opts.prefill_graph else None)
+        logger.info("talker graphs on %s: decode %s, prefill %s", api.platform if api else device.type,
+                    self.graphs is not None, self.prefill_graphs is not None)
         # Row r's cache slot as a [1] tensor view (`_slot_ids[r:r+1]`): prefills take the slot
         # as a tensor, so one graph serves every slot and no host scalar is copied.
         self._slot_ids = torch.arange(max_batch, device=device)

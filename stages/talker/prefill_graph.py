@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 class PrefillGraphs:
     def __init__(self, model: TalkerModel, api: GraphAPI, *, max_seq_len: int, device, dtype) -> None:
-        self.model, self.api = model, api
+        self.model = model
         self.x = torch.zeros(max_seq_len, model.cfg.hidden_size, device=device, dtype=dtype)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
         self.captures = SideStreamCapture(api)  # one pool for every length

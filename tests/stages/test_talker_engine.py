@@ -226,7 +226,8 @@ def test_prefill_graph_buffers_and_length_buckets_reproduce_eager_codes_and_cach
             return graph, out
 
     long_text = " ".join([TEXT_A] * 3)  # more condition rows than one bucket
-    joins = {0: [TalkerRequest("a", TEXT_A, max_codes=40), TalkerRequest("b", long_text, seed=3, max_codes=20)],
+    joins = {0: [TalkerRequest("a", TEXT_A, max_codes=40),
+                 TalkerRequest("b", long_text, seed=3, max_codes=20)],
              2: [TalkerRequest("c", TEXT_C, seed=4, max_codes=30)],
              25: [TalkerRequest("d", TEXT_B, seed=5, max_codes=10)]}  # reuses a freed slot
     ref = engine(max_batch=3)

@@ -135,7 +135,8 @@ def test_cuda_prefill_graph_replay_equals_eager_bit_for_bit(full_size):
     with torch.inference_mode():
         graphs.run(x1, slots[0:1])  # captured with slot 0 and x1
         replayed = graphs.run(x2, slots[2:3]).clone()
-        cache = [(l.self_attn.kv_cache.k[2].clone(), l.self_attn.kv_cache.v[2].clone()) for l in model.model.layers]
+        caches = [layer.self_attn.kv_cache for layer in model.model.layers]
+        cache = [(c.k[2].clone(), c.v[2].clone()) for c in caches]
         eager = model.prefill_rows(x2, slots[3:4])
     torch.cuda.synchronize()
     assert torch.equal(replayed, eager)
