@@ -103,7 +103,10 @@ ARMS = {
     # The DiT's attention at every row count through one path (the default switches by rows).
     "graph-sdpa": {"code2wav_device_graph": True, "code2wav_matmul_attention_requests": 0},
     "graph-matmul": {"code2wav_device_graph": True, "code2wav_matmul_attention_requests": 4096},
+    "graph-channels-first": {"code2wav_device_graph": True, "code2wav_frames_first_conv": False},
     "graph-bf16": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16"},  # the DiT and its caches
+    "graph-bf16-channels-first": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16",
+                                  "code2wav_frames_first_conv": False},
 }
 
 
@@ -231,6 +234,7 @@ def main() -> int:
             r["graphs_disabled"] = {n: (t.graphs.disabled if t.graphs else "no graph API") for n, t in arms.items()}
             r["dit_norm"] = {n: t.describe()["dit_norm"] for n, t in arms.items()}
             r["dit_attention"] = {n: t.describe()["dit_attention"] for n, t in arms.items()}
+            r["dit_conv"] = {n: t.describe()["dit_conv"] for n, t in arms.items()}
             results.append(r)
             cols = "  ".join(
                 f"{n} {r[n]['median_ms']:.2f} ms ({r[n]['host_launches_per_chunk']} launches, "

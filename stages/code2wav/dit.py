@@ -220,11 +220,18 @@ class Transpose(nn.Module):
 
 
 class CausalConvBlock(nn.Module):
-    """block = [T, conv1, T, LayerNorm, Mish, T, conv2, T]; convs are causal with k-1 history."""
+    """block = [T, conv1, T, LayerNorm, Mish, T, conv2, T]; convs are causal with k-1 history.
+
+    Two layouts, the same function: channels-first as the checkpoint's Transposes say (the CPU;
+    cuDNN brackets each such conv with two layout-transform kernels), or frames-first all the way
+    (`frames_first`, set by `DiT.select_conv_layout` on CUDA): the [B, T, C] activations are
+    already the channels-last layout of a [B, C, 1, T] image, so a 2-D conv over that view with a
+    channels-last weight runs without transforms and writes [B, T, C] directly."""
 
     def __init__(self, channels: int) -> None:
         super().__init__()
         self.channels = channels
+        self.frames_first = False
         self.block = nn.Sequential(
             Transpose(),
             nn.Conv1d(channels, channels, _CONV_KERNEL),
@@ -245,6 +252,8 @@ class CausalConvBlock(nn.Module):
         # x: [B, T, C]; cache, out_cache: [B, 2C, 2] (conv1 input history | conv2 input history)
         if cache is None:
             cache = x.new_zeros(x.shape[0], 2 * self.channels, CONV_CACHE_FRAMES)
+        if self.frames_first:
+            return self._forward_frames_first(x, cache, out_cache)
         hist1, hist2 = cache.split(self.channels, dim=1)
         h, new1 = self._causal(self.block[1], x.transpose(1, 2), hist1)
         h = self.block[4](self.block[3](h.transpose(1, 2))).transpose(1, 2)
@@ -253,6 +262,36 @@ class CausalConvBlock(nn.Module):
         out_cache[:, : self.channels] = new1
         out_cache[:, self.channels :] = new2
         return h.transpose(1, 2)
+
+    def _forward_frames_first(self, x: torch.Tensor, cache: torch.Tensor, out_cache: torch.Tensor):
+        # The cache keeps its channels-first [B, 2C, 2] layout (the flow cache and its tests
+        # read it so); only its two frames a conv are transposed, not the activations.
+        c = self.channels
+        full1 = torch.cat([cache[:, :c].transpose(1, 2), x], dim=1)  # [B, 2 + T, C]
+        h = self.block[4](self.block[3](conv_frames_first(self.block[1], full1)))
+        full2 = torch.cat([cache[:, c:].transpose(1, 2), h], dim=1)
+        out_cache[:, :c] = full1[:, -CONV_CACHE_FRAMES:].transpose(1, 2)
+        out_cache[:, c:] = full2[:, -CONV_CACHE_FRAMES:].transpose(1, 2)
+        return conv_frames_first(self.block[6], full2)
+
+    def set_frames_first(self, on: bool) -> None:
+        """Switch the layout; the conv weights are re-laid-out in place (same shape and values,
+        channels-last strides when on), so no second copy of them is kept."""
+        self.frames_first = on
+        for conv in (self.block[1], self.block[6]):
+            w = conv.weight.data
+            conv.weight.data = w.transpose(1, 2).contiguous().transpose(1, 2) if on else w.contiguous()
+
+
+def conv_frames_first(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """A valid (unpadded) Conv1d over frames-first x: [B, T, C] -> [B, T - k + 1, C_out].
+
+    [B, T, C] memory is a [B, C, 1, T] image in channels-last layout, and a weight stored with
+    channels-last strides ([C_out, k, C_in] memory) makes the 2-D conv pick a channels-last
+    kernel whose output, [B, C_out, 1, T'] channels-last, is [B, T', C_out] memory again."""
+    image = x.unsqueeze(1).permute(0, 3, 1, 2)  # [B, C, 1, T], channels-last strides: no copy
+    out = F.conv2d(image, conv.weight.unsqueeze(2), conv.bias)
+    return out.squeeze(2).transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -336,6 +375,7 @@ class DiT(nn.Module):
         self._norm = residual_norm_modulate_eager  # `select_norm` may swap in the Triton twin
         self.norm_kernel = "eager"
         self.attention_kernel = "sdpa"  # `select_attention` may route small chunks to GEMMs
+        self.conv_layout = "channels-first"  # `select_conv_layout` may run the convs frames-first
 
     def select_norm(self, fused: bool, device: torch.device) -> str:
         """Use the fused norm steps when `fused` and Triton runs on `device` (a CUDA/NPU device;
@@ -377,6 +417,21 @@ class DiT(nn.Module):
         if not max_requests:
             return "scaled_dot_product_attention (code2wav_matmul_attention_requests is 0)"
         return f"batched GEMMs up to {max_requests} requests a chunk, scaled_dot_product_attention above"
+
+    def select_conv_layout(self, frames_first: bool, device: torch.device) -> str:
+        """Run the causal convs frames-first (`CausalConvBlock.frames_first`) when asked and on
+        CUDA, where cuDNN otherwise transforms every conv's input and output between layouts;
+        the CPU and an NPU keep the checkpoint's channels-first convs (measured on CUDA only).
+        Call it after the dtype is set (the weights are re-laid-out in place). Returns what runs,
+        for logs; `conv_layout` says it in one word."""
+        on = frames_first and device.type == "cuda"
+        for block in self.blocks:
+            block.conv.set_frames_first(on)
+        self.conv_layout = "frames-first" if on else "channels-first"
+        if on:
+            return "frames-first (channels-last 2-D convs, no layout transforms)"
+        why = "code2wav_frames_first_conv is false" if not frames_first else f"not CUDA ({device.type})"
+        return f"channels-first ({why})"
 
     def _set_norm(self, fused: bool) -> None:
         self._norm = _residual_norm_modulate_fused if fused else residual_norm_modulate_eager

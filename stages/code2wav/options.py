@@ -73,6 +73,12 @@ BOOL_FLAGS: dict[str, bool] = {
     # The DiT's residual add + LayerNorm + adaLN modulation as one Triton launch instead of three
     # (stages/code2wav/dit_triton.py) on CUDA/NPU; the CPU keeps the eager chain.
     "code2wav_fused_norm": True,
+    # The DiT's causal convs frames-first on CUDA: 2-D convs over the [B, T, C] activations as
+    # a channels-last image, so cuDNN runs no layout transforms around them (two a conv, ~730
+    # kernels a chunk); the CPU and an NPU keep the checkpoint's channels-first convs. On an H200
+    # a steady chunk took 37.8 against 43.3 ms at 1 request, 419 against 437 at 64 (fp32; bf16
+    # 20.5 against 26.3 at 1; results/h200/README.md, fifteenth part).
+    "code2wav_frames_first_conv": True,
 }
 # Chunks of up to this many requests run the DiT's attention as batched GEMMs on CUDA/NPU
 # (`dit.attention_by_matmul`, fp32 DiT only), larger ones through scaled_dot_product_attention;
@@ -178,6 +184,7 @@ class Code2WavOptions:
     graph_warmup: bool = True  # only acts with device_graph on a device
     final_chunk_graphs: bool = False  # only acts with device_graph and graph_warmup on a device
     fused_norm: bool = True  # only acts where Triton runs (CUDA/NPU)
+    frames_first_conv: bool = True  # only acts on CUDA
     tf32_mode: Tf32Mode = "off"
     dit_dtype: str = "float32"  # the CFM estimator's dtype (its caches too)
     matmul_attention_requests: int = MATMUL_ATTENTION_DEFAULT  # only acts on CUDA/NPU
@@ -195,6 +202,7 @@ class Code2WavOptions:
             graph_warmup=_flag(extra, "code2wav_graph_warmup"),
             final_chunk_graphs=_flag(extra, "code2wav_final_chunk_graphs"),
             fused_norm=_flag(extra, "code2wav_fused_norm"),
+            frames_first_conv=_flag(extra, "code2wav_frames_first_conv"),
             tf32_mode=resolve_tf32_mode(extra, env),
             dit_dtype=parse_dit_dtype(extra.get(DIT_DTYPE_KEY)),
             matmul_attention_requests=parse_request_count(
