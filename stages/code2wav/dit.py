@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stages.code2wav.config import DiTConfig
-from stages.platform import is_cpu
+from stages.platform import is_cpu, is_cuda
 
 log = logging.getLogger(__name__)
 
@@ -424,7 +424,7 @@ class DiT(nn.Module):
         the CPU and an NPU keep the checkpoint's channels-first convs (measured on CUDA only).
         Call it after the dtype is set (the weights are re-laid-out in place). Returns what runs,
         for logs; `conv_layout` says it in one word."""
-        on = frames_first and device.type == "cuda"
+        on = frames_first and is_cuda(device)
         for block in self.blocks:
             block.conv.set_frames_first(on)
         self.conv_layout = "frames-first" if on else "channels-first"

@@ -5,7 +5,9 @@ graphs, and its own inbox from the talker (the same messages as a replica proces
 share the modules (one copy of the weights per device) and the prompt setups. Why threads: as
 processes, R replicas are R device contexts that the GPU time-slices, so one replica's small
 kernels never overlap another's; as threads on separate streams of one context they do
-(measured on an H200: README, "The embedded runner").
+(measured on an H200: README, "The embedded runner"). But the threads share one interpreter,
+and at 128x8 they fell behind: mean RTF +99 % against processes (3 repeats, results/h200/
+README.md, fifteenth part), which is why processes are the default.
 
 Each thread warms its engine's device graphs on its own stream before the process reports ready
 (`warm_replica`). The process's own inbox carries only control messages: the shutdown sentinel
