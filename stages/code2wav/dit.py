@@ -375,7 +375,6 @@ class DiT(nn.Module):
         self._norm = residual_norm_modulate_eager  # `select_norm` may swap in the Triton twin
         self.norm_kernel = "eager"
         self.attention_kernel = "sdpa"  # `select_attention` may route small chunks to GEMMs
-        self.conv_layout = "channels-first"  # `select_conv_layout` may run the convs frames-first
 
     def select_norm(self, fused: bool, device: torch.device) -> str:
         """Use the fused norm steps when `fused` and Triton runs on `device` (a CUDA/NPU device;
@@ -427,11 +426,16 @@ class DiT(nn.Module):
         on = frames_first and is_cuda(device)
         for block in self.blocks:
             block.conv.set_frames_first(on)
-        self.conv_layout = "frames-first" if on else "channels-first"
         if on:
             return "frames-first (channels-last 2-D convs, no layout transforms)"
         why = "code2wav_frames_first_conv is false" if not frames_first else f"not CUDA ({device.type})"
         return f"channels-first ({why})"
+
+    @property
+    def conv_layout(self) -> str:
+        """Which layout the causal convs run in, read off the blocks: "frames-first" or
+        "channels-first" (`select_conv_layout` switches every block together)."""
+        return "frames-first" if self.blocks[0].conv.frames_first else "channels-first"
 
     def _set_norm(self, fused: bool) -> None:
         self._norm = _residual_norm_modulate_fused if fused else residual_norm_modulate_eager

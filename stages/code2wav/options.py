@@ -74,7 +74,7 @@ BOOL_FLAGS: dict[str, bool] = {
     # (stages/code2wav/dit_triton.py) on CUDA/NPU; the CPU keeps the eager chain.
     "code2wav_fused_norm": True,
     # The DiT's causal convs frames-first on CUDA: 2-D convs over the [B, T, C] activations as
-    # a channels-last image, so cuDNN runs no layout transforms around them (two a conv, ~730
+    # a channels-last image, so cuDNN runs no layout transforms around them (two a conv, ~800-1,100
     # kernels a chunk); the CPU and an NPU keep the checkpoint's channels-first convs. On an H200
     # a steady chunk took 37.8 against 43.3 ms at 1 request, 419 against 437 at 64 (fp32; bf16
     # 20.5 against 26.3 at 1; results/h200/README.md, fifteenth part).
