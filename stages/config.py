@@ -43,6 +43,12 @@ class RunnerConfig:
     # device context, so nothing is time-sliced; the talker's stream has high priority).
     # "auto": processes, until an H200 A/B resolves a gain (configs/ab/runner.yaml, execution.yaml).
     execution: Literal["auto", "processes", "threads", "single"] = "auto"
+    # With processes: the replicas a code2wav process hosts, as threads with a device stream
+    # each (stages.runner.replica_host), so R replicas are ceil(R / k) device contexts instead
+    # of R. Why: the GPU time-slices contexts, and at 128x8 the talker waited for the device
+    # 81 % of its busy time beside eight replica contexts, while eight replica threads in one
+    # interpreter fell behind on the host (README, "The embedded runner"). 1: a process each.
+    replicas_per_process: int = 1
     # SMs of the talker's GPU held back from the replicas (CUDA green contexts; execution single
     # only, where the stages share one device context), so the talker's ~900 small kernels a step
     # do not wait for SMs the replicas' chunk kernels hold. 0: no partition. The driver rounds it
@@ -69,6 +75,15 @@ class RunnerConfig:
             raise ValueError(f"runner.start_timeout_s must be > 0, got {self.start_timeout_s}")
         if self.execution not in EXECUTIONS:
             raise ValueError(f"runner.execution must be one of {', '.join(EXECUTIONS)}, got {self.execution!r}")
+        if self.replicas_per_process < 1:
+            raise ValueError(f"runner.replicas_per_process must be >= 1, got {self.replicas_per_process}")
+        if self.replicas_per_process > 1 and self.execution not in ("auto", "processes"):
+            raise ValueError(
+                f"runner.replicas_per_process={self.replicas_per_process} needs runner.execution: "
+                f"processes (got {self.execution!r}): threads already host every replica in one "
+                "process, single hosts every stage in one; set runner.replicas_per_process=1 or "
+                "runner.execution=processes"
+            )
         if self.talker_sms < 0:
             raise ValueError(f"runner.talker_sms must be >= 0, got {self.talker_sms}")
         if self.talker_sms and self.execution != "single":
@@ -105,9 +120,14 @@ class StageConfig:
         code2wav_options.Code2WavOptions.from_extra(self.code2wav.extra)
 
 
-def stage_processes(execution: str, replicas: int) -> int:
-    """Processes a runner of `replicas` replicas starts for a resolved `execution`."""
-    return {"threads": 2, "single": 1}.get(execution, 1 + replicas)
+def replica_groups(execution: str, replicas: int, per_process: int = 1) -> list[tuple[int, ...]]:
+    """The replica ids each code2wav process hosts, for a resolved `execution`: one group of
+    every replica (threads), none (single: its one process hosts them beside the talker), or
+    consecutive runs of `per_process` (processes; the last run may be shorter)."""
+    if execution == "single":
+        return []
+    size = replicas if execution == "threads" else per_process
+    return [tuple(range(start, min(start + size, replicas))) for start in range(0, replicas, size)]
 
 
 def resolve_execution(runner: RunnerConfig) -> str:

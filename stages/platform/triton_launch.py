@@ -18,7 +18,7 @@ What a newcomer needs to know:
   registered (a profiler), means Triton's own path, with the same results.
 * Triton internals relied on (read in the 3.6 and 3.9 sources) are named at each function.
 * `kernel_for(kernel, device)`: the interpreted twin on CPU (TRITON_INTERPRET tests), a compiled
-  variant without pointer-alignment specialization elsewhere.
+  variant specialised on neither pointer alignment nor scalar values elsewhere.
 
     >>> launches = DirectLaunches(kernel_for(my_kernel, torch.device("cuda")))  # doctest: +SKIP
     >>> launches((device_index, vocab), (rows, blocks, 1), x_ptr, out_ptr, VOCAB)  # doctest: +SKIP
@@ -26,6 +26,7 @@ What a newcomer needs to know:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import types
 from collections.abc import Callable, Hashable, Sequence
@@ -48,13 +49,30 @@ def build_launcher(kernel, device_type: str):
 
     if device_type == "cpu":
         return kernel if isinstance(kernel, InterpretedFunction) else InterpretedFunction(kernel.fn)
-    # No pointer-alignment specialization: then a compiled variant depends only on dtypes and
-    # constexprs, which is what lets `DirectLaunches` reuse it without re-running Triton's
-    # binder (scalar instead of 16-byte loads costs nothing measurable: launch-bound kernels).
-    pointers = [name for name in kernel.arg_names if name.endswith("_ptr")]
-    # The kernel's own `do_not_specialize` (ints that vary per call, e.g. frame counts) carries over.
-    keep = list(getattr(kernel, "do_not_specialize", None) or [])
-    return JITFunction(kernel.fn, do_not_specialize=keep, do_not_specialize_on_alignment=pointers)
+    pointers, scalars = runtime_arguments(kernel.fn)
+    # No specialization on pointer alignment nor on the values of scalar arguments (Triton
+    # otherwise compiles a variant for ints equal to 1 or divisible by 16): then a compiled
+    # variant depends only on dtypes and constexprs, which is what lets `DirectLaunches` reuse
+    # it for every call with the same key without re-running Triton's binder (scalar instead
+    # of 16-byte loads costs nothing measurable: launch-bound kernels). Derived from the
+    # signature, not from the decorated kernel's own `do_not_specialize`: a module first
+    # imported under TRITON_INTERPRET holds an InterpretedFunction, which has no such list,
+    # and a compiled variant specialised on the first call's strides then read other strides
+    # wrongly (a stride of 1 became a constant; seen on an H200, results/h200 sixteenth part).
+    return JITFunction(kernel.fn, do_not_specialize=scalars, do_not_specialize_on_alignment=pointers)
+
+
+def runtime_arguments(fn) -> tuple[list[str], list[str]]:
+    """(pointer names, scalar names) of a kernel function: its arguments that are not
+    `tl.constexpr`, split by the house convention that pointers end in `_ptr`. Annotations may be
+    strings (`from __future__ import annotations`), so "constexpr" is looked for in their text,
+    as Triton itself does."""
+    pointers, scalars = [], []
+    for name, param in inspect.signature(fn).parameters.items():
+        if "constexpr" in str(param.annotation):
+            continue
+        (pointers if name.endswith("_ptr") else scalars).append(name)
+    return pointers, scalars
 
 
 def kernel_for(kernel, device: torch.device):
@@ -237,8 +255,8 @@ class DirectLaunches:
 
     The first call per key goes through `jit_fn[grid](*args)` (compiling if needed) and keeps
     the CompiledKernel it returns as a `direct_launch`. `key` must pin everything the compiled
-    variant depends on: device, dtypes and constexpr values (alignment is not specialized, see
-    `build_launcher`). Never take the first launch for a key inside a graph capture: that
+    variant depends on: device, dtypes and constexpr values (neither alignment nor scalar values are
+    specialized, see `build_launcher`). Never take the first launch for a key inside a graph capture: that
     would compile there.
     """
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.options import Code2WavOptions
-from stages.config import StageConfig, resolve_execution, stage_processes
+from stages.config import StageConfig, replica_groups, resolve_execution
 from stages.talker.config import TalkerConfig
 
 MIB = 2**20
@@ -156,10 +156,10 @@ def estimate_stage_memory(
     t, c, r = cfg.talker, cfg.code2wav, cfg.runner
     elem = dtype_bytes(r.dtype)
     execution = resolve_execution(r)
-    threads = execution in ("threads", "single")
-    processes = stage_processes(execution, replicas)
-    # Replicas on threads share one copy of the modules per device they use.
-    copies = min(replicas, _devices_used(r, replicas)) if threads else replicas
+    groups = replica_groups(execution, replicas, r.replicas_per_process)
+    processes = 1 + len(groups)
+    # Replica threads of one process share one copy of the modules per device they use.
+    copies = sum(_devices_used(r, ids) for ids in (groups or [tuple(range(replicas))]))
     in_flight = min(concurrency, r.talker_max_batch)
     options = Code2WavOptions.from_extra(c.extra)  # the stage flags, parsed as the stage parses them
     state = request_state_bytes(c, elem, options.dit_dtype)
@@ -200,9 +200,9 @@ def _setup_share(c: Code2WavConfig) -> float:
     return prompt / (prompt + c.prompt_keep_frames + c.chunk_mel_frames)
 
 
-def _devices_used(r, replicas: int) -> int:
-    """Distinct devices the replicas are placed on (an explicit runner.devices list; else 1,
-    since `auto` needs the device count this arithmetic does not ask for)."""
+def _devices_used(r, replica_ids: tuple[int, ...]) -> int:
+    """Distinct devices the replicas `replica_ids` are placed on (an explicit runner.devices
+    list; else 1, since `auto` needs the device count this arithmetic does not ask for)."""
     if isinstance(r.devices, tuple):
-        return len(set(r.devices[i % len(r.devices)] for i in range(replicas)))
+        return len(set(r.devices[i % len(r.devices)] for i in replica_ids))
     return 1

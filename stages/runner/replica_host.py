@@ -1,20 +1,23 @@
-"""The code2wav replicas as threads of one process (`runner.execution: threads`).
+"""Code2wav replicas as threads of one process: every replica (`runner.execution: threads`), or
+k of them per process (`runner.replicas_per_process: k` with processes: a replica host).
 
 Each replica is a `ReplicaLoop` on its own thread, with its own device stream, slot pool and
 graphs, and its own inbox from the talker (the same messages as a replica process gets). They
 share the modules (one copy of the weights per device) and the prompt setups. Why threads: as
 processes, R replicas are R device contexts that the GPU time-slices, so one replica's small
 kernels never overlap another's; as threads on separate streams of one context they do
-(measured on an H200: README, "The embedded runner"). But the threads share one interpreter,
-and at 128x8 they fell behind: mean RTF +99 % against processes (3 repeats, results/h200/
-README.md, fifteenth part), which is why processes are the default.
+(measured on an H200: README, "The embedded runner"). But threads share one interpreter: at
+128x8 eight of them fell behind (mean RTF +99 % against processes, results/h200/README.md,
+fifteenth part), and four a host freed the talker (TTFP -19 %) while their own steps grew, RTF
+within noise (sixteenth part). Which is why one replica a process is the default.
 
 Each thread warms its engine's device graphs on its own stream before the process reports ready
-(`warm_replica`). The process's own inbox carries only control messages: the shutdown sentinel
-and stats queries (one answer for the process, with each thread's work counters). Results from
-all threads go through one pipe, so sends are serialized by a lock. A replica thread that fails
-unexpectedly reports Fatal and ends the process at once: the client fails every request in
-flight, as when a replica process dies.
+(`warm_replica`), one thread at a time (`WARMUP_LOCK`). The process's own inbox carries only
+control messages: the shutdown sentinel and stats queries (one answer for the process, with each
+thread's work counters). Results from all threads go through one pipe, so sends are serialized
+by a lock. A replica thread that fails unexpectedly reports Fatal and ends the process at once:
+the client fails every request in flight on that process's replicas, as when a replica process
+dies.
 """
 
 from __future__ import annotations
@@ -32,6 +35,14 @@ from stages.runner.process import ProcessSpec, StageContext, drain, run_stage_pr
 from stages.runner.replica_proc import ReplicaLoop, build_token2wav, voice_stats, warm_replica
 
 log = logging.getLogger(__name__)
+
+# A host's replica threads warm up one at a time. Their captures were serialized already
+# (stages.platform.graphs.CAPTURE_LOCK), but one thread's eager first chunks ran beside another's
+# capture: on an H200 at 128x8, with four replica threads a process, a start failed that way
+# (cuBLAS CUBLAS_STATUS_EXECUTION_FAILED, then cuDNN "unable to find an engine" in the first
+# eager chunk; CUDA may load a kernel lazily at its first launch, and loading can synchronize the
+# context). Warmed, a replica runs only shapes it has loaded and captured.
+WARMUP_LOCK = threading.Lock()
 
 
 class LockedSender:
@@ -74,7 +85,8 @@ class ReplicaThread:
             set_current_device(ctx.device)
             with on_partition(self.partition), thread_stream(ctx.device):
                 try:
-                    warm_replica(ctx, self.loop.t2w)
+                    with WARMUP_LOCK:
+                        warm_replica(ctx, self.loop.t2w)
                 except BaseException as exc:  # noqa: BLE001 - the host's build reports it in Ready
                     self.error = exc
                     return
@@ -92,8 +104,8 @@ class ReplicaThread:
 def start_replica_threads(ctx: StageContext, inboxes: list[Any], *,
                           partition: SmPartition | None = None) -> list[ReplicaThread]:
     """A replica thread per engine of `ctx.spec.replica_ids`, started and warmed; replicas on
-    one device share modules and prompts. The threads' warmups run side by side (their captures
-    take turns). Replicas on `partition`'s device run on its SMs (streams, graph captures).
+    one device share modules and prompts. The threads warm up one at a time (WARMUP_LOCK).
+    Replicas on `partition`'s device run on its SMs (streams, graph captures).
     Adds each replica's facts to ctx.info."""
     runner = ctx.spec.cfg.runner
     by_device: dict[Any, Any] = {}

@@ -44,7 +44,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from stages.config import StageConfig, resolve_execution, stage_processes
+from stages.config import StageConfig, replica_groups, resolve_execution
 from stages.runner.factories import StageFactories
 from stages.runner.messages import (
     RUNNER_BROKEN,
@@ -92,6 +92,7 @@ class _Child:
     process: Any  # mp.Process
     inbox: Any  # mp.Queue: client (and talker) -> this process
     results: Connection  # read end of this process's result pipe
+    replicas: tuple[int, ...] = ()  # the replicas it hosts (gone with it if it dies)
 
 
 class StageRunner:
@@ -132,34 +133,40 @@ class StageRunner:
         if self._children:
             raise RunnerError("error: stage runner started twice (start); use a fresh StageRunner")
         ctx = mp.get_context("spawn")
-        threaded = self.execution == "threads"
-        others = stage_processes(self.execution, self.replicas) - 1  # beside the first
-        threads = threads_per_process(self.cfg.runner.torch_threads, others)
+        per_process = self.cfg.runner.replicas_per_process
+        groups = replica_groups(self.execution, self.replicas, per_process)
+        threads = threads_per_process(self.cfg.runner.torch_threads, len(groups))
         replica_inboxes = [ctx.Queue() for _ in range(self.replicas)]
         t0 = time.perf_counter()
         talker_inbox = ctx.Queue()
         if self.execution == "single":  # one process: the talker, and the replicas as threads
             spec = self._spec("stages", threads, tuple(range(self.replicas)), hosts_talker=True)
             self._spawn(ctx, "stages", talker_inbox, single_main,
-                        lambda write: (spec, talker_inbox, replica_inboxes, write))
+                        lambda write: (spec, talker_inbox, replica_inboxes, write), spec.replica_ids)
         else:
             self._spawn(ctx, "talker", talker_inbox, talker_main,
                         lambda write: (self._spec("talker", threads, ()), talker_inbox, replica_inboxes, write))
-        if threaded:  # one process hosts every replica; its own inbox carries control only
-            control = ctx.Queue()
-            self._spawn(ctx, "code2wav", control, replica_host_main, lambda write: (
-                self._spec("code2wav", threads, tuple(range(self.replicas))), control, replica_inboxes, write))
-        elif self.execution == "processes":
-            for r, inbox in enumerate(replica_inboxes):
-                self._spawn(ctx, f"code2wav-{r}", inbox, replica_main,
-                            lambda write, r=r, inbox=inbox: (self._spec(f"code2wav-{r}", threads, (r,)), inbox, write))
+        for g, ids in enumerate(groups):
+            if self.execution == "processes" and per_process == 1:  # a replica, a process
+                (r,) = ids
+                self._spawn(ctx, f"code2wav-{r}", replica_inboxes[r], replica_main,
+                            lambda write, r=r: (self._spec(f"code2wav-{r}", threads, (r,)), replica_inboxes[r], write),
+                            ids)
+                continue
+            # replica threads: the host's own inbox carries control only
+            name = "code2wav" if self.execution == "threads" else f"code2wav-host-{g}"
+            control, inboxes = ctx.Queue(), [replica_inboxes[r] for r in ids]
+            self._spawn(ctx, name, control, replica_host_main,
+                        lambda write, name=name, ids=ids, control=control, inboxes=inboxes: (
+                            self._spec(name, threads, ids), control, inboxes, write), ids)
         try:
             self._await_ready()
         except BaseException:
             self.stop(timeout_s=0.0)  # the others are still building: nothing to wait for
             raise
-        log.info("runner ready: talker + %d replica(s) as %s in %.1f s, %d torch thread(s) per process",
-                 self.replicas, self.execution, time.perf_counter() - t0, threads)
+        log.info("runner ready: talker + %d replica(s) as %s (%d replica process(es)) in %.1f s, "
+                 "%d torch thread(s) per process", self.replicas, self.execution, len(groups),
+                 time.perf_counter() - t0, threads)
         self._reader = threading.Thread(target=self._read_loop, name="stage-runner-reader",
                                          daemon=True)
         self._reader.start()
@@ -168,13 +175,13 @@ class StageRunner:
         return ProcessSpec(name, self.cfg, self.factories, threads, replica_ids, self.replicas, hosts_talker,
                            self._live_per_replica)
 
-    def _spawn(self, ctx, name: str, inbox, target, args) -> None:
+    def _spawn(self, ctx, name: str, inbox, target, args, replicas: tuple[int, ...] = ()) -> None:
         read_end, write_end = ctx.Pipe(duplex=False)
         process = ctx.Process(target=target, args=args(write_end), name=f"tts-{name}", daemon=True)
         with interrupts_blocked():  # Ctrl-C and SIGTERM are the parent's to handle (stages.signals)
             process.start()
         write_end.close()  # the child holds the only write end: its death means EOF here
-        self._children.append(_Child(name, process, inbox, read_end))
+        self._children.append(_Child(name, process, inbox, read_end, replicas))
 
     def _await_ready(self) -> None:
         waiting = {c.results: c for c in self._children}
@@ -248,11 +255,9 @@ class StageRunner:
             child.results.close()
 
     def _gone_replicas(self) -> tuple[int, ...]:
-        """Replicas whose process died (with replica threads: all of them, or none)."""
-        dead = [not child.process.is_alive() for child in self._children[1:]]
-        if self.execution == "threads":
-            return tuple(range(self.replicas)) if any(dead) else ()
-        return tuple(r for r, is_dead in enumerate(dead) if is_dead)
+        """Replicas whose process died (a host of replica threads takes all of its own)."""
+        return tuple(sorted(r for child in self._children[1:] if not child.process.is_alive()
+                            for r in child.replicas))
 
     @staticmethod
     def _discard_results(child: _Child) -> None:
@@ -267,10 +272,10 @@ class StageRunner:
         replica process reports its own, a process hosting replica threads one entry per thread."""
         facts: dict[str, dict] = {}
         for process, info in self.info.items():
-            if process.startswith("code2wav-"):
-                facts[process] = info
-            else:
+            if "replicas" in info:  # a host of replica threads: an entry per thread
                 facts.update({k: v for k, v in info.items() if k.startswith("code2wav-")})
+            elif process.startswith("code2wav-"):
+                facts[process] = info
         return facts
 
     def pids(self) -> dict[str, int | None]:

@@ -241,3 +241,50 @@ def test_launcher_whose_probe_raises_keeps_its_python_call(tl, fake_driver):
     del launcher.launch_pdl  # the probe's stand-in has it; reading the real one then raises
     launch = tl.direct_launch(kernel_with_launcher(launcher))
     assert launch.calls_c_directly is False
+
+
+def _specialisation(launcher) -> dict[str, bool]:
+    """{argument: does Triton specialise a compiled variant on it?} of a JITFunction, for the
+    arguments that are not constexpr: a pointer on its alignment (16 bytes), a scalar on its
+    value (equal to 1, divisible by 16)."""
+    return {p.name: not (p.do_not_specialize_on_alignment if p.name.endswith("_ptr") else p.do_not_specialize)
+            for p in launcher.params if not p.is_constexpr}
+
+
+@pytest.mark.parametrize("interpreted", [False, True], ids=["jit", "decorated-under-TRITON_INTERPRET"])
+def test_a_device_launcher_specialises_on_no_runtime_argument(tl, monkeypatch, interpreted):
+    """DirectLaunches reuses one compiled variant per key, so a variant must not depend on a
+    scalar's value (Triton compiles ints equal to 1 as constants) nor on a pointer's alignment.
+    That must hold also for a kernel module first imported under TRITON_INTERPRET (a test's
+    interpreter run before a CUDA one): its kernels are InterpretedFunctions, which keep no
+    `do_not_specialize`, and a DiT variant compiled then read a stride of 50 as 1 on an H200."""
+    import triton
+
+    from stages.code2wav import dit_triton
+    from stages.talker import prelude_triton
+
+    kernels = [dit_triton._residual_norm_modulate_kernel, dit_triton._qk_norm_to_cache_kernel,
+               prelude_triton._rep_pen_temp_kernel]
+    if interpreted:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        kernels = [triton.jit(k.fn) for k in kernels]  # what a first import under the interpreter holds
+        from triton.runtime.interpreter import InterpretedFunction
+
+        assert all(isinstance(k, InterpretedFunction) for k in kernels)
+    for kernel in kernels:
+        flags = _specialisation(tl.build_launcher(kernel, "cuda"))
+        assert flags, kernel
+        specialised = [name for name, on in flags.items() if on]
+        assert not specialised, f"{kernel.fn.__name__}: specialised {specialised}"
+    # The residual kernel's shape arguments are among what was checked (the stride that broke).
+    names = _specialisation(tl.build_launcher(kernels[0], "cuda"))
+    assert {"frames", "y_sc", "gate_sb", "x_ptr", "y_ptr"} <= set(names)
+
+
+def test_runtime_arguments_split_pointers_scalars_and_skip_constexprs(tl):
+    import triton.language as tl_lang
+
+    def kernel(x_ptr, out_ptr, rows, stride: int, BLOCK: tl_lang.constexpr, EPS: "tl.constexpr"):
+        pass
+
+    assert tl.runtime_arguments(kernel) == (["x_ptr", "out_ptr"], ["rows", "stride"])

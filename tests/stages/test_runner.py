@@ -32,7 +32,13 @@ from stages.runner.work import work_delta
 WAIT_S = 30.0
 
 
+# Every execution model, as test ids: "hosts" is processes hosting two replica threads each.
+EXECUTIONS = ["processes", "threads", "single", "hosts"]
+
+
 def cpu_config(**runner) -> StageConfig:
+    if runner.get("execution") == "hosts":
+        runner.update(execution="processes", replicas_per_process=2)
     return StageConfig(runner=RunnerConfig(device="cpu", torch_threads=1, **runner))
 
 
@@ -85,11 +91,11 @@ def decode_log(log_dir: Path, prefix: str) -> list[dict]:
     return [r for r in rows if any(rid.startswith(prefix) for rid in r["rows"])]
 
 
-@pytest.fixture(scope="module", params=["processes", "threads", "single"])
+@pytest.fixture(scope="module", params=EXECUTIONS)
 def shared(request, tmp_path_factory):
     """One talker + 2 replicas (max_num_seqs 3) with a slow-ish fake decoder, for several tests;
     once with the replicas as processes, once as threads of one process, once with the talker
-    and the replicas as threads of one process."""
+    and the replicas as threads of one process, once as threads of a replica host process."""
     log_dir = tmp_path_factory.mktemp("decode-log")
     runner = StageRunner(cpu_config(max_num_seqs=3, execution=request.param), replicas=2,
                          factories=fake_factories(decode_s=0.15, log_dir=str(log_dir)))
@@ -169,6 +175,8 @@ def test_memory_snapshot_reports_every_stage_process(shared):
     snap = runner.memory_snapshot()
     names = {"threads": ["talker", "code2wav"], "single": ["stages"]}.get(
         runner.execution, ["talker", "code2wav-0", "code2wav-1"])
+    if runner.cfg.runner.replicas_per_process == 2:
+        names = ["talker", "code2wav-host-0"]
     assert [s["process"] for s in snap] == names
     assert {s["pid"] for s in snap} == set(runner.pids().values())
     for s in snap:
@@ -287,7 +295,7 @@ def test_failures_of_one_request_leave_the_others_running():
         runner.stop()
 
 
-@pytest.mark.parametrize("execution", ["processes", "threads", "single"])
+@pytest.mark.parametrize("execution", EXECUTIONS)
 def test_stop_after_work_ends_every_stage_process_cleanly(execution):
     runner = StageRunner(cpu_config(execution=execution), replicas=2, factories=fake_factories(decode_s=0.02))
     runner.start()
@@ -300,12 +308,12 @@ def test_stop_after_work_ends_every_stage_process_cleanly(execution):
     assert [c.process.exitcode for c in runner._children] == [0] * len(runner._children)
 
 
-@pytest.mark.parametrize("execution", ["processes", "threads", "single"])
+@pytest.mark.parametrize("execution", EXECUTIONS)
 def test_a_child_that_fails_at_startup_makes_start_raise_with_its_message(execution):
     runner = StageRunner(cpu_config(execution=execution), replicas=2,
                          factories=fake_factories(fail_start="no such weights: flow.pt"))
     t0 = time.perf_counter()
-    with pytest.raises(RunnerError, match=r"(code2wav(-\d)?|stages) failed to start") as info:
+    with pytest.raises(RunnerError, match=r"(code2wav(-\d|-host-\d)?|stages) failed to start") as info:
         runner.start()
     assert "no such weights: flow.pt" in str(info.value)
     assert time.perf_counter() - t0 < WAIT_S
@@ -321,7 +329,7 @@ def test_an_sm_reservation_off_cuda_makes_start_raise_with_the_setting_to_change
     assert runner.alive() == []
 
 
-@pytest.mark.parametrize("execution", ["processes", "threads", "single"])
+@pytest.mark.parametrize("execution", EXECUTIONS)
 def test_a_child_that_crashes_fails_in_flight_requests_and_ends_the_run(execution):
     runner = StageRunner(cpu_config(execution=execution), replicas=2,
                          factories=fake_factories(decode_s=0.05, crash_after_decodes=2))
@@ -508,7 +516,7 @@ def test_stop_does_not_wait_on_a_replica_that_died_with_a_payload_half_written()
     assert took < 4.0
 
 
-@pytest.mark.parametrize("execution", ["processes", "single"])
+@pytest.mark.parametrize("execution", ["processes", "single", "hosts"])
 def test_replicas_size_their_slot_pools_for_the_concurrency_the_runner_expects(execution):
     # 9 requests in flight over 2 replicas: at most 5 a replica (the least-loaded one gets the
     # next), so each pool starts with 5 slots, past the 2 batches of 2 rows, and none is idle
@@ -559,11 +567,12 @@ def test_the_allocator_choice_leaves_a_users_setting_alone():
     assert runs_expandable_segments({ALLOC_CONF: "max_split_size_mb:64, expandable_segments: True"})
 
 
-@pytest.mark.parametrize("execution", ["processes", "threads", "single"])
+@pytest.mark.parametrize("execution", EXECUTIONS)
 def test_each_stage_process_chooses_its_allocator_for_itself(monkeypatch, execution):
     from stages.runner.allocator import ALLOC_CONF, GENERIC_ALLOC_CONF
 
-    names = {"single": ["stages"], "threads": ["talker", "code2wav"], "processes": ["talker", "code2wav-0"]}
+    names = {"single": ["stages"], "threads": ["talker", "code2wav"], "processes": ["talker", "code2wav-0"],
+             "hosts": ["talker", "code2wav-host-0"]}
     monkeypatch.delenv(ALLOC_CONF, raising=False)
     monkeypatch.delenv(GENERIC_ALLOC_CONF, raising=False)
     for user, expected in ((None, "set by the stage runner"), ("roundup_power2_divisions:4", "from the environment")):
@@ -578,3 +587,36 @@ def test_each_stage_process_chooses_its_allocator_for_itself(monkeypatch, execut
             assert os.environ.get(ALLOC_CONF) == user  # the parent's environment is left alone
         finally:
             runner.stop()
+
+
+def test_replica_hosts_group_consecutive_replicas_and_serve_each_on_its_own_thread(tmp_path):
+    # 3 replicas, 2 a process: replicas 0 and 1 are threads of one host, replica 2 has its own.
+    runner = StageRunner(cpu_config(execution="processes", replicas_per_process=2, max_num_seqs=2), replicas=3,
+                         factories=fake_factories(decode_s=0.05, log_dir=str(tmp_path)), concurrency=6)
+    runner.start()
+    try:
+        assert [c.name for c in runner._children] == ["talker", "code2wav-host-0", "code2wav-host-1"]
+        assert [c.replicas for c in runner._children] == [(), (0, 1), (2,)]
+        assert sorted(runner.replica_info()) == ["code2wav-0", "code2wav-1", "code2wav-2"]
+        assert all(i["code2wav"]["slots"] == 2 for i in runner.replica_info().values())
+        col = Collector()
+        specs = [(f"host-{i}", 50 + i, 60) for i in range(6)]
+        assert submit_all(runner, col, specs) == [0, 1, 2, 0, 1, 2]
+        col.wait()
+        for rid, seed, n in specs:
+            codes = [c for e in col.events[rid] for c in e.codes]
+            assert codes == expected_codes(seed, n, runner.cfg.talker.eos_token_id)
+        who = {}  # request -> the "pid-thread" identity of the replica that decoded it
+        for row in decode_log(tmp_path, "host-"):
+            for rid in row["rows"]:
+                who.setdefault(rid, set()).add(row["pid"])
+        assert all(len(ids) == 1 for ids in who.values()), who
+        replica = {r: next(iter(who[f"host-{r}"])) for r in range(3)}
+        assert len(set(replica.values())) == 3  # three replicas, three threads
+        process = {r: ident.split("-")[0] for r, ident in replica.items()}
+        assert process[0] == process[1] != process[2]
+        assert process[0] == str(runner.pids()["code2wav-host-0"])
+        assert [w["stage"] for w in runner.work_snapshot()] == ["talker", "code2wav-0", "code2wav-1", "code2wav-2"]
+    finally:
+        runner.stop()
+    assert [c.process.exitcode for c in runner._children] == [0, 0, 0]

@@ -74,3 +74,13 @@ def test_runner_config_validates_its_fields():
         RunnerConfig(max_num_seqs=0)
     with pytest.raises(ValueError, match="max_seq_len"):
         RunnerConfig(max_seq_len=0)
+
+
+def test_replicas_per_process_needs_the_processes_execution_and_a_count_of_one_or_more():
+    assert RunnerConfig(replicas_per_process=2).replicas_per_process == 2  # auto resolves to processes
+    assert RunnerConfig(execution="processes", replicas_per_process=4).replicas_per_process == 4
+    for execution in ("threads", "single"):
+        with pytest.raises(ValueError, match="needs runner.execution: processes.*replicas_per_process=1"):
+            RunnerConfig(execution=execution, replicas_per_process=2)
+    with pytest.raises(ValueError, match="replicas_per_process must be >= 1"):
+        RunnerConfig(replicas_per_process=0)

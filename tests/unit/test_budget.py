@@ -204,3 +204,29 @@ def test_a_replica_pool_holds_its_share_of_the_tier_not_two_batches():
     capped = estimate_stage_memory(stages(FULL, "runner.talker_max_batch=32"), replicas=8, concurrency=128,
                                    device_type="cuda")
     assert next(i.bytes for i in capped.items if i.name == "code2wav request state") == state[0]
+
+
+def test_replica_hosts_share_modules_and_device_contexts_per_process():
+    from stages.config import replica_groups
+
+    assert replica_groups("processes", 8, 1) == [(r,) for r in range(8)]
+    assert replica_groups("processes", 8, 2) == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert replica_groups("processes", 5, 2) == [(0, 1), (2, 3), (4,)]
+    assert replica_groups("processes", 2, 4) == [(0, 1)]
+    assert replica_groups("threads", 8, 1) == [tuple(range(8))]
+    assert replica_groups("single", 8, 1) == []
+
+    def items(*sets, replicas=8):
+        budget = estimate_stage_memory(stages(FULL, *sets), replicas=replicas, concurrency=128, device_type="cuda")
+        return {i.name: i.bytes for i in budget.items}
+
+    one, two, four = (items(f"runner.replicas_per_process={k}") for k in (1, 2, 4))
+    weights = one["code2wav weights"] // 8  # one copy of the code2wav modules
+    assert [x["code2wav weights"] for x in (one, two, four)] == [8 * weights, 4 * weights, 2 * weights]
+    assert [x["device contexts"] for x in (one, two, four)] == [9 * one["device contexts"] // 9,
+                                                                  5 * one["device contexts"] // 9,
+                                                                  3 * one["device contexts"] // 9]
+    assert two["code2wav request state"] == one["code2wav request state"]  # state is per request
+    # Replicas of one host placed on two devices keep a copy on each.
+    spread = items("runner.replicas_per_process=2", "runner.devices=[0,1]")
+    assert spread["code2wav weights"] == 8 * weights
