@@ -9,6 +9,7 @@ runner.max_num_seqs=4` (or `talker.…`, `code2wav.…`) overrides a field.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -48,6 +49,9 @@ class RunnerConfig:
     # of R. Why: the GPU time-slices contexts, and at 128x8 the talker waited for the device
     # 81 % of its busy time beside eight replica contexts, while eight replica threads in one
     # interpreter fell behind on the host (README, "The embedded runner"). 1: a process each.
+    # A host keeps to one device: with runner.devices its replicas are those of one device.
+    # Measured on an H200 (results/h200, sixteenth part): TTFP -8 % (64x4, k=2) and -19 % (128x8,
+    # k=4), mean RTF within noise, starts ~2x longer; so 1 stays the default.
     replicas_per_process: int = 1
     # SMs of the talker's GPU held back from the replicas (CUDA green contexts; execution single
     # only, where the stages share one device context), so the talker's ~900 small kernels a step
@@ -120,14 +124,27 @@ class StageConfig:
         code2wav_options.Code2WavOptions.from_extra(self.code2wav.extra)
 
 
-def replica_groups(execution: str, replicas: int, per_process: int = 1) -> list[tuple[int, ...]]:
+def replica_groups(execution: str, replicas: int, per_process: int = 1,
+                   replica_devices: Sequence[int] | None = None) -> list[tuple[int, ...]]:
     """The replica ids each code2wav process hosts, for a resolved `execution`: one group of
     every replica (threads), none (single: its one process hosts them beside the talker), or
-    consecutive runs of `per_process` (processes; the last run may be shorter)."""
+    runs of `per_process` (processes). With processes, `replica_devices` (the device index of
+    each replica, from `stages.runner.placement`) keeps a group on one device: replicas are
+    grouped device by device, in order of first use, so a host is one device context, never
+    several. Without it every replica counts as on one device (consecutive runs; the last may
+    be shorter)."""
     if execution == "single":
         return []
-    size = replicas if execution == "threads" else per_process
-    return [tuple(range(start, min(start + size, replicas))) for start in range(0, replicas, size)]
+    if execution == "threads":
+        return [tuple(range(replicas))]
+    devices = tuple(replica_devices) if replica_devices is not None else (0,) * replicas
+    if len(devices) != replicas:
+        raise ValueError(f"replica_devices names {len(devices)} devices for {replicas} replicas")
+    groups = []
+    for device in dict.fromkeys(devices):  # distinct devices, in order of first use
+        ids = [r for r in range(replicas) if devices[r] == device]
+        groups += [tuple(ids[i:i + per_process]) for i in range(0, len(ids), per_process)]
+    return groups
 
 
 def resolve_execution(runner: RunnerConfig) -> str:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.options import Code2WavOptions
 from stages.config import StageConfig, replica_groups, resolve_execution
+from stages.runner.placement import place
 from stages.talker.config import TalkerConfig
 
 MIB = 2**20
@@ -156,7 +157,10 @@ def estimate_stage_memory(
     t, c, r = cfg.talker, cfg.code2wav, cfg.runner
     elem = dtype_bytes(r.dtype)
     execution = resolve_execution(r)
-    groups = replica_groups(execution, replicas, r.replicas_per_process)
+    # Hosts keep to one device each (an explicit runner.devices list; `auto` needs the device
+    # count, which this arithmetic does not ask for, and counts as one device).
+    listed = place(r.devices, replicas).replicas if isinstance(r.devices, tuple) else None
+    groups = replica_groups(execution, replicas, r.replicas_per_process, listed)
     processes = 1 + len(groups)
     # Replica threads of one process share one copy of the modules per device they use.
     copies = sum(_devices_used(r, ids) for ids in (groups or [tuple(range(replicas))]))

@@ -55,7 +55,9 @@ _MAX_TRACE_CHARS = 4000
 class ProcessSpec:
     """Everything a stage process needs, pickled into it at start."""
 
-    name: str  # "talker" | "code2wav-<r>" | "code2wav" (the replica threads' host)
+    # "talker" | "code2wav-<r>" | "code2wav" (threads: the host of every replica) | "code2wav-host-<g>"
+    # (processes with runner.replicas_per_process > 1: the host of a group) | "stages" (single)
+    name: str
     cfg: StageConfig
     factories: StageFactories
     threads: int  # torch intra-op threads for this process

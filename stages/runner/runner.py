@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from stages.config import StageConfig, replica_groups, resolve_execution
+from stages.platform import device_count
 from stages.runner.factories import StageFactories
 from stages.runner.messages import (
     RUNNER_BROKEN,
@@ -61,6 +62,7 @@ from stages.runner.messages import (
     Submit,
     TraceQuery,
 )
+from stages.runner.placement import place, resolve_devices
 from stages.runner.process import ProcessSpec, threads_per_process
 from stages.runner.replica_host import replica_host_main
 from stages.runner.replica_proc import replica_main
@@ -134,7 +136,7 @@ class StageRunner:
             raise RunnerError("error: stage runner started twice (start); use a fresh StageRunner")
         ctx = mp.get_context("spawn")
         per_process = self.cfg.runner.replicas_per_process
-        groups = replica_groups(self.execution, self.replicas, per_process)
+        groups = replica_groups(self.execution, self.replicas, per_process, self._replica_devices())
         threads = threads_per_process(self.cfg.runner.torch_threads, len(groups))
         replica_inboxes = [ctx.Queue() for _ in range(self.replicas)]
         t0 = time.perf_counter()
@@ -170,6 +172,17 @@ class StageRunner:
         self._reader = threading.Thread(target=self._read_loop, name="stage-runner-reader",
                                          daemon=True)
         self._reader.start()
+
+    def _replica_devices(self) -> tuple[int, ...] | None:
+        """Each replica's device index where replica hosts must keep to one device each (processes
+        hosting several replicas under a `runner.devices` list or `auto`); else None. The same
+        plan every child computes (`ProcessSpec.placement`); an explicit list is checked there,
+        against the devices the child sees, and only `auto` asks for the device count here."""
+        runner = self.cfg.runner
+        if self.execution != "processes" or runner.replicas_per_process == 1 or runner.devices is None:
+            return None
+        listed = runner.devices if runner.devices != "auto" else resolve_devices("auto", device_count(runner.device))
+        return place(listed, self.replicas).replicas
 
     def _spec(self, name: str, threads: int, replica_ids: tuple[int, ...], *, hosts_talker: bool = False) -> ProcessSpec:
         return ProcessSpec(name, self.cfg, self.factories, threads, replica_ids, self.replicas, hosts_talker,

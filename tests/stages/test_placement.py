@@ -59,3 +59,24 @@ def test_auto_execution_stays_processes_until_measured_otherwise():
     assert resolve_execution(RunnerConfig(device="cpu")) == "processes"
     assert resolve_execution(RunnerConfig(device="cuda")) == "processes"
     assert resolve_execution(dataclasses.replace(RunnerConfig(), execution="threads", device="cuda")) == "threads"
+
+
+def test_the_runner_keeps_each_replica_host_on_one_device(monkeypatch):
+    """What the parent hands `replica_groups`: the children's plan, or None where no host spans
+    devices. Only `auto` asks for the device count (here four, forced)."""
+    import stages.runner.runner as runner_module
+    from stages.runner.runner import StageRunner
+
+    def runner(**cfg):
+        return StageRunner(StageConfig(runner=RunnerConfig(device="cpu", **cfg)), replicas=8,
+                           factories=fake_factories())
+
+    asked = []
+    monkeypatch.setattr(runner_module, "device_count", lambda kind: asked.append(kind) or 4)
+    assert runner(devices=(0, 1), replicas_per_process=4)._replica_devices() == (0, 1) * 4
+    assert asked == []  # an explicit list is the children's to check
+    assert runner(devices="auto", replicas_per_process=2)._replica_devices() == (0, 1, 2, 3) * 2
+    assert asked == ["cpu"]
+    assert runner(devices=None, replicas_per_process=4)._replica_devices() is None  # all on one
+    assert runner(devices=(0, 1), replicas_per_process=1)._replica_devices() is None  # no hosts
+    assert runner(devices=(0, 1), execution="threads")._replica_devices() is None

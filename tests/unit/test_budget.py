@@ -227,6 +227,22 @@ def test_replica_hosts_share_modules_and_device_contexts_per_process():
                                                                   5 * one["device contexts"] // 9,
                                                                   3 * one["device contexts"] // 9]
     assert two["code2wav request state"] == one["code2wav request state"]  # state is per request
-    # Replicas of one host placed on two devices keep a copy on each.
+    # Hosts keep to one device: over [0, 1], 2 a process is 4 hosts of one device each, one copy
+    # of the modules and one context each (replicas 0 and 2 share a host, not 0 and 1).
     spread = items("runner.replicas_per_process=2", "runner.devices=[0,1]")
-    assert spread["code2wav weights"] == 8 * weights
+    assert spread["code2wav weights"] == 4 * weights
+    assert spread["device contexts"] == two["device contexts"]
+
+
+def test_replica_hosts_group_replicas_device_by_device():
+    from stages.config import replica_groups
+
+    over_two = (0, 1) * 4  # 8 replicas round-robin over devices 0 and 1
+    assert replica_groups("processes", 8, 2, over_two) == [(0, 2), (4, 6), (1, 3), (5, 7)]
+    assert replica_groups("processes", 8, 4, over_two) == [(0, 2, 4, 6), (1, 3, 5, 7)]
+    assert replica_groups("processes", 8, 3, over_two) == [(0, 2, 4), (6,), (1, 3, 5), (7,)]
+    assert replica_groups("processes", 3, 2, (5, 2, 5)) == [(0, 2), (1,)]  # devices in order of first use
+    assert replica_groups("processes", 4, 2, (0, 0, 0, 0)) == replica_groups("processes", 4, 2)
+    assert replica_groups("threads", 4, 1, (0, 1, 0, 1)) == [(0, 1, 2, 3)]  # one host: the threads'
+    with pytest.raises(ValueError, match="2 devices for 3 replicas"):
+        replica_groups("processes", 3, 2, (0, 1))
