@@ -60,7 +60,12 @@ def ab_over_http(tmp_path: Path, url: str, *args: str):
 
 
 def test_ab_of_one_serve_instance_against_itself_is_within_noise(tmp_path, serve_url):
-    status, doc = ab_over_http(tmp_path, serve_url, "--repeats", "2")
+    # An A/A's interval excludes 0 in up to 5 % of runs by construction (alpha); only the minimum
+    # effect keeps that chance from becoming a verdict. At the default 2 % it did once: a
+    # fresh-clone CI run read -2.04 % "faster" with both blocks agreeing. Over HTTP on a loaded
+    # 2-core box the A/A deltas seen were within +-1.4 % (MDE 5-23 %), so at 5 % a verdict here
+    # means a bias between the arms (order, connection reuse), not chance.
+    status, doc = ab_over_http(tmp_path, serve_url, "--repeats", "2", "--set", "bench.min_effect_pct=5")
     (tier,) = doc["tiers"]
     assert status == ExitStatus.OK
     assert tier["verdict"] == "within noise", tier
