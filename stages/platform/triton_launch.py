@@ -255,9 +255,9 @@ class DirectLaunches:
 
     The first call per key goes through `jit_fn[grid](*args)` (compiling if needed) and keeps
     the CompiledKernel it returns as a `direct_launch`. `key` must pin everything the compiled
-    variant depends on: device, dtypes and constexpr values (neither alignment nor scalar values are
-    specialized, see `build_launcher`). Never take the first launch for a key inside a graph capture: that
-    would compile there.
+    variant depends on: device, dtypes and constexpr values (neither alignment nor scalar
+    values are specialized, see `build_launcher`). Never take the first launch for a key inside
+    a graph capture: that would compile there.
     """
 
     def __init__(self, jit_fn):

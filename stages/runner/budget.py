@@ -157,13 +157,13 @@ def estimate_stage_memory(
     t, c, r = cfg.talker, cfg.code2wav, cfg.runner
     elem = dtype_bytes(r.dtype)
     execution = resolve_execution(r)
-    # Hosts keep to one device each (an explicit runner.devices list; `auto` needs the device
-    # count, which this arithmetic does not ask for, and counts as one device).
-    listed = place(r.devices, replicas).replicas if isinstance(r.devices, tuple) else None
-    groups = replica_groups(execution, replicas, r.replicas_per_process, listed)
+    # Each replica's device: an explicit runner.devices list places them round-robin; `auto`
+    # needs the device count, which this arithmetic does not ask for, and counts as one device.
+    devices = place(r.devices, replicas).replicas if isinstance(r.devices, tuple) else (0,) * replicas
+    groups = replica_groups(execution, replicas, r.replicas_per_process, devices)
     processes = 1 + len(groups)
     # Replica threads of one process share one copy of the modules per device they use.
-    copies = sum(_devices_used(r, ids) for ids in (groups or [tuple(range(replicas))]))
+    copies = sum(len({devices[i] for i in ids}) for ids in (groups or [range(replicas)]))
     in_flight = min(concurrency, r.talker_max_batch)
     options = Code2WavOptions.from_extra(c.extra)  # the stage flags, parsed as the stage parses them
     state = request_state_bytes(c, elem, options.dit_dtype)
@@ -202,11 +202,3 @@ def _setup_share(c: Code2WavConfig) -> float:
     """A prompt setup's caches relative to one request's state (prompt frames only)."""
     prompt = round(c.ref_audio_max_seconds * c.mel_rate_hz)
     return prompt / (prompt + c.prompt_keep_frames + c.chunk_mel_frames)
-
-
-def _devices_used(r, replica_ids: tuple[int, ...]) -> int:
-    """Distinct devices the replicas `replica_ids` are placed on (an explicit runner.devices
-    list; else 1, since `auto` needs the device count this arithmetic does not ask for)."""
-    if isinstance(r.devices, tuple):
-        return len(set(r.devices[i % len(r.devices)] for i in replica_ids))
-    return 1
