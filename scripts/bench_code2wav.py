@@ -104,6 +104,9 @@ ARMS = {
     "graph-sdpa": {"code2wav_device_graph": True, "code2wav_matmul_attention_requests": 0},
     "graph-matmul": {"code2wav_device_graph": True, "code2wav_matmul_attention_requests": 4096},
     "graph-channels-first": {"code2wav_device_graph": True, "code2wav_frames_first_conv": False},
+    # The DiT's linears on cuBLAS fp32 (the default runs them as Triton 3xTF32 GEMMs on CUDA).
+    "graph-cublas": {"code2wav_device_graph": True, "code2wav_dit_tf32x3": False},
+    "eager-cublas": {"code2wav_device_graph": False, "code2wav_dit_tf32x3": False},
     "graph-bf16": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16"},  # the DiT and its caches
     "graph-bf16-channels-first": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16",
                                   "code2wav_frames_first_conv": False},
@@ -235,6 +238,7 @@ def main() -> int:
             r["dit_norm"] = {n: t.describe()["dit_norm"] for n, t in arms.items()}
             r["dit_attention"] = {n: t.describe()["dit_attention"] for n, t in arms.items()}
             r["dit_conv"] = {n: t.describe()["dit_conv"] for n, t in arms.items()}
+            r["dit_gemm"] = {n: t.describe()["dit_gemm"] for n, t in arms.items()}
             results.append(r)
             cols = "  ".join(
                 f"{n} {r[n]['median_ms']:.2f} ms ({r[n]['host_launches_per_chunk']} launches, "

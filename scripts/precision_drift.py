@@ -1,6 +1,6 @@
 """Mel drift of reduced-precision code2wav against fp32, beside fp32's own seed-to-seed spread.
 
-A precision change (TF32 matmuls, a bfloat16 DiT) moves the mel a little; whether that matters
+A precision change (TF32 matmuls, a bfloat16 DiT, the DiT's 3xTF32 GEMMs) moves the mel a little; whether that matters
 for the ear is judged against how much the mel moves anyway when only the CFM's noise changes
 (same request, same weights, another noise seed): if a precision's drift is far below that
 spread, it changes nothing a listener could attribute to it. Every variant decodes the same
@@ -30,7 +30,10 @@ from stages.code2wav.token2wav import Token2Wav
 from stages.platform import deterministic_kernels, resolve_device
 
 DB_PER_NEPER = 20.0 / math.log(10.0)
-VARIANTS = {  # name -> code2wav extra flags (on top of fp32 defaults)
+# The reference: fp32 with cuBLAS's fp32 GEMMs (the DiT's 3xTF32 GEMMs are a variant).
+FP32 = {"code2wav_dit_tf32x3": False}
+VARIANTS = {  # name -> code2wav extra flags (on top of FP32)
+    "3xTF32 DiT linears": {"code2wav_dit_tf32x3": True},
     "tf32 flow": {"token2wav_allow_tf32": "flow"},
     "tf32 all": {"token2wav_allow_tf32": "all"},
     "bf16 DiT": {"code2wav_dit_dtype": "bfloat16"},
@@ -72,14 +75,15 @@ def main() -> int:
     deterministic_kernels()  # as in the stage processes (runner.deterministic): replay == eager
     device = resolve_device(args.device)
     base = tiny_stages().code2wav if args.tiny else Code2WavConfig()
+    base = replace(base, extra={**base.extra, **FP32})
     ref = decode_mels(base, device, args.streams, args.chunks)
     spread = [l1_db(ref, decode_mels(base, device, args.streams, args.chunks, noise_seed=1000 + s))
               for s in range(args.seeds)]
     rows = [{"variant": "fp32, other noise seed", "l1_db": sum(spread) / len(spread), "runs": spread}]
     for name, extra in VARIANTS.items():
-        if device.type != "cuda" and name.startswith("tf32"):
+        if device.type != "cuda" and ("tf32" in name.lower()):
             continue  # TF32 exists on CUDA only
-        mel = decode_mels(replace(base, extra=extra), device, args.streams, args.chunks)
+        mel = decode_mels(replace(base, extra={**base.extra, **extra}), device, args.streams, args.chunks)
         rows.append({"variant": name, "l1_db": l1_db(ref, mel)})
     floor = rows[0]["l1_db"]
     for r in rows:

@@ -55,6 +55,21 @@ def gated(x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.addcmul(x, gate, y)
 
 
+def torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, gelu: bool = False):
+    """`F.linear` (then GELU-tanh when `gelu`): the DiT's linears unless `DiT.select_gemm` swaps in
+    the Triton twin (`dit_gemm.linear`, same signature). On CUDA, with the GELU, bias and
+    activation are cuBLASLt's GEMM epilogue (`_addmm_activation`): one launch fewer. Elsewhere
+    the GELU is applied apart: torch's CPU `_addmm_activation` applies the exact (erf) GELU,
+    not the tanh one the checkpoint's MLP uses (4.7e-4 apart at unit scale)."""
+    if not gelu:
+        return F.linear(x, weight, bias)
+    if not is_cuda(x.device):
+        return F.gelu(F.linear(x, weight, bias), approximate="tanh")
+    *lead, c = x.shape
+    out = torch._addmm_activation(bias, x.reshape(-1, c), weight.t(), use_gelu=True)
+    return out.view(*lead, weight.shape[0])
+
+
 def residual_norm_modulate_eager(x, gate, y, shift, scale, *, eps: float):
     """(x + gate * y, LN(x + gate * y) * scale + shift): the step between two branches of a block
     (no residual when gate is None), as three torch ops. Returns (new x, modulated activation).
@@ -149,6 +164,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(inner, cfg.hidden_size)
         self.fused = False  # DiT.select_norm: one q|k|v GEMM + the Triton q/k norm and cache write
         self.matmul_rows = 0  # DiT.select_attention: up to this many rows, attention_by_matmul
+        self.gemm = torch_linear  # DiT.select_gemm may swap in the Triton twin
         self._qkv: tuple | None = None  # (key, weight, bias): the three projections concatenated
         self._qkv_retired: list[tuple] = []  # earlier copies, kept alive for graphs that read them
 
@@ -182,16 +198,16 @@ class Attention(nn.Module):
         if self.fused:  # one GEMM and one launch for the six steps below
             from stages.code2wav.dit_triton import qk_norm_to_cache
 
-            qkv = F.linear(x, *self.qkv_projection())
+            qkv = self.gemm(x, *self.qkv_projection())
             q = qk_norm_to_cache(qkv, self.q_norm, self.k_norm, out_cache, self.h).transpose(1, 2)
         else:
             # The head LayerNorms run on the contiguous [B, T, H, D] view and are transposed after
             # (LayerNorm over D is the same either way): no contiguous copy of a transposed input.
-            q = self.q_norm(self._split(self.to_q(x))).transpose(1, 2)
+            q = self.q_norm(self._split(self._linear(self.to_q, x))).transpose(1, 2)
             # New K/V are written straight into the output cache, current frames first, then the
             # old cache: one copy instead of cat(k), cat(v), cat(k|v) and two stacks.
-            out_cache[:, :, :t, : self.d] = self.k_norm(self._split(self.to_k(x))).transpose(1, 2)
-            out_cache[:, :, :t, self.d :] = self._split(self.to_v(x)).transpose(1, 2)
+            out_cache[:, :, :t, : self.d] = self.k_norm(self._split(self._linear(self.to_k, x))).transpose(1, 2)
+            out_cache[:, :, :t, self.d :] = self._split(self._linear(self.to_v, x)).transpose(1, 2)
         if cache is not None and cache.shape[2] > 0 and not _is_view_of(cache, out_cache[:, :, t:]):
             out_cache[:, :, t:] = cache
         k, v = out_cache[..., : self.d], out_cache[..., self.d :]
@@ -203,7 +219,10 @@ class Attention(nn.Module):
         else:
             attn_mask = None if mask is None else mask.unsqueeze(1)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        return self.proj(out.transpose(1, 2).reshape(b, t, self.h * self.d))
+        return self._linear(self.proj, out.transpose(1, 2).reshape(b, t, self.h * self.d))
+
+    def _linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return self.gemm(x, layer.weight, layer.bias)
 
 
 def _is_view_of(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -300,13 +319,13 @@ class MLP(nn.Module):
         self.fc1 = nn.Linear(dim, hidden)
         self.act = nn.GELU(approximate="tanh")
         self.fc2 = nn.Linear(hidden, dim)
+        self.gemm = torch_linear  # DiT.select_gemm may swap in the Triton twin
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # fc1 + bias + GELU(tanh) as one GEMM with an activation epilogue (cuBLASLt on CUDA;
-        # addmm + gelu elsewhere): the same function as fc1 -> act, one launch fewer.
-        b, t, c = x.shape
-        h = torch._addmm_activation(self.fc1.bias, x.reshape(b * t, c), self.fc1.weight.t(), use_gelu=True)
-        return self.fc2(h.view(b, t, -1))
+        # fc1 + bias + GELU(tanh) as one GEMM with an activation epilogue: the same function as
+        # fc1 -> act (`self.act`, kept for the checkpoint's module tree), one launch fewer.
+        h = self.gemm(x, self.fc1.weight, self.fc1.bias, gelu=True)
+        return self.gemm(h, self.fc2.weight, self.fc2.bias)
 
 
 class DiTBlock(nn.Module):
@@ -347,6 +366,7 @@ class FinalLayer(nn.Module):
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(c, 2 * c))
         self.norm_final = nn.LayerNorm(c, elementwise_affine=False, eps=_MOD_LN_EPS)
         self.linear = nn.Linear(c, cfg.out_channels)
+        self.gemm = torch_linear  # DiT.select_gemm may swap in the Triton twin
 
     def modulation(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shift, scale = self.adaLN_modulation(c).chunk(2, dim=-1)
@@ -354,7 +374,7 @@ class FinalLayer(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         # h = modulate(norm_final(x), *mod), made by the last block's fused residual step.
-        return self.linear(h)
+        return self.gemm(h, self.linear.weight, self.linear.bias)
 
 
 @dataclass
@@ -375,6 +395,8 @@ class DiT(nn.Module):
         self._norm = residual_norm_modulate_eager  # `select_norm` may swap in the Triton twin
         self.norm_kernel = "eager"
         self.attention_kernel = "sdpa"  # `select_attention` may route small chunks to GEMMs
+        self.gemm = torch_linear  # `select_gemm` may swap in the Triton twin (in_proj)
+        self.gemm_kernel = "torch"
 
     def select_norm(self, fused: bool, device: torch.device) -> str:
         """Use the fused norm steps when `fused` and Triton runs on `device` (a CUDA/NPU device;
@@ -431,6 +453,61 @@ class DiT(nn.Module):
         why = "code2wav_frames_first_conv is false" if not frames_first else f"not CUDA ({device.type})"
         return f"channels-first ({why})"
 
+    def select_gemm(self, tf32x3: bool, device: torch.device, *, tf32_flow: bool) -> str:
+        """Run the DiT's linears (in_proj, q|k|v, proj, fc1 + GELU, fc2, final) as Triton GEMMs
+        with 3xTF32 products (`dit_gemm`: fp32 accuracy on tensor cores) when asked, on CUDA
+        (the CPU only under TRITON_INTERPRET=1, for tests; an NPU keeps its own GEMMs: 3xTF32 is
+        a CUDA tensor-core scheme), with an fp32 DiT and no TF32 for the flow (`tf32_flow`: then
+        cuBLAS's one-pass TF32 is what the user asked for, and faster). On CUDA every tile is
+        compiled here, outside any graph capture; if that fails torch's linears stay, with the
+        reason logged and returned. Call it after the dtype is set. `gemm_kernel` says which
+        runs: "tf32x3" or "torch" (the timestep and adaLN linears stay torch's: they run once
+        per weights, `CausalCFM.step_modulations`)."""
+        from stages.platform import triton_unavailable_reason
+
+        self._set_gemm(torch_linear, "torch")
+        dtype = self.in_proj.weight.dtype
+        if not tf32x3:
+            reason = "code2wav_dit_tf32x3 is false"
+        elif not (is_cuda(device) or is_cpu(device)):
+            reason = f"not CUDA ({device.type})"
+        elif dtype != torch.float32:
+            reason = f"the DiT is {str(dtype).removeprefix('torch.')}"
+        elif tf32_flow:
+            reason = "TF32 matmuls are on for the flow (token2wav_allow_tf32)"
+        else:
+            reason = triton_unavailable_reason(device)
+        if reason is None and is_cuda(device):
+            try:
+                from stages.code2wav import dit_gemm
+
+                dit_gemm.warm_up(device, self._linear_shapes())
+            except Exception as exc:  # a broken compiler must not take the stage down: cuBLAS runs
+                reason = f"the Triton GEMM failed to compile ({type(exc).__name__}: {exc})"
+                log.warning("DiT linears: torch's kept, %s", reason)
+        if reason is not None:
+            return f"torch ({reason})"
+        from stages.code2wav import dit_gemm
+
+        self._set_gemm(dit_gemm.linear, "tf32x3")
+        return "Triton GEMMs with 3xTF32 products (fp32 accuracy on tensor cores; bias and GELU fused)"
+
+    def _linear_shapes(self) -> list[tuple[int, int, bool, bool]]:
+        """(N, K, bias?, gelu?) of every linear `select_gemm` routes (unfused attention: q, k, v
+        apart, which have proj's shape)."""
+        block = self.blocks[0]
+        layers = [(self.in_proj, False), (block.attn.proj, False), (block.mlp.fc1, True), (block.mlp.fc2, False),
+                  (self.final_layer.linear, False)]
+        shapes = {(layer.out_features, layer.in_features, layer.bias is not None, gelu) for layer, gelu in layers}
+        shapes.add((3 * block.attn.proj.in_features, block.attn.to_q.in_features, True, False))  # q|k|v
+        return sorted(shapes)
+
+    def _set_gemm(self, gemm, name: str) -> None:
+        self.gemm, self.gemm_kernel = gemm, name
+        self.final_layer.gemm = gemm
+        for block in self.blocks:
+            block.attn.gemm = block.mlp.gemm = gemm
+
     @property
     def conv_layout(self) -> str:
         """Which layout the causal convs run in, read off the blocks: "frames-first" or
@@ -469,7 +546,7 @@ class DiT(nn.Module):
             att_out = x_in.new_empty(cfg.depth, n, cfg.num_heads, frames + cached, 2 * cfg.head_dim)
         if mod is None:
             mod = self._modulation(self.t_embedder(t).unsqueeze(1))
-        x = self.in_proj(x_in.transpose(1, 2))
+        x = self.gemm(x_in.transpose(1, 2), self.in_proj.weight, self.in_proj.bias)
         norm, last = self._norm, len(self.blocks) - 1
         x, h = norm(x, None, None, *mod.blocks[0][:2], eps=_MOD_LN_EPS)  # block 0's norm1
         for i, block in enumerate(self.blocks):

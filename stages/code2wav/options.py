@@ -79,6 +79,14 @@ BOOL_FLAGS: dict[str, bool] = {
     # a steady chunk took 37.8 against 43.3 ms at 1 request, 419 against 437 at 64 (fp32; bf16
     # 20.5 against 26.3 at 1; results/h200/README.md, fifteenth part).
     "code2wav_frames_first_conv": True,
+    # The DiT's fp32 linears as Triton GEMMs with 3xTF32 products on CUDA (stages/code2wav/
+    # dit_gemm.py): tensor cores at fp32 accuracy (max error 2-4e-7 of the output's range against
+    # fp64, cuBLAS fp32 0.3-2e-6), bias and GELU fused. Acts on CUDA with an fp32 DiT only: not with a bf16
+    # DiT, or TF32 for the flow. On an H200: the block's four linears 0.54-0.62x cuBLAS fp32's
+    # time, a steady chunk -21 % at 1 request and -19 % at 64, mean RTF -20.4 % [-28.7, -11.2] at
+    # 64x4 over 3 repeats, the mel 0.0001 dB from cuBLAS fp32 (results/h200/README.md,
+    # seventeenth part).
+    "code2wav_dit_tf32x3": True,
 }
 # Chunks of up to this many requests run the DiT's attention as batched GEMMs on CUDA/NPU
 # (`dit.attention_by_matmul`, fp32 DiT only), larger ones through scaled_dot_product_attention;
@@ -185,6 +193,7 @@ class Code2WavOptions:
     final_chunk_graphs: bool = False  # only acts with device_graph and graph_warmup on a device
     fused_norm: bool = True  # only acts where Triton runs (CUDA/NPU)
     frames_first_conv: bool = True  # only acts on CUDA
+    dit_tf32x3: bool = True  # only acts on CUDA with an fp32 DiT and no TF32 for the flow
     tf32_mode: Tf32Mode = "off"
     dit_dtype: str = "float32"  # the CFM estimator's dtype (its caches too)
     matmul_attention_requests: int = MATMUL_ATTENTION_DEFAULT  # only acts on CUDA/NPU
@@ -203,6 +212,7 @@ class Code2WavOptions:
             final_chunk_graphs=_flag(extra, "code2wav_final_chunk_graphs"),
             fused_norm=_flag(extra, "code2wav_fused_norm"),
             frames_first_conv=_flag(extra, "code2wav_frames_first_conv"),
+            dit_tf32x3=_flag(extra, "code2wav_dit_tf32x3"),
             tf32_mode=resolve_tf32_mode(extra, env),
             dit_dtype=parse_dit_dtype(extra.get(DIT_DTYPE_KEY)),
             matmul_attention_requests=parse_request_count(

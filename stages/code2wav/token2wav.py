@@ -177,6 +177,9 @@ class Token2Wav:
         log.info("token2wav: DiT attention %s", attention)
         conv = self.flow.decoder.estimator.select_conv_layout(self.options.frames_first_conv, self.device)
         log.info("token2wav: DiT convs %s", conv)
+        gemm = self.flow.decoder.estimator.select_gemm(self.options.dit_tf32x3, self.device,
+                                                       tf32_flow=self.options.tf32_mode != "off")
+        log.info("token2wav: DiT linears %s", gemm)
         self.flow.decoder.init_noise(seed=seed, device=self.device, dtype=self.dtype)
         self.hift = self._build_hift(seed, weights_dir)
         self._prompts = PromptBuilder(
@@ -219,6 +222,7 @@ class Token2Wav:
             "dit_norm": self.flow.decoder.estimator.norm_kernel,  # what runs: "triton" or "eager"
             "dit_attention": self.flow.decoder.estimator.attention_kernel,  # "matmul<=N" or "sdpa"
             "dit_conv": self.flow.decoder.estimator.conv_layout,  # "frames-first" or "channels-first"
+            "dit_gemm": self.flow.decoder.estimator.gemm_kernel,  # "tf32x3" (Triton) or "torch"
             "device_graph": graphs is not None and graphs.disabled is None,
             "graph_disabled_reason": None if graphs is None else graphs.disabled,
             "slots": 0 if self.pool is None else self.pool.capacity,

@@ -38,12 +38,15 @@ from stages.platform.device import unwrapped_current_device
 
 log = logging.getLogger(__name__)
 
-# (id(kernel), device type) -> launchable: interpreted twin for "cpu", compiled otherwise.
-_launchers: dict[tuple[int, str], object] = {}
+# (id(kernel), device type, aligned) -> launchable: interpreted twin for "cpu", compiled otherwise.
+_launchers: dict[tuple[int, str, bool], object] = {}
 
 
-def build_launcher(kernel, device_type: str):
-    """A fresh launchable for `kernel` on `device_type` (uncached; `kernel_for` caches it)."""
+def build_launcher(kernel, device_type: str, *, aligned: bool = False):
+    """A fresh launchable for `kernel` on `device_type` (uncached; `kernel_for` caches it).
+    `aligned`: specialise on pointer alignment after all (a GEMM's vectorised loads need it);
+    the caller then guarantees 16-byte aligned pointers on every launch of a key, since the
+    first launch's alignment is compiled in."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
@@ -59,7 +62,7 @@ def build_launcher(kernel, device_type: str):
     # imported under TRITON_INTERPRET holds an InterpretedFunction, which has no such list,
     # and a compiled variant specialised on the first call's strides then read other strides
     # wrongly (a stride of 1 became a constant; seen on an H200, results/h200 sixteenth part).
-    return JITFunction(kernel.fn, do_not_specialize=scalars, do_not_specialize_on_alignment=pointers)
+    return JITFunction(kernel.fn, do_not_specialize=scalars, do_not_specialize_on_alignment=[] if aligned else pointers)
 
 
 def runtime_arguments(fn) -> tuple[list[str], list[str]]:
@@ -75,12 +78,13 @@ def runtime_arguments(fn) -> tuple[list[str], list[str]]:
     return pointers, scalars
 
 
-def kernel_for(kernel, device: torch.device):
-    """`kernel` as it must run on `device`: interpreted on CPU, compiled elsewhere (cached)."""
-    key = (id(kernel), device.type)
+def kernel_for(kernel, device: torch.device, *, aligned: bool = False):
+    """`kernel` as it must run on `device`: interpreted on CPU, compiled elsewhere (cached).
+    `aligned`: see `build_launcher`."""
+    key = (id(kernel), device.type, aligned)
     launcher = _launchers.get(key)
     if launcher is None:
-        launcher = _launchers[key] = build_launcher(kernel, device.type)
+        launcher = _launchers[key] = build_launcher(kernel, device.type, aligned=aligned)
     return launcher
 
 
@@ -264,26 +268,29 @@ class DirectLaunches:
         self.jit_fn = jit_fn
         self.compiled: dict[Hashable, Callable[..., None]] = {}  # key -> launch(g0, g1, g2, *a)
 
-    def __call__(self, key: Hashable, grid: tuple[int, int, int], *args) -> None:
+    def __call__(self, key: Hashable, grid: tuple[int, int, int], *args, **options) -> None:
         launch = self.compiled.get(key)
         if launch is not None:
             launch(*grid, *args)
         else:
-            self.first(key, grid, *args)
+            self.first(key, grid, *args, **options)
 
-    def checked(self, key: Hashable, grid: tuple[int, int, int], tensors: Sequence[Any], tail: Sequence[Any]) -> None:
+    def checked(
+        self, key: Hashable, grid: tuple[int, int, int], tensors: Sequence[Any], tail: Sequence[Any], **options
+    ) -> None:
         """Launch with `tensors` as the leading (pointer) arguments and `tail` after them, where
         the caller has checked that every tensor is on the kernel's device: once compiled, a
         launcher that takes int pointers gets `data_ptr()` ints (no driver query per pointer,
-        see `direct_launch`), any other gets the tensors."""
+        see `direct_launch`), any other gets the tensors. `options` (num_warps, num_stages) are
+        compile options: they only reach the first launch, so the key must pin them too."""
         launch = self.compiled.get(key)
         if launch is not None and launch.pointers_as_ints:
             launch(*grid, *(t.data_ptr() for t in tensors), *tail)
         else:
-            self(key, grid, *tensors, *tail)
+            self(key, grid, *tensors, *tail, **options)
 
-    def first(self, key: Hashable, grid: tuple[int, int, int], *args) -> None:
+    def first(self, key: Hashable, grid: tuple[int, int, int], *args, **options) -> None:
         """Launch through Triton's binder (compiling if needed); remember the compiled kernel."""
-        kernel = self.jit_fn[grid](*args)
+        kernel = self.jit_fn[grid](*args, **options)
         if callable(getattr(kernel, "__getitem__", None)):  # a CompiledKernel (triton 3.x)
             self.compiled[key] = direct_launch(kernel)

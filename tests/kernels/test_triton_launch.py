@@ -129,6 +129,33 @@ def test_direct_launches_reuse_the_compiled_kernel_per_key(tl):
     ]
 
 
+def test_compile_options_reach_the_first_launch_only(tl):
+    """num_warps / num_stages are compile options: Triton's binder gets them on a key's first
+    launch; the compiled kernel has them built in, so later launches pass arguments alone."""
+    import torch
+
+    log = []
+
+    class FakeCompiled:
+        def __getitem__(self, grid):
+            return lambda *args: log.append(("direct", args))
+
+    class FakeJit:
+        def __getitem__(self, grid):
+            def run(*args, **options):
+                log.append(("jit", args, options))
+                return FakeCompiled()
+
+            return run
+
+    launches = tl.DirectLaunches(FakeJit())
+    a = torch.zeros(2)
+    launches.checked("k", (1, 1, 1), (a,), (5,), num_warps=8, num_stages=3)
+    launches.checked("k", (1, 1, 1), (a,), (6,), num_warps=8, num_stages=3)
+    assert log[0] == ("jit", (a, 5), {"num_warps": 8, "num_stages": 3})
+    assert log[1][0] == "direct" and log[1][1][-1] == 6 and len(log) == 2
+
+
 @pytest.mark.parametrize("ints", [True, False], ids=["int-pointers", "tensors"])
 def test_checked_launches_pass_addresses_only_to_a_compiled_launcher_that_takes_them(tl, ints):
     import torch
@@ -279,6 +306,22 @@ def test_a_device_launcher_specialises_on_no_runtime_argument(tl, monkeypatch, i
     # The residual kernel's shape arguments are among what was checked (the stride that broke).
     names = _specialisation(tl.build_launcher(kernels[0], "cuda"))
     assert {"frames", "y_sc", "gate_sb", "x_ptr", "y_ptr"} <= set(names)
+
+
+def test_an_aligned_launcher_specialises_on_pointer_alignment_only(tl):
+    """The DiT GEMM's launcher (`aligned=True`): its pointers are specialised on alignment (the
+    16-byte loads a GEMM needs; its caller copies unaligned inputs first), its row count still
+    never on its value; `kernel_for` keeps the two kinds of launcher apart."""
+    import torch
+
+    from stages.code2wav import dit_gemm
+
+    flags = _specialisation(tl.build_launcher(dit_gemm._linear_kernel, "cuda", aligned=True))
+    assert flags == {"x_ptr": True, "w_ptr": True, "b_ptr": True, "out_ptr": True, "rows": False}
+    plain = _specialisation(tl.build_launcher(dit_gemm._linear_kernel, "cuda"))
+    assert not any(plain.values())
+    cuda = torch.device("cuda")
+    assert tl.kernel_for(dit_gemm._linear_kernel, cuda, aligned=True) is not tl.kernel_for(dit_gemm._linear_kernel, cuda)
 
 
 def test_runtime_arguments_split_pointers_scalars_and_skip_constexprs(tl):

@@ -1,0 +1,185 @@
+"""The DiT's fp32 linears on tensor cores at fp32 accuracy: one Triton GEMM with 3xTF32 products.
+
+At the row counts code2wav serves (2 x rows x ~50 frames: 100 rows for one request) cuBLAS runs
+the DiT's fp32 linears on CUDA cores (FFMA), a skinny split-K kernel of four launches for the
+2,048-deep fc2; on an H200 those GEMMs were 18.9 of a 35.0 ms B = 1 chunk (results/h200,
+fifteenth part). TF32 (`token2wav_allow_tf32`) is faster but rounds every input to 10 mantissa
+bits. 3xTF32 splits each fp32 operand into a TF32 "big" part and a TF32 remainder and sums
+big*big + big*small + small*big on tensor cores with an fp32 accumulator: the dropped term is
+below fp32's own rounding. Measured on an H200 against fp64 (`scripts/bench_dit_gemm.py`): 2-4e-7
+of the output's range, cuBLAS fp32 0.3-2e-6, one-pass TF32 3e-4; per chunk, the mel moved 0.0001
+dB from cuBLAS fp32 against 10.7 dB between two noise seeds (`scripts/precision_drift.py`).
+
+`linear(x, weight, bias, gelu=False)` = `x @ weight.T + bias` (then GELU-tanh when asked): the
+bias and the activation are the GEMM's epilogue, so one launch replaces cuBLAS's one to four.
+
+What a newcomer needs to know:
+* CUDA only, fp32 only (a bf16 DiT already runs cuBLAS on tensor cores); `DiT.select_gemm`
+  decides, and the CPU keeps `F.linear` (it runs this kernel under TRITON_INTERPRET=1, in
+  tests only). Never import this module on the hot path of a CPU run: it imports triton.
+* The tile shape comes from `tile_for(rows, n, k)`, a table measured on an H200 per row bucket
+  (no autotuning: a tuning run inside a graph capture would fail, and a table keeps eager and
+  replayed chunks on the same kernel, so they agree bit for bit).
+* Launch cost: after the first call per (device, N, K, tile, epilogue) the compiled kernel is
+  launched directly (`stages.platform.triton_launch`), specialised on pointer alignment (the
+  16-byte loads are what a GEMM lives on: unaligned inputs are copied first) and never on the
+  row count. The first call compiles: make it outside any graph capture (`warm_up` does).
+* Not batch-invariant: no split k-sum, so a row's result does not depend on the other rows'
+  values, but the tile does depend on the row count, and a row may round differently in a
+  chunk of another size (graph replay and eager of one shape share the tile: equal bit for bit).
+
+    >>> y = linear(x, fc1.weight, fc1.bias, gelu=True)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from stages.platform.triton_launch import DirectLaunches, kernel_for
+
+_ALIGN_BYTES = 16  # what a vectorised load needs, and what the compiled variant assumes
+
+
+@dataclass(frozen=True)
+class Tile:
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+
+def tile_for(rows: int, n: int, k: int) -> Tile:
+    """The tile for a [rows, k] x [k, n] GEMM: the one with the least summed time over the
+    block's four linears (q|k|v, proj, fc1, fc2) at 100 / 400 / 1,600 / 6,400 rows in a sweep of
+    20 tiles on an H200 (`scripts/bench_dit_gemm.py`, results/h200/dit_gemm_bench.json,
+    seventeenth part). Few rows: thin tiles, so that enough programs fill 132 SMs without a
+    split k-sum; many rows: larger tiles for reuse. `n` and `k` are not used yet (one table
+    served the DiT's shapes: at each row count its summed time is within 9 % of the sum of every
+    shape's own best tile)."""
+    if rows <= 256:
+        return Tile(16, 64, 64, 4, 4)
+    if rows <= 800:
+        return Tile(64, 32, 32, 4, 3)
+    if rows <= 3200:
+        return Tile(64, 64, 32, 4, 3)
+    return Tile(128, 64, 32, 8, 3)
+
+
+_TABLE_ROWS = (256, 800, 3200, 3201)  # one row count in each of `tile_for`'s buckets (warm_up)
+
+
+@triton.jit(do_not_specialize=["rows"])
+def _linear_kernel(
+    x_ptr,  # [rows, K] contiguous
+    w_ptr,  # [N, K] contiguous (nn.Linear's weight)
+    b_ptr,  # [N] (ignored without HAS_BIAS)
+    out_ptr,  # [rows, N] contiguous
+    rows,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GELU: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0).to(tl.int64)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < rows
+    n_mask = offs_n < N
+    x_tile = x_ptr + offs_m[:, None] * K + offs_k[None, :]
+    w_tile = w_ptr + offs_n[None, :] * K + offs_k[:, None]  # [BLOCK_K, BLOCK_N]: W^T
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)  # not tl.zeros: a jitted helper (see GELU)
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = offs_k < K - k0
+        a = tl.load(x_tile, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(w_tile, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        x_tile += BLOCK_K
+        w_tile += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
+    if GELU:
+        # sigmoid written out: `tl.sigmoid` is a jitted helper, which the interpreter twin cannot
+        # call when triton was imported without TRITON_INTERPRET (see dit_triton's `tl.reduce`).
+        # GELU-tanh(x) = 0.5 x (1 + tanh(z)) = x sigmoid(2 z), z = sqrt(2 / pi) (x + 0.044715 x^3);
+        # the literal is -2 sqrt(2 / pi) (a global constexpr does not survive the interpreter).
+        acc = acc / (1.0 + tl.exp((acc + 0.044715 * acc * acc * acc) * -1.5957691216057308))
+    tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
+
+
+_launches: dict[str, DirectLaunches] = {}  # device type -> launches of the one kernel
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    return t.data_ptr() % _ALIGN_BYTES == 0
+
+
+def linear(
+    x: torch.Tensor,  # [..., K]
+    weight: torch.Tensor,  # [N, K]
+    bias: torch.Tensor | None,  # [N]
+    *,
+    gelu: bool = False,
+    precision: str = "tf32x3",
+    tile: Tile | None = None,
+) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` (then GELU-tanh when `gelu`) as one Triton launch, fp32 in and
+    out; `precision` is `tl.dot`'s input_precision ("tf32x3": fp32 accuracy on tensor cores;
+    "ieee": CUDA-core fp32; "tf32"); `tile` overrides `tile_for` (the benchmark's sweep).
+    Returns a new contiguous [..., N] tensor."""
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"x's last dim is {x.shape[-1]}, the weight takes {k}")
+    if x.dtype != torch.float32 or weight.dtype != torch.float32:
+        raise ValueError(f"fp32 only, got x {x.dtype} and weight {weight.dtype}")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != torch.float32):
+        raise ValueError(f"bias must be a [{n}] fp32 vector, got {tuple(bias.shape)} {bias.dtype}")
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    if any(t.device != x.device for t in tensors):
+        raise ValueError("x, weight and bias must be on one device")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    # The compiled variant assumes contiguous, 16-byte aligned operands (it was specialised on
+    # the first call's alignment): a view that is not gets copied, never read misaligned.
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    if not _aligned(x2):
+        x2 = x2.clone()
+    if not weight.is_contiguous() or not _aligned(weight) or (bias is not None and not _aligned(bias)):
+        raise ValueError("weight and bias must be contiguous and 16-byte aligned (parameters are)")
+    rows = x2.shape[0]
+    out = x2.new_empty(rows, n)
+    if rows == 0:
+        return out.view(*lead, n)
+    tile = tile or tile_for(rows, n, k)
+    launches = _launches.get(x.device.type)
+    if launches is None:
+        launches = _launches[x.device.type] = DirectLaunches(kernel_for(_linear_kernel, x.device, aligned=True))
+    grid = (triton.cdiv(rows, tile.block_m), triton.cdiv(n, tile.block_n), 1)
+    key = (x.device.index, n, k, tile, bias is not None, gelu, precision)
+    tail = (rows, n, k, tile.block_m, tile.block_n, tile.block_k, bias is not None, gelu, precision)
+    # Without a bias the kernel never reads b_ptr: the weight stands in (any aligned pointer).
+    ptrs = (x2, weight, weight if bias is None else bias, out)
+    launches.checked(key, grid, ptrs, tail, num_warps=tile.warps, num_stages=tile.stages)
+    return out.view(*lead, n)
+
+
+def warm_up(device: torch.device, shapes: list[tuple[int, int, bool, bool]]) -> None:
+    """Compile every (N, K, bias?, gelu?) in `shapes` with every tile of `tile_for`'s table, now
+    (outside any graph capture: a first launch compiles); raises what the compiler raises, so
+    the caller can fall back."""
+    for n, k, has_bias, gelu in shapes:
+        weight = torch.zeros(n, k, device=device)
+        bias = torch.zeros(n, device=device) if has_bias else None
+        for rows in _TABLE_ROWS:
+            linear(torch.zeros(rows, k, device=device), weight, bias, gelu=gelu)

@@ -1,0 +1,288 @@
+"""The DiT's Triton GEMM with 3xTF32 products (`stages.code2wav.dit_gemm`) and its selection.
+
+CPU cases run the kernel under the Triton interpreter against an fp64 GEMM; the `gpu` cases run
+it compiled: its error against fp64 must stay at fp32's level (3xTF32), below one-pass TF32's by
+two orders, and a DiT with it must match cuBLAS fp32 and replay a captured graph bit for bit.
+
+Run: python -m pytest tests/kernels/test_dit_gemm.py -q
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stages.code2wav.dit import torch_linear
+from stages.code2wav.options import Code2WavOptions
+from stages.flags import FlagError
+from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, random_dit
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _case(rows: int, n: int, k: int, *, bias=True, device="cpu", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen)
+    w = torch.randn(n, k, generator=gen) / k**0.5
+    b = torch.randn(n, generator=gen) if bias else None
+    return x.to(device), w.to(device), None if b is None else b.to(device)
+
+
+def _fp64(x, w, b, gelu):
+    y = F.linear(x.double(), w.double(), None if b is None else b.double())
+    return F.gelu(y, approximate="tanh") if gelu else y
+
+
+def _rel_err(y, ref) -> float:
+    return ((y.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.mark.parametrize(
+    "rows, n, k, bias, gelu",
+    [(7, 48, 40, True, False), (33, 80, 64, False, False), (20, 96, 32, True, True), (1, 16, 72, True, True)],
+    ids=["masked-rows-and-k", "no-bias", "gelu", "one-row"],
+)
+def test_linear_matches_an_fp64_gemm_on_the_interpreter(interpret, rows, n, k, bias, gelu):
+    from stages.code2wav import dit_gemm
+
+    x, w, b = _case(rows, n, k, bias=bias)
+    y = dit_gemm.linear(x, w, b, gelu=gelu)
+    assert y.shape == (rows, n) and y.dtype == torch.float32 and y.is_contiguous()
+    assert _rel_err(y, _fp64(x, w, b, gelu)) < 1e-5
+    # The torch twin it replaces agrees too (same function: GELU-tanh, not torch's CPU
+    # `_addmm_activation`, whose GELU is the erf one).
+    torch.testing.assert_close(y, torch_linear(x, w, b, gelu=gelu), rtol=1e-5, atol=1e-5)
+    if gelu:
+        assert not torch.allclose(y, F.gelu(F.linear(x, w, b)), rtol=1e-5, atol=1e-5)
+
+
+def test_linear_reads_views_it_cannot_take_as_they_are(interpret):
+    """A transposed view (the DiT's in_proj input) and a view at an odd offset are copied first:
+    the compiled kernel assumes contiguous, 16-byte aligned rows."""
+    from stages.code2wav import dit_gemm
+
+    _, w, b = _case(1, 24, 20)
+    base = torch.randn(3, 20, 9)
+    transposed = base.transpose(1, 2)  # [3, 9, 20], not contiguous
+    y = dit_gemm.linear(transposed, w, b)
+    assert y.shape == (3, 9, 24)
+    torch.testing.assert_close(y, F.linear(transposed, w, b), rtol=1e-5, atol=1e-5)
+    flat = torch.randn(1 + 5 * 20)
+    odd = flat[1:].view(5, 20)  # 4 bytes past an aligned start
+    assert odd.data_ptr() % 16 != 0
+    torch.testing.assert_close(dit_gemm.linear(odd, w, b), F.linear(odd, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_linear_with_no_rows_returns_an_empty_result(interpret):
+    from stages.code2wav import dit_gemm
+
+    _, w, b = _case(1, 8, 16)
+    assert dit_gemm.linear(torch.empty(0, 16), w, b).shape == (0, 8)
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [("bf16", "fp32 only"), ("wrong-k", "last dim"), ("wide-bias", "bias"), ("strided-weight", "contiguous")],
+)
+def test_linear_refuses_what_it_cannot_compute(interpret, case, message):
+    from stages.code2wav import dit_gemm
+
+    x, w, b = _case(4, 8, 16)
+    if case == "bf16":
+        x = x.bfloat16()
+    elif case == "wrong-k":
+        x = torch.randn(4, 12)
+    elif case == "wide-bias":
+        b = torch.randn(9)
+    elif case == "strided-weight":
+        w = torch.randn(16, 8).t()
+    with pytest.raises(ValueError, match=message):
+        dit_gemm.linear(x, w, b)
+
+
+def test_the_tile_table_covers_every_row_count_with_one_tile_per_bucket():
+    pytest.importorskip("triton")
+    from stages.code2wav import dit_gemm
+
+    tiles = [dit_gemm.tile_for(r, 512, 512) for r in range(1, 8000, 7)]
+    # Monotone in the row count (never a smaller tile for more rows), and warm_up's sample
+    # rows reach every tile the table can hand out: nothing compiles inside a graph capture.
+    sizes = [t.block_m * t.block_n for t in tiles]
+    assert sizes == sorted(sizes)
+    assert set(tiles) == {dit_gemm.tile_for(r, 512, 512) for r in dit_gemm._TABLE_ROWS}
+
+
+def test_dit_with_the_gemm_matches_torch_on_the_interpreter(interpret):
+    dit = random_dit(seed=3)
+    x_in, t = torch.randn(2, 320, 6), torch.rand(2)
+    with torch.no_grad():
+        want = dit.forward_chunk(x_in, t, None, None)
+        assert dit.select_gemm(True, torch.device("cpu"), tf32_flow=False).startswith("Triton")
+        assert dit.gemm_kernel == "tf32x3"
+        assert dit.blocks[-1].mlp.gemm is dit.blocks[0].attn.gemm is dit.final_layer.gemm is dit.gemm
+        got = dit.forward_chunk(x_in, t, None, None)
+        for fused in (False, True):  # both attention prologues take their q|k|v through it
+            dit.select_norm(fused, torch.device("cpu"))
+            torch.testing.assert_close(dit.forward_chunk(x_in, t, None, None).velocity, want.velocity,
+                                       rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.velocity, want.velocity, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.att_cache, want.att_cache, rtol=1e-4, atol=1e-4)
+
+
+def test_select_gemm_says_why_torch_stays(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    dit = random_dit()
+    cpu = torch.device("cpu")
+    assert "code2wav_dit_tf32x3 is false" in dit.select_gemm(False, cpu, tf32_flow=False)
+    assert "TRITON_INTERPRET" in dit.select_gemm(True, cpu, tf32_flow=False)
+    assert "not CUDA (meta)" in dit.select_gemm(True, torch.device("meta"), tf32_flow=False)
+    assert "token2wav_allow_tf32" in dit.select_gemm(True, cpu, tf32_flow=True)
+    assert "bfloat16" in random_dit(dtype=torch.bfloat16).select_gemm(True, cpu, tf32_flow=False)
+    assert dit.gemm_kernel == "torch" and dit.blocks[0].mlp.gemm is torch_linear
+
+
+def test_a_gemm_that_fails_to_compile_leaves_torch(monkeypatch, caplog):
+    pytest.importorskip("triton")
+    from stages.code2wav import dit_gemm
+    from stages.platform.device import platform_override
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("ptxas died")
+
+    monkeypatch.setattr(dit_gemm, "warm_up", broken)
+    monkeypatch.setattr("stages.code2wav.dit.is_cuda", lambda device: True)
+    dit = random_dit()
+    with platform_override(triton=True), caplog.at_level(logging.WARNING):
+        said = dit.select_gemm(True, torch.device("cuda"), tf32_flow=False)
+    assert "ptxas died" in said and dit.gemm_kernel == "torch"
+    assert any("ptxas died" in r.getMessage() for r in caplog.records)
+
+
+def test_the_flag_is_strict_and_on_by_default():
+    assert Code2WavOptions.from_extra({}).dit_tf32x3 is True
+    assert Code2WavOptions.from_extra({"code2wav_dit_tf32x3": "false"}).dit_tf32x3 is False
+    with pytest.raises(FlagError, match="code2wav_dit_tf32x3"):
+        Code2WavOptions.from_extra({"code2wav_dit_tf32x3": "maybe"})
+    with pytest.raises(FlagError, match="code2wav_dit_tf32x3"):
+        Code2WavOptions.from_extra({"code2wav_dit_tf32x4": True})
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("rows", [100, 800, 6400])
+@pytest.mark.parametrize("n, k, gelu", [(1536, 512, False), (2048, 512, True), (512, 2048, False)],
+                         ids=["qkv", "fc1-gelu", "fc2"])
+def test_cuda_3xtf32_is_as_accurate_as_fp32(rows, n, k, gelu):
+    """Against fp64: within 4x cuBLAS fp32's error (the sweep read 3xTF32 at 2-4e-7, cuBLAS fp32
+    at 0.3-2e-6) and 100x below one-pass TF32's (3e-4); twice on the same input, the same bytes."""
+    from stages.code2wav import dit_gemm
+
+    x, w, b = _case(rows, n, k, device="cuda")
+    ref = _fp64(x, w, b, gelu)
+    y = dit_gemm.linear(x, w, b, gelu=gelu)
+    with _tf32(False):
+        fp32 = torch_linear(x, w, b, gelu=gelu)
+    with _tf32(True):
+        tf32 = torch_linear(x, w, b, gelu=gelu)
+    assert _rel_err(y, ref) < 4 * max(_rel_err(fp32, ref), 2.5e-7)
+    assert _rel_err(y, ref) * 100 < _rel_err(tf32, ref)
+    assert torch.equal(dit_gemm.linear(x, w, b, gelu=gelu), y)
+
+
+class _tf32:
+    def __init__(self, on: bool):
+        self.on = on
+
+    def __enter__(self):
+        self.before = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = self.on
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32 = self.before
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_dit_with_the_gemm_matches_cublas_and_replays_bit_identically():
+    def switch(dit):
+        assert dit.select_gemm(True, torch.device("cuda"), tf32_flow=False).startswith("Triton")
+
+    check_a_dit_path_on_cuda(switch, rows=6)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_dit_launches_the_gemm_once_per_linear():
+    """Under the profiler, a DiT call with the Triton GEMM launches `_linear_kernel` once per
+    routed linear: in_proj, four a block (fused q|k|v, proj, fc1 + GELU, fc2), final."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dit = random_dit(seed=2, device="cuda")
+    dit.select_norm(True, torch.device("cuda"))
+    assert dit.select_gemm(True, torch.device("cuda"), tf32_flow=False).startswith("Triton")
+    x_in = torch.randn(2, 320, 50, device="cuda")
+    mod = dit.step_modulation(0.5, x_in)  # precomputed, as the CFM does: no adaLN GEMMs in the call
+    with torch.no_grad():
+        dit.forward_chunk(x_in, None, None, None, mod=mod)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            dit.forward_chunk(x_in, None, None, None, mod=mod)
+            torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert sum(n == "_linear_kernel" for n in names) == 2 + 4 * len(dit.blocks)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused-attention", "fused-attention"])
+def test_with_the_gemm_selected_no_linear_goes_through_torch(interpret, monkeypatch, fused):
+    """Every linear of a DiT call (in_proj, q|k|v or q, k, v, proj, fc1, fc2, final) goes through
+    the Triton GEMM once selected: torch's linear entry points are never called."""
+    dit = random_dit(seed=6)
+    dit.select_norm(fused, torch.device("cpu"))
+    assert dit.select_gemm(True, torch.device("cpu"), tf32_flow=False).startswith("Triton")
+    x_in = torch.randn(2, 320, 4)
+    mod = dit.step_modulation(0.5, x_in)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a DiT linear went through torch")
+
+    monkeypatch.setattr(F, "linear", refuse)
+    monkeypatch.setattr(torch, "_addmm_activation", refuse)
+    with torch.no_grad():
+        assert dit.forward_chunk(x_in, None, None, None, mod=mod).velocity.shape == (2, 80, 4)
+
+
+def test_the_mlp_is_fc1_gelu_tanh_fc2_on_the_cpu():
+    """The MLP's one-GEMM-plus-epilogue form is the checkpoint's fc1 -> GELU(tanh) -> fc2: on
+    the CPU it once went through torch's `_addmm_activation`, whose CPU GELU is the erf one."""
+    mlp = random_dit(seed=4).blocks[0].mlp
+    x = torch.randn(2, 5, mlp.fc1.in_features)
+    with torch.no_grad():
+        assert torch.equal(mlp(x), mlp.fc2(mlp.act(mlp.fc1(x))))
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_gelu_epilogue_is_the_tanh_one():
+    x, w, b = _case(100, 2048, 512, device="cuda")
+    with _tf32(False):
+        got = torch_linear(x, w, b, gelu=True)
+        torch.testing.assert_close(got, F.gelu(F.linear(x, w, b), approximate="tanh"), rtol=1e-5, atol=1e-5)
+
+
+def test_an_engine_says_which_linears_run(monkeypatch):
+    """The run record's `dit_gemm`: torch's on the CPU (no interpreter), whatever the flag."""
+    from stages.code2wav.token2wav import Token2Wav
+    from tests.stages.code2wav_tiny import tiny_config
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    t2w = Token2Wav(tiny_config(), device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
+    assert t2w.options.dit_tf32x3 is True and t2w.describe()["dit_gemm"] == "torch"
