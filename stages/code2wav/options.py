@@ -81,8 +81,8 @@ BOOL_FLAGS: dict[str, bool] = {
     "code2wav_frames_first_conv": True,
     # The DiT's fp32 linears as Triton GEMMs with 3xTF32 products on CUDA (stages/code2wav/
     # dit_gemm.py): tensor cores at fp32 accuracy (max error 2-4e-7 of the output's range against
-    # fp64, cuBLAS fp32 0.3-2e-6), bias and GELU fused. Acts on CUDA with an fp32 DiT only: not with a bf16
-    # DiT, or TF32 for the flow. On an H200: the block's four linears 0.54-0.62x cuBLAS fp32's
+    # fp64, cuBLAS fp32 0.3-2e-6), bias and GELU fused. Acts on CUDA with an fp32 DiT only, and
+    # not with TF32 for the flow. On an H200: the block's four linears 0.54-0.62x cuBLAS fp32's
     # time, a steady chunk -21 % at 1 request and -19 % at 64, mean RTF -20.4 % [-28.7, -11.2] at
     # 64x4 over 3 repeats, the mel 0.0001 dB from cuBLAS fp32 (results/h200/README.md,
     # seventeenth part).
