@@ -9,7 +9,9 @@ Between branches, the gated residual add, the next non-affine LayerNorm and its 
 one step (`residual_norm_modulate_eager`, or with `select_norm` its one-launch Triton twin in
 `dit_triton`): blocks are chained, each handing the next its normalised attention input.
 Attention runs through `scaled_dot_product_attention`, or for chunks of few rows on a GPU/NPU
-as batched GEMMs (`select_attention`, `attention_by_matmul`).
+as batched GEMMs (`select_attention`, `attention_by_matmul`). The linears (in_proj, q|k|v, proj,
+fc1 + GELU, fc2, final) go through one function, `torch_linear`, or on CUDA with `select_gemm`
+its Triton twin with 3xTF32 products (`dit_gemm.linear`).
 
 Streaming: queries are the current chunk; keys/values are `[current | cache]` (new K/V in
 *front* of the cache, the upstream convention the trim ranges rely on). Per block caches:
