@@ -286,3 +286,19 @@ def test_an_engine_says_which_linears_run(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     t2w = Token2Wav(tiny_config(), device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
     assert t2w.options.dit_tf32x3 is True and t2w.describe()["dit_gemm"] == "torch"
+
+
+def test_the_benchmark_sweep_measures_every_tile_and_shape_the_dit_uses():
+    """scripts/bench_dit_gemm.py is where the table's tiles come from: a tile the table holds, or
+    a full-size DiT linear, that the sweep no longer times could not be re-checked on a device."""
+    pytest.importorskip("triton")
+    from scripts import bench_dit_gemm
+    from stages.code2wav import dit_gemm
+    from stages.code2wav.config import DiTConfig
+    from stages.code2wav.dit import DiT
+
+    sweep = bench_dit_gemm._sweep_tiles("tiles")
+    assert len(set(sweep)) == len(sweep) and bench_dit_gemm._sweep_tiles("none") == []
+    assert {dit_gemm.tile_for(r, 512, 512) for r in dit_gemm._TABLE_ROWS} <= set(sweep)
+    timed = {(n, k, gelu) for _, n, k, gelu in bench_dit_gemm.SHAPES}
+    assert timed == {(n, k, gelu) for n, k, _, gelu in DiT(DiTConfig())._linear_shapes()}
