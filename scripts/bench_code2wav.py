@@ -107,6 +107,9 @@ ARMS = {
     # The DiT's linears on cuBLAS fp32 (the default runs them as Triton 3xTF32 GEMMs on CUDA).
     "graph-cublas": {"code2wav_device_graph": True, "code2wav_dit_tf32x3": False},
     "eager-cublas": {"code2wav_device_graph": False, "code2wav_dit_tf32x3": False},
+    # Small chunks' attention as one Triton kernel (code2wav_triton_attention) instead of GEMMs.
+    "graph-flash": {"code2wav_device_graph": True, "code2wav_triton_attention": True},
+    "eager-flash": {"code2wav_device_graph": False, "code2wav_triton_attention": True},
     "graph-bf16": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16"},  # the DiT and its caches
     "graph-bf16-channels-first": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16",
                                   "code2wav_frames_first_conv": False},

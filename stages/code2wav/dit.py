@@ -166,6 +166,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(inner, cfg.hidden_size)
         self.fused = False  # DiT.select_norm: one q|k|v GEMM + the Triton q/k norm and cache write
         self.matmul_rows = 0  # DiT.select_attention: up to this many rows, attention_by_matmul
+        self.flash = False  # DiT.select_attention: those rows through the Triton kernel instead
         self.gemm = torch_linear  # DiT.select_gemm may swap in the Triton twin
         self._qkv: tuple | None = None  # (key, weight, bias): the three projections concatenated
         self._qkv_retired: list[tuple] = []  # earlier copies, kept alive for graphs that read them
@@ -217,6 +218,10 @@ class Attention(nn.Module):
         # fp32 only: in bf16 the GEMM would round the logits to bf16 before the softmax, where
         # the fused kernels keep them in fp32 (and the path was measured in fp32 only).
         if mask is None and b <= self.matmul_rows and q.dtype == k.dtype == torch.float32:
+            if self.flash:  # one launch, [B, T, H, D] out: the projection reads it as it is
+                from stages.code2wav.dit_flash import attention
+
+                return self._linear(self.proj, attention(q.transpose(1, 2), out_cache).view(b, t, self.h * self.d))
             out = attention_by_matmul(q, k, v)
         else:
             attn_mask = None if mask is None else mask.unsqueeze(1)
@@ -425,21 +430,54 @@ class DiT(nn.Module):
             return "fused Triton norm steps (residual + LayerNorm + modulation; q/k norms + cache write)"
         return f"eager ({reason})"
 
-    def select_attention(self, max_requests: int, device: torch.device) -> str:
+    def select_attention(self, max_requests: int, device: torch.device, *, triton: bool = False) -> str:
         """Attention of chunks of up to `max_requests` requests (2 DiT rows each, CFG) as
         batched GEMMs (`attention_by_matmul`) on a CUDA/NPU device, in fp32 (with TF32 matmuls
         on, those GEMMs are TF32 too); larger chunks, a bf16 DiT and the CPU keep
-        `scaled_dot_product_attention` (0 = always). Returns what runs, for logs;
-        `attention_kernel` says it in one word ("matmul<=N" or "sdpa")."""
+        `scaled_dot_product_attention` (0 = always). With `triton`, on CUDA (the CPU under
+        TRITON_INTERPRET=1, for tests), those small fp32 chunks run one Triton kernel instead
+        (`dit_flash`: online softmax, 3xTF32 dots), compiled here; if that fails the GEMMs stay.
+        Returns what runs, for logs; `attention_kernel` says it in one word ("matmul<=N",
+        "triton<=N" or "sdpa")."""
+        from stages.platform import triton_unavailable_reason
+
         on_device = not is_cpu(device)  # CUDA or NPU
+        flash_reason = None
+        if not triton:
+            flash_reason = "code2wav_triton_attention is false"
+        elif not max_requests:
+            flash_reason = "code2wav_matmul_attention_requests is 0"
+        elif self.in_proj.weight.dtype != torch.float32:
+            flash_reason = f"the DiT is {str(self.in_proj.weight.dtype).removeprefix('torch.')}"
+        elif not (is_cuda(device) or is_cpu(device)):
+            flash_reason = f"not CUDA ({device.type})"
+        else:
+            flash_reason = triton_unavailable_reason(device)
+        if flash_reason is None:
+            try:
+                from stages.code2wav import dit_flash
+
+                h, d = self.cfg.num_heads, self.cfg.head_dim
+                dit_flash.attention(torch.zeros(1, 1, h, d, device=device), torch.zeros(1, h, 1, 2 * d, device=device))
+            except Exception as exc:  # a broken compiler must not take the stage down: GEMMs run
+                flash_reason = f"the Triton attention failed to compile ({type(exc).__name__}: {exc})"
+                log.warning("DiT attention: batched GEMMs kept, %s", flash_reason)
+        flash = flash_reason is None
+        rows = 2 * max_requests if (on_device or flash) else 0
         for block in self.blocks:
-            block.attn.matmul_rows = 2 * max_requests if on_device else 0
-        self.attention_kernel = f"matmul<={max_requests}" if on_device and max_requests else "sdpa"
+            block.attn.matmul_rows = rows
+            block.attn.flash = flash
+        word = "triton" if flash else "matmul"
+        self.attention_kernel = f"{word}<={max_requests}" if rows else "sdpa"
+        if flash:
+            return f"one Triton kernel (3xTF32) up to {max_requests} requests a chunk, scaled_dot_product_attention above"
         if not on_device:
-            return "scaled_dot_product_attention (the CPU)"
-        if not max_requests:
-            return "scaled_dot_product_attention (code2wav_matmul_attention_requests is 0)"
-        return f"batched GEMMs up to {max_requests} requests a chunk, scaled_dot_product_attention above"
+            said = "scaled_dot_product_attention (the CPU)"
+        elif not max_requests:
+            said = "scaled_dot_product_attention (code2wav_matmul_attention_requests is 0)"
+        else:
+            said = f"batched GEMMs up to {max_requests} requests a chunk, scaled_dot_product_attention above"
+        return f"{said}; Triton attention: {flash_reason}" if triton else said
 
     def select_conv_layout(self, frames_first: bool, device: torch.device) -> str:
         """Run the causal convs frames-first (`CausalConvBlock.frames_first`) when asked and on

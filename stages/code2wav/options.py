@@ -87,6 +87,12 @@ BOOL_FLAGS: dict[str, bool] = {
     # 64x4 over 3 repeats, the mel 0.0001 dB from cuBLAS fp32 (results/h200/README.md,
     # seventeenth part).
     "code2wav_dit_tf32x3": True,
+    # Chunks small enough for attention as GEMMs (code2wav_matmul_attention_requests) run it as
+    # one Triton kernel instead (stages/code2wav/dit_flash.py: online softmax, 3xTF32 dots, fp32
+    # DiT, CUDA): one launch for five a block-step. Off: written and tested under the Triton
+    # interpreter only, never yet compiled on a GPU; its GPU tests (tests/kernels/
+    # test_dit_flash.py -m gpu) and `scripts/bench_code2wav.py --arms graph,graph-flash` decide.
+    "code2wav_triton_attention": False,
 }
 # Chunks of up to this many requests run the DiT's attention as batched GEMMs on CUDA/NPU
 # (`dit.attention_by_matmul`, fp32 DiT only), larger ones through scaled_dot_product_attention;
@@ -194,6 +200,7 @@ class Code2WavOptions:
     fused_norm: bool = True  # only acts where Triton runs (CUDA/NPU)
     frames_first_conv: bool = True  # only acts on CUDA
     dit_tf32x3: bool = True  # only acts on CUDA with an fp32 DiT and no TF32 for the flow
+    triton_attention: bool = False  # only acts on CUDA, fp32 DiT, chunks of matmul-attention size
     tf32_mode: Tf32Mode = "off"
     dit_dtype: str = "float32"  # the CFM estimator's dtype (its caches too)
     matmul_attention_requests: int = MATMUL_ATTENTION_DEFAULT  # only acts on CUDA/NPU
@@ -213,6 +220,7 @@ class Code2WavOptions:
             fused_norm=_flag(extra, "code2wav_fused_norm"),
             frames_first_conv=_flag(extra, "code2wav_frames_first_conv"),
             dit_tf32x3=_flag(extra, "code2wav_dit_tf32x3"),
+            triton_attention=_flag(extra, "code2wav_triton_attention"),
             tf32_mode=resolve_tf32_mode(extra, env),
             dit_dtype=parse_dit_dtype(extra.get(DIT_DTYPE_KEY)),
             matmul_attention_requests=parse_request_count(

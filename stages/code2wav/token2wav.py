@@ -173,7 +173,8 @@ class Token2Wav:
             self.flow.decoder.estimator.to(getattr(torch, self.options.dit_dtype))
         norm = self.flow.decoder.estimator.select_norm(self.options.fused_norm, self.device)
         log.info("token2wav: DiT norm %s", norm)
-        attention = self.flow.decoder.estimator.select_attention(self.options.matmul_attention_requests, self.device)
+        attention = self.flow.decoder.estimator.select_attention(self.options.matmul_attention_requests, self.device,
+                                                                   triton=self.options.triton_attention)
         log.info("token2wav: DiT attention %s", attention)
         conv = self.flow.decoder.estimator.select_conv_layout(self.options.frames_first_conv, self.device)
         log.info("token2wav: DiT convs %s", conv)

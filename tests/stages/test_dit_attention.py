@@ -133,15 +133,15 @@ def test_an_engine_routes_its_dit_by_the_flag_and_says_which_attention_runs(monk
     asked = []
     select = DiT.select_attention
 
-    def spy(self, max_requests, device):
-        asked.append((max_requests, device.type))
-        return select(self, max_requests, device)
+    def spy(self, max_requests, device, *, triton):
+        asked.append((max_requests, device.type, triton))
+        return select(self, max_requests, device, triton=triton)
 
     monkeypatch.setattr(DiT, "select_attention", spy)
     cfg = tiny_config()
-    t2w = Token2Wav(replace(cfg, extra={**cfg.extra, MATMUL_ATTENTION_KEY: "3"}), device=torch.device("cpu"),
-                    dtype=torch.float32, init_seed=0)
-    assert asked == [(3, "cpu")]
+    t2w = Token2Wav(replace(cfg, extra={**cfg.extra, MATMUL_ATTENTION_KEY: "3", "code2wav_triton_attention": "true"}),
+                    device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
+    assert asked == [(3, "cpu", True)]
     assert t2w.describe()["dit_attention"] == "sdpa"  # the CPU keeps SDPA whatever the flag says
 
 
