@@ -503,7 +503,7 @@ class DiT(nn.Module):
         reason logged and returned. Call it after the dtype is set. `gemm_kernel` says which
         runs: "tf32x3" or "torch" (the timestep and adaLN linears stay torch's: they run once
         per weights, `CausalCFM.step_modulations`)."""
-        from stages.platform import triton_unavailable_reason
+        from stages.platform import tf32_tensor_cores, triton_unavailable_reason
 
         self._set_gemm(torch_linear, "torch")
         dtype = self.in_proj.weight.dtype
@@ -515,6 +515,8 @@ class DiT(nn.Module):
             reason = f"the DiT is {str(dtype).removeprefix('torch.')}"
         elif tf32_flow:
             reason = "TF32 matmuls are on for the flow (token2wav_allow_tf32)"
+        elif is_cuda(device) and not tf32_tensor_cores(device):
+            reason = "no TF32 tensor cores (CUDA compute capability below 8.0)"
         else:
             reason = triton_unavailable_reason(device)
         if reason is None and is_cuda(device):

@@ -118,6 +118,14 @@ def is_cuda(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda"
 
 
+def tf32_tensor_cores(device: torch.device | str) -> bool:
+    """Whether `device` has TF32 tensor cores (CUDA compute capability 8.0 or later): what the
+    3xTF32 kernels need (`stages.code2wav.dit_gemm`); False off CUDA."""
+    if not is_cuda(device):
+        return False
+    return torch.cuda.get_device_capability(torch.device(device)) >= (8, 0)
+
+
 def is_cpu(device: torch.device | str) -> bool:
     """Whether `device` is the host (no device allocator, no streams, no graphs)."""
     return torch.device(device).type == "cpu"

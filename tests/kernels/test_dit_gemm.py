@@ -160,11 +160,21 @@ def test_a_gemm_that_fails_to_compile_leaves_torch(monkeypatch, caplog):
 
     monkeypatch.setattr(dit_gemm, "warm_up", broken)
     monkeypatch.setattr("stages.code2wav.dit.is_cuda", lambda device: True)
+    monkeypatch.setattr("stages.platform.tf32_tensor_cores", lambda device: True)
     dit = random_dit()
     with platform_override(triton=True), caplog.at_level(logging.WARNING):
         said = dit.select_gemm(True, torch.device("cuda"), tf32_flow=False)
     assert "ptxas died" in said and dit.gemm_kernel == "torch"
     assert any("ptxas died" in r.getMessage() for r in caplog.records)
+
+
+def test_a_gpu_without_tf32_tensor_cores_keeps_torch(monkeypatch):
+    """3xTF32 needs TF32 tensor cores (compute capability 8.0+): an older GPU keeps cuBLAS."""
+    monkeypatch.setattr("stages.code2wav.dit.is_cuda", lambda device: True)
+    monkeypatch.setattr("stages.platform.tf32_tensor_cores", lambda device: False)
+    dit = random_dit()
+    assert "no TF32 tensor cores" in dit.select_gemm(True, torch.device("cuda"), tf32_flow=False)
+    assert dit.gemm_kernel == "torch"
 
 
 def test_the_flag_is_strict_and_on_by_default():

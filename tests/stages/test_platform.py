@@ -269,3 +269,18 @@ def test_cuda_host_to_device_is_queued_in_stream_order_without_waiting():
     total = x + y  # after the fill and the copy, in stream order
     assert torch.equal(total.cpu(), torch.full((n,), 3.0))
     assert queued_s < 0.02, queued_s
+
+
+def test_tf32_tensor_cores_is_false_off_cuda():
+    from stages.platform import tf32_tensor_cores
+
+    assert tf32_tensor_cores(torch.device("cpu")) is False
+    assert tf32_tensor_cores("meta") is False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_tf32_tensor_cores_follows_the_compute_capability():
+    from stages.platform import tf32_tensor_cores
+
+    assert tf32_tensor_cores(torch.device("cuda")) == (torch.cuda.get_device_capability() >= (8, 0))
