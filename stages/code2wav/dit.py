@@ -439,7 +439,7 @@ class DiT(nn.Module):
         (`dit_flash`: online softmax, 3xTF32 dots), compiled here; if that fails the GEMMs stay.
         Returns what runs, for logs; `attention_kernel` says it in one word ("matmul<=N",
         "triton<=N" or "sdpa")."""
-        from stages.platform import triton_unavailable_reason
+        from stages.platform import tf32_tensor_cores, triton_unavailable_reason
 
         on_device = not is_cpu(device)  # CUDA or NPU
         flash_reason = None
@@ -451,6 +451,8 @@ class DiT(nn.Module):
             flash_reason = f"the DiT is {str(self.in_proj.weight.dtype).removeprefix('torch.')}"
         elif not (is_cuda(device) or is_cpu(device)):
             flash_reason = f"not CUDA ({device.type})"
+        elif is_cuda(device) and not tf32_tensor_cores(device):
+            flash_reason = "no TF32 tensor cores (CUDA compute capability below 8.0)"
         else:
             flash_reason = triton_unavailable_reason(device)
         if flash_reason is None:

@@ -22,12 +22,6 @@ from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, random_dit
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    pytest.importorskip("triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
 def _case(b, t, h, d, length, *, device="cpu", seed=0):
     """q as the q/k norm kernel leaves it ([B, T, H, D] memory) and the step's K|V cache
     [B, H, L, 2D], scaled so that the softmax is far from uniform."""

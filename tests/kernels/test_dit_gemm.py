@@ -23,12 +23,6 @@ from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, random_dit
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    pytest.importorskip("triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
 def _case(rows: int, n: int, k: int, *, bias=True, device="cpu", seed=0):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, k, generator=gen)

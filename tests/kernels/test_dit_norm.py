@@ -41,12 +41,6 @@ def _inputs(b: int, t: int, c: int, *, per_row: bool, device="cpu", dtype=torch.
     return x, y, gate, shift, scale + 1
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    pytest.importorskip("triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
 @pytest.mark.parametrize("per_row", [False, True], ids=["shared-rows", "per-row"])
 @pytest.mark.parametrize("c", [48, 64], ids=["C48-masked", "C64"])
 def test_fused_matches_the_eager_chain_on_the_interpreter(interpret, per_row, c):
