@@ -44,17 +44,12 @@ def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _cublas(x, w, b, gelu: bool, tf32: bool):
-    def run():
-        y = torch.nn.functional.linear(x, w, b)
-        return torch.nn.functional.gelu(y, approximate="tanh") if gelu else y
+    from stages.platform import tf32_scope
 
     def call():
-        before = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        try:
-            return run()
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = before
+        with tf32_scope(x.device, tf32, restore=True):
+            y = torch.nn.functional.linear(x, w, b)
+            return torch.nn.functional.gelu(y, approximate="tanh") if gelu else y
     return call
 
 
@@ -86,7 +81,7 @@ def main() -> int:
             call = _cublas(x, w, b, gelu, tf32)
             row[f"{arm}_ms"] = triton.testing.do_bench(call, return_mode="median")
             row[f"{arm}_err"] = _rel_err(call(), ref)
-        table = dit_gemm.tile_for(rows, n, k)
+        table = dit_gemm.tile_for(rows)
         for prec in ("tf32x3", "ieee"):
             call = lambda prec=prec: dit_gemm.linear(x, w, b, gelu=gelu, precision=prec)  # noqa: E731
             row[f"triton_{prec}_ms"] = triton.testing.do_bench(call, return_mode="median")

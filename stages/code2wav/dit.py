@@ -72,6 +72,34 @@ def torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return out.view(*lead, weight.shape[0])
 
 
+def _tf32x3_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the 3xTF32 Triton kernels (`dit_gemm`, `dit_flash`) cannot run for a DiT of `dtype` on
+    `device`, or None: fp32 only, on CUDA with TF32 tensor cores (the CPU only under
+    TRITON_INTERPRET=1, for tests; an NPU keeps its own kernels: 3xTF32 is a CUDA scheme)."""
+    from stages.platform import tf32_tensor_cores, triton_unavailable_reason
+
+    if dtype != torch.float32:
+        return f"the DiT is {str(dtype).removeprefix('torch.')}"
+    if not (is_cuda(device) or is_cpu(device)):
+        return f"not CUDA ({device.type})"
+    if is_cuda(device) and not tf32_tensor_cores(device):
+        return "no TF32 tensor cores (CUDA compute capability below 8.0)"
+    return triton_unavailable_reason(device)
+
+
+def _compile_failure(warm_up, what: str, kept: str) -> str | None:
+    """Run `warm_up` (it compiles Triton kernels now, outside any graph capture); the reason it
+    failed, logged with what stays (`kept`), or None. A broken compiler must not take the stage
+    down: the torch path it would have replaced runs instead."""
+    try:
+        warm_up()
+    except Exception as exc:  # noqa: BLE001 - any compiler failure means the fallback
+        reason = f"{what} failed to compile ({type(exc).__name__}: {exc})"
+        log.warning("DiT: %s kept, %s", kept, reason)
+        return reason
+    return None
+
+
 def residual_norm_modulate_eager(x, gate, y, shift, scale, *, eps: float):
     """(x + gate * y, LN(x + gate * y) * scale + shift): the step between two branches of a block
     (no residual when gate is None), as three torch ops. Returns (new x, modulated activation).
@@ -166,7 +194,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(inner, cfg.hidden_size)
         self.fused = False  # DiT.select_norm: one q|k|v GEMM + the Triton q/k norm and cache write
         self.matmul_rows = 0  # DiT.select_attention: up to this many rows, attention_by_matmul
-        self.flash = False  # DiT.select_attention: those rows through the Triton kernel instead
+        self.flash = None  # DiT.select_attention: those rows through `dit_flash.attention` instead
         self.gemm = torch_linear  # DiT.select_gemm may swap in the Triton twin
         self._qkv: tuple | None = None  # (key, weight, bias): the three projections concatenated
         self._qkv_retired: list[tuple] = []  # earlier copies, kept alive for graphs that read them
@@ -218,10 +246,8 @@ class Attention(nn.Module):
         # fp32 only: in bf16 the GEMM would round the logits to bf16 before the softmax, where
         # the fused kernels keep them in fp32 (and the path was measured in fp32 only).
         if mask is None and b <= self.matmul_rows and q.dtype == k.dtype == torch.float32:
-            if self.flash:  # one launch, [B, T, H, D] out: the projection reads it as it is
-                from stages.code2wav.dit_flash import attention
-
-                return self._linear(self.proj, attention(q.transpose(1, 2), out_cache).view(b, t, self.h * self.d))
+            if self.flash is not None:  # one launch, [B, T, H, D] out: the projection reads it as it is
+                return self._linear(self.proj, self.flash(q.transpose(1, 2), out_cache).view(b, t, self.h * self.d))
             out = attention_by_matmul(q, k, v)
         else:
             attn_mask = None if mask is None else mask.unsqueeze(1)
@@ -417,14 +443,12 @@ class DiT(nn.Module):
         self._set_norm(False)
         reason = "stage extra code2wav_fused_norm is false" if not fused else triton_unavailable_reason(device)
         if reason is None:
-            try:
-                from stages.code2wav import dit_triton
+            from stages.code2wav import dit_triton
 
-                dit_triton.warm_up(device, self.in_proj.weight.dtype, self.cfg.hidden_size, _MOD_LN_EPS,
-                                   self.blocks[0].attn)
-            except Exception as exc:  # a broken compiler must not take the stage down: eager runs
-                reason = f"the fused kernels failed to compile ({type(exc).__name__}: {exc})"
-                log.warning("DiT norm: eager chain kept, %s", reason)
+            reason = _compile_failure(
+                lambda: dit_triton.warm_up(device, self.in_proj.weight.dtype, self.cfg.hidden_size, _MOD_LN_EPS,
+                                           self.blocks[0].attn),
+                "the fused kernels", "the eager norm chain")
         if reason is None:
             self._set_norm(True)
             return "fused Triton norm steps (residual + LayerNorm + modulation; q/k norms + cache write)"
@@ -439,32 +463,24 @@ class DiT(nn.Module):
         (`dit_flash`: online softmax, 3xTF32 dots), compiled here; if that fails the GEMMs stay.
         Returns what runs, for logs; `attention_kernel` says it in one word ("matmul<=N",
         "triton<=N" or "sdpa")."""
-        from stages.platform import tf32_tensor_cores, triton_unavailable_reason
-
         on_device = not is_cpu(device)  # CUDA or NPU
-        flash_reason = None
+        flash = None  # the kernel, once selected
         if not triton:
             flash_reason = "code2wav_triton_attention is false"
         elif not max_requests:
             flash_reason = "code2wav_matmul_attention_requests is 0"
-        elif self.in_proj.weight.dtype != torch.float32:
-            flash_reason = f"the DiT is {str(self.in_proj.weight.dtype).removeprefix('torch.')}"
-        elif not (is_cuda(device) or is_cpu(device)):
-            flash_reason = f"not CUDA ({device.type})"
-        elif is_cuda(device) and not tf32_tensor_cores(device):
-            flash_reason = "no TF32 tensor cores (CUDA compute capability below 8.0)"
         else:
-            flash_reason = triton_unavailable_reason(device)
+            flash_reason = _tf32x3_unavailable(device, self.in_proj.weight.dtype)
         if flash_reason is None:
-            try:
-                from stages.code2wav import dit_flash
+            from stages.code2wav import dit_flash
 
-                h, d = self.cfg.num_heads, self.cfg.head_dim
-                dit_flash.attention(torch.zeros(1, 1, h, d, device=device), torch.zeros(1, h, 1, 2 * d, device=device))
-            except Exception as exc:  # a broken compiler must not take the stage down: GEMMs run
-                flash_reason = f"the Triton attention failed to compile ({type(exc).__name__}: {exc})"
-                log.warning("DiT attention: batched GEMMs kept, %s", flash_reason)
-        flash = flash_reason is None
+            h, d = self.cfg.num_heads, self.cfg.head_dim
+            flash_reason = _compile_failure(
+                lambda: dit_flash.attention(torch.zeros(1, 1, h, d, device=device),
+                                            torch.zeros(1, h, 1, 2 * d, device=device)),
+                "the Triton attention", "batched GEMMs")
+            if flash_reason is None:
+                flash = dit_flash.attention
         rows = 2 * max_requests if (on_device or flash) else 0
         for block in self.blocks:
             block.attn.matmul_rows = rows
@@ -505,34 +521,22 @@ class DiT(nn.Module):
         reason logged and returned. Call it after the dtype is set. `gemm_kernel` says which
         runs: "tf32x3" or "torch" (the timestep and adaLN linears stay torch's: they run once
         per weights, `CausalCFM.step_modulations`)."""
-        from stages.platform import tf32_tensor_cores, triton_unavailable_reason
-
         self._set_gemm(torch_linear, "torch")
-        dtype = self.in_proj.weight.dtype
         if not tf32x3:
             reason = "code2wav_dit_tf32x3 is false"
-        elif not (is_cuda(device) or is_cpu(device)):
-            reason = f"not CUDA ({device.type})"
-        elif dtype != torch.float32:
-            reason = f"the DiT is {str(dtype).removeprefix('torch.')}"
         elif tf32_flow:
             reason = "TF32 matmuls are on for the flow (token2wav_allow_tf32)"
-        elif is_cuda(device) and not tf32_tensor_cores(device):
-            reason = "no TF32 tensor cores (CUDA compute capability below 8.0)"
         else:
-            reason = triton_unavailable_reason(device)
-        if reason is None and is_cuda(device):
-            try:
-                from stages.code2wav import dit_gemm
-
-                dit_gemm.warm_up(device, self._linear_shapes())
-            except Exception as exc:  # a broken compiler must not take the stage down: cuBLAS runs
-                reason = f"the Triton GEMM failed to compile ({type(exc).__name__}: {exc})"
-                log.warning("DiT linears: torch's kept, %s", reason)
+            reason = _tf32x3_unavailable(device, self.in_proj.weight.dtype)
         if reason is not None:
             return f"torch ({reason})"
         from stages.code2wav import dit_gemm
 
+        if is_cuda(device):  # the interpreter (CPU) compiles nothing
+            reason = _compile_failure(lambda: dit_gemm.warm_up(device, self._linear_shapes()),
+                                      "the Triton GEMM", "torch's linears")
+            if reason is not None:
+                return f"torch ({reason})"
         self._set_gemm(dit_gemm.linear, "tf32x3")
         return "Triton GEMMs with 3xTF32 products (fp32 accuracy on tensor cores; bias and GELU fused)"
 

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from stages.platform.triton_launch import DirectLaunches, kernel_for
+from stages.platform.triton_launch import launches_for
 
 _BLOCK_T = 16  # queries a program: 4 programs a (row, head) for a 50-frame chunk
 _BLOCK_L = 64  # cache frames a step of the walk
@@ -97,9 +97,6 @@ def _attention_kernel(
              mask=t_mask[:, None] & d_mask[None, :])
 
 
-_launches: dict[str, DirectLaunches] = {}  # device type -> launches of the one kernel
-
-
 def attention(q: torch.Tensor, kv: torch.Tensor, *, precision: str = "tf32x3") -> torch.Tensor:
     """softmax(q k^T / sqrt(D)) v for q [B, T, H, D] against kv [B, H, L, 2D] (K | V), unmasked;
     returns a new contiguous [B, T, H, D] tensor (what the projection reads as [B, T, H * D])."""
@@ -117,13 +114,10 @@ def attention(q: torch.Tensor, kv: torch.Tensor, *, precision: str = "tf32x3") -
     out = q.new_empty(b, frames, heads, d)
     if out.numel() == 0:
         return out
-    launches = _launches.get(q.device.type)
-    if launches is None:
-        launches = _launches[q.device.type] = DirectLaunches(kernel_for(_attention_kernel, q.device))
     block_d = max(16, triton.next_power_of_2(d))
     scale = 1.0 / math.sqrt(d)
     grid = (b * heads, triton.cdiv(frames, _BLOCK_T), 1)
     tail = (frames, kv.shape[2], q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.stride(1), kv.stride(2),
             out.stride(0), out.stride(1), out.stride(2), heads, d, block_d, _BLOCK_T, _BLOCK_L, scale, precision)
-    launches.checked((q.device.index, heads, d, precision), grid, (q, kv, out), tail)
+    launches_for(_attention_kernel, q.device).checked((q.device.index, heads, d, precision), grid, (q, kv, out), tail)
     return out

@@ -17,7 +17,7 @@ What a newcomer needs to know:
 * CUDA only, fp32 only (a bf16 DiT already runs cuBLAS on tensor cores); `DiT.select_gemm`
   decides, and the CPU keeps `F.linear` (it runs this kernel under TRITON_INTERPRET=1, in
   tests only). Never import this module on the hot path of a CPU run: it imports triton.
-* The tile shape comes from `tile_for(rows, n, k)`, a table measured on an H200 per row bucket
+* The tile shape comes from `tile_for(rows)`, a table measured on an H200 per row bucket
   (no autotuning: a tuning run inside a graph capture would fail, and a table keeps eager and
   replayed chunks on the same kernel, so they agree bit for bit).
 * Launch cost: after the first call per (device, N, K, tile, epilogue) the compiled kernel is
@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from stages.platform.triton_launch import DirectLaunches, kernel_for
+from stages.platform.triton_launch import launches_for
 
 _ALIGN_BYTES = 16  # what a vectorised load needs, and what the compiled variant assumes
 
@@ -53,24 +53,23 @@ class Tile:
     stages: int
 
 
-def tile_for(rows: int, n: int, k: int) -> Tile:
-    """The tile for a [rows, k] x [k, n] GEMM: the one with the least summed time over the
-    block's four linears (q|k|v, proj, fc1, fc2) at 100 / 400 / 1,600 / 6,400 rows in a sweep of
-    20 tiles on an H200 (`scripts/bench_dit_gemm.py`, results/h200/dit_gemm_bench.json,
-    seventeenth part). Few rows: thin tiles, so that enough programs fill 132 SMs without a
-    split k-sum; many rows: larger tiles for reuse. `n` and `k` are not used yet (one table
-    served the DiT's shapes: at each row count its summed time is within 9 % of the sum of every
-    shape's own best tile)."""
-    if rows <= 256:
-        return Tile(16, 64, 64, 4, 4)
-    if rows <= 800:
-        return Tile(64, 32, 32, 4, 3)
-    if rows <= 3200:
-        return Tile(64, 64, 32, 4, 3)
-    return Tile(128, 64, 32, 8, 3)
+# (most rows, tile) in row order; the last bound is open. Each tile is the one with the least
+# summed time over the block's four linears (q|k|v, proj, fc1, fc2) at 100 / 400 / 1,600 / 6,400
+# rows in a sweep of 20 tiles on an H200 (`scripts/bench_dit_gemm.py`, results/h200/
+# dit_gemm_bench.json, seventeenth part): few rows, thin tiles, so that enough programs fill
+# 132 SMs without a split k-sum; many rows, larger tiles for reuse. One table serves every DiT
+# shape: at each row count its summed time is within 9 % of every shape's own best tile, summed.
+TILES: tuple[tuple[int | None, Tile], ...] = (
+    (256, Tile(16, 64, 64, 4, 4)),
+    (800, Tile(64, 32, 32, 4, 3)),
+    (3200, Tile(64, 64, 32, 4, 3)),
+    (None, Tile(128, 64, 32, 8, 3)),
+)
 
 
-_TABLE_ROWS = (256, 800, 3200, 3201)  # one row count in each of `tile_for`'s buckets (warm_up)
+def tile_for(rows: int) -> Tile:
+    """The tile for a GEMM of `rows` rows (`TILES`)."""
+    return next(tile for most, tile in TILES if most is None or rows <= most)
 
 
 @triton.jit(do_not_specialize=["rows"])
@@ -117,9 +116,6 @@ def _linear_kernel(
     tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
-_launches: dict[str, DirectLaunches] = {}  # device type -> launches of the one kernel
-
-
 def _aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % _ALIGN_BYTES == 0
 
@@ -161,25 +157,23 @@ def linear(
     out = x2.new_empty(rows, n)
     if rows == 0:
         return out.view(*lead, n)
-    tile = tile or tile_for(rows, n, k)
-    launches = _launches.get(x.device.type)
-    if launches is None:
-        launches = _launches[x.device.type] = DirectLaunches(kernel_for(_linear_kernel, x.device, aligned=True))
+    tile = tile or tile_for(rows)
     grid = (triton.cdiv(rows, tile.block_m), triton.cdiv(n, tile.block_n), 1)
     key = (x.device.index, n, k, tile, bias is not None, gelu, precision)
     tail = (rows, n, k, tile.block_m, tile.block_n, tile.block_k, bias is not None, gelu, precision)
     # Without a bias the kernel never reads b_ptr: the weight stands in (any aligned pointer).
     ptrs = (x2, weight, weight if bias is None else bias, out)
-    launches.checked(key, grid, ptrs, tail, num_warps=tile.warps, num_stages=tile.stages)
+    launches_for(_linear_kernel, x.device, aligned=True).checked(key, grid, ptrs, tail, num_warps=tile.warps,
+                                                                 num_stages=tile.stages)
     return out.view(*lead, n)
 
 
 def warm_up(device: torch.device, shapes: list[tuple[int, int, bool, bool]]) -> None:
-    """Compile every (N, K, bias?, gelu?) in `shapes` with every tile of `tile_for`'s table, now
-    (outside any graph capture: a first launch compiles); raises what the compiler raises, so
-    the caller can fall back."""
+    """Compile every (N, K, bias?, gelu?) in `shapes` with every tile of `TILES`, now (outside
+    any graph capture: a first launch compiles); raises what the compiler raises, so the caller
+    can fall back. One row suffices: the row count is never specialised."""
     for n, k, has_bias, gelu in shapes:
         weight = torch.zeros(n, k, device=device)
         bias = torch.zeros(n, device=device) if has_bias else None
-        for rows in _TABLE_ROWS:
-            linear(torch.zeros(rows, k, device=device), weight, bias, gelu=gelu)
+        for _, tile in TILES:
+            linear(torch.zeros(1, k, device=device), weight, bias, gelu=gelu, tile=tile)

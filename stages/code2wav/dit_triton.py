@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from stages.platform.triton_launch import DirectLaunches, kernel_for
+from stages.platform.triton_launch import launches_for
 
 # The int arguments that vary with the chunk's shape: not specialised (=1, %16), so one
 # compiled variant serves every shape.
@@ -89,16 +89,10 @@ def _residual_norm_modulate_kernel(
     tl.store(out_ptr + row * C + cols, (normed * scale + shift).to(x.dtype), mask=mask)
 
 
-_launches: dict[tuple[object, str], DirectLaunches] = {}  # (jitted kernel, device type) -> its launches
-
-
 def _launch(kernel, device: torch.device, key: tuple, rows: int, tensors: tuple, tail: tuple) -> None:
     """One program per (row, frame) of `kernel` on `device`, every tensor already checked to be
     on it (so the compiled launch may take raw addresses: `DirectLaunches.checked`)."""
-    launches = _launches.get((kernel, device.type))
-    if launches is None:
-        launches = _launches[(kernel, device.type)] = DirectLaunches(kernel_for(kernel, device))
-    launches.checked(key, (rows, 1, 1), tensors, tail)
+    launches_for(kernel, device).checked(key, (rows, 1, 1), tensors, tail)
 
 
 def _mod_stride(row: torch.Tensor, x: torch.Tensor) -> int:

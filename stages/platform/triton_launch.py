@@ -18,7 +18,8 @@ What a newcomer needs to know:
   registered (a profiler), means Triton's own path, with the same results.
 * Triton internals relied on (read in the 3.6 and 3.9 sources) are named at each function.
 * `kernel_for(kernel, device)`: the interpreted twin on CPU (TRITON_INTERPRET tests), a compiled
-  variant specialised on neither pointer alignment nor scalar values elsewhere.
+  variant specialised on neither pointer alignment nor scalar values elsewhere;
+  `launches_for(kernel, device)`: its one cached `DirectLaunches`.
 
     >>> launches = DirectLaunches(kernel_for(my_kernel, torch.device("cuda")))  # doctest: +SKIP
     >>> launches((device_index, vocab), (rows, blocks, 1), x_ptr, out_ptr, VOCAB)  # doctest: +SKIP
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 # (id(kernel), device type, aligned) -> launchable: interpreted twin for "cpu", compiled otherwise.
 _launchers: dict[tuple[int, str, bool], object] = {}
+# The same key -> its DirectLaunches (`launches_for`).
+_direct: dict[tuple[int, str, bool], DirectLaunches] = {}
 
 
 def build_launcher(kernel, device_type: str, *, aligned: bool = False):
@@ -86,6 +89,16 @@ def kernel_for(kernel, device: torch.device, *, aligned: bool = False):
     if launcher is None:
         launcher = _launchers[key] = build_launcher(kernel, device.type, aligned=aligned)
     return launcher
+
+
+def launches_for(kernel, device: torch.device, *, aligned: bool = False) -> DirectLaunches:
+    """The one `DirectLaunches` of `kernel` on `device`'s type (cached, so a key compiled at a
+    warmup is launched directly afterwards by every caller). `aligned`: see `build_launcher`."""
+    key = (id(kernel), device.type, aligned)
+    launches = _direct.get(key)
+    if launches is None:
+        launches = _direct[key] = DirectLaunches(kernel_for(kernel, device, aligned=aligned))
+    return launches
 
 
 def _closure_launch(compiled) -> Callable[..., None]:

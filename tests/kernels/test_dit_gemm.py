@@ -36,6 +36,12 @@ def _fp64(x, w, b, gelu):
     return F.gelu(y, approximate="tanh") if gelu else y
 
 
+def _tf32(on: bool):
+    from stages.platform import tf32_scope
+
+    return tf32_scope(torch.device("cuda"), on, restore=True)
+
+
 def _rel_err(y, ref) -> float:
     return ((y.double() - ref).abs().max() / ref.abs().max()).item()
 
@@ -107,12 +113,12 @@ def test_the_tile_table_covers_every_row_count_with_one_tile_per_bucket():
     pytest.importorskip("triton")
     from stages.code2wav import dit_gemm
 
-    tiles = [dit_gemm.tile_for(r, 512, 512) for r in range(1, 8000, 7)]
-    # Monotone in the row count (never a smaller tile for more rows), and warm_up's sample
-    # rows reach every tile the table can hand out: nothing compiles inside a graph capture.
+    tiles = [dit_gemm.tile_for(r) for r in range(1, 8000, 7)]
+    # Monotone in the row count (never a smaller tile for more rows), and every tile of the
+    # table (what warm_up compiles, so nothing compiles inside a graph capture) is handed out.
     sizes = [t.block_m * t.block_n for t in tiles]
     assert sizes == sorted(sizes)
-    assert set(tiles) == {dit_gemm.tile_for(r, 512, 512) for r in dit_gemm._TABLE_ROWS}
+    assert set(tiles) == {tile for _, tile in dit_gemm.TILES}
 
 
 def test_dit_with_the_gemm_matches_torch_on_the_interpreter(interpret):
@@ -200,18 +206,6 @@ def test_cuda_3xtf32_is_as_accurate_as_fp32(rows, n, k, gelu):
     assert _rel_err(y, ref) < 4 * max(_rel_err(fp32, ref), 2.5e-7)
     assert _rel_err(y, ref) * 100 < _rel_err(tf32, ref)
     assert torch.equal(dit_gemm.linear(x, w, b, gelu=gelu), y)
-
-
-class _tf32:
-    def __init__(self, on: bool):
-        self.on = on
-
-    def __enter__(self):
-        self.before = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = self.on
-
-    def __exit__(self, *exc):
-        torch.backends.cuda.matmul.allow_tf32 = self.before
 
 
 @pytest.mark.gpu
@@ -303,6 +297,6 @@ def test_the_benchmark_sweep_measures_every_tile_and_shape_the_dit_uses():
 
     sweep = bench_dit_gemm._sweep_tiles("tiles")
     assert len(set(sweep)) == len(sweep) and bench_dit_gemm._sweep_tiles("none") == []
-    assert {dit_gemm.tile_for(r, 512, 512) for r in dit_gemm._TABLE_ROWS} <= set(sweep)
+    assert {tile for _, tile in dit_gemm.TILES} <= set(sweep)
     timed = {(n, k, gelu) for _, n, k, gelu in bench_dit_gemm.SHAPES}
     assert timed == {(n, k, gelu) for n, k, _, gelu in DiT(DiTConfig())._linear_shapes()}
