@@ -100,16 +100,19 @@ ARMS = {
     "eager": {"code2wav_device_graph": False},
     "graph-unfused": {"code2wav_device_graph": True, "code2wav_fused_norm": False},
     "eager-unfused": {"code2wav_device_graph": False, "code2wav_fused_norm": False},
-    # The DiT's attention at every row count through one path (the default switches by rows).
+    # The DiT's attention at every row count through one path (the default switches by rows):
+    # the fused kernel, the batched GEMMs, the Triton kernel (code2wav_triton_attention).
     "graph-sdpa": {"code2wav_device_graph": True, "code2wav_matmul_attention_requests": 0},
-    "graph-matmul": {"code2wav_device_graph": True, "code2wav_matmul_attention_requests": 4096},
+    "graph-matmul": {"code2wav_device_graph": True, "code2wav_matmul_attention_requests": 4096,
+                     "code2wav_triton_attention": False},
+    "graph-flash-all": {"code2wav_device_graph": True, "code2wav_matmul_attention_requests": 4096},
     "graph-channels-first": {"code2wav_device_graph": True, "code2wav_frames_first_conv": False},
     # The DiT's linears on cuBLAS fp32 (the default runs them as Triton 3xTF32 GEMMs on CUDA).
     "graph-cublas": {"code2wav_device_graph": True, "code2wav_dit_tf32x3": False},
     "eager-cublas": {"code2wav_device_graph": False, "code2wav_dit_tf32x3": False},
-    # Small chunks' attention as one Triton kernel (code2wav_triton_attention) instead of GEMMs.
-    "graph-flash": {"code2wav_device_graph": True, "code2wav_triton_attention": True},
-    "eager-flash": {"code2wav_device_graph": False, "code2wav_triton_attention": True},
+    # Small chunks' attention as batched cuBLAS GEMMs (the default runs one Triton kernel).
+    "graph-gemm-attention": {"code2wav_device_graph": True, "code2wav_triton_attention": False},
+    "eager-gemm-attention": {"code2wav_device_graph": False, "code2wav_triton_attention": False},
     "graph-bf16": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16"},  # the DiT and its caches
     "graph-bf16-channels-first": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16",
                                   "code2wav_frames_first_conv": False},

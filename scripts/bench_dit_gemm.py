@@ -1,6 +1,7 @@
 """The DiT's linears, one GEMM at a time: cuBLAS fp32 / cuBLAS TF32 against the Triton GEMM
-(`stages.code2wav.dit_gemm`) with 3xTF32 products, for every tile in a sweep; and each one's
-error against an fp64 GEMM of the same operands.
+(`stages.code2wav.dit_gemm`) with 3xTF32 products (its table's tile and k-split, and the same
+tile unsplit), for every tile in a sweep; and each one's error against an fp64 GEMM of the same
+operands.
 
 Shapes are the DiT's (spec §4.4: hidden 512, MLP 2048, q|k|v fused to 1536, in 320, out 80) at
 row counts 2 x requests x 50 frames. Times are `triton.testing.do_bench` medians (cold L2 between
@@ -67,7 +68,8 @@ def main() -> int:
     device = torch.device(args.device)
     torch.manual_seed(0)
     results = []
-    print(f"{'shape':8} {'rows':>5} {'cublas':>8} {'tf32':>8} {'3xtf32':>8} {'best':>8}  best tile / errors "
+    print(f"{'shape':8} {'rows':>5} {'cublas':>8} {'tf32':>8} {'3xtf32':>8} {'split':>5} {'unsplit':>8} {'best':>8}"
+          "  best tile / errors "
           "(fp32, tf32, 3xtf32)", file=sys.stderr)
     for (name, n, k, gelu), rows in itertools.product(SHAPES, [int(r) for r in args.rows.split(",")]):
         lin = torch.nn.Linear(k, n, device=device)
@@ -87,6 +89,9 @@ def main() -> int:
             row[f"triton_{prec}_ms"] = triton.testing.do_bench(call, return_mode="median")
             row[f"triton_{prec}_err"] = _rel_err(call(), ref)
         row["table_tile"] = list(vars(table).values())
+        row["table_split_k"] = dit_gemm.split_for(rows, n, k, table)
+        call = lambda: dit_gemm.linear(x, w, b, gelu=gelu, split_k=1)  # noqa: E731 - the k-sum unsplit
+        row["triton_tf32x3_unsplit_ms"] = triton.testing.do_bench(call, return_mode="median")
         sweep = {}
         for tile in _sweep_tiles(args.sweep):
             call = lambda tile=tile: dit_gemm.linear(x, w, b, gelu=gelu, tile=tile)  # noqa: E731
@@ -100,7 +105,8 @@ def main() -> int:
         row["best_tile"], row["best_ms"] = best, timed.get(best)
         results.append(row)
         print(f"{name:8} {rows:5d} {row['cublas_fp32_ms'] * 1e3:7.1f}u {row['cublas_tf32_ms'] * 1e3:7.1f}u "
-              f"{row['triton_tf32x3_ms'] * 1e3:7.1f}u {(row['best_ms'] or 0) * 1e3:7.1f}u  {best} / "
+              f"{row['triton_tf32x3_ms'] * 1e3:7.1f}u {row['table_split_k']:5d} "
+              f"{row['triton_tf32x3_unsplit_ms'] * 1e3:7.1f}u {(row['best_ms'] or 0) * 1e3:7.1f}u  {best} / "
               f"{row['cublas_fp32_err']:.1e} {row['cublas_tf32_err']:.1e} {row['triton_tf32x3_err']:.1e}",
               file=sys.stderr)
     doc = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,

@@ -1,6 +1,6 @@
 """Mel drift of reduced-precision code2wav against fp32, beside fp32's own seed-to-seed spread.
 
-A precision change (TF32 matmuls, a bfloat16 DiT, the DiT's 3xTF32 GEMMs) moves the mel a little; whether that matters
+A precision change (TF32 matmuls, a bfloat16 DiT, the DiT's 3xTF32 GEMMs and attention) moves the mel a little; whether that matters
 for the ear is judged against how much the mel moves anyway when only the CFM's noise changes
 (same request, same weights, another noise seed): if a precision's drift is far below that
 spread, it changes nothing a listener could attribute to it. Every variant decodes the same
@@ -30,10 +30,13 @@ from stages.code2wav.token2wav import Token2Wav
 from stages.platform import deterministic_kernels, resolve_device
 
 DB_PER_NEPER = 20.0 / math.log(10.0)
-# The reference: fp32 with cuBLAS's fp32 GEMMs (the DiT's 3xTF32 GEMMs are a variant).
-FP32 = {"code2wav_dit_tf32x3": False}
+# The reference: fp32 with cuBLAS's fp32 GEMMs and the small chunks' attention as cuBLAS GEMMs
+# (the DiT's 3xTF32 GEMMs and Triton attention, both on by default, are variants).
+FP32 = {"code2wav_dit_tf32x3": False, "code2wav_triton_attention": False}
 VARIANTS = {  # name -> code2wav extra flags (on top of FP32)
     "3xTF32 DiT linears": {"code2wav_dit_tf32x3": True},
+    "Triton attention (3xTF32)": {"code2wav_triton_attention": True},
+    "default (both 3xTF32)": {"code2wav_dit_tf32x3": True, "code2wav_triton_attention": True},
     "tf32 flow": {"token2wav_allow_tf32": "flow"},
     "tf32 all": {"token2wav_allow_tf32": "all"},
     "bf16 DiT": {"code2wav_dit_dtype": "bfloat16"},

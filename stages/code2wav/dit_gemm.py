@@ -24,9 +24,12 @@ What a newcomer needs to know:
   launched directly (`stages.platform.triton_launch`), specialised on pointer alignment (the
   16-byte loads are what a GEMM lives on: unaligned inputs are copied first) and never on the
   row count. The first call compiles: make it outside any graph capture (`warm_up` does).
-* Not batch-invariant: no split k-sum, so a row's result does not depend on the other rows'
-  values, but the tile does depend on the row count, and a row may round differently in a
-  chunk of another size (graph replay and eager of one shape share the tile: equal bit for bit).
+* A GEMM too small to fill the device (few rows, deep K: fc2 at one or two requests) splits
+  its k-sum in parts added by a second launch in part order (`split_for`); the split depends on
+  the shape only, so it is deterministic.
+* Not batch-invariant: a row's result does not depend on the other rows' values, but the tile
+  and the k-split depend on the row count, and a row may round differently in a chunk of another
+  size (graph replay and eager of one shape share tile and split: equal bit for bit).
 
     >>> y = linear(x, fc1.weight, fc1.bias, gelu=True)  # doctest: +SKIP
 """
@@ -72,12 +75,32 @@ def tile_for(rows: int) -> Tile:
     return next(tile for most, tile in TILES if most is None or rows <= most)
 
 
+# A split k-sum for GEMMs that leave the device idle: below about this many programs (two per
+# SM of an H200) a deep GEMM is split along K into parts of at least `_MIN_SPLIT_STEPS` K-blocks
+# each, the parts' sums written apart and added in part order by a second launch (deterministic:
+# the order never depends on timing). At 100 rows fc2 (K 2,048) is 56 programs of 32 steps each.
+_TARGET_PROGRAMS = 264
+_MIN_SPLIT_STEPS = 8
+
+
+def split_for(rows: int, n: int, k: int, tile: Tile) -> int:
+    """How many parts the k-sum of a [rows, k] x [k, n] GEMM with `tile` runs in (a power of 2;
+    1 = not split): doubled while the grid stays within `_TARGET_PROGRAMS` and each part keeps
+    `_MIN_SPLIT_STEPS` whole K-blocks. Depends on the shape only, so eager and replay agree."""
+    programs = triton.cdiv(rows, tile.block_m) * triton.cdiv(n, tile.block_n)
+    split = 1
+    while (programs * split * 2 <= _TARGET_PROGRAMS and k % (split * 2 * tile.block_k) == 0
+           and k // (split * 2 * tile.block_k) >= _MIN_SPLIT_STEPS):
+        split *= 2
+    return split
+
+
 @triton.jit(do_not_specialize=["rows"])
 def _linear_kernel(
     x_ptr,  # [rows, K] contiguous
     w_ptr,  # [N, K] contiguous (nn.Linear's weight)
     b_ptr,  # [N] (ignored without HAS_BIAS)
-    out_ptr,  # [rows, N] contiguous
+    out_ptr,  # [rows, N] contiguous; SPLIT_K > 1: the parts' sums [SPLIT_K, rows, N]
     rows,
     N: tl.constexpr,
     K: tl.constexpr,
@@ -87,33 +110,67 @@ def _linear_kernel(
     HAS_BIAS: tl.constexpr,
     GELU: tl.constexpr,
     PRECISION: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
+    part = tl.program_id(2).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < rows
     n_mask = offs_n < N
-    x_tile = x_ptr + offs_m[:, None] * K + offs_k[None, :]
-    w_tile = w_ptr + offs_n[None, :] * K + offs_k[:, None]  # [BLOCK_K, BLOCK_N]: W^T
+    k_first = part * (K // SPLIT_K)  # split_for only splits K into whole, equal K-blocks
+    x_tile = x_ptr + offs_m[:, None] * K + k_first + offs_k[None, :]
+    w_tile = w_ptr + offs_n[None, :] * K + k_first + offs_k[:, None]  # [BLOCK_K, BLOCK_N]: W^T
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)  # not tl.zeros: a jitted helper (see GELU)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(0, K // SPLIT_K, BLOCK_K):
         k_mask = offs_k < K - k0
         a = tl.load(x_tile, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         b = tl.load(w_tile, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         x_tile += BLOCK_K
         w_tile += BLOCK_K
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
-    if GELU:
-        # sigmoid written out: `tl.sigmoid` is a jitted helper, which the interpreter twin cannot
-        # call when triton was imported without TRITON_INTERPRET (see dit_triton's `tl.reduce`).
-        # GELU-tanh(x) = 0.5 x (1 + tanh(z)) = x sigmoid(2 z), z = sqrt(2 / pi) (x + 0.044715 x^3);
-        # the literal is -2 sqrt(2 / pi) (a global constexpr does not survive the interpreter).
-        acc = acc / (1.0 + tl.exp((acc + 0.044715 * acc * acc * acc) * -1.5957691216057308))
+    if SPLIT_K > 1:  # bias and activation after the parts are added (`_split_sum_kernel`)
+        out_ptr += part * rows * N
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
+        if GELU:
+            # sigmoid written out: `tl.sigmoid` is a jitted helper, which the interpreter twin
+            # cannot call when triton was imported without TRITON_INTERPRET (see dit_triton's
+            # `tl.reduce`). GELU-tanh(x) = 0.5 x (1 + tanh(z)) = x sigmoid(2 z), z = sqrt(2 / pi)
+            # (x + 0.044715 x^3); the literal is -2 sqrt(2 / pi) (a global constexpr does not
+            # survive the interpreter); the split sum's epilogue repeats it.
+            acc = acc / (1.0 + tl.exp((acc + 0.044715 * acc * acc * acc) * -1.5957691216057308))
     tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit(do_not_specialize=["total"])
+def _split_sum_kernel(
+    parts_ptr,  # [SPLIT_K, rows, N]: each part's k-sum
+    b_ptr,  # [N] (ignored without HAS_BIAS)
+    out_ptr,  # [rows, N] contiguous
+    total,  # rows * N
+    N: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GELU: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    acc = tl.load(parts_ptr + offs, mask=mask, other=0.0)
+    for part in range(1, SPLIT_K):  # in part order: the same sums on every run
+        acc += tl.load(parts_ptr + part * total + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0)
+    if GELU:  # as in `_linear_kernel`
+        acc = acc / (1.0 + tl.exp((acc + 0.044715 * acc * acc * acc) * -1.5957691216057308))
+    tl.store(out_ptr + offs, acc, mask=mask)
+
+
+_SUM_BLOCK = 1024
 
 
 def _aligned(t: torch.Tensor) -> bool:
@@ -128,11 +185,12 @@ def linear(
     gelu: bool = False,
     precision: str = "tf32x3",
     tile: Tile | None = None,
+    split_k: int | None = None,
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)` (then GELU-tanh when `gelu`) as one Triton launch, fp32 in and
     out; `precision` is `tl.dot`'s input_precision ("tf32x3": fp32 accuracy on tensor cores;
-    "ieee": CUDA-core fp32; "tf32"); `tile` overrides `tile_for` (the benchmark's sweep).
-    Returns a new contiguous [..., N] tensor."""
+    "ieee": CUDA-core fp32; "tf32"); `tile` overrides `tile_for` (the benchmark's sweep) and
+    `split_k` overrides `split_for` (tests, warm-up). Returns a new contiguous [..., N] tensor."""
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"x's last dim is {x.shape[-1]}, the weight takes {k}")
@@ -158,22 +216,37 @@ def linear(
     if rows == 0:
         return out.view(*lead, n)
     tile = tile or tile_for(rows)
-    grid = (triton.cdiv(rows, tile.block_m), triton.cdiv(n, tile.block_n), 1)
-    key = (x.device.index, n, k, tile, bias is not None, gelu, precision)
-    tail = (rows, n, k, tile.block_m, tile.block_n, tile.block_k, bias is not None, gelu, precision)
-    # Without a bias the kernel never reads b_ptr: the weight stands in (any aligned pointer).
-    ptrs = (x2, weight, weight if bias is None else bias, out)
-    launches_for(_linear_kernel, x.device, aligned=True).checked(key, grid, ptrs, tail, num_warps=tile.warps,
-                                                                 num_stages=tile.stages)
+    if split_k is None:
+        split_k = split_for(rows, n, k, tile)
+    if split_k < 1 or (split_k > 1 and k % (split_k * tile.block_k)):
+        raise ValueError(f"split_k {split_k} does not cut K {k} into whole {tile.block_k}-deep blocks")
+    grid = (triton.cdiv(rows, tile.block_m), triton.cdiv(n, tile.block_n), split_k)
+    key = (x.device.index, n, k, tile, bias is not None, gelu, precision, split_k)
+    tail = (rows, n, k, tile.block_m, tile.block_n, tile.block_k, bias is not None, gelu, precision, split_k)
+    # Without a bias the kernels never read b_ptr: the weight stands in (any aligned pointer).
+    b_ptr = weight if bias is None else bias
+    sums = out if split_k == 1 else x2.new_empty(split_k, rows, n)
+    launches_for(_linear_kernel, x.device, aligned=True).checked(key, grid, (x2, weight, b_ptr, sums), tail,
+                                                                 num_warps=tile.warps, num_stages=tile.stages)
+    if split_k > 1:
+        launches_for(_split_sum_kernel, x.device, aligned=True).checked(
+            (x.device.index, n, split_k, bias is not None, gelu), (triton.cdiv(rows * n, _SUM_BLOCK), 1, 1),
+            (sums, b_ptr, out), (rows * n, n, split_k, bias is not None, gelu, _SUM_BLOCK))
     return out.view(*lead, n)
 
 
 def warm_up(device: torch.device, shapes: list[tuple[int, int, bool, bool]]) -> None:
-    """Compile every (N, K, bias?, gelu?) in `shapes` with every tile of `TILES`, now (outside
-    any graph capture: a first launch compiles); raises what the compiler raises, so the caller
-    can fall back. One row suffices: the row count is never specialised."""
+    """Compile every (N, K, bias?, gelu?) in `shapes` with every tile of `TILES` and every k-split
+    that tile can be given (the most at the bucket's fewest rows, halving as rows grow), now
+    (outside any graph capture: a first launch compiles); raises what the compiler raises, so
+    the caller can fall back. One row suffices: the row count is never specialised."""
     for n, k, has_bias, gelu in shapes:
         weight = torch.zeros(n, k, device=device)
         bias = torch.zeros(n, device=device) if has_bias else None
-        for _, tile in TILES:
-            linear(torch.zeros(1, k, device=device), weight, bias, gelu=gelu, tile=tile)
+        fewest = 1
+        for most, tile in TILES:
+            split = split_for(fewest, n, k, tile)
+            while split >= 1:
+                linear(torch.zeros(1, k, device=device), weight, bias, gelu=gelu, tile=tile, split_k=split)
+                split //= 2
+            fewest = (most or fewest) + 1

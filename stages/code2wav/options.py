@@ -88,11 +88,11 @@ BOOL_FLAGS: dict[str, bool] = {
     # seventeenth part).
     "code2wav_dit_tf32x3": True,
     # Chunks small enough for attention as GEMMs (code2wav_matmul_attention_requests) run it as
-    # one Triton kernel instead (stages/code2wav/dit_flash.py: online softmax, 3xTF32 dots, fp32
-    # DiT, CUDA): one launch for five a block-step. Off: written and tested under the Triton
-    # interpreter only, never yet compiled on a GPU; its GPU tests (tests/kernels/
-    # test_dit_flash.py -m gpu) and `scripts/bench_code2wav.py --arms graph,graph-flash` decide.
-    "code2wav_triton_attention": False,
+    # one Triton kernel instead (stages/code2wav/dit_flash.py: online softmax, 3xTF32 dots; fp32
+    # DiT, CUDA): one launch for five a block-step; on an H200 a steady chunk -3.4 % at 1 request,
+    # -2.7 % at 4 (results/h200/README.md, eighteenth part). Larger chunks keep the fused SDPA
+    # kernel, which the Triton one did not beat at 8-32 requests. False keeps the GEMMs.
+    "code2wav_triton_attention": True,
 }
 # Chunks of up to this many requests run the DiT's attention as batched GEMMs on CUDA/NPU
 # (`dit.attention_by_matmul`, fp32 DiT only), larger ones through scaled_dot_product_attention;
@@ -200,7 +200,7 @@ class Code2WavOptions:
     fused_norm: bool = True  # only acts where Triton runs (CUDA/NPU)
     frames_first_conv: bool = True  # only acts on CUDA
     dit_tf32x3: bool = True  # only acts on CUDA with an fp32 DiT and no TF32 for the flow
-    triton_attention: bool = False  # only acts on CUDA, fp32 DiT, chunks of matmul-attention size
+    triton_attention: bool = True  # only acts on CUDA, fp32 DiT, chunks of matmul-attention size
     tf32_mode: Tf32Mode = "off"
     dit_dtype: str = "float32"  # the CFM estimator's dtype (its caches too)
     matmul_attention_requests: int = MATMUL_ATTENTION_DEFAULT  # only acts on CUDA/NPU

@@ -221,7 +221,7 @@ class Token2Wav:
             "tf32_mode": self.options.tf32_mode,
             "dit_dtype": self.options.dit_dtype,
             "dit_norm": self.flow.decoder.estimator.norm_kernel,  # what runs: "triton" or "eager"
-            "dit_attention": self.flow.decoder.estimator.attention_kernel,  # "matmul<=N" or "sdpa"
+            "dit_attention": self.flow.decoder.estimator.attention_kernel,  # "triton<=N", "matmul<=N" or "sdpa"
             "dit_conv": self.flow.decoder.estimator.conv_layout,  # "frames-first" or "channels-first"
             "dit_gemm": self.flow.decoder.estimator.gemm_kernel,  # "tf32x3" (Triton) or "torch"
             "device_graph": graphs is not None and graphs.disabled is None,

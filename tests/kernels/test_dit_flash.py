@@ -84,10 +84,11 @@ def test_refuses_what_it_cannot_read(interpret, case, message):
         dit_flash.attention(q, kv)
 
 
-def test_a_dit_with_it_matches_the_gemms_on_the_interpreter(interpret):
+@pytest.mark.parametrize("cached", [9, 70], ids=["one-block", "two-blocks"])
+def test_a_dit_with_it_matches_the_gemms_on_the_interpreter(interpret, cached):
     dit = random_dit(seed=3)
     x_in, t = torch.randn(4, 320, 6), torch.rand(4)
-    cache = torch.randn(2, 4, 2, 9, 32)  # [depth, N, H, L, 2D] of the tiny DiT
+    cache = torch.randn(2, 4, 2, cached, 32)  # [depth, N, H, L, 2D] of the tiny DiT
     with torch.no_grad():
         assert "batched GEMMs" not in dit.select_attention(2, torch.device("cpu"), triton=True)
         assert dit.attention_kernel == "triton<=2" and all(b.attn.flash for b in dit.blocks)
@@ -127,8 +128,9 @@ def test_a_kernel_that_fails_to_compile_leaves_the_gemms(interpret, monkeypatch,
     assert any("ptxas died" in r.getMessage() for r in caplog.records)
 
 
-def test_the_flag_is_strict_and_off_by_default():
-    assert Code2WavOptions.from_extra({}).triton_attention is False
+def test_the_flag_is_strict_and_on_by_default():
+    assert Code2WavOptions.from_extra({}).triton_attention is True
+    assert Code2WavOptions.from_extra({"code2wav_triton_attention": False}).triton_attention is False
     assert Code2WavOptions.from_extra({"code2wav_triton_attention": "true"}).triton_attention is True
     with pytest.raises(FlagError, match="code2wav_triton_attention"):
         Code2WavOptions.from_extra({"code2wav_triton_attention": "often"})
@@ -136,7 +138,8 @@ def test_the_flag_is_strict_and_off_by_default():
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("b, length", [(2, 50), (8, 250)], ids=["one-request-first-chunk", "four-requests-cached"])
+@pytest.mark.parametrize("b, length", [(2, 50), (2, 400), (8, 250)],
+                         ids=["one-request-first-chunk", "one-request-steady", "four-requests-cached"])
 def test_cuda_matches_fp64_as_closely_as_the_gemms(b, length):
     from stages.code2wav import dit_flash
 

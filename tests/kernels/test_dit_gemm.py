@@ -121,6 +121,61 @@ def test_the_tile_table_covers_every_row_count_with_one_tile_per_bucket():
     assert set(tiles) == {tile for _, tile in dit_gemm.TILES}
 
 
+@pytest.mark.parametrize("split_k, bias, gelu", [(2, True, False), (4, False, False), (2, True, True)],
+                         ids=["two-parts", "four-parts-no-bias", "two-parts-gelu"])
+def test_a_split_k_sum_matches_an_fp64_gemm_on_the_interpreter(interpret, split_k, bias, gelu):
+    """The k-sum in parts (added by a second launch, then bias and GELU): the unsplit GEMM's
+    function to fp32 rounding, and the same bytes on every run."""
+    from stages.code2wav import dit_gemm
+
+    x, w, b = _case(9, 40, 256, bias=bias)
+    tile = dit_gemm.Tile(16, 32, 32, 4, 2)  # 8 K-blocks: 2 or 4 parts
+    y = dit_gemm.linear(x, w, b, gelu=gelu, tile=tile, split_k=split_k)
+    assert _rel_err(y, _fp64(x, w, b, gelu)) < 1e-5
+    torch.testing.assert_close(y, dit_gemm.linear(x, w, b, gelu=gelu, tile=tile, split_k=1), rtol=1e-5, atol=1e-5)
+    assert torch.equal(y, dit_gemm.linear(x, w, b, gelu=gelu, tile=tile, split_k=split_k))
+    with pytest.raises(ValueError, match="whole 32-deep blocks"):
+        dit_gemm.linear(x, w, b, tile=tile, split_k=3)
+
+
+def test_only_gemms_that_leave_the_device_idle_split_their_k_sum():
+    pytest.importorskip("triton")
+    from stages.code2wav import dit_gemm
+
+    def split(rows, n, k):
+        return dit_gemm.split_for(rows, n, k, dit_gemm.tile_for(rows))
+
+    assert split(100, 512, 2048) == 4  # fc2, one request: 56 programs of 32 K-blocks -> 224 of 8
+    assert split(400, 512, 2048) == 2  # fc2, four requests: 112 programs of 64 -> 224 of 32
+    assert split(6400, 512, 2048) == 1  # many rows fill the device
+    assert split(100, 1536, 512) == 1  # q|k|v: 168 programs already
+    assert split(100, 512, 512) == 1  # proj: 8 K-blocks, too few to halve
+    assert split(100, 512, 320) == 1  # in_proj: K is not whole blocks of a part
+
+
+def test_warm_up_compiles_every_tile_and_split_a_dit_chunk_can_pick(monkeypatch):
+    """Nothing may compile inside a graph capture: every (tile, split) that `linear` chooses for
+    the full-size DiT's shapes at any row count is one `warm_up` compiled first."""
+    pytest.importorskip("triton")
+    from stages.code2wav import dit_gemm
+    from stages.code2wav.config import DiTConfig
+    from stages.code2wav.dit import DiT
+
+    compiled = set()
+
+    def record(x, weight, bias, *, gelu=False, tile=None, split_k=None):
+        compiled.add((weight.shape[0], weight.shape[1], bias is not None, gelu, tile, split_k))
+
+    monkeypatch.setattr(dit_gemm, "linear", record)
+    shapes = DiT(DiTConfig())._linear_shapes()
+    dit_gemm.warm_up(torch.device("cpu"), shapes)
+    for n, k, has_bias, gelu in shapes:
+        for rows in list(range(1, 4000)) + list(range(4000, 40000, 97)):
+            tile = dit_gemm.tile_for(rows)
+            assert (n, k, has_bias, gelu, tile, dit_gemm.split_for(rows, n, k, tile)) in compiled, (n, k, rows)
+    assert any(key[-1] > 1 for key in compiled)
+
+
 def test_dit_with_the_gemm_matches_torch_on_the_interpreter(interpret):
     dit = random_dit(seed=3)
     x_in, t = torch.randn(2, 320, 6), torch.rand(2)
