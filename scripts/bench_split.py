@@ -19,6 +19,7 @@ writes one contiguous block.
 from __future__ import annotations
 
 import argparse
+import functools
 import platform
 import sys
 import time
@@ -116,12 +117,9 @@ def run(args) -> dict:
     for rows in args.batches:
         x = full_size_inputs(rows, args.conformer_frames, device, dtype)
         rec = {"B": rows}
-        for label, fn_of in (
-            ("split", lambda b: lambda: split(x, b)),
-            ("ecnn", lambda b: lambda: estimator_cnn_only(x, b)),
-        ):
+        for label, op in (("split", split), ("ecnn", estimator_cnn_only)):
             for arm, batched in (("per_row", False), ("batched", True)):
-                fn = fn_of(batched)
+                fn = functools.partial(op, x, batched)
                 rec[f"{label}_{arm}_us"] = round(time_us(fn, device, args.iters, args.warmup), 2)
                 rec[f"{label}_{arm}_launches"] = launches(fn, device)
             rec[f"{label}_speedup"] = round(rec[f"{label}_per_row_us"] / rec[f"{label}_batched_us"], 2)
