@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 EXECUTIONS = ("auto", "processes", "threads", "single")
+SHARINGS = ("auto", "time-sliced", "mps", "mps-talker-first")
 
 from stages.code2wav.config import Code2WavConfig
 from stages.talker.config import TalkerConfig
@@ -53,6 +54,16 @@ class RunnerConfig:
     # Measured on an H200 (results/h200, sixteenth part): TTFP -8 % (64x4, k=2) and -19 % (128x8,
     # k=4), mean RTF within noise, starts ~2x longer; so 1 stays the default.
     replicas_per_process: int = 1
+    # How the stage processes share a CUDA device: "time-sliced" (each its own context, the
+    # GPU's default), "mps" (clients of a private Multi-Process Service daemon the runner starts
+    # and quits: their kernels run side by side), "mps-talker-first" (as mps, the replicas
+    # below-normal clients, so the talker's ready kernels are scheduled first), or "auto": mps
+    # on CUDA where nvidia-cuda-mps-control is on PATH, else time-sliced (stages.runner.runner
+    # .resolve_sharing). Measured on an H200 (results/h200, twentieth part), mps against
+    # time-sliced: 128x8 -29.1 % mean RTF, 64x4 -16.7 % (both resolved), 32x1 within noise;
+    # talker-first against mps at 128x8: +21.2 % (slower, resolved). stages.platform.mps.
+    # Explicit mps* need several stage processes (not execution single) and a CUDA device.
+    sharing: Literal["auto", "time-sliced", "mps", "mps-talker-first"] = "auto"
     # SMs of the talker's GPU held back from the replicas (CUDA green contexts; execution single
     # only, where the stages share one device context), so the talker's ~900 small kernels a step
     # do not wait for SMs the replicas' chunk kernels hold. 0: no partition. The driver rounds it
@@ -88,6 +99,17 @@ class RunnerConfig:
                 "process, single hosts every stage in one; set runner.replicas_per_process=1 or "
                 "runner.execution=processes"
             )
+        if self.sharing not in SHARINGS:
+            raise ValueError(f"runner.sharing must be one of {', '.join(SHARINGS)}, got {self.sharing!r}")
+        if self.sharing.startswith("mps") and self.execution == "single":
+            raise ValueError(
+                f"runner.sharing={self.sharing} needs several stage processes (runner.execution: "
+                "single runs every stage in one process, one device context already); set "
+                "runner.sharing=time-sliced or runner.execution=processes")
+        if self.sharing.startswith("mps") and self.device in ("cpu", "npu"):
+            raise ValueError(
+                f"runner.sharing={self.sharing} is CUDA's Multi-Process Service, and runner.device "
+                f"is {self.device}; set runner.sharing=time-sliced")
         if self.talker_sms < 0:
             raise ValueError(f"runner.talker_sms must be >= 0, got {self.talker_sms}")
         if self.talker_sms and self.execution != "single":

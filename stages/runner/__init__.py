@@ -1,5 +1,6 @@
 """The embedded stage runner: the talker + R code2wav replicas (`runner.execution`: processes,
-replica threads, or one process for all), on `runner.devices`.
+replica threads, or one process for all), on `runner.devices`, sharing a GPU as `runner.sharing`
+says (time slices, or clients of a private CUDA MPS daemon).
 
     from stages.runner import StageRunner, RunnerRequest
     runner = StageRunner(stage_cfg, replicas=2)

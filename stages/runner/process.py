@@ -37,6 +37,7 @@ from stages.platform import (
     resolve_device,
     set_current_device,
 )
+from stages.platform.mps import mps_client
 from stages.runner.allocator import choose_allocator
 from stages.runner.factories import StageFactories
 from stages.runner.messages import Fatal, Ready, StatsReport
@@ -67,6 +68,8 @@ class ProcessSpec:
     # Requests a replica should expect live at once (0: unknown): its slot pool is sized for
     # them up front, since a pool that grows mid-run drops every captured graph.
     live_per_replica: int = 0
+    # Environment set before the device is touched (runner.sharing: the MPS client variables).
+    env: tuple[tuple[str, str], ...] = ()
 
     def placement(self) -> Placement:
         """Where every stage goes (needs the device count: call in the child)."""
@@ -134,6 +137,7 @@ def run_stage_process(
 
     `build` may add facts to `ctx.info` (they reach the client in Ready, then `describe()`).
     """
+    os.environ.update(spec.env)  # the driver reads MPS's variables once, at cuInit
     allocator = choose_allocator(os.environ)  # before anything touches the device
     if spec.cfg.runner.deterministic:  # replay == eager and A/B identity need equal kernels
         deterministic_kernels()
@@ -152,7 +156,8 @@ def run_stage_process(
         if not is_cuda(device):
             allocator += f"; CUDA's allocator reads it, this process runs on {device.type}"
         ctx.info.update(device=describe_device(device), torch=torch.__version__,
-                        dtype=str(ctx.dtype).removeprefix("torch."), threads=spec.threads, allocator=allocator)
+                        dtype=str(ctx.dtype).removeprefix("torch."), threads=spec.threads, allocator=allocator,
+                        sharing=mps_client(os.environ))
         engines = build(ctx)
     except BaseException as exc:  # noqa: BLE001 - every startup failure must reach the client
         results.send(Ready(spec.name, os.getpid(), error=_trace(exc)))

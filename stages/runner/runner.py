@@ -12,7 +12,10 @@
 Topology (DESIGN.md §3): the talker and R code2wav replicas, as 1 + R processes
 (`runner.execution: processes`), a talker process and R threads of another with a device stream
 each (`threads`), or the talker and R replica threads in one process (`single`: one device
-context; `auto` is processes until the H200 A/B decides), placed on `runner.devices`; a request
+context; `auto` is processes until the H200 A/B decides), placed on `runner.devices`. Several
+processes on one CUDA device share it as `runner.sharing` says: time-sliced contexts, or clients
+of a private MPS daemon this runner starts before its children and quits after them
+(`stages.runner.sharing`; `auto` is mps where it can be). A request
 is pinned at admission to the replica with the fewest requests in flight (ties: lowest index),
 so its chunks decode in order on one replica and come back straight from it. Each child has its
 own one-way result pipe whose only write end lives in that child; one reader thread waits on all
@@ -28,7 +31,7 @@ leaves a torn message that blocks the reader forever, and other writers keep the
 `on_event` runs on the reader thread and must not block (the asyncio backend hands events over
 with `loop.call_soon_threadsafe`). Every request ends with exactly one of: a ChunkReady with
 `last_chunk`, or a RequestError. Nothing here touches a device: the client process never
-initialises CUDA.
+creates a CUDA context (with `runner.sharing: auto` it asks whether CUDA is there at all).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from stages.runner.placement import place, resolve_devices
 from stages.runner.process import ProcessSpec, threads_per_process
 from stages.runner.replica_host import replica_host_main
 from stages.runner.replica_proc import replica_main
+from stages.runner.sharing import Sharing
 from stages.runner.single_proc import single_main
 from stages.runner.talker_proc import talker_main
 from stages.signals import interrupts_blocked
@@ -127,6 +131,7 @@ class StageRunner:
         self._tokens = itertools.count(1)
         self._reports: dict[int, list[dict]] = {}
         self._reports_cv = threading.Condition(self._lock)
+        self._sharing = Sharing()  # runner.sharing, resolved (and its daemon started) at start
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -135,6 +140,7 @@ class StageRunner:
         if self._children:
             raise RunnerError("error: stage runner started twice (start); use a fresh StageRunner")
         ctx = mp.get_context("spawn")
+        self._sharing = Sharing.start(self.cfg.runner, self.execution)
         per_process = self.cfg.runner.replicas_per_process
         groups = replica_groups(self.execution, self.replicas, per_process, self._replica_devices())
         threads = threads_per_process(self.cfg.runner.torch_threads, len(groups))
@@ -166,12 +172,17 @@ class StageRunner:
         except BaseException:
             self.stop(timeout_s=0.0)  # the others are still building: nothing to wait for
             raise
-        log.info("runner ready: talker + %d replica(s) as %s (%d replica process(es)) in %.1f s, "
-                 "%d torch thread(s) per process", self.replicas, self.execution, len(groups),
-                 time.perf_counter() - t0, threads)
+        log.info("runner ready: talker + %d replica(s) as %s (%d replica process(es), sharing %s) in "
+                 "%.1f s, %d torch thread(s) per process", self.replicas, self.execution, len(groups),
+                 self.sharing, time.perf_counter() - t0, threads)
         self._reader = threading.Thread(target=self._read_loop, name="stage-runner-reader",
                                          daemon=True)
         self._reader.start()
+
+    @property
+    def sharing(self) -> str:
+        """`runner.sharing` as resolved at start ("time-sliced" before it)."""
+        return self._sharing.mode
 
     def _replica_devices(self) -> tuple[int, ...] | None:
         """Each replica's device index where replica hosts must keep to one device each (processes
@@ -185,8 +196,9 @@ class StageRunner:
         return place(listed, self.replicas).replicas
 
     def _spec(self, name: str, threads: int, replica_ids: tuple[int, ...], *, hosts_talker: bool = False) -> ProcessSpec:
+        env = self._sharing.env_for(talker=hosts_talker or not replica_ids)
         return ProcessSpec(name, self.cfg, self.factories, threads, replica_ids, self.replicas, hosts_talker,
-                           self._live_per_replica)
+                           self._live_per_replica, env)
 
     def _spawn(self, ctx, name: str, inbox, target, args, replicas: tuple[int, ...] = ()) -> None:
         read_end, write_end = ctx.Pipe(duplex=False)
@@ -266,6 +278,7 @@ class StageRunner:
             child.inbox.close()
             child.inbox.cancel_join_thread()
             child.results.close()
+        self._sharing.stop()  # its clients are gone: an MPS server can finish
 
     def _gone_replicas(self) -> tuple[int, ...]:
         """Replicas whose process died (a host of replica threads takes all of its own)."""
