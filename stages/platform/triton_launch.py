@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 import types
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -43,6 +44,11 @@ log = logging.getLogger(__name__)
 _launchers: dict[tuple[int, str, bool], object] = {}
 # The same key -> its DirectLaunches (`launches_for`).
 _direct: dict[tuple[int, str, bool], DirectLaunches] = {}
+# Guards filling both caches. Why: replica threads (runner.execution threads, replica hosts)
+# reach a kernel's first call side by side, and two threads each building a DirectLaunches
+# would leave one thread with an object that was warmed up and the others with one that was
+# not, whose first launch for a key may then fall inside a graph capture.
+_fill = threading.Lock()
 
 
 def build_launcher(kernel, device_type: str, *, aligned: bool = False):
@@ -87,7 +93,10 @@ def kernel_for(kernel, device: torch.device, *, aligned: bool = False):
     key = (id(kernel), device.type, aligned)
     launcher = _launchers.get(key)
     if launcher is None:
-        launcher = _launchers[key] = build_launcher(kernel, device.type, aligned=aligned)
+        with _fill:
+            launcher = _launchers.get(key)  # another thread may have built it meanwhile
+            if launcher is None:
+                launcher = _launchers[key] = build_launcher(kernel, device.type, aligned=aligned)
     return launcher
 
 
@@ -97,7 +106,11 @@ def launches_for(kernel, device: torch.device, *, aligned: bool = False) -> Dire
     key = (id(kernel), device.type, aligned)
     launches = _direct.get(key)
     if launches is None:
-        launches = _direct[key] = DirectLaunches(kernel_for(kernel, device, aligned=aligned))
+        launcher = kernel_for(kernel, device, aligned=aligned)  # takes the lock itself
+        with _fill:
+            launches = _direct.get(key)
+            if launches is None:
+                launches = _direct[key] = DirectLaunches(launcher)
     return launches
 
 

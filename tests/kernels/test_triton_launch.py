@@ -331,3 +331,40 @@ def test_runtime_arguments_split_pointers_scalars_and_skip_constexprs(tl):
         pass
 
     assert tl.runtime_arguments(kernel) == (["x_ptr", "out_ptr"], ["rows", "stride"])
+
+
+def test_threads_reaching_a_kernel_first_together_share_one_launcher(tl, monkeypatch):
+    """Replica threads warm up side by side: every one must get the same DirectLaunches (the one
+    a warmup compiles into), however their first calls interleave. Building is slowed down so
+    that, without the caches' lock, every thread would build its own."""
+    import threading
+    import time
+
+    import torch
+
+    real_build = tl.build_launcher
+
+    def slow_build(*args, **kwargs):
+        time.sleep(0.05)  # widens the window between a cache miss and the store
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(tl, "build_launcher", slow_build)
+
+    def kernel(x_ptr, n):  # a stand-in: only its identity and signature are used
+        pass
+
+    stand_in = types.SimpleNamespace(fn=kernel)
+    monkeypatch.setattr(tl, "_launchers", {})
+    monkeypatch.setattr(tl, "_direct", {})
+    start, got = threading.Barrier(6), []
+
+    def first_call():
+        start.wait()
+        got.append(tl.launches_for(stand_in, torch.device("meta")))
+
+    threads = [threading.Thread(target=first_call) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 6 and len({id(launches) for launches in got}) == 1
