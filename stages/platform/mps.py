@@ -8,15 +8,16 @@ context, and their kernels share the SMs at the same time, like streams of one p
 each keeps its own interpreter (no GIL between replicas, unlike `execution: threads`).
 
 The daemon is the runner's own: its pipe and log directories are a fresh temporary directory,
-so it neither joins nor disturbs a system-wide daemon, and only processes given `client_env()`
-become its clients (the harness process, which may hold a plain context for its memory
+so it does not join a system-wide daemon (where one runs, `runner.sharing: auto` starts none:
+`stages.runner.sharing`), and only processes given `client_env()` become its clients (the harness process, which may hold a plain context for its memory
 preflight, does not). `stop()` quits it; the runner calls that after its processes are gone.
 
 Landmines: the variables must be in a process's environment before CUDA initialises there (the
 driver reads them once, at cuInit), so a stage process applies them before it touches the device.
 `CUDA_MPS_CLIENT_PRIORITY=1` (below normal) makes the server schedule a client's kernels after
-those of normal clients; drivers without client priorities ignore it. MPS is a CUDA facility
-with no Ascend counterpart.
+those of normal clients (the H200's driver 580 honours it: the talker's step got shorter, the
+replicas' longer; an older driver may not know the variable). MPS is a CUDA facility with no
+Ascend counterpart. Measured: results/h200, twentieth part.
 
     daemon = MpsDaemon.start()
     env = daemon.client_env(below_normal=True)   # into a child's os.environ before cuInit
