@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tts_bench.cli import app
-from tts_bench.config import load_arms, load_config
+from tts_bench.config import config_to_dict, load_arms, load_config
 from tts_bench.errors import ConfigError
 from tts_bench.shipped import resolve_config_path, shipped_config, shipped_dir, shipped_names
 
@@ -62,3 +62,16 @@ def test_wer_default_config_is_the_shipped_one_from_another_folder(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     arms = load_wer_arms(None, "base,test")
     assert arms["base"].backend == "piper" and arms["base"].wer.num_prompts == 80
+
+
+# A/A configs: both arms the same on purpose (the last two name none: `--test-set` makes the B).
+SAME_ARMS = {"configs/ab/runner-aa.yaml", "configs/ab/piper.yaml", "configs/ab/synthetic.yaml"}
+
+
+@pytest.mark.parametrize("name", [n for n in shipped_names() if n.startswith("configs/ab/")])
+def test_every_shipped_ab_config_loads_two_arms_that_differ_as_named(name):
+    """A typo in a shipped A/B config (a key, a flag, a value) fails here, not on a GPU."""
+    arms = load_arms(Path(name))
+    assert len(arms) == 2, f"{name}: an A/B compares two arms"
+    base, test = (config_to_dict(cfg) for cfg in arms.values())
+    assert (base == test) == (name in SAME_ARMS), f"{name}: arms equal? {base == test}"
