@@ -172,9 +172,9 @@ class StageRunner:
         except BaseException:
             self.stop(timeout_s=0.0)  # the others are still building: nothing to wait for
             raise
-        log.info("runner ready: talker + %d replica(s) as %s (%d replica process(es), sharing %s) in "
-                 "%.1f s, %d torch thread(s) per process", self.replicas, self.execution, len(groups),
-                 self.sharing, time.perf_counter() - t0, threads)
+        log.info("runner ready: talker + %d replica(s) as %s (%d replica process(es); sharing %s, %s) "
+                 "in %.1f s, %d torch thread(s) per process", self.replicas, self.execution, len(groups),
+                 self.sharing, self._sharing.why, time.perf_counter() - t0, threads)
         self._reader = threading.Thread(target=self._read_loop, name="stage-runner-reader",
                                          daemon=True)
         self._reader.start()

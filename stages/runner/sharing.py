@@ -14,15 +14,12 @@ environment that makes it a client (`Sharing.env_for`).
 from __future__ import annotations
 
 import atexit
-import logging
 import shutil
 from dataclasses import dataclass, field
 
 from stages.config import RunnerConfig
 from stages.platform import cuda_available
 from stages.platform.mps import CONTROL, MpsDaemon, system_daemon
-
-log = logging.getLogger(__name__)
 
 Env = tuple[tuple[str, str], ...]
 
@@ -53,6 +50,7 @@ class Sharing:
     """The resolved mode, its daemon (mps*) and the environments of the two kinds of process."""
 
     mode: str = "time-sliced"
+    why: str = "not started"  # what decided the mode (the runner's ready line says it)
     daemon: MpsDaemon | None = None
     talker_env: Env = field(default=())
     replica_env: Env = field(default=())
@@ -61,13 +59,12 @@ class Sharing:
     def start(cls, runner: RunnerConfig, execution: str) -> Sharing:
         """Resolve `runner.sharing` and start its daemon if it needs one (PlatformError if that fails)."""
         mode, why = resolve_sharing(runner, execution)
-        log.info("stage processes share the device %s (%s)", mode, why)
         if mode == "time-sliced":
-            return cls(mode)
+            return cls(mode, why)
         daemon = MpsDaemon.start()
         atexit.register(daemon.stop)  # a harness that dies without stop() leaves no daemon behind
         below_normal = mode == "mps-talker-first"
-        return cls(mode, daemon, tuple(daemon.client_env().items()),
+        return cls(mode, why, daemon, tuple(daemon.client_env().items()),
                    tuple(daemon.client_env(below_normal=below_normal).items()))
 
     def env_for(self, *, talker: bool) -> Env:
