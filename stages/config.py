@@ -59,9 +59,10 @@ class RunnerConfig:
     # and quits: their kernels run side by side), "mps-talker-first" (as mps, the replicas
     # below-normal clients, so the talker's ready kernels are scheduled first), or "auto": mps
     # on CUDA where nvidia-cuda-mps-control is on PATH and no system-wide daemon runs, else
-    # time-sliced (stages.runner.sharing.resolve_sharing). Measured on an H200 (results/h200, twentieth part), mps against
-    # time-sliced: 128x8 -29.1 % mean RTF, 64x4 -16.7 % (both resolved), 32x1 within noise;
-    # talker-first against mps at 128x8: +21.2 % (slower, resolved). stages.platform.mps.
+    # time-sliced (stages.runner.sharing.resolve_sharing). Measured on an H200 (results/h200,
+    # twentieth part, 3 repeats each), mps against time-sliced: 128x8 -29.1 % mean RTF, 64x4
+    # -16.7 % (both resolved), 32x1 within noise; talker-first against mps at 128x8: +21.2 %
+    # (slower, resolved). stages.platform.mps.
     # Explicit mps* need several stage processes (not execution single) and a CUDA device.
     sharing: Literal["auto", "time-sliced", "mps", "mps-talker-first"] = "auto"
     # SMs of the talker's GPU held back from the replicas (CUDA green contexts; execution single

@@ -9,8 +9,8 @@ each keeps its own interpreter (no GIL between replicas, unlike `execution: thre
 
 The daemon is the runner's own: its pipe and log directories are a fresh temporary directory,
 so it does not join a system-wide daemon (where one runs, `runner.sharing: auto` starts none:
-`stages.runner.sharing`), and only processes given `client_env()` become its clients (the harness process, which may hold a plain context for its memory
-preflight, does not). `stop()` quits it; the runner calls that after its processes are gone.
+`stages.runner.sharing`), and only processes given `client_env()` become its clients (the
+harness process, which may hold a plain context for its memory preflight, does not). `stop()` quits it; the runner calls that after its processes are gone.
 
 Landmines: the variables must be in a process's environment before CUDA initialises there (the
 driver reads them once, at cuInit), so a stage process applies them before it touches the device.
@@ -135,26 +135,32 @@ def system_daemon() -> bool:
 def _wait_for_pid(pid_file: Path) -> int | None:
     """The daemon's pid once it wrote its pid file (None if it never did: then it cannot be
     waited for at stop, only asked to quit)."""
-    deadline = time.monotonic() + _READY_S
-    while time.monotonic() < deadline:
-        try:
-            text = pid_file.read_text().strip()
-        except OSError:
-            text = ""
-        if text.isdigit():
-            return int(text)
-        time.sleep(_POLL_S)
-    log.warning("MPS: no pid file at %s after %.0f s", pid_file, _READY_S)
-    return None
+    pid = _poll(lambda: _read_pid(pid_file), _READY_S)
+    if pid is None:
+        log.warning("MPS: no pid file at %s after %.0f s", pid_file, _READY_S)
+    return pid
+
+
+def _read_pid(pid_file: Path) -> int | None:
+    try:
+        text = pid_file.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def _wait_gone(pid: int, timeout_s: float) -> bool:
+    return _poll(lambda: not _alive(pid), timeout_s) is not None
+
+
+def _poll(check, timeout_s: float):
+    """`check()` every _POLL_S until it returns something truthy (returned), or None at timeout."""
     deadline = time.monotonic() + timeout_s
-    while _alive(pid):
+    while not (value := check()):
         if time.monotonic() > deadline:
-            return False
+            return None
         time.sleep(_POLL_S)
-    return True
+    return value
 
 
 def _alive(pid: int) -> bool:

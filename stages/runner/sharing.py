@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import atexit
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from stages.config import RunnerConfig
 from stages.platform import cuda_available
@@ -52,8 +52,8 @@ class Sharing:
     mode: str = "time-sliced"
     why: str = "not started"  # what decided the mode (the runner's ready line says it)
     daemon: MpsDaemon | None = None
-    talker_env: Env = field(default=())
-    replica_env: Env = field(default=())
+    talker_env: Env = ()
+    replica_env: Env = ()
 
     @classmethod
     def start(cls, runner: RunnerConfig, execution: str) -> Sharing:
@@ -75,3 +75,4 @@ class Sharing:
         """Quit the daemon, if any; call it once the clients are gone (safe twice)."""
         if self.daemon is not None:
             self.daemon.stop()
+            atexit.unregister(self.daemon.stop)  # a long run starts many runners: keep none

@@ -12,6 +12,7 @@ import os
 import signal
 import stat
 import sys
+import tempfile
 import textwrap
 import threading
 
@@ -106,8 +107,6 @@ def test_missing_control_program_names_the_setting_to_change(tmp_path, monkeypat
 def test_failing_start_reports_the_daemons_message_and_leaves_no_directory(fake_control, monkeypatch, tmp_path):
     monkeypatch.setenv("FAKE_MPS_MODE", "fail")
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    import tempfile
-
     monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
     with pytest.raises(PlatformError, match="exited with 3 .*already running"):
         MpsDaemon.start()
