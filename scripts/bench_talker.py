@@ -21,6 +21,7 @@ layer from these figures (stages.platform.indexing).
 
     PYTHONPATH=. python3 scripts/bench_talker.py --device cuda --out "$OUT"
     PYTHONPATH=. python3 scripts/bench_talker.py --device cpu --tiny --batches 1,4 --steps 5
+    PYTHONPATH=. python3 scripts/bench_talker.py --device cuda --extra talker_fused_layers=false
 """
 
 from __future__ import annotations
@@ -54,11 +55,17 @@ def tiny_config() -> TalkerConfig:
     return tiny_stages().talker
 
 
-def kernels_per_step(engine: TalkerEngine, device: torch.device) -> int:
+# Kernel names kept per cell in the JSON (most frequent first): where a step's launches go.
+TOP_KERNELS = 40
+
+
+def kernels_per_step(engine: TalkerEngine, device: torch.device) -> tuple[int, dict[str, float]]:
     """Launches of one `step()`: device kernels + memcpy/memset (CUDA), top-level non-view aten
-    operators (CPU). One profiled step, no warmup: the timed windows warmed it up."""
+    operators (CPU), and the TOP_KERNELS most frequent names with their counts. One profiled
+    step, no warmup: the timed windows warmed it up."""
     count = count_launches(engine.step, device=device, repeats=1, warmup=0)
-    return int(count.per_call + count.copies_per_call)
+    top = dict(list(count.by_name.items())[:TOP_KERNELS])
+    return int(count.per_call + count.copies_per_call), top
 
 
 @dataclasses.dataclass
@@ -72,6 +79,7 @@ class Cell:
     prefill_ms: float
     windows_ms: list[float]  # ms per step, one entry per timed window
     kernels_per_step: int
+    kernels_by_name: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def step_ms(self) -> float:
@@ -81,7 +89,7 @@ class Cell:
         return {"decode_graph": self.decode_graph, "prelude": self.prelude, "impl": self.impl,
                 "batch": self.batch, "prefill_ms": self.prefill_ms, "step_ms": self.step_ms,
                 "codes_per_s": self.batch * 1e3 / self.step_ms,
-                "kernels_per_step": self.kernels_per_step,
+                "kernels_per_step": self.kernels_per_step, "kernels_by_name": self.kernels_by_name,
                 "windows_ms": [round(x, 4) for x in self.windows_ms]}  # fmt: skip
 
 
@@ -123,10 +131,11 @@ def measure(engine: TalkerEngine, device, preludes: dict, *, batch: int, steps: 
     cells = []
     for name in names:
         engine.prelude = preludes[name]
+        launches, by_name = kernels_per_step(engine, device)
         cells.append(Cell(decode_graph=engine.graphs is not None, prelude=name,
                           impl=preludes[name].__name__, batch=batch, prefill_ms=prefill_ms,
-                          windows_ms=windows[name],
-                          kernels_per_step=kernels_per_step(engine, device)))  # fmt: skip
+                          windows_ms=windows[name], kernels_per_step=launches,
+                          kernels_by_name=by_name))  # fmt: skip
     for i in range(batch):
         engine.cancel(f"b{batch}-{i}")
     return cells
@@ -168,6 +177,17 @@ def render(cells: list[Cell], compared: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def parse_extras(pairs: list[str]) -> dict[str, str]:
+    """`KEY=VALUE` strings -> stage extras (values parsed strictly by the engine's flags)."""
+    extras = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"error: --extra wants KEY=VALUE, got {pair!r}")
+        extras[key.strip()] = value.strip()
+    return extras
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")
@@ -178,6 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--max-seq-len", type=int, default=1024)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--extra", action="append", default=[], metavar="KEY=VALUE",
+                    help="talker stage extra for every engine, e.g. talker_fused_layers=false (repeatable)")
     add_out(ap)
     args = ap.parse_args(argv)
     deterministic_kernels()  # as in the stage processes (runner.deterministic): their kernels
@@ -188,7 +210,8 @@ def main(argv: list[str] | None = None) -> None:
                 "selected": select_prelude(fused=True, device=device)}  # fmt: skip
     cells: list[Cell] = []
     for graph in (False, True):
-        cfg = dataclasses.replace(base, extra={"talker_decode_graph": graph, "talker_prefill_graph": graph})
+        extra = {**parse_extras(args.extra), "talker_decode_graph": graph, "talker_prefill_graph": graph}
+        cfg = dataclasses.replace(base, extra=extra)
         engine = TalkerEngine(cfg, device=device, dtype=dtype, max_batch=max(batches),
                               max_seq_len=args.max_seq_len, prelude=penalty_temperature_eager)
         if graph and engine.graphs is None:  # no graph API here: the same pass as graph off
@@ -206,6 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     print(render(cells, compared))
     doc = {"schema": "talker-bench/2", "device": describe_device(device), "dtype": args.dtype,
            "config": "tiny" if args.tiny else "full", "max_seq_len": args.max_seq_len,
+           "extra": parse_extras(args.extra),
            "steps_per_window": args.steps, "windows": args.reps, "timing": "round_robin",
            "rows": [c.row() for c in cells], "ratios": compared}  # fmt: skip
     emit(doc, args.out, "talker_bench")

@@ -21,7 +21,8 @@ at its own position; EOS is never emitted, a finished request is reported once w
 TalkerRequestError, the request's own fault.
 
 Ladder: `step` -> `_admit` (tokenize done at `add`; `_prefill`) -> `_logits` (`_decode_logits`:
-eager, or a device graph with stage extra `talker_decode_graph: true`) -> sampler
+eager, or a device graph with stage extra `talker_decode_graph: true`; either runs the fused
+layers of `TalkerModel.select_fused_decode` with stage extra `talker_fused_layers`) -> sampler
 (`CodecSampler.sample`) -> one host read of (sample, emit, finished).
 
 Weights: `weights_dir=None` -> seeded random init (`TalkerModel.init_random_weights` with a CPU
@@ -169,6 +170,9 @@ class TalkerEngine:
         self.model.setup_caches(
             max_batch=max_batch, max_seq_len=max_seq_len, device=device, dtype=dtype
         )
+        # Before any graph is captured: the decode graphs record whichever layers this picks.
+        self.layers = self.model.select_fused_decode(opts.fused_layers, device)
+        logger.info("talker decode layers: %s", self.layers)
         self.tokenizer = load_tokenizer(weights_dir, cfg.standin_text_vocab)
         if prelude is None:  # the stage config decides (seed item 1)
             prelude = select_prelude(fused=fused, device=device)
@@ -227,6 +231,7 @@ class TalkerEngine:
             "prelude": getattr(self.prelude, "__name__", type(self.prelude).__name__),
             "decode_graph": self.graphs is not None,
             "prefill_graph": self.prefill_graphs is not None,
+            "fused_layers": self.model.layer_kernels is not None,
             "params": sum(p.numel() for p in self.model.parameters()),
             "max_batch": self.max_batch,
             "max_seq_len": self.max_seq_len,

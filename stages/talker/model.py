@@ -16,6 +16,9 @@ Three ways through the backbone, all sharing the same layers:
 
 Build on the meta device and `load_state_dict(..., assign=True)`, or build on CPU and call
 `init_random_weights`; then `fold_weight_norm()` once for inference and `setup_caches(...)`.
+`select_fused_decode(True, device)` then routes `decode` through fused layers where Triton runs
+(`_decode_fused`: one q|k|v and one gate|up GEMM, RMSNorm with its residual add and RoPE with
+the cache writes as Triton kernels, `stages.talker.layer_triton`); prefill keeps the modules.
 
     >>> model = TalkerModel(TalkerConfig(hidden_size=64, num_layers=2, num_heads=4,
     ...                                  intermediate_size=128, llm_dim=64))
@@ -24,6 +27,7 @@ Build on the meta device and `load_state_dict(..., assign=True)`, or build on CP
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +38,8 @@ from torch.nn.utils.parametrizations import weight_norm
 
 from stages.platform.device import host_to_device
 from stages.talker.config import TalkerConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=False)
         self.kv_cache: KVCache | None = None
+        # [(H + 2 KVH) * hd, D] once `TalkerModel.fuse_projections` ran: q|k|v weights in one
+        # tensor, the three projections' weights then being views of it.
+        self.qkv_weight: torch.Tensor | None = None
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         r, t, _ = x.shape
@@ -153,6 +162,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None  # [2 I, D], as qkv_weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -237,6 +247,7 @@ class TalkerModel(nn.Module):
         self.head_code = nn.ModuleList([weight_norm(head, name="weight", dim=0)])
         self.projector_semantic = MultiModalProjector(cfg.llm_dim, cfg.hidden_size)
         self.max_batch = self.max_seq_len = 0  # set by setup_caches
+        self.layer_kernels = None  # stages.talker.layer_triton once select_fused_decode chose it
 
     # -- weights -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -270,6 +281,43 @@ class TalkerModel(nn.Module):
         w = torch._weight_norm(wn.original1.float(), wn.original0.float(), 0)
         parametrize.remove_parametrizations(head, "weight", leave_parametrized=True)
         head.weight.copy_(w.to(head.weight.dtype))
+
+    @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """Concatenate each layer's q|k|v and gate|up weights into one tensor apiece, so a decode
+        runs one GEMM for three and one for two; the modules' weights become views into them
+        (no second copy; state-dict names and values unchanged). Call after the weights are
+        loaded and moved (a later `.to()` would copy the views apart). Idempotent."""
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            if attn.qkv_weight is None:
+                attn.qkv_weight = _concat_into_views(attn.q_proj, attn.k_proj, attn.v_proj)
+            if mlp.gate_up_weight is None:
+                mlp.gate_up_weight = _concat_into_views(mlp.gate_proj, mlp.up_proj)
+
+    def select_fused_decode(self, fused: bool, device: torch.device) -> str:
+        """Route `decode` through the fused layers (`_decode_fused`) when `fused` (the stage flag
+        talker_fused_layers) and Triton runs on `device` (CUDA/NPU; the CPU only under
+        TRITON_INTERPRET=1, for tests). Call after `setup_caches`. The kernels compile here,
+        outside any graph capture; if that fails the modules' decode stays, with the reason
+        logged. Returns what runs, for logs."""
+        from stages.platform import triton_unavailable_reason
+
+        self.layer_kernels = None
+        reason = "stage extra talker_fused_layers is false" if not fused else triton_unavailable_reason(device)
+        if reason is None:
+            from stages.talker import layer_triton
+
+            self.fuse_projections()
+            try:
+                layer_triton.warm_up(self)
+            except Exception as exc:  # noqa: BLE001 - a broken compiler must not take the stage down
+                reason = f"the fused kernels failed to compile ({type(exc).__name__}: {exc})"
+                log.warning("talker: unfused decode layers kept, %s", reason)
+            else:
+                self.layer_kernels = layer_triton
+                return "fused (q|k|v and gate|up GEMMs; Triton residual + RMSNorm, RoPE + cache write)"
+        return f"unfused ({reason})"
 
     # -- caches ------------------------------------------------------------------------------
     def setup_caches(self, *, max_batch: int, max_seq_len: int, device, dtype) -> None:
@@ -307,11 +355,42 @@ class TalkerModel(nn.Module):
         Row r attends to cache positions <= positions[r]; `kv_len` (> max position) bounds the
         read so short batches do not scan the whole static cache.
         """
+        if self.layer_kernels is not None:
+            return self._decode_fused(x, positions, kv_len)
         keys = torch.arange(kv_len, device=x.device)
         mask = (keys[None, :] <= positions[:, None])[:, None, None, :]  # [R, 1, 1, kv_len]
         cache_rows = self.model.layers[0].self_attn.kv_cache.decode_rows(positions)
         step = _CacheStep(positions=positions, cache_rows=cache_rows, kv_len=kv_len, mask=mask)
         return self.model(x[:, None], positions[:, None], step)[:, 0]
+
+    def _decode_fused(self, x: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """`decode` in ~10 kernels a layer instead of ~65 (stages.talker.layer_triton says where
+        they went). Same function: RoPE and the cache writes are bit for bit the modules'; the
+        fused GEMMs and the norm's reduction order differ from them by fp32 rounding."""
+        kernels, cfg = self.layer_kernels, self.cfg
+        rows = x.shape[0]
+        # Additive mask, made once a step for all layers (a bool one is converted to this by
+        # every attention call): 0 where key <= the row's position, -inf after it.
+        after = torch.arange(kv_len, device=x.device)[None, :] > positions[:, None]
+        bias = torch.zeros(rows, 1, 1, kv_len, dtype=x.dtype, device=x.device)
+        bias.masked_fill_(after[:, None, None, :], float("-inf"))
+        cos, sin = self.model.rope_table
+        gqa = cfg.num_heads != cfg.num_kv_heads
+        inter = cfg.intermediate_size
+        delta = None  # the previous block's output, added to the residual by the next norm
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            x, h = kernels.add_rms_norm(x, delta, layer.input_layernorm)
+            q = kernels.rope_to_cache(F.linear(h, attn.qkv_weight), positions, cos, sin,
+                                      attn.kv_cache.k, attn.kv_cache.v, cfg.num_heads)  # fmt: skip
+            out = F.scaled_dot_product_attention(
+                q, attn.kv_cache.k[:rows, :, :kv_len], attn.kv_cache.v[:rows, :, :kv_len],
+                attn_mask=bias, enable_gqa=gqa,
+            )
+            x, h = kernels.add_rms_norm(x, attn.o_proj(out.reshape(rows, -1)), layer.post_attention_layernorm)
+            gate_up = F.linear(h, mlp.gate_up_weight)
+            delta = mlp.down_proj(F.silu(gate_up[:, :inter]) * gate_up[:, inter:])
+        return kernels.add_rms_norm(x, delta, self.model.norm)[1]
 
     def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [R, D] -> fp32 logits [R, num_audio_tokens]."""
@@ -331,3 +410,15 @@ class TalkerModel(nn.Module):
             return tail
         proj = F.normalize(self.projector_semantic(hidden.to(tail.dtype)), p=2, dim=-1)
         return torch.cat([self.emb_text(token_ids) + proj, tail], dim=0)
+
+
+def _concat_into_views(*linears: nn.Linear) -> torch.Tensor:
+    """One tensor holding the linears' weights stacked by output rows; each linear's weight is
+    re-pointed to its rows of it (a view), so the old tensors are freed."""
+    fused = torch.cat([lin.weight for lin in linears])
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(fused[start : start + rows], requires_grad=False)
+        start += rows
+    return fused

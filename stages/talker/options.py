@@ -12,6 +12,12 @@
                                                 request in device graphs, one per length bucket
                                                 (CUDA/NPU; eager on a CPU). Off or on, prefills
                                                 run at the bucket length, so codes are the same.
+    talker_fused_layers         (default true)  decode through fused layers where Triton runs
+                                                (CUDA/NPU): one q|k|v and one gate|up GEMM,
+                                                Triton residual + RMSNorm and RoPE + cache
+                                                write (~10 kernels a layer for ~65); false
+                                                keeps the modules' ops. Same function to fp32
+                                                rounding, so codes may differ between the two.
 
 Unknown keys raise with the nearest valid name, so a typo never silently keeps a default.
 Dependency-free (no torch) so the harness can validate a config before starting any process.
@@ -28,7 +34,8 @@ from stages.flags import check_known_keys, read_bool_flag, read_env_opt_out
 FUSED_PRELUDE_FLAG = "talker_codec_fused_prelude"
 DECODE_GRAPH_FLAG = "talker_decode_graph"
 PREFILL_GRAPH_FLAG = "talker_prefill_graph"
-KNOWN_KEYS = frozenset({FUSED_PRELUDE_FLAG, DECODE_GRAPH_FLAG, PREFILL_GRAPH_FLAG})
+FUSED_LAYERS_FLAG = "talker_fused_layers"
+KNOWN_KEYS = frozenset({FUSED_PRELUDE_FLAG, DECODE_GRAPH_FLAG, PREFILL_GRAPH_FLAG, FUSED_LAYERS_FLAG})
 FUSED_PRELUDE_ENV = "TALKER_CODEC_FUSED_PRELUDE"  # process-wide opt-out of the fused prelude
 
 
@@ -43,6 +50,7 @@ class TalkerOptions:
     fused_prelude: bool = True
     decode_graph: bool = True
     prefill_graph: bool = True
+    fused_layers: bool = True
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> TalkerOptions:
@@ -51,4 +59,5 @@ class TalkerOptions:
             fused_prelude=read_bool_flag(extra, FUSED_PRELUDE_FLAG, True),
             decode_graph=read_bool_flag(extra, DECODE_GRAPH_FLAG, True),
             prefill_graph=read_bool_flag(extra, PREFILL_GRAPH_FLAG, True),
+            fused_layers=read_bool_flag(extra, FUSED_LAYERS_FLAG, True),
         )

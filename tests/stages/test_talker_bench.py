@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from scripts import bench_talker as bench
@@ -68,3 +69,27 @@ def test_cpu_run_writes_one_json_document(tmp_path, capsys):
         (1, "eager"), (1, "selected"), (2, "eager"), (2, "selected")]  # CPU: no graph pass
     assert all(len(r["windows_ms"]) == 2 for r in doc["rows"])
     assert [r["batch"] for r in doc["ratios"]] == [1, 2]
+    # Where the step's launches go: the most frequent operators, with their counts.
+    assert all(sum(r["kernels_by_name"].values()) <= r["kernels_per_step"] for r in doc["rows"])
+    assert all("aten::linear" in r["kernels_by_name"] for r in doc["rows"])
+
+
+def test_extras_reach_the_engines_and_the_record(tmp_path, capsys, monkeypatch):
+    seen: list[dict] = []
+    real = bench.TalkerEngine
+
+    def spy(cfg, **kw):
+        seen.append(dict(cfg.extra))
+        return real(cfg, **kw)
+
+    monkeypatch.setattr(bench, "TalkerEngine", spy)
+    bench.main(["--device", "cpu", "--tiny", "--dtype", "float32", "--batches", "1", "--steps", "1",
+                "--reps", "1", "--warmup", "1", "--extra", "talker_fused_layers=false", "--out", str(tmp_path)])
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["extra"] == {"talker_fused_layers": "false"}
+    assert seen and all(extra["talker_fused_layers"] == "false" for extra in seen)
+
+
+def test_a_malformed_extra_is_refused():
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        bench.parse_extras(["talker_fused_layers"])

@@ -210,3 +210,103 @@ def test_cuda_a_step_waits_for_the_device_once():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert waits == [1, 1, 1, 1], waits
+
+
+# -- fused decode layers (stages.talker.layer_triton) -----------------------------------------
+
+
+def _fused_pair(cfg: TalkerConfig, dtype, *, max_batch=8, max_seq_len=128):
+    """Two copies of one model with equal (random) caches: the first decodes through the
+    modules, the second through the fused layers."""
+    dev = torch.device("cuda")
+    models = []
+    for fused in (False, True):
+        model = TalkerModel(cfg)
+        model.init_random_weights(torch.Generator().manual_seed(0))
+        model = model.to(dev, dtype).eval().requires_grad_(False)
+        model.fold_weight_norm()
+        model.setup_caches(max_batch=max_batch, max_seq_len=max_seq_len, device=dev, dtype=dtype)
+        said = model.select_fused_decode(fused, dev)
+        assert said.startswith("fused" if fused else "unfused"), said
+        gen = torch.Generator().manual_seed(7)
+        for layer in model.model.layers:
+            cache = layer.self_attn.kv_cache
+            cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
+            cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
+        models.append(model)
+    return models
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cuda_rope_to_cache_is_the_modules_rope_and_write_bit_for_bit(dtype):
+    """Compiled (round-to-nearest casts, no fma contraction): the kernel's q and cache rows are
+    torch.equal to the modules' RoPE and KVCache.write on the same device."""
+    from stages.talker.layer_triton import rope_to_cache
+    from stages.talker.model import KVCache, apply_rope
+
+    dev = torch.device("cuda")
+    rows, heads, kv_heads, hd, seq = 64, 12, 12, 64, 256
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * hd, generator=gen).to(dev, dtype)
+    positions = torch.randint(0, seq, (rows,), generator=gen).to(dev)
+    angles = torch.randn(seq, hd, generator=gen).to(dev)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    ours, theirs = (KVCache((rows, kv_heads, seq, hd), device=dev, dtype=dtype) for _ in range(2))
+    q = rope_to_cache(qkv, positions, cos, sin, ours.k, ours.v, heads)
+    q_ref, k_ref, v_ref = (t.view(rows, 1, n, hd).transpose(1, 2) for t, n in
+                           zip(qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], 1), (heads, kv_heads, kv_heads)))
+    c, s = cos[positions][:, None, None], sin[positions][:, None, None]
+    theirs.write(theirs.decode_rows(positions), apply_rope(k_ref, c, s), v_ref)
+    assert torch.equal(q, apply_rope(q_ref, c, s))
+    assert torch.equal(ours.k, theirs.k) and torch.equal(ours.v, theirs.v)
+
+
+@pytest.mark.parametrize("full_size", [False, True])
+def test_cuda_fused_decode_matches_the_modules_and_replays_bit_for_bit(full_size):
+    """The fused decode agrees with the modules' to fp32 rounding, and its device graph's replay
+    equals its eager call (logits and every cache row, torch.equal)."""
+    from stages.platform.graphs import graph_api
+    from stages.talker.decode_graph import DecodeGraphs
+
+    cfg = TalkerConfig() if full_size else TalkerConfig(**TINY)
+    dev = torch.device("cuda")
+    plain, fused = _fused_pair(cfg, torch.float32)
+    # 8 rows: a whole rows bucket, so the replay writes no free slot the eager call does not.
+    ids = torch.arange(8, device=dev) * 11
+    positions = torch.tensor([3, 0, 90, 17, 64, 5, 127, 1], device=dev)
+    with torch.inference_mode():
+        want = plain.code_logits(plain.decode(plain.emb_code[0](ids), positions, 128))
+        got = fused.code_logits(fused.decode(fused.emb_code[0](ids), positions, 128))
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        for a, b in zip(plain.model.layers, fused.model.layers, strict=True):
+            torch.testing.assert_close(b.self_attn.kv_cache.k, a.self_attn.kv_cache.k, rtol=1e-4, atol=1e-4)
+        # The same step replayed from a graph on a copy of the fused model's pre-step caches.
+        _, again = _fused_pair(cfg, torch.float32)
+        graphs = DecodeGraphs(again, graph_api(dev), max_batch=8, device=dev)
+        replayed = graphs.run(ids, positions, 128)
+        assert torch.equal(replayed, got)
+        for a, b in zip(fused.model.layers, again.model.layers, strict=True):
+            assert torch.equal(a.self_attn.kv_cache.k, b.self_attn.kv_cache.k)
+            assert torch.equal(a.self_attn.kv_cache.v, b.self_attn.kv_cache.v)
+
+
+def test_cuda_fused_layers_cut_a_steps_kernels_by_more_than_half():
+    """Full size, 32 rows, eager steps (no decode graph, so each kernel is counted): the fused
+    layers' step launches fewer than half the kernels of the modules' step."""
+    import dataclasses
+
+    from stages.profiling.launches import count_launches
+
+    def kernels(fused: bool) -> float:
+        cfg = dataclasses.replace(TalkerConfig(), extra={"talker_fused_layers": fused, "talker_decode_graph": False,
+                                                         "talker_prefill_graph": False})
+        eng = TalkerEngine(cfg, device=torch.device("cuda"), dtype=torch.float32, max_batch=32, max_seq_len=256)
+        for i in range(32):
+            eng.add(TalkerRequest(f"r{i}", "Counting the kernels of one step.", seed=i, max_codes=40))
+        eng.step()  # admission
+        count = count_launches(eng.step, device=torch.device("cuda"), repeats=2)
+        return count.per_call + count.copies_per_call
+
+    plain, fused = kernels(False), kernels(True)
+    print(f"kernels a step at B = 32: modules {plain:.0f}, fused {fused:.0f}")
+    assert fused < plain / 2
