@@ -353,7 +353,8 @@ class TalkerModel(nn.Module):
         """One token per row. x: [R, D] (row r == slot r), positions: [R] long -> hidden [R, D].
 
         Row r attends to cache positions <= positions[r]; `kv_len` (> max position) bounds the
-        read so short batches do not scan the whole static cache.
+        read so short batches do not scan the whole static cache. Through the fused layers once
+        `select_fused_decode` chose them, else through the modules.
         """
         if self.layer_kernels is not None:
             return self._decode_fused(x, positions, kv_len)

@@ -87,6 +87,29 @@ def test_talker_profiles_128_rows_with_a_cache_sized_to_the_workload():
     assert not engine.has_work()
 
 
+def test_the_profiled_talker_is_eager_and_keeps_the_arms_other_flags(monkeypatch):
+    """A replayed graph hides its kernels from the talker's range (torch 2.11), so the profile's
+    talker runs its forwards eagerly; the flags an A/B compares (fused layers here) stay."""
+    import dataclasses
+
+    from stages.profiling import build
+
+    built: list[dict] = []
+    real = build.TalkerEngine
+
+    def spy(cfg, **kw):
+        built.append(dict(cfg.extra))
+        return real(cfg, **kw)
+
+    monkeypatch.setattr(build, "TalkerEngine", spy)
+    stages = _tiny_stages()
+    stages = dataclasses.replace(stages, talker=dataclasses.replace(
+        stages.talker, extra={"talker_decode_graph": True, "talker_fused_layers": False}))
+    engine = build.build_talker(stages, build.Placement(CPU, torch.float32), rows=2, text=profile_text(0), chunks=1)
+    assert built == [{"talker_decode_graph": False, "talker_prefill_graph": False, "talker_fused_layers": False}]
+    assert engine.graphs is None and engine.prefill_graphs is None
+
+
 def test_talker_context_sets_the_condition_length():
     tok = WordHashTokenizer(151643)
     assert len(tok.encode(profile_text(256))) + 2 == 256  # + text_eos, audio_bos
