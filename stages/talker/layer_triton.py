@@ -91,6 +91,10 @@ def _rope_to_cache_kernel(
     d = tl.arange(0, HD)
     x = tl.load(qkv_ptr + row * qkv_stride + head * HD + d)
     pos = tl.load(pos_ptr + row)
+    # A position outside the cache reads no table row and writes nothing (the torch write would
+    # raise on the device); the engine never passes one, a wrong caller must not corrupt memory.
+    at_pos = pos + d * 0  # the position on every lane: a block-shaped mask
+    in_cache = (at_pos >= 0) & (at_pos < max_seq)
     if head < H + KVH:
         # rotate_half: [-x2, x1] over the two halves of the head.
         half = HD // 2
@@ -98,8 +102,8 @@ def _rope_to_cache_kernel(
         # 16-bit integers, which a negation in the stored dtype would scramble.
         partner = tl.load(qkv_ptr + row * qkv_stride + head * HD + (d + half) % HD).to(tl.float32)
         rotated = tl.where(d < half, -partner, partner)
-        cos = tl.load(cos_ptr + pos * HD + d).to(tl.float32)
-        sin = tl.load(sin_ptr + pos * HD + d).to(tl.float32)
+        cos = tl.load(cos_ptr + pos * HD + d, mask=in_cache, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + pos * HD + d, mask=in_cache, other=0.0).to(tl.float32)
         # Each product rounded to the stored dtype, then their sum: torch's three ops.
         a = (x.to(tl.float32) * cos).to(x.dtype).to(tl.float32)
         b = (rotated * sin).to(x.dtype).to(tl.float32)
@@ -111,9 +115,9 @@ def _rope_to_cache_kernel(
         kv_head = head - H - tl.where(is_v, KVH, 0)
         at = ((row * KVH + kv_head) * max_seq + pos) * HD + d
         if is_v:
-            tl.store(v_cache_ptr + at, x)
+            tl.store(v_cache_ptr + at, x, mask=in_cache)
         else:
-            tl.store(k_cache_ptr + at, x)
+            tl.store(k_cache_ptr + at, x, mask=in_cache)
 
 
 def _check(t: torch.Tensor, like: torch.Tensor, what: str) -> None:
@@ -160,8 +164,9 @@ def rope_to_cache(
 ) -> torch.Tensor:
     """RoPE'd q [R, H, 1, hd] from qkv [R, (H + 2 KVH) * hd]; k (rotated) and v written into
     `k_cache` / `v_cache` [slots, KVH, max_seq, hd] at (slot r, position positions[r]).
-    cos/sin: the model's [max_seq, hd] tables. positions must be < max_seq (the engine keeps
-    them there; a free row writes at its own position 0)."""
+    cos/sin: the model's [max_seq, hd] tables. positions must be in [0, max_seq) (the engine
+    keeps them there; a free row writes at its own position 0): a row outside writes no cache
+    row and its q is garbage, instead of a write out of bounds."""
     rows = qkv.shape[0]
     slots, kv_heads, max_seq, hd = k_cache.shape
     if qkv.dim() != 2 or qkv.stride(1) != 1 or qkv.shape[1] != (heads + 2 * kv_heads) * hd:

@@ -108,6 +108,19 @@ def test_add_rms_norm_is_the_residual_add_and_the_module(interpret, dtype):
         torch.testing.assert_close(alone, norm(x), **tol)
 
 
+def test_a_position_outside_the_cache_writes_nothing(interpret):
+    from stages.talker.layer_triton import rope_to_cache
+
+    cache = torch.randn(2, 2, 8, 4, generator=torch.Generator().manual_seed(4))
+    k, v = cache.clone(), cache.clone()
+    table = torch.ones(8, 4)
+    qkv = torch.ones(2, (2 + 4) * 4)
+    rope_to_cache(qkv, torch.tensor([8, -1]), table, table, k, v, 2)  # past the end, before the start
+    assert torch.equal(k, cache) and torch.equal(v, cache)
+    rope_to_cache(qkv, torch.tensor([7, 0]), table, table, k, v, 2)  # the last and first rows do land
+    assert torch.equal(v[0, :, 7], torch.ones(2, 4)) and torch.equal(v[1, :, 0], torch.ones(2, 4))
+
+
 def test_kernels_refuse_what_they_cannot_address(interpret):
     from stages.talker.layer_triton import add_rms_norm, rope_to_cache
 
