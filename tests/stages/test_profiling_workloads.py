@@ -87,21 +87,14 @@ def test_talker_profiles_128_rows_with_a_cache_sized_to_the_workload():
     assert not engine.has_work()
 
 
-def test_the_profiled_talker_is_eager_and_keeps_the_arms_other_flags(monkeypatch):
+def test_the_profiled_talker_is_eager_and_keeps_the_arms_other_flags(talker_extras):
     """A replayed graph hides its kernels from the talker's range (torch 2.11), so the profile's
     talker runs its forwards eagerly; the flags an A/B compares (fused layers here) stay."""
     import dataclasses
 
     from stages.profiling import build
 
-    built: list[dict] = []
-    real = build.TalkerEngine
-
-    def spy(cfg, **kw):
-        built.append(dict(cfg.extra))
-        return real(cfg, **kw)
-
-    monkeypatch.setattr(build, "TalkerEngine", spy)
+    built = talker_extras(build)
     stages = _tiny_stages()
     stages = dataclasses.replace(stages, talker=dataclasses.replace(
         stages.talker, extra={"talker_decode_graph": True, "talker_fused_layers": False}))

@@ -74,15 +74,8 @@ def test_cpu_run_writes_one_json_document(tmp_path, capsys):
     assert all("aten::linear" in r["kernels_by_name"] for r in doc["rows"])
 
 
-def test_extras_reach_the_engines_and_the_record(tmp_path, capsys, monkeypatch):
-    seen: list[dict] = []
-    real = bench.TalkerEngine
-
-    def spy(cfg, **kw):
-        seen.append(dict(cfg.extra))
-        return real(cfg, **kw)
-
-    monkeypatch.setattr(bench, "TalkerEngine", spy)
+def test_extras_reach_the_engines_and_the_record(tmp_path, capsys, talker_extras):
+    seen = talker_extras(bench)
     bench.main(["--device", "cpu", "--tiny", "--dtype", "float32", "--batches", "1", "--steps", "1",
                 "--reps", "1", "--warmup", "1", "--extra", "talker_fused_layers=false", "--out", str(tmp_path)])
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
