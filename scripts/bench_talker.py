@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="talker stage extra for every engine, e.g. talker_fused_layers=false (repeatable)")
     add_out(ap)
     args = ap.parse_args(argv)
+    extras = parse_extras(args.extra)
     deterministic_kernels()  # as in the stage processes (runner.deterministic): their kernels
     device, dtype = resolve_device(args.device), dtype_from_name(args.dtype)
     batches = [int(b) for b in args.batches.split(",")]
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
                 "selected": select_prelude(fused=True, device=device)}  # fmt: skip
     cells: list[Cell] = []
     for graph in (False, True):
-        extra = {**parse_extras(args.extra), "talker_decode_graph": graph, "talker_prefill_graph": graph}
+        extra = {**extras, "talker_decode_graph": graph, "talker_prefill_graph": graph}
         cfg = dataclasses.replace(base, extra=extra)
         engine = TalkerEngine(cfg, device=device, dtype=dtype, max_batch=max(batches),
                               max_seq_len=args.max_seq_len, prelude=penalty_temperature_eager)
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     print(render(cells, compared))
     doc = {"schema": "talker-bench/2", "device": describe_device(device), "dtype": args.dtype,
            "config": "tiny" if args.tiny else "full", "max_seq_len": args.max_seq_len,
-           "extra": parse_extras(args.extra),
+           "extra": extras,
            "steps_per_window": args.steps, "windows": args.reps, "timing": "round_robin",
            "rows": [c.row() for c in cells], "ratios": compared}  # fmt: skip
     emit(doc, args.out, "talker_bench")

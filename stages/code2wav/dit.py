@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stages.code2wav.config import DiTConfig
-from stages.platform import is_cpu, is_cuda
+from stages.platform import compile_failure, is_cpu, is_cuda
 
 log = logging.getLogger(__name__)
 
@@ -85,19 +85,6 @@ def _tf32x3_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     if is_cuda(device) and not tf32_tensor_cores(device):
         return "no TF32 tensor cores (CUDA compute capability below 8.0)"
     return triton_unavailable_reason(device)
-
-
-def _compile_failure(warm_up, what: str, kept: str) -> str | None:
-    """Run `warm_up` (it compiles Triton kernels now, outside any graph capture); the reason it
-    failed, logged with what stays (`kept`), or None. A broken compiler must not take the stage
-    down: the torch path it would have replaced runs instead."""
-    try:
-        warm_up()
-    except Exception as exc:  # noqa: BLE001 - any compiler failure means the fallback
-        reason = f"{what} failed to compile ({type(exc).__name__}: {exc})"
-        log.warning("DiT: %s kept, %s", kept, reason)
-        return reason
-    return None
 
 
 def residual_norm_modulate_eager(x, gate, y, shift, scale, *, eps: float):
@@ -445,10 +432,10 @@ class DiT(nn.Module):
         if reason is None:
             from stages.code2wav import dit_triton
 
-            reason = _compile_failure(
+            reason = compile_failure(
                 lambda: dit_triton.warm_up(device, self.in_proj.weight.dtype, self.cfg.hidden_size, _MOD_LN_EPS,
                                            self.blocks[0].attn),
-                "the fused kernels", "the eager norm chain")
+                "the fused kernels", "the eager norm chain", log=log, owner="DiT")
         if reason is None:
             self._set_norm(True)
             return "fused Triton norm steps (residual + LayerNorm + modulation; q/k norms + cache write)"
@@ -475,10 +462,10 @@ class DiT(nn.Module):
             from stages.code2wav import dit_flash
 
             h, d = self.cfg.num_heads, self.cfg.head_dim
-            flash_reason = _compile_failure(
+            flash_reason = compile_failure(
                 lambda: dit_flash.attention(torch.zeros(1, 1, h, d, device=device),
                                             torch.zeros(1, h, 1, 2 * d, device=device)),
-                "the Triton attention", "batched GEMMs")
+                "the Triton attention", "batched GEMMs", log=log, owner="DiT")
             if flash_reason is None:
                 flash = dit_flash.attention
         rows = 2 * max_requests if (on_device or flash) else 0
@@ -533,8 +520,8 @@ class DiT(nn.Module):
         from stages.code2wav import dit_gemm
 
         if is_cuda(device):  # the interpreter (CPU) compiles nothing
-            reason = _compile_failure(lambda: dit_gemm.warm_up(device, self._linear_shapes()),
-                                      "the Triton GEMM", "torch's linears")
+            reason = compile_failure(lambda: dit_gemm.warm_up(device, self._linear_shapes()),
+                                      "the Triton GEMM", "torch's linears", log=log, owner="DiT")
             if reason is not None:
                 return f"torch ({reason})"
         self._set_gemm(dit_gemm.linear, "tf32x3")

@@ -305,6 +305,20 @@ def triton_unavailable_reason(device: torch.device) -> str | None:
     return None
 
 
+def compile_failure(warm_up: Callable[[], object], what: str, kept: str, *, log: logging.Logger,
+                    owner: str) -> str | None:
+    """Run `warm_up` (it compiles Triton kernels now, outside any graph capture); the reason it
+    failed, logged on `log` as "`owner`: `kept` kept, ..." (what runs instead), or None. A broken
+    compiler must not take the stage down: the torch path it would have replaced runs instead."""
+    try:
+        warm_up()
+    except Exception as exc:  # noqa: BLE001 - any compiler failure means the fallback
+        reason = f"{what} failed to compile ({type(exc).__name__}: {exc})"
+        log.warning("%s: %s kept, %s", owner, kept, reason)
+        return reason
+    return None
+
+
 def unwrapped_current_device(get_device: Callable[[], int]) -> Callable[[], int]:
     """`get_device` minus torch's lazy-init wrapper when it is torch's CUDA current-device query.
 

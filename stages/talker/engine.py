@@ -171,8 +171,7 @@ class TalkerEngine:
             max_batch=max_batch, max_seq_len=max_seq_len, device=device, dtype=dtype
         )
         # Before any graph is captured: the decode graphs record whichever layers this picks.
-        self.layers = self.model.select_fused_decode(opts.fused_layers, device)
-        logger.info("talker decode layers: %s", self.layers)
+        logger.info("talker decode layers: %s", self.model.select_fused_decode(opts.fused_layers, device))
         self.tokenizer = load_tokenizer(weights_dir, cfg.standin_text_vocab)
         if prelude is None:  # the stage config decides (seed item 1)
             prelude = select_prelude(fused=fused, device=device)

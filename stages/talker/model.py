@@ -301,7 +301,7 @@ class TalkerModel(nn.Module):
         TRITON_INTERPRET=1, for tests). Call after `setup_caches`. The kernels compile here,
         outside any graph capture; if that fails the modules' decode stays, with the reason
         logged. Returns what runs, for logs."""
-        from stages.platform import triton_unavailable_reason
+        from stages.platform import compile_failure, triton_unavailable_reason
 
         self.layer_kernels = None
         reason = "stage extra talker_fused_layers is false" if not fused else triton_unavailable_reason(device)
@@ -309,12 +309,9 @@ class TalkerModel(nn.Module):
             from stages.talker import layer_triton
 
             self.fuse_projections()
-            try:
-                layer_triton.warm_up(self)
-            except Exception as exc:  # noqa: BLE001 - a broken compiler must not take the stage down
-                reason = f"the fused kernels failed to compile ({type(exc).__name__}: {exc})"
-                log.warning("talker: unfused decode layers kept, %s", reason)
-            else:
+            reason = compile_failure(lambda: layer_triton.warm_up(self), "the fused kernels",
+                                     "unfused decode layers", log=log, owner="talker")  # fmt: skip
+            if reason is None:
                 self.layer_kernels = layer_triton
                 return "fused (q|k|v and gate|up GEMMs; Triton residual + RMSNorm, RoPE + cache write)"
         return f"unfused ({reason})"
