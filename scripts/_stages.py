@@ -28,8 +28,12 @@ def tiny_stages() -> StageConfig:
     return load_stages(shipped_config(TINY_STAGES))
 
 
+def prompt_wav_paths(meta: str = "builtin:seed-tts-en") -> list[Path]:
+    """The distinct prompt wavs of a meta.lst, in file order."""
+    return list(dict.fromkeys(p.prompt_wav for p in load_prompts(meta) if p.prompt_wav is not None))
+
+
 def prompt_voices(meta: str = "builtin:seed-tts-en") -> list[bytes]:
     """The distinct prompt wavs of a meta.lst, in file order, as encoded bytes (what a request
     carries as its reference voice)."""
-    paths = dict.fromkeys(p.prompt_wav for p in load_prompts(meta) if p.prompt_wav is not None)
-    return [path.read_bytes() for path in paths]
+    return [path.read_bytes() for path in prompt_wav_paths(meta)]

@@ -49,6 +49,7 @@ from stages.code2wav.hift import HiFTGenerator, fold_weight_norm
 from stages.code2wav.hift_weights import find_hift_checkpoint, load_hift
 from stages.code2wav.options import Code2WavOptions, tf32_scope
 from stages.code2wav.prompt import PromptBuilder, PromptFeatures
+from stages.code2wav.random_init import init_flow_, init_hift_
 from stages.code2wav.slots import SlotPool
 from stages.code2wav.streaming import (
     DEFAULT_PROMPT_ID,
@@ -71,6 +72,9 @@ class DecodedAudio:
     audio: np.ndarray  # float32 [n] at cfg.sample_rate
     last_chunk: bool
     mel: torch.Tensor | None = None  # [80, T] on CPU, only with Token2Wav(keep_mel=True)
+    # sha256 of this chunk's float32 mel bytes: output identity checks code2wav's flow, not only
+    # the audio (a vocoder can hide a changed mel; two arms can be compared stage by stage).
+    mel_sha256: str = ""
 
 
 @dataclass
@@ -168,6 +172,8 @@ class Token2Wav:
         self.flow = _seeded(seed, lambda: FlowModel(cfg))
         if weights_dir is not None:
             load_flow_weights(self.flow, weights_dir)
+        else:  # random weights that keep the input's scale (random_init, D-INIT-1)
+            init_flow_(self.flow, seed=seed)
         self.flow.to(device=self.device, dtype=self.dtype).eval()
         if self.options.dit_dtype != "float32":  # the estimator alone (and its caches)
             self.flow.decoder.estimator.to(getattr(torch, self.options.dit_dtype))
@@ -204,6 +210,8 @@ class Token2Wav:
         if weights_dir is not None:
             load_hift(hift, find_hift_checkpoint(weights_dir))
         fold_weight_norm(hift)
+        if weights_dir is None:  # after folding: the init writes plain weights (D-INIT-1)
+            init_hift_(hift, seed=seed + 1)
         # HiFT stays float32 whatever the flow dtype (upstream runs it in fp32).
         hift = hift.to(device=self.device, dtype=torch.float32).eval()
         hift.init_buffers()
@@ -437,17 +445,21 @@ class Token2Wav:
     def _finish_group(self, out: ChunkOut, items: list[CodecPayload], streams: list[_Stream]) -> list[DecodedAudio]:
         """Copy a launched group's audio back (waits for it) and advance its streams."""
         audio = out.audio.cpu().numpy()  # one copy for the whole batch
-        mel = out.mel.cpu() if self.keep_mel else None
+        # The mel comes back too (a fifth of the audio's bytes, after the audio's copy has waited
+        # for the group), so every chunk carries its mel digest.
+        mel = out.mel.cpu()
         return [self._advance(p, s, r, audio, mel, out.mel.shape[2]) for r, (p, s) in enumerate(zip(items, streams))]
 
-    def _advance(self, p: CodecPayload, s: _Stream, row: int, audio, mel, frames: int) -> DecodedAudio:
+    def _advance(self, p: CodecPayload, s: _Stream, row: int, audio, mel: torch.Tensor, frames: int) -> DecodedAudio:
         s.chunk_seq = p.chunk_seq
         if p.last_chunk:
             self.drop(p.request_id)
         else:
             s.caches = self._decoder.next_shape(s.caches, frames)
-        row_mel = mel[row] if mel is not None else None
-        return DecodedAudio(p.request_id, p.chunk_seq, np.ascontiguousarray(audio[row]), p.last_chunk, row_mel)
+        row_mel = mel[row].contiguous()
+        digest = hashlib.sha256(row_mel.numpy().tobytes()).hexdigest()
+        return DecodedAudio(p.request_id, p.chunk_seq, np.ascontiguousarray(audio[row]), p.last_chunk,
+                            row_mel if self.keep_mel else None, digest)
 
     def warm_graphs(self, max_rows: int) -> int:
         """Capture this replica's chunk graphs for 1..`max_rows` rows before it serves; returns

@@ -74,6 +74,7 @@ class FakeDecodedAudio:
     chunk_seq: int
     audio: np.ndarray
     last_chunk: bool
+    mel_sha256: str = ""  # the fake has no mel: reported as none
 
 
 def fake_code(seed: int, index: int, eos: int) -> int:

@@ -98,6 +98,7 @@ class ChunkReady:
     last_chunk: bool
     # First chunk only: how the request's voice was set up, {"cache_hit": bool, "setup_ms": float}.
     prompt: dict | None = None
+    mel_sha256: str = ""  # sha256 of the chunk's float32 mel bytes (code2wav's flow output)
 
 
 # RequestError kinds: the request itself is unacceptable (a client's mistake: bad seed, text

@@ -191,4 +191,4 @@ class ReplicaLoop:
         for d in decoded:
             audio = np.ascontiguousarray(d.audio, dtype=np.float32).reshape(-1)
             self.ctx.results.send(ChunkReady(d.request_id, d.chunk_seq, audio, codes[d.request_id],
-                                             d.last_chunk, prompts.get(d.request_id)))
+                                             d.last_chunk, prompts.get(d.request_id), d.mel_sha256))

@@ -14,7 +14,14 @@ from tests.stages.code2wav_tiny import single_thread, tiny_config  # noqa: F401
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 MEL_TOL = 1e-4  # streamed vs one-shot mel, fp32 (measured ~1e-6)
-AUDIO_REL_RMS_TOL = 0.1  # streamed vs one-shot HiFT: crossfade + per-chunk NSF source (measured ~0.03)
+# Streamed vs one-shot HiFT audio. The first chunk has no chunk boundary: waveforms agree
+# (measured 0.02 relative rms). Each later chunk restarts the NSF source's phase integration after
+# its cached frames (upstream's streaming contract; only the cached 8 frames' source is carried),
+# and with a live source (random_init, D-INIT-1) that moves the waveform by ~0.3 relative rms, so
+# later chunks are compared by STFT magnitude: measured 0.20 against 0.52 for other codes.
+FIRST_CHUNK_REL_RMS_TOL = 0.05
+MAGNITUDE_REL_TOL = 0.3
+OTHER_CODES_MAGNITUDE_REL_MIN = 0.4
 
 
 def _t2w(**kw) -> Token2Wav:
@@ -56,8 +63,19 @@ def test_streaming_equals_the_non_streaming_reference():
     assert mel.shape == ref.mel.shape == (80, 2 * (3 + 80))
     assert (mel - ref.mel).abs().max().item() < MEL_TOL
     assert audio.shape == ref.audio.shape
-    rel = np.sqrt(np.mean((audio - ref.audio) ** 2) / np.mean(ref.audio**2))
-    assert rel < AUDIO_REL_RMS_TOL
+    n = outs[0].audio.shape[0]
+    first = np.sqrt(np.mean((audio[:n] - ref.audio[:n]) ** 2) / np.mean(ref.audio[:n] ** 2))
+    assert first < FIRST_CHUNK_REL_RMS_TOL
+    assert _magnitude_rel(audio, ref.audio) < MAGNITUDE_REL_TOL
+    assert _magnitude_rel(t2w.reference(_codes(80, 7)).audio, ref.audio) > OTHER_CODES_MAGNITUDE_REL_MIN
+
+
+def _magnitude_rel(a: np.ndarray, b: np.ndarray, n_fft: int = 1024) -> float:
+    """|| |STFT a| - |STFT b| || / || |STFT b| ||: the audio compared without its phase."""
+    window = torch.hann_window(n_fft)
+    ma, mb = (torch.stft(torch.as_tensor(x), n_fft, n_fft // 4, window=window, return_complex=True).abs()
+              for x in (a, b))
+    return float((ma - mb).norm() / mb.norm())
 
 
 def test_trimmed_caches_saturate_at_prompt_plus_keep_frames():
@@ -202,7 +220,9 @@ def test_a_requests_vocoder_noise_does_not_depend_on_its_batch_mates():
     with_b = np.concatenate([paired.decode([pb, pa])[1].audio for pa, pb in zip(a, b)])
     with_c = np.concatenate([paired_other.decode([pc, pa])[1].audio for pa, pc in zip(a, c)])
     assert np.array_equal(with_b, with_c)  # identical shapes, only the mate's codes differ
-    assert np.abs(solo - with_b).max() < 1e-4
+    # Batch-company GEMM rounding (~1e-6 in the mel) reaches the audio amplified by the live
+    # vocoder (f0 in Hz, integrated into the source's phase): measured 1.1e-4 on a 0.5 peak.
+    assert np.abs(solo - with_b).max() < 1e-3
 
 
 def test_audio_follows_the_request_seed_not_its_id():
