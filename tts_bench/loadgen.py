@@ -11,8 +11,9 @@ everything already measured):
   audio seconds, `audio_seconds`, `num_chunks`, `num_codes`;
 - `audio_sha256` = sha256 of the audio as int16 PCM (`tts_bench.wire.audio.pcm16`: float32 ×
   32767, rounded, clipped, the rounding the server and the WAV writer use too), and
-  `codes_sha256` over the codec tokens (int32) when the backend reports them — equal hashes across
-  arms mean identical outputs;
+  `codes_sha256` over the codec tokens (int32) and `mel_sha256` over the chunks' mel digests
+  (code2wav's flow output) when the backend reports them — equal hashes across arms mean
+  identical outputs, stage by stage;
 - failures never crash a phase: a timeout → `timeout`, `RequestFailed` → its kind, any other
   exception → `backend_error` with the message, a request with no samples → `empty_audio`.
 
@@ -60,6 +61,8 @@ class _Collector:
         self.codes = 0
         self.audio_hash = hashlib.sha256()
         self.codes_hash = hashlib.sha256()
+        self.mel_hash = hashlib.sha256()
+        self.mels = 0
         self.prompt: dict = {}
 
     def add(self, chunk, arrival: float) -> None:
@@ -75,6 +78,9 @@ class _Collector:
         if chunk.codes:
             self.codes += len(chunk.codes)
             self.codes_hash.update(np.asarray(chunk.codes, dtype=np.int32).tobytes())
+        if getattr(chunk, "mel_sha256", ""):
+            self.mels += 1
+            self.mel_hash.update(bytes.fromhex(chunk.mel_sha256))
 
 
 async def _consume(backend: Backend, request: SynthesisRequest, col: _Collector) -> None:
@@ -128,6 +134,7 @@ async def run_request(
         audio_seconds=seconds,
         audio_sha256=col.audio_hash.hexdigest(),
         codes_sha256=col.codes_hash.hexdigest() if col.codes else None,
+        mel_sha256=col.mel_hash.hexdigest() if col.mels else None,
     )
 
 

@@ -72,6 +72,8 @@ class RequestRecord:
     num_codes: int = 0
     audio_sha256: str | None = None
     codes_sha256: str | None = None
+    # Over the chunks' mel digests, where the backend reports them (the embedded runner).
+    mel_sha256: str | None = None
     failure_kind: str | None = None
     failure_detail: str = ""
     # How the request's voice was set up, where the backend reports it (the embedded runner):

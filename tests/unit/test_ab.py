@@ -186,3 +186,35 @@ def test_the_calibrated_spread_of_the_tier_reaches_a_one_block_comparison(monkey
     assert ab_mod._compare([], [], "audio_rtf", BenchParams(), ab_mod._spread(Cal(), "2x1", "audio_rtf")) is None
     assert seen["calibrated"].source == "2x1:audio_rtf"
     assert ab_mod._spread(None, "2x1", "audio_rtf") is None
+
+
+def _record(arm: str, utt: str, **hashes):
+    from tts_bench.records import RequestRecord
+
+    return RequestRecord(arm=arm, tier="2x1", repeat=0, request_id=f"{arm}:2x1:r0:{utt}", utt=utt, warmup=False,
+                         phase_id="p", t_send_s=0.0, t_end_s=1.0, audio_rtf=0.5, audio_seconds=2.0, **hashes)
+
+
+def test_output_identity_counts_each_stage_apart_and_a_changed_mel_is_not_identical():
+    from tts_bench.ab.summary import _identity
+    from tts_bench.commands.ab import _identity_text
+
+    same = {"codes_sha256": "c", "mel_sha256": "m", "audio_sha256": "a"}
+    base = [_record("base", u, **same) for u in ("0000", "0001", "0002")]
+    # 0001: code2wav's flow moved but its audio hash did not (a vocoder that hides it);
+    # 0002: the talker moved, so everything after it did.
+    test = [_record("test", "0000", **same), _record("test", "0001", **{**same, "mel_sha256": "m2"}),
+            _record("test", "0002", codes_sha256="c2", mel_sha256="m2", audio_sha256="a2")]
+    ident = _identity(base, test)
+    assert (ident.outputs, ident.codes, ident.mel, ident.paired) == (1, 2, 1, 3)
+    text = _identity_text({"tier": "2x1", "identical_outputs": 1, "paired_outputs": 3, "identical_codes": 2,
+                           "identical_mel": 1})
+    assert text == "2x1: 1/3 (codes 2/3, mel 1/3)"
+
+
+def test_output_identity_reports_no_mel_or_codes_count_for_a_backend_without_them():
+    from tts_bench.ab.summary import _identity
+
+    base = [_record("base", "0000", audio_sha256="a")]
+    ident = _identity(base, [_record("test", "0000", audio_sha256="a")])
+    assert (ident.outputs, ident.codes, ident.mel) == (1, None, None)

@@ -41,10 +41,11 @@ class TierResult:
     ttfp: Comparison | None
     duration_delta_pct: float | None
     duration_mismatch: bool
-    identical_outputs: int  # equal audio AND equal codes
+    identical_outputs: int  # equal audio AND equal codes AND equal mel (where reported)
     paired_outputs: int
     invalid_reasons: tuple[str, ...] = ()
     identical_codes: int | None = None  # None when the backend reports no codec tokens
+    identical_mel: int | None = None  # None when the backend reports no mel digests
 
     def to_dict(self) -> dict[str, Any]:
         """The tier as JSON (and as `tables.ab_table` reads it)."""
@@ -69,6 +70,7 @@ class TierResult:
             "duration_mismatch": self.duration_mismatch,
             "identical_outputs": self.identical_outputs,
             "identical_codes": self.identical_codes,
+            "identical_mel": self.identical_mel,
             "paired_outputs": self.paired_outputs,
             "invalid_reasons": list(self.invalid_reasons),
         }
@@ -216,24 +218,31 @@ def _spread(calibration: Calibration | None, tier: str, metric: str):
 
 @dataclass(frozen=True)
 class _Identity:
-    outputs: int  # pairs with equal audio and equal codes
+    outputs: int  # pairs with equal audio, equal codes and equal mel
     codes: int | None  # pairs with equal codes (None: the backend reports no codes)
     paired: int
+    mel: int | None = None  # pairs with equal mel (None: the backend reports no mel)
 
 
 def _identity(base: Sequence[RequestRecord], test: Sequence[RequestRecord]) -> _Identity:
     """Successful request pairs (same prompt, repeat) with equal audio and/or codes hashes.
 
-    Codes and audio are counted apart: a bit-exact change must keep the codes identical, while
-    audio can also differ by batch-composition-dependent GEMM rounding in code2wav when the two
-    arms' requests happened to share batches differently.
+    Each stage is counted apart (codes: the talker; mel: code2wav's flow; audio: the whole), so
+    a change shows where it moved the output: a bit-exact change must keep the codes identical,
+    while mel and audio can also differ by batch-composition-dependent GEMM rounding in code2wav
+    when the two arms' requests happened to share batches differently.
     """
     other = {_pair_key(r): r for r in test if r.ok}
     pairs = [(r, other[_pair_key(r)]) for r in base if r.ok and _pair_key(r) in other]
-    same = sum(a.audio_sha256 == b.audio_sha256 and a.codes_sha256 == b.codes_sha256 for a, b in pairs)
-    has_codes = any(a.codes_sha256 for a, _ in pairs)
-    codes = sum(a.codes_sha256 == b.codes_sha256 for a, b in pairs) if has_codes else None
-    return _Identity(same, codes, len(pairs))
+    same = sum(a.audio_sha256 == b.audio_sha256 and a.codes_sha256 == b.codes_sha256
+               and a.mel_sha256 == b.mel_sha256 for a, b in pairs)
+
+    def count(field: str) -> int | None:
+        if not any(getattr(a, field) for a, _ in pairs):
+            return None
+        return sum(getattr(a, field) == getattr(b, field) for a, b in pairs)
+
+    return _Identity(same, count("codes_sha256"), len(pairs), count("mel_sha256"))
 
 
 def _tier_result(tier: str, per_arm: dict[str, list[RequestRecord]], bench,
@@ -259,5 +268,5 @@ def _tier_result(tier: str, per_arm: dict[str, list[RequestRecord]], bench,
         duration_delta_pct=dur,
         duration_mismatch=dur is not None and abs(dur) > bench.duration_mismatch_pct,
         identical_outputs=ident.outputs, paired_outputs=ident.paired,
-        identical_codes=ident.codes, invalid_reasons=tuple(reasons),
+        identical_codes=ident.codes, identical_mel=ident.mel, invalid_reasons=tuple(reasons),
     )

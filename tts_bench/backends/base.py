@@ -75,6 +75,9 @@ class AudioChunk:
     # First chunk, where the backend knows it: how the request's voice was set up,
     # {"cache_hit": bool, "setup_ms": float} (the embedded runner reports it).
     prompt: dict | None = None
+    # sha256 of the chunk's mel where the backend has one (the embedded runner's code2wav), so
+    # output identity can check the flow's output apart from the vocoder's.
+    mel_sha256: str = ""
 
     @property
     def seconds(self) -> float:

@@ -137,7 +137,8 @@ class EmbeddedBackend:
                 assert isinstance(event, ChunkReady)
                 done = event.last_chunk
                 if len(event.audio) or event.codes or event.prompt:
-                    yield AudioChunk(event.audio, sample_rate, codes=event.codes, prompt=event.prompt)
+                    yield AudioChunk(event.audio, sample_rate, codes=event.codes, prompt=event.prompt,
+                                     mel_sha256=event.mel_sha256)
                 if done:
                     return
         finally:

@@ -145,9 +145,9 @@ def notes(result, doc: dict) -> list[str]:
 
 def _identity_text(tier: dict) -> str:
     text = f"{tier['tier']}: {tier['identical_outputs']}/{tier['paired_outputs']}"
-    if tier.get("identical_codes") is not None:
-        text += f" (codes {tier['identical_codes']}/{tier['paired_outputs']})"
-    return text
+    stages = [f"{name} {tier[key]}/{tier['paired_outputs']}"
+              for name, key in (("codes", "identical_codes"), ("mel", "identical_mel")) if tier.get(key) is not None]
+    return text + (f" ({', '.join(stages)})" if stages else "")
 
 
 class _RichProgress:
