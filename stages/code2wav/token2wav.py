@@ -47,7 +47,7 @@ from stages.code2wav.flow_cache import FlowCache
 from stages.code2wav.graph_warmup import warm_graphs
 from stages.code2wav.hift import HiFTGenerator, fold_weight_norm
 from stages.code2wav.hift_weights import find_hift_checkpoint, load_hift
-from stages.code2wav.options import Code2WavOptions, tf32_scope
+from stages.code2wav.options import Code2WavOptions, tf32_gemms_in_flow, tf32_scope
 from stages.code2wav.prompt import PromptBuilder, PromptFeatures
 from stages.code2wav.slots import SlotPool
 from stages.code2wav.streaming import (
@@ -179,7 +179,7 @@ class Token2Wav:
         conv = self.flow.decoder.estimator.select_conv_layout(self.options.frames_first_conv, self.device)
         log.info("token2wav: DiT convs %s", conv)
         gemm = self.flow.decoder.estimator.select_gemm(self.options.dit_tf32x3, self.device,
-                                                       tf32_flow=self.options.tf32_mode != "off")
+                                                       tf32_flow=tf32_gemms_in_flow(self.options.tf32_mode))
         log.info("token2wav: DiT linears %s", gemm)
         self.flow.decoder.init_noise(seed=seed, device=self.device, dtype=self.dtype)
         self.hift = self._build_hift(seed, weights_dir)

@@ -36,6 +36,7 @@ from stages.platform import (
     memory_stats,
     resolve_device,
     set_current_device,
+    strict_fp32_baseline,
 )
 from stages.platform.mps import mps_client
 from stages.runner.allocator import choose_allocator
@@ -141,6 +142,9 @@ def run_stage_process(
     allocator = choose_allocator(os.environ)  # before anything touches the device
     if spec.cfg.runner.deterministic:  # replay == eager and A/B identity need equal kernels
         deterministic_kernels()
+    # No TF32 outside the stages' precision scopes (torch leaves cuDNN's on): this process is
+    # the stages' own, and every scope restores to this (stages.precision says what each runs).
+    strict_fp32_baseline()
     ignore_interrupts()  # Ctrl-C and SIGTERM are the parent's: it stops us in order (stages.signals)
     try:
         torch.set_num_threads(spec.threads)

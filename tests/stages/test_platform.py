@@ -103,27 +103,22 @@ def test_triton_reasons_name_what_is_missing(monkeypatch):
 
 
 def test_tf32_scope_is_a_no_op_off_cuda():
-    before = torch.backends.cuda.matmul.allow_tf32
-    for restore in (True, False):
-        with tf32_scope(torch.device("cpu"), not before, restore=restore):
-            assert torch.backends.cuda.matmul.allow_tf32 == before
-            assert not tf32_enabled(torch.device("cpu"))
-    assert torch.backends.cuda.matmul.allow_tf32 == before
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    with tf32_scope(torch.device("cpu"), not before[0]):
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+        assert not tf32_enabled(torch.device("cpu"))
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
 
 
 @pytest.mark.gpu
-def test_tf32_scope_restores_only_when_asked():
+def test_tf32_scope_sets_both_flags_and_restores_them():
     dev = resolve_device("cuda")
-    before = torch.backends.cuda.matmul.allow_tf32
-    try:
-        with tf32_scope(dev, True, restore=True):
-            assert tf32_enabled(dev)
-        assert torch.backends.cuda.matmul.allow_tf32 == before
-        with tf32_scope(dev, True, restore=False):
-            pass
-        assert tf32_enabled(dev)  # left set: every caller of this mode asks the same value
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    with tf32_scope(dev, True):
+        assert tf32_enabled(dev) and torch.backends.cudnn.allow_tf32
+    with tf32_scope(dev, False):
+        assert not tf32_enabled(dev) and not torch.backends.cudnn.allow_tf32
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
 
 
 def test_importing_the_platform_layer_needs_torch_alone():
