@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from stages.platform.device import is_cpu, is_cuda
-from stages.platform.precision import FP32, Tf32Flags
+from stages.platform.precision import FP32, Tf32Flags, live_tf32, precision_scope
 
 Region = str  # "flow" | "hift"
 
@@ -128,3 +128,41 @@ def dit_attention_precision(kernel: str, dit_dtype: str, flow: Tf32Flags) -> str
         return f"fp32 (Triton 3xTF32) {kernel.removeprefix('triton')} requests, {rest} above"
     return rest
 
+
+def code2wav_precision(device: torch.device, options: Any, estimator: Any) -> dict[str, Any]:
+    """Each code2wav component's precision, from the TF32 flags torch holds inside the scopes the
+    flow and HiFT run in (not from the mode's name), and the setup's fidelity. `options`: the
+    stage's Code2WavOptions; `estimator`: its DiT (which GEMM and attention kernels it chose)."""
+    from stages.code2wav.options import tf32_scope
+
+    live = {}
+    for region in ("flow", "hift"):
+        with tf32_scope(options.tf32_mode, device, region=region):
+            live[region] = live_tf32(device)
+    dtype = options.dit_dtype
+    return {
+        "flow": word(live["flow"]), "hift": word(live["hift"]),
+        "dit_gemm": dit_gemm_precision(estimator.gemm_kernel, dtype, live["flow"]),
+        "dit_attention": dit_attention_precision(estimator.attention_kernel, dtype, live["flow"]),
+        "fidelity": fidelity(device, options.tf32_mode, dtype),
+    }
+
+
+def talker_precision(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """The talker's precision, from torch's flags inside its scope (`TALKER_TF32`)."""
+    with precision_scope(device, TALKER_TF32):
+        live = live_tf32(device)
+    name = str(dtype).removeprefix("torch.")
+    matmul = ("tf32" if live.matmul else "fp32") if dtype == torch.float32 else name
+    return {"matmul": matmul, "attention": f"sdpa {name}", "triton": "elementwise, fp32 math"}
+
+
+def ready_phrase(code2wav: dict[str, Any] | None, *, deterministic: bool) -> str:
+    """What the runner's ready line says of precision, from a replica's facts (its describe())."""
+    facts = code2wav or {}
+    fid = (facts.get("precision") or {}).get("fidelity") or {}
+    snr = fid.get("mel_snr_db")
+    said = f"{snr:g} dB mel SNR against the official fp32 decoder" if snr is not None else "fidelity not measured"
+    lossy = ", lossy" if fid.get("lossy") else ""
+    mode = facts.get("tf32_mode", "unknown")
+    return f"code2wav TF32 {mode} ({said}{lossy}), deterministic kernels {'on' if deterministic else 'off'}"

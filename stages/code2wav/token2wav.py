@@ -57,6 +57,7 @@ from stages.code2wav.streaming import (
     validate_payload,
 )
 from stages.code2wav.weights import load_flow_weights
+from stages import precision
 from stages.platform.device import host_to_device, synchronize_stream
 from stages.platform.graphs import graph_api
 
@@ -219,6 +220,8 @@ class Token2Wav:
             "device_spk": self._prompts.speaker.on_device,
             "speaker_branch": self._prompts.speaker.branch,
             "tf32_mode": self.options.tf32_mode,
+            # What ran in what precision, read off torch's flags inside the regions' scopes.
+            "precision": precision.code2wav_precision(self.device, self.options, self.flow.decoder.estimator),
             "dit_dtype": self.options.dit_dtype,
             "dit_norm": self.flow.decoder.estimator.norm_kernel,  # what runs: "triton" or "eager"
             "dit_attention": self.flow.decoder.estimator.attention_kernel,  # "triton<=N", "matmul<=N" or "sdpa"

@@ -49,6 +49,7 @@ from typing import Any
 
 from stages.config import StageConfig, replica_groups, resolve_execution
 from stages.platform import device_count
+from stages.precision import ready_phrase
 from stages.runner.factories import StageFactories
 from stages.runner.messages import (
     RUNNER_BROKEN,
@@ -172,9 +173,11 @@ class StageRunner:
         except BaseException:
             self.stop(timeout_s=0.0)  # the others are still building: nothing to wait for
             raise
+        replica = next(iter(self.replica_info().values()), {})
         log.info("runner ready: talker + %d replica(s) as %s (%d replica process(es); sharing %s, %s) "
-                 "in %.1f s, %d torch thread(s) per process", self.replicas, self.execution, len(groups),
-                 self.sharing, self._sharing.why, time.perf_counter() - t0, threads)
+                 "in %.1f s, %d torch thread(s) per process; %s", self.replicas, self.execution, len(groups),
+                 self.sharing, self._sharing.why, time.perf_counter() - t0, threads,
+                 ready_phrase(replica.get("code2wav"), deterministic=self.cfg.runner.deterministic))
         self._reader = threading.Thread(target=self._read_loop, name="stage-runner-reader",
                                          daemon=True)
         self._reader.start()

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stages.precision import TALKER_TF32
+from stages.precision import TALKER_TF32, talker_precision
 from stages.platform.precision import precision_scope
 from stages.talker import options
 from stages.platform.device import host_to_device, timing_event
@@ -160,7 +160,7 @@ class TalkerEngine:
         weights_dir: str | None = None,
         prelude: Prelude | None = None,
     ) -> None:
-        self.cfg, self.device = cfg, device
+        self.cfg, self.device, self.dtype = cfg, device, dtype
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         self.init_seed = init_seed
         # Stage flags first: a typo fails before any weights are built (seed item 4).
@@ -237,6 +237,7 @@ class TalkerEngine:
             "max_batch": self.max_batch,
             "max_seq_len": self.max_seq_len,
             "kv_cache_mib": kv_bytes / 2**20,
+            "precision": talker_precision(self.device, self.dtype),  # read off torch's flags
         }
 
     def add(self, req: TalkerRequest) -> None:

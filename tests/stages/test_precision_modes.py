@@ -15,8 +15,8 @@ import torch
 
 from stages.code2wav.options import Code2WavOptions, resolve_tf32_mode, tf32_scope
 from stages.flags import FlagError
-from stages.platform import Tf32Flags, platform_override, precision_scope, strict_fp32_baseline
-from stages.precision import FIDELITY, LOSSY_BELOW_DB, TALKER_TF32, fidelity
+from stages.platform import FP32, Tf32Flags, platform_override, precision_scope, strict_fp32_baseline
+from stages.precision import FIDELITY, LOSSY_BELOW_DB, TALKER_TF32, code2wav_precision, fidelity
 
 CPU = torch.device("cpu")
 T, F = True, False
@@ -138,6 +138,23 @@ def test_the_stage_process_baseline_turns_cudnn_tf32_off(torch_defaults):
     assert _flags() == (False, False)
 
 
+def test_describe_reads_the_live_flags_inside_the_regions(on_cuda, monkeypatch):
+    class Estimator:
+        gemm_kernel, attention_kernel = "tf32x3", "triton<=4"
+
+    conv = Code2WavOptions.from_extra({"token2wav_allow_tf32": "conv"}, {})
+    facts = code2wav_precision(CPU, conv, Estimator())
+    assert facts["flow"] == facts["hift"] == {"cudnn_conv": "tf32", "matmul": "fp32"}
+    assert facts["dit_gemm"] == "fp32 (Triton 3xTF32)"
+    assert facts["fidelity"]["mel_snr_db"] == 72 and facts["fidelity"]["lossy"] is False
+    # Flags that do not move (a scope that failed to set them) are what the record says.
+    monkeypatch.setattr("stages.platform.precision._write", lambda flags: None)
+    off = Code2WavOptions.from_extra({}, {})
+    assert code2wav_precision(CPU, off, Estimator())["flow"]["cudnn_conv"] == "tf32"  # torch's default
+    all_mode = Code2WavOptions.from_extra({"token2wav_allow_tf32": "all"}, {})
+    assert code2wav_precision(CPU, all_mode, Estimator())["hift"]["matmul"] == "fp32"
+
+
 def test_fidelity_labels_come_from_the_one_table():
     for row in FIDELITY.values():
         assert row.lossy is (row.mel_snr_db < LOSSY_BELOW_DB)
@@ -148,3 +165,24 @@ def test_fidelity_labels_come_from_the_one_table():
         assert fidelity(CPU, "all", "bfloat16")["lossy"] is True  # not measured; bf16 DiT
     assert fidelity(CPU, "all", "float32")["mel_snr_db"] == 107  # the CPU runs no TF32
 
+
+def test_a_tiny_token2wav_on_the_cpu_reports_fp32_everywhere():
+    from stages.code2wav.token2wav import Token2Wav
+    from tests.stages.code2wav_tiny import tiny_config
+
+    t2w = Token2Wav(tiny_config(), device=CPU, dtype=torch.float32, init_seed=0)
+    facts = t2w.describe()["precision"]
+    assert facts["flow"] == facts["hift"] == {"cudnn_conv": "fp32", "matmul": "fp32"}
+    assert facts["fidelity"]["lossy"] is False
+    assert FP32 == Tf32Flags(False, False)
+
+
+def test_the_talker_reports_its_precision_from_the_live_flags(torch_defaults, monkeypatch):
+    from tests.stages.test_talker_engine import engine
+
+    eng = engine(max_batch=2, max_seq_len=64)
+    assert eng.describe()["precision"] == {"matmul": "fp32", "attention": "sdpa float32",
+                                           "triton": "elementwise, fp32 math"}
+    with platform_override(cuda=True):
+        monkeypatch.setattr("stages.precision.TALKER_TF32", Tf32Flags(matmul=True, cudnn=False))
+        assert eng.describe()["precision"]["matmul"] == "tf32"  # what the scope set, not a name
