@@ -165,4 +165,7 @@ def ready_phrase(code2wav: dict[str, Any] | None, *, deterministic: bool) -> str
     said = f"{snr:g} dB mel SNR against the official fp32 decoder" if snr is not None else "fidelity not measured"
     lossy = ", lossy" if fid.get("lossy") else ""
     mode = facts.get("tf32_mode", "unknown")
-    return f"code2wav TF32 {mode} ({said}{lossy}), deterministic kernels {'on' if deterministic else 'off'}"
+    kernels = f"deterministic kernels {'on' if deterministic else 'off'}"
+    if deterministic and mode not in ("off", "unknown"):
+        kernels += f" (but TF32 {mode}: identical requests are not promised identical audio)"
+    return f"code2wav TF32 {mode} ({said}{lossy}), {kernels}"

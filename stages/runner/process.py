@@ -29,6 +29,7 @@ import torch
 from stages.config import StageConfig
 from stages.platform import (
     describe_device,
+    determinism_facts,
     deterministic_kernels,
     device_count,
     dtype_from_name,
@@ -161,7 +162,7 @@ def run_stage_process(
             allocator += f"; CUDA's allocator reads it, this process runs on {device.type}"
         ctx.info.update(device=describe_device(device), torch=torch.__version__,
                         dtype=str(ctx.dtype).removeprefix("torch."), threads=spec.threads, allocator=allocator,
-                        sharing=mps_client(os.environ))
+                        sharing=mps_client(os.environ), deterministic=determinism_facts())
         engines = build(ctx)
     except BaseException as exc:  # noqa: BLE001 - every startup failure must reach the client
         results.send(Ready(spec.name, os.getpid(), error=_trace(exc)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -186,11 +187,15 @@ def test_deterministic_kernels_without_the_nan_fill_of_new_tensors(monkeypatch):
         return [*chunker.push(torch.randint(0, cfg.flow.vocab_size, (130,), generator=gen).tolist()), chunker.finish()]
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    before = (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory,
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     try:
+        torch.backends.cudnn.benchmark = True
         deterministic_kernels()
         assert torch.are_deterministic_algorithms_enabled()
         assert torch.utils.deterministic.fill_uninitialized_memory is False
+        assert torch.backends.cudnn.deterministic is True and torch.backends.cudnn.benchmark is False
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
         runs = []
         for _ in range(2):
             t2w = Token2Wav(tiny_config(), device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
@@ -200,6 +205,7 @@ def test_deterministic_kernels_without_the_nan_fill_of_new_tensors(monkeypatch):
     finally:
         torch.use_deterministic_algorithms(before[0])
         torch.utils.deterministic.fill_uninitialized_memory = before[1]
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2:]
 
 
 @pytest.mark.gpu
