@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from stages import precision
 from stages.code2wav.chunk_decode import META_EXTRA, BatchShape, ChunkDecoder, ChunkOut
 from stages.code2wav.chunk_graphs import ChunkGraphs
 from stages.code2wav.config import Code2WavConfig
@@ -57,7 +58,6 @@ from stages.code2wav.streaming import (
     validate_payload,
 )
 from stages.code2wav.weights import load_flow_weights
-from stages import precision
 from stages.platform.device import host_to_device, synchronize_stream
 from stages.platform.graphs import graph_api
 
@@ -273,7 +273,8 @@ class Token2Wav:
                 self._setups.move_to_end(p.prompt_id)
                 return setup, {"cache_hit": True, "setup_ms": 0.0}
             t0 = time.perf_counter()
-            setup = self._build_setup(self._prompts.build_bytes(p.prompt_audio))
+            with self._voice_scope():
+                setup = self._build_setup(self._prompts.build_bytes(p.prompt_audio))
             synchronize_stream(self.device)  # not the device: a replica thread may be capturing
             ms = (time.perf_counter() - t0) * 1000.0
             self._ensure_pool(setup.prompt_len)
@@ -306,10 +307,17 @@ class Token2Wav:
                             f"error: unknown prompt id {prompt_id!r} (code2wav payload); call "
                             "Token2Wav.register_prompt first"
                         )
-                    setup = self._build_setup(self._prompts.build(self._prompt_wavs[prompt_id]))
+                    with self._voice_scope():
+                        setup = self._build_setup(self._prompts.build(self._prompt_wavs[prompt_id]))
                     self._setups[prompt_id] = setup
         self._ensure_pool(setup.prompt_len)
         return setup
+
+    def _voice_scope(self):
+        """A voice's setup (speaker embedding, prompt mel, setup solve) under the flow's TF32
+        flags: unscoped, its convolutions would run with whatever another replica thread's
+        scope holds at that moment."""
+        return tf32_scope(self.options.tf32_mode, self.device, region="flow")
 
     @torch.inference_mode()
     def _build_setup(self, pf: PromptFeatures) -> PromptSetup:

@@ -44,11 +44,11 @@ from dataclasses import dataclass
 
 import torch
 
-from stages.precision import TALKER_TF32, talker_precision
-from stages.platform.precision import precision_scope
-from stages.talker import options
 from stages.platform.device import host_to_device, timing_event
 from stages.platform.graphs import graph_api
+from stages.platform.precision import precision_scope
+from stages.precision import TALKER_TF32, talker_precision
+from stages.talker import options
 from stages.talker.config import TalkerConfig
 from stages.talker.decode_graph import DecodeGraphs
 from stages.talker.length import codec_budget

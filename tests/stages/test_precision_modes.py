@@ -186,3 +186,37 @@ def test_the_talker_reports_its_precision_from_the_live_flags(torch_defaults, mo
     with platform_override(cuda=True):
         monkeypatch.setattr("stages.precision.TALKER_TF32", Tf32Flags(matmul=True, cudnn=False))
         assert eng.describe()["precision"]["matmul"] == "tf32"  # what the scope set, not a name
+
+
+def test_a_voice_setup_runs_under_the_flow_flags_not_whatever_another_thread_holds(torch_defaults, monkeypatch):
+    from stages.code2wav.prompt import prompt_id_of
+    from stages.code2wav.streaming import Chunker
+    from stages.code2wav.token2wav import Token2Wav
+    from tests.stages.code2wav_tiny import tiny_config
+    from tests.stages.test_token2wav import _voice
+
+    t2w = Token2Wav(tiny_config(extra={"token2wav_allow_tf32": "flow"}), device=CPU, dtype=torch.float32, init_seed=0)
+    seen = []
+    build = t2w._prompts.build_bytes
+    monkeypatch.setattr(t2w._prompts, "build_bytes", lambda data: seen.append(_flags()) or build(data))
+    monkeypatch.setattr("stages.platform.precision.is_cuda", lambda device: True)  # the scopes act
+    audio = _voice("ref_0.wav")
+    t2w.prepare(Chunker(t2w.cfg, "r", prompt_id_of(audio), seed=1, prompt_audio=audio).push(list(range(30)))[0])
+    assert seen == [(True, True)]  # the speaker embedding and prompt mel under "flow"'s flow flags
+    assert _flags() == (False, True)
+
+
+def test_the_talker_launches_its_step_under_its_own_flags(torch_defaults, monkeypatch):
+    from stages.talker.engine import TalkerRequest
+    from tests.stages.test_talker_engine import engine
+
+    eng = engine(max_batch=2, max_seq_len=64)
+    seen = []
+    logits = eng._logits
+    monkeypatch.setattr(eng, "_logits", lambda rows: seen.append(_flags()) or logits(rows))
+    monkeypatch.setattr("stages.platform.precision.is_cuda", lambda device: True)  # the scopes act
+    torch.backends.cuda.matmul.allow_tf32 = True  # as code2wav's "all" left it before scopes restored
+    eng.add(TalkerRequest("r", "one two three", max_codes=3))
+    eng.step()
+    assert seen == [(False, False)]
+    assert _flags() == (True, True)  # restored: the flags the process held before the step
