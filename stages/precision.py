@@ -141,6 +141,7 @@ def code2wav_precision(device: torch.device, options: Any, estimator: Any) -> di
             live[region] = live_tf32(device)
     dtype = options.dit_dtype
     return {
+        "mode": CODE2WAV_MODES[options.tf32_mode].says,
         "flow": word(live["flow"]), "hift": word(live["hift"]),
         "dit_gemm": dit_gemm_precision(estimator.gemm_kernel, dtype, live["flow"]),
         "dit_attention": dit_attention_precision(estimator.attention_kernel, dtype, live["flow"]),
@@ -160,12 +161,13 @@ def talker_precision(device: torch.device, dtype: torch.dtype) -> dict[str, Any]
 def ready_phrase(code2wav: dict[str, Any] | None, *, deterministic: bool) -> str:
     """What the runner's ready line says of precision, from a replica's facts (its describe())."""
     facts = code2wav or {}
-    fid = (facts.get("precision") or {}).get("fidelity") or {}
+    precision = facts.get("precision") or {}
+    fid = precision.get("fidelity") or {}
     snr = fid.get("mel_snr_db")
     said = f"{snr:g} dB mel SNR against the official fp32 decoder" if snr is not None else "fidelity not measured"
     lossy = ", lossy" if fid.get("lossy") else ""
     mode = facts.get("tf32_mode", "unknown")
     kernels = f"deterministic kernels {'on' if deterministic else 'off'}"
-    if deterministic and mode not in ("off", "unknown"):
+    if deterministic and any("tf32" in (precision.get(r) or {}).values() for r in ("flow", "hift")):
         kernels += f" (but TF32 {mode}: identical requests are not promised identical audio)"
     return f"code2wav TF32 {mode} ({said}{lossy}), {kernels}"

@@ -220,3 +220,21 @@ def test_the_talker_launches_its_step_under_its_own_flags(torch_defaults, monkey
     eng.step()
     assert seen == [(False, False)]
     assert _flags() == (True, True)  # restored: the flags the process held before the step
+
+
+def test_the_ready_line_says_the_mode_its_fidelity_and_what_tf32_does_to_identity(on_cuda):
+    from stages.precision import ready_phrase
+
+    class Estimator:
+        gemm_kernel, attention_kernel = "torch", "sdpa"
+
+    def facts(mode, dtype="float32"):
+        options = Code2WavOptions.from_extra({"token2wav_allow_tf32": mode, "code2wav_dit_dtype": dtype}, {})
+        return {"tf32_mode": mode, "precision": code2wav_precision(CPU, options, Estimator())}
+
+    assert ready_phrase(facts("off"), deterministic=True) == (
+        "code2wav TF32 off (106 dB mel SNR against the official fp32 decoder), deterministic kernels on")
+    assert "72 dB" in ready_phrase(facts("conv"), deterministic=True)
+    assert "identical requests are not promised" in ready_phrase(facts("conv"), deterministic=True)
+    assert "identical requests" not in ready_phrase(facts("conv"), deterministic=False)
+    assert ", lossy)" in ready_phrase(facts("conv", "bfloat16"), deterministic=False)
