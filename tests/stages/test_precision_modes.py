@@ -238,3 +238,16 @@ def test_the_ready_line_says_the_mode_its_fidelity_and_what_tf32_does_to_identit
     assert "identical requests are not promised" in ready_phrase(facts("conv"), deterministic=True)
     assert "identical requests" not in ready_phrase(facts("conv"), deterministic=False)
     assert ", lossy)" in ready_phrase(facts("conv", "bfloat16"), deterministic=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", sorted(EXPECTED))
+def test_a_cuda_token2wav_reports_each_modes_flags(mode):
+    from stages.code2wav.token2wav import Token2Wav
+    from tests.stages.code2wav_tiny import tiny_config
+
+    cfg = tiny_config(extra={"token2wav_allow_tf32": mode, "code2wav_device_graph": False})
+    facts = Token2Wav(cfg, device=torch.device("cuda"), dtype=torch.float32, init_seed=0).describe()["precision"]
+    words = {True: "tf32", False: "fp32"}
+    for region, (matmul, cudnn) in zip(("flow", "hift"), EXPECTED[mode]):
+        assert facts[region] == {"cudnn_conv": words[cudnn], "matmul": words[matmul]}
