@@ -200,7 +200,7 @@ def main() -> int:
     ap.add_argument("--rows", default="1,4,8,16",
                     help="comma list of B; empty: no per-chunk arms (e.g. --threads alone)")
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--tf32", default="off", help="comma list of token2wav_allow_tf32 modes")
+    ap.add_argument("--tf32", default="off", help="comma list of token2wav_allow_tf32 modes (off, conv, flow, all)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", default="", help="comma list of replica-thread counts (graphs on)")
     ap.add_argument("--thread-rows", type=int, default=8)

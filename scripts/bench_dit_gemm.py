@@ -48,7 +48,7 @@ def _cublas(x, w, b, gelu: bool, tf32: bool):
     from stages.platform import tf32_scope
 
     def call():
-        with tf32_scope(x.device, tf32, restore=True):
+        with tf32_scope(x.device, tf32):
             y = torch.nn.functional.linear(x, w, b)
             return torch.nn.functional.gelu(y, approximate="tanh") if gelu else y
     return call

@@ -76,8 +76,13 @@ class RunnerConfig:
     # every visible device, or null: everything on device 0 (stages.runner.placement).
     devices: tuple[int, ...] | Literal["auto"] | None = None
     # Run-to-run deterministic kernels in every stage process (stages.platform
-    # .deterministic_kernels): replayed graphs then equal eager chunks, and A/B arms that
-    # compute the same thing give the same audio. false trades that for any faster kernels.
+    # .deterministic_kernels: torch's deterministic algorithms, cuDNN deterministic and not
+    # benchmarking, cuBLAS's fixed workspace in the process environment): replayed graphs then
+    # equal eager chunks, and identical requests and A/B arms that compute the same thing give
+    # the same audio, with code2wav's default precision (no TF32: with cuDNN's TF32 two
+    # identical requests differed by 2e-4 in the audio on an H200, 4e-7 without; issue 44).
+    # false trades that for any faster kernels; its cost on an H200 is not measured yet
+    # (configs/ab/deterministic.yaml).
     deterministic: bool = True
 
     def __post_init__(self) -> None:

@@ -8,13 +8,14 @@ raises), and the TF32 mode is resolved once:
 * else env `MINICPMO_CODE2WAV_TF32` when set and non-empty;
 * else `code2wav_allow_tf32` (alias) when not null;
 * else "off".
-Values: "off" / "flow" / "all", booleans (true = "all"), and the tokens in `_TF32_TOKENS`;
+Values: "off" / "conv" / "flow" / "all", booleans (true = "all"), and the tokens in `_TF32_TOKENS`;
 every value present is parsed (a typo in an unused alias still fails). The mode is applied
-only on CUDA, by `tf32_scope` (through `stages.platform.precision`), from the resolved value —
-never re-read per forward. It covers matmuls only: cuDNN's convolutions run in TF32 in every
-mode (PyTorch's default `torch.backends.cudnn.allow_tf32`, left as upstream leaves it), so "off"
-is fp32 matmuls with TF32 convs. The request-count flags (`code2wav_matmul_attention_requests`)
-are whole numbers, 0..4096, refused otherwise.
+only on CUDA, by `tf32_scope`, from the resolved value — never re-read per forward. What each
+mode runs in TF32 is the table in `stages.precision` (CODE2WAV_MODES): "off" is no TF32
+anywhere, cuDNN's convolutions included (torch leaves `torch.backends.cudnn.allow_tf32` on;
+each region sets it off); "conv" keeps cuDNN's TF32 convolutions with fp32 GEMMs (what "off"
+ran before); "flow" adds TF32 GEMMs in the flow, "all" everywhere. The request-count flags
+(`code2wav_matmul_attention_requests`) are whole numbers, 0..4096, refused otherwise.
 
     opts = Code2WavOptions.from_extra({"code2wav_batched_cache_split": "false"})
     with tf32_scope(opts.tf32_mode, device, region="flow"):
@@ -35,13 +36,14 @@ from stages.flags import EnvFlagError, FlagError, read_bool_flag, read_env_opt_o
 if TYPE_CHECKING:  # torch only for annotations: config loading (harness) parses these flags
     import torch
 
-Tf32Mode = Literal["off", "flow", "all"]
+Tf32Mode = Literal["off", "conv", "flow", "all"]
 TF32_ENV = "MINICPMO_CODE2WAV_TF32"
 TF32_KEY = "token2wav_allow_tf32"
 TF32_ALIAS = "code2wav_allow_tf32"
 DEVICE_SPK_ENV = "VLLM_OMNI_DEVICE_SPK"  # `0` forces the CPU onnxruntime speaker embedding
 _TF32_TOKENS: dict[str, Tf32Mode] = {
     "off": "off", "false": "off", "0": "off", "no": "off",
+    "conv": "conv", "cudnn": "conv",
     "flow": "flow",
     "all": "all", "true": "all", "1": "all", "yes": "all", "tf32": "all",
 }  # fmt: skip
@@ -149,8 +151,8 @@ def parse_tf32(value: Any, *, key: str) -> Tf32Mode:
     if isinstance(value, str) and value.strip().lower() in _TF32_TOKENS:
         return _TF32_TOKENS[value.strip().lower()]
     raise FlagError(
-        f"error: {key} must be off/flow/all or a boolean, got {value!r} (code2wav stage "
-        f"extra); write one of off, flow, all"
+        f"error: {key} must be off/conv/flow/all or a boolean, got {value!r} (code2wav stage "
+        f"extra); write one of off, conv, flow, all"
     )
 
 
@@ -162,8 +164,8 @@ def _tf32_from_env(env: Mapping[str, str]) -> Tf32Mode | None:
         return parse_tf32(raw, key=TF32_ENV)
     except FlagError:
         raise EnvFlagError(
-            f"error: environment variable {TF32_ENV} must be off/flow/all or a boolean, got "
-            f"{raw!r} (environment); set one of off, flow, all, or unset it"
+            f"error: environment variable {TF32_ENV} must be off/conv/flow/all or a boolean, got "
+            f"{raw!r} (environment); set one of off, conv, flow, all, or unset it"
         ) from None
 
 
@@ -199,7 +201,7 @@ class Code2WavOptions:
     final_chunk_graphs: bool = False  # only acts with device_graph and graph_warmup on a device
     fused_norm: bool = True  # only acts where Triton runs (CUDA/NPU)
     frames_first_conv: bool = True  # only acts on CUDA
-    dit_tf32x3: bool = True  # only acts on CUDA with an fp32 DiT and no TF32 for the flow
+    dit_tf32x3: bool = True  # only acts on CUDA with an fp32 DiT and no TF32 GEMMs in the flow
     triton_attention: bool = True  # only acts on CUDA, fp32 DiT, chunks of matmul-attention size
     tf32_mode: Tf32Mode = "off"
     dit_dtype: str = "float32"  # the CFM estimator's dtype (its caches too)
@@ -232,17 +234,19 @@ def _flag(extra: Mapping[str, Any], key: str) -> bool:
     return read_bool_flag(extra, key, BOOL_FLAGS[key])  # the defaults live in BOOL_FLAGS only
 
 
+def tf32_gemms_in_flow(mode: Tf32Mode) -> bool:
+    """Whether `mode` runs the flow's fp32 GEMMs in TF32 (then the DiT keeps cuBLAS's TF32)."""
+    return mode in ("flow", "all")
+
+
 def tf32_scope(
     mode: Tf32Mode, device: torch.device, *, region: Literal["flow", "hift"]
 ) -> contextlib.AbstractContextManager[None]:
-    """TF32 matmuls for `region` from the resolved mode (CUDA only: `stages.platform.precision`).
-
-    "off" / "all": the flag is set (the same value for every region) and left set, so threads
-    never see each other's value. "flow": set for the region and restored after, under the
-    platform's lock (replicas on threads of one process take turns through flow regions).
-    """
+    """Both TF32 flags for `region` as the mode's row of `stages.precision.CODE2WAV_MODES` says,
+    restored after (CUDA only: `stages.platform.precision_scope`, whose lease lets regions that
+    want the same flags run side by side on threads of one process, the talker's included)."""
     # Imported here: the harness parses these flags when loading configs, without torch.
-    from stages.platform.precision import tf32_scope as platform_tf32_scope
+    from stages.platform.precision import precision_scope
+    from stages.precision import CODE2WAV_MODES
 
-    want = mode == "all" or (mode == "flow" and region == "flow")
-    return platform_tf32_scope(device, want, restore=mode == "flow")
+    return precision_scope(device, CODE2WAV_MODES[mode].flags(region))

@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from stages import precision
 from stages.code2wav.chunk_decode import META_EXTRA, BatchShape, ChunkDecoder, ChunkOut
 from stages.code2wav.chunk_graphs import ChunkGraphs
 from stages.code2wav.config import Code2WavConfig
@@ -47,7 +48,7 @@ from stages.code2wav.flow_cache import FlowCache
 from stages.code2wav.graph_warmup import warm_graphs
 from stages.code2wav.hift import HiFTGenerator, fold_weight_norm
 from stages.code2wav.hift_weights import find_hift_checkpoint, load_hift
-from stages.code2wav.options import Code2WavOptions, tf32_scope
+from stages.code2wav.options import Code2WavOptions, tf32_gemms_in_flow, tf32_scope
 from stages.code2wav.prompt import PromptBuilder, PromptFeatures
 from stages.code2wav.random_init import init_flow_, init_hift_
 from stages.code2wav.slots import SlotPool
@@ -185,7 +186,7 @@ class Token2Wav:
         conv = self.flow.decoder.estimator.select_conv_layout(self.options.frames_first_conv, self.device)
         log.info("token2wav: DiT convs %s", conv)
         gemm = self.flow.decoder.estimator.select_gemm(self.options.dit_tf32x3, self.device,
-                                                       tf32_flow=self.options.tf32_mode != "off")
+                                                       tf32_flow=tf32_gemms_in_flow(self.options.tf32_mode))
         log.info("token2wav: DiT linears %s", gemm)
         self.flow.decoder.init_noise(seed=seed, device=self.device, dtype=self.dtype)
         self.hift = self._build_hift(seed, weights_dir)
@@ -227,6 +228,8 @@ class Token2Wav:
             "device_spk": self._prompts.speaker.on_device,
             "speaker_branch": self._prompts.speaker.branch,
             "tf32_mode": self.options.tf32_mode,
+            # What ran in what precision, read off torch's flags inside the regions' scopes.
+            "precision": precision.code2wav_precision(self.device, self.options, self.flow.decoder.estimator),
             "dit_dtype": self.options.dit_dtype,
             "dit_norm": self.flow.decoder.estimator.norm_kernel,  # what runs: "triton" or "eager"
             "dit_attention": self.flow.decoder.estimator.attention_kernel,  # "triton<=N", "matmul<=N" or "sdpa"
@@ -278,7 +281,8 @@ class Token2Wav:
                 self._setups.move_to_end(p.prompt_id)
                 return setup, {"cache_hit": True, "setup_ms": 0.0}
             t0 = time.perf_counter()
-            setup = self._build_setup(self._prompts.build_bytes(p.prompt_audio))
+            with self._voice_scope():
+                setup = self._build_setup(self._prompts.build_bytes(p.prompt_audio))
             synchronize_stream(self.device)  # not the device: a replica thread may be capturing
             ms = (time.perf_counter() - t0) * 1000.0
             self._ensure_pool(setup.prompt_len)
@@ -311,10 +315,17 @@ class Token2Wav:
                             f"error: unknown prompt id {prompt_id!r} (code2wav payload); call "
                             "Token2Wav.register_prompt first"
                         )
-                    setup = self._build_setup(self._prompts.build(self._prompt_wavs[prompt_id]))
+                    with self._voice_scope():
+                        setup = self._build_setup(self._prompts.build(self._prompt_wavs[prompt_id]))
                     self._setups[prompt_id] = setup
         self._ensure_pool(setup.prompt_len)
         return setup
+
+    def _voice_scope(self):
+        """A voice's setup (speaker embedding, prompt mel, setup solve) under the flow's TF32
+        flags: unscoped, its convolutions would run with whatever another replica thread's
+        scope holds at that moment."""
+        return tf32_scope(self.options.tf32_mode, self.device, region="flow")
 
     @torch.inference_mode()
     def _build_setup(self, pf: PromptFeatures) -> PromptSetup:

@@ -10,7 +10,7 @@ use it on a machine with torch + triton only.
     device = resolve_device("auto")     # cuda, else npu, else cpu
     api = graph_api(device)             # CUDAGraph / NPUGraph helpers, None on CPU
     memory_stats(device)                # allocator (or RSS on CPU) bytes of this process
-    with tf32_scope(device, True, restore=True):   # TF32 matmuls on CUDA, no-op elsewhere
+    with tf32_scope(device, True):      # TF32 matmuls and convs on CUDA, no-op elsewhere
         ...
 """
 
@@ -21,6 +21,7 @@ from stages.platform.device import (
     compile_failure,
     cuda_available,
     describe_device,
+    determinism_facts,
     deterministic_kernels,
     device_count,
     dtype_from_name,
@@ -39,16 +40,27 @@ from stages.platform.device import (
 )
 from stages.platform.graphs import GraphAPI, graph_api
 from stages.platform.memory import free_memory_bytes, host_available_bytes, memory_stats
-from stages.platform.precision import tf32_enabled, tf32_scope
+from stages.platform.precision import (
+    FP32,
+    Tf32Flags,
+    live_tf32,
+    precision_scope,
+    strict_fp32_baseline,
+    tf32_enabled,
+    tf32_scope,
+)
 
 __all__ = [
     "DEVICE_KINDS",
+    "FP32",
+    "Tf32Flags",
     "GraphAPI",
     "PlatformError",
     "accelerator_available",
     "compile_failure",
     "cuda_available",
     "describe_device",
+    "determinism_facts",
     "deterministic_kernels",
     "device_count",
     "dtype_from_name",
@@ -57,11 +69,14 @@ __all__ = [
     "host_available_bytes",
     "is_cpu",
     "is_cuda",
+    "live_tf32",
     "memory_stats",
     "npu_available",
     "platform_override",
+    "precision_scope",
     "resolve_device",
     "set_current_device",
+    "strict_fp32_baseline",
     "synchronize",
     "synchronize_stream",
     "tf32_enabled",

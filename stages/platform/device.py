@@ -169,6 +169,11 @@ def resolve_device(kind: str = "auto", index: int = 0) -> torch.device:
     return torch.device(kind, index)
 
 
+# cuBLAS is deterministic only with a fixed workspace configuration (read once, at its init).
+CUBLAS_WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
+CUBLAS_WORKSPACE = ":4096:8"
+
+
 def deterministic_kernels() -> None:
     """Run-to-run deterministic kernels: call before any CUDA work (a value the user set in
     CUBLAS_WORKSPACE_CONFIG is kept).
@@ -178,16 +183,41 @@ def deterministic_kernels() -> None:
     replayed device graph could not be compared with its eager chunk, nor two A/B arms' audio.
     Under `torch.use_deterministic_algorithms(True)` eager == eager and graph == eager held in
     6 of 6 chunks, captures included. cuBLAS needs a fixed workspace configuration for that
-    (~24 MiB per stream); ops without a deterministic implementation warn rather than fail.
+    (~24 MiB per stream; the runner also puts it in each stage process's environment).
+
+    Ops without a deterministic implementation warn rather than fail (`warn_only`). What the
+    stages run that torch's list names: on the CPU none (the tiny stages decode under the strict
+    mode, warn_only off, with no error and identical audio twice); on CUDA `index_put_` /
+    `index_copy_` (a deterministic sort-based path: stages.platform.indexing keeps it cheap),
+    the talker prelude's integer `scatter_add_` and cuDNN's convolutions and transposed
+    convolutions (deterministic algorithms under this mode), and HiFT's sine-phase
+    `torch.cumsum` over float frames, which torch flags on CUDA in any case: it warns, and its
+    chunks read equal run to run in the H200 probe above. TF32 is the precision mode's business
+    (`stages.precision`): off in every stage process unless a mode asks for it.
     """
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    os.environ.setdefault(CUBLAS_WORKSPACE_ENV, CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(True, warn_only=True)
+    # use_deterministic_algorithms already keeps cuDNN to deterministic algorithms; these say so
+    # where cuDNN reads them, and no autotuning picks an algorithm by timing (benchmark).
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
     # Deterministic mode also fills every new uninitialized tensor with NaN, a debugging aid:
     # one more kernel per `torch.empty`, 5,048 fills in one steady full-size code2wav chunk
     # (B = 2, against ~47k other ops), in a replica that is bound by launches. No stage reads
     # memory it has not written (with the fill on, outputs held no NaN and graph == eager), so
     # the results do not depend on it.
     torch.utils.deterministic.fill_uninitialized_memory = False
+
+
+def determinism_facts() -> dict[str, Any]:
+    """What this process's kernels run under, read off torch (for the run record)."""
+    return {
+        "algorithms": torch.are_deterministic_algorithms_enabled(),
+        "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        CUBLAS_WORKSPACE_ENV: os.environ.get(CUBLAS_WORKSPACE_ENV),
+    }
 
 
 def set_current_device(device: torch.device) -> None:

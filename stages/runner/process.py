@@ -29,6 +29,7 @@ import torch
 from stages.config import StageConfig
 from stages.platform import (
     describe_device,
+    determinism_facts,
     deterministic_kernels,
     device_count,
     dtype_from_name,
@@ -36,6 +37,7 @@ from stages.platform import (
     memory_stats,
     resolve_device,
     set_current_device,
+    strict_fp32_baseline,
 )
 from stages.platform.mps import mps_client
 from stages.runner.allocator import choose_allocator
@@ -141,6 +143,9 @@ def run_stage_process(
     allocator = choose_allocator(os.environ)  # before anything touches the device
     if spec.cfg.runner.deterministic:  # replay == eager and A/B identity need equal kernels
         deterministic_kernels()
+    # No TF32 outside the stages' precision scopes (torch leaves cuDNN's on): this process is
+    # the stages' own, and every scope restores to this (stages.precision says what each runs).
+    strict_fp32_baseline()
     ignore_interrupts()  # Ctrl-C and SIGTERM are the parent's: it stops us in order (stages.signals)
     try:
         torch.set_num_threads(spec.threads)
@@ -157,7 +162,7 @@ def run_stage_process(
             allocator += f"; CUDA's allocator reads it, this process runs on {device.type}"
         ctx.info.update(device=describe_device(device), torch=torch.__version__,
                         dtype=str(ctx.dtype).removeprefix("torch."), threads=spec.threads, allocator=allocator,
-                        sharing=mps_client(os.environ))
+                        sharing=mps_client(os.environ), deterministic=determinism_facts())
         engines = build(ctx)
     except BaseException as exc:  # noqa: BLE001 - every startup failure must reach the client
         results.send(Ready(spec.name, os.getpid(), error=_trace(exc)))

@@ -39,6 +39,7 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing as mp
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +50,8 @@ from typing import Any
 
 from stages.config import StageConfig, replica_groups, resolve_execution
 from stages.platform import device_count
+from stages.platform.device import CUBLAS_WORKSPACE, CUBLAS_WORKSPACE_ENV
+from stages.precision import ready_phrase
 from stages.runner.factories import StageFactories
 from stages.runner.messages import (
     RUNNER_BROKEN,
@@ -172,9 +175,11 @@ class StageRunner:
         except BaseException:
             self.stop(timeout_s=0.0)  # the others are still building: nothing to wait for
             raise
+        replica = next(iter(self.replica_info().values()), {})
         log.info("runner ready: talker + %d replica(s) as %s (%d replica process(es); sharing %s, %s) "
-                 "in %.1f s, %d torch thread(s) per process", self.replicas, self.execution, len(groups),
-                 self.sharing, self._sharing.why, time.perf_counter() - t0, threads)
+                 "in %.1f s, %d torch thread(s) per process; %s", self.replicas, self.execution, len(groups),
+                 self.sharing, self._sharing.why, time.perf_counter() - t0, threads,
+                 ready_phrase(replica.get("code2wav"), deterministic=self.cfg.runner.deterministic))
         self._reader = threading.Thread(target=self._read_loop, name="stage-runner-reader",
                                          daemon=True)
         self._reader.start()
@@ -197,6 +202,8 @@ class StageRunner:
 
     def _spec(self, name: str, threads: int, replica_ids: tuple[int, ...], *, hosts_talker: bool = False) -> ProcessSpec:
         env = self._sharing.env_for(talker=hosts_talker or not replica_ids)
+        if self.cfg.runner.deterministic and CUBLAS_WORKSPACE_ENV not in os.environ:
+            env += ((CUBLAS_WORKSPACE_ENV, CUBLAS_WORKSPACE),)  # cuBLAS reads it once, at its start
         return ProcessSpec(name, self.cfg, self.factories, threads, replica_ids, self.replicas, hosts_talker,
                            self._live_per_replica, env)
 

@@ -44,9 +44,11 @@ from dataclasses import dataclass
 
 import torch
 
-from stages.talker import options
 from stages.platform.device import host_to_device, timing_event
 from stages.platform.graphs import graph_api
+from stages.platform.precision import precision_scope
+from stages.precision import TALKER_TF32, talker_precision
+from stages.talker import options
 from stages.talker.config import TalkerConfig
 from stages.talker.decode_graph import DecodeGraphs
 from stages.talker.length import codec_budget
@@ -158,7 +160,7 @@ class TalkerEngine:
         weights_dir: str | None = None,
         prelude: Prelude | None = None,
     ) -> None:
-        self.cfg, self.device = cfg, device
+        self.cfg, self.device, self.dtype = cfg, device, dtype
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         self.init_seed = init_seed
         # Stage flags first: a typo fails before any weights are built (seed item 4).
@@ -235,6 +237,7 @@ class TalkerEngine:
             "max_batch": self.max_batch,
             "max_seq_len": self.max_seq_len,
             "kv_cache_mib": kv_bytes / 2**20,
+            "precision": talker_precision(self.device, self.dtype),  # read off torch's flags
         }
 
     def add(self, req: TalkerRequest) -> None:
@@ -281,22 +284,18 @@ class TalkerEngine:
         first, last = self._span_marks
         if first is not None:
             first.record()
-        t0 = time.perf_counter()
-        self._admit()
-        self.admit_s += time.perf_counter() - t0
-        failed, self._failed = self._failed, []
-        occupied = [i for i, s in enumerate(self._slots) if s is not None]
-        if not occupied:
-            return failed
-        rows = occupied[-1] + 1
-        logits = self._logits(rows)
-        generators = [s.generator if s is not None else None for s in self._slots[:rows]]
-        result = self.sampler.sample(
-            logits, self.state, active=self._active[:rows], generators=generators
-        )
-        self._prev[:rows] = result.sample
-        self._fresh[:rows].fill_(False)  # fill_: `= False` copies a host scalar, which syncs
-        packed = torch.stack([result.sample, result.emit.long(), result.finished.long()])
+        # The launches run under the talker's TF32 flags (none): with `runner.execution: single`
+        # code2wav's threads share this process's flags (stages.platform.precision); the host
+        # read below holds no scope.
+        with precision_scope(self.device, TALKER_TF32):
+            t0 = time.perf_counter()
+            self._admit()
+            self.admit_s += time.perf_counter() - t0
+            failed, self._failed = self._failed, []
+            occupied = [i for i, s in enumerate(self._slots) if s is not None]
+            if not occupied:
+                return failed
+            packed = self._launch_step(occupied[-1] + 1)
         if last is not None:
             last.record()
         t0 = time.perf_counter()
@@ -305,6 +304,17 @@ class TalkerEngine:
         if first is not None:
             self.device_span_s += first.elapsed_time(last) / 1000.0  # both done: the read synced
         return failed + self._report(occupied, *host)
+
+    def _launch_step(self, rows: int) -> torch.Tensor:
+        """Decode and sample rows [0, rows); [3, rows] (sample, emit, finished) on the device."""
+        logits = self._logits(rows)
+        generators = [s.generator if s is not None else None for s in self._slots[:rows]]
+        result = self.sampler.sample(
+            logits, self.state, active=self._active[:rows], generators=generators
+        )
+        self._prev[:rows] = result.sample
+        self._fresh[:rows].fill_(False)  # fill_: `= False` copies a host scalar, which syncs
+        return torch.stack([result.sample, result.emit.long(), result.finished.long()])
 
     # -- ladder --------------------------------------------------------------------------------
     def _prepare(self, req: TalkerRequest) -> _Prepared:

@@ -39,7 +39,7 @@ def _fp64(x, w, b, gelu):
 def _tf32(on: bool):
     from stages.platform import tf32_scope
 
-    return tf32_scope(torch.device("cuda"), on, restore=True)
+    return tf32_scope(torch.device("cuda"), on)
 
 
 def _rel_err(y, ref) -> float:

@@ -90,4 +90,7 @@ def test_tf32_scope_sets_and_restores_on_cuda():
         assert torch.backends.cuda.matmul.allow_tf32 is True
     with tf32_scope("flow", dev, region="hift"):
         assert torch.backends.cuda.matmul.allow_tf32 is False
+        assert torch.backends.cudnn.allow_tf32 is True  # "flow" keeps cuDNN's TF32 convolutions
+    with tf32_scope("off", dev, region="hift"):
+        assert torch.backends.cudnn.allow_tf32 is False
     assert torch.backends.cuda.matmul.allow_tf32 == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -103,27 +104,22 @@ def test_triton_reasons_name_what_is_missing(monkeypatch):
 
 
 def test_tf32_scope_is_a_no_op_off_cuda():
-    before = torch.backends.cuda.matmul.allow_tf32
-    for restore in (True, False):
-        with tf32_scope(torch.device("cpu"), not before, restore=restore):
-            assert torch.backends.cuda.matmul.allow_tf32 == before
-            assert not tf32_enabled(torch.device("cpu"))
-    assert torch.backends.cuda.matmul.allow_tf32 == before
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    with tf32_scope(torch.device("cpu"), not before[0]):
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+        assert not tf32_enabled(torch.device("cpu"))
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
 
 
 @pytest.mark.gpu
-def test_tf32_scope_restores_only_when_asked():
+def test_tf32_scope_sets_both_flags_and_restores_them():
     dev = resolve_device("cuda")
-    before = torch.backends.cuda.matmul.allow_tf32
-    try:
-        with tf32_scope(dev, True, restore=True):
-            assert tf32_enabled(dev)
-        assert torch.backends.cuda.matmul.allow_tf32 == before
-        with tf32_scope(dev, True, restore=False):
-            pass
-        assert tf32_enabled(dev)  # left set: every caller of this mode asks the same value
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    with tf32_scope(dev, True):
+        assert tf32_enabled(dev) and torch.backends.cudnn.allow_tf32
+    with tf32_scope(dev, False):
+        assert not tf32_enabled(dev) and not torch.backends.cudnn.allow_tf32
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
 
 
 def test_importing_the_platform_layer_needs_torch_alone():
@@ -191,11 +187,15 @@ def test_deterministic_kernels_without_the_nan_fill_of_new_tensors(monkeypatch):
         return [*chunker.push(torch.randint(0, cfg.flow.vocab_size, (130,), generator=gen).tolist()), chunker.finish()]
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    before = (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory,
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     try:
+        torch.backends.cudnn.benchmark = True
         deterministic_kernels()
         assert torch.are_deterministic_algorithms_enabled()
         assert torch.utils.deterministic.fill_uninitialized_memory is False
+        assert torch.backends.cudnn.deterministic is True and torch.backends.cudnn.benchmark is False
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
         runs = []
         for _ in range(2):
             t2w = Token2Wav(tiny_config(), device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
@@ -205,6 +205,7 @@ def test_deterministic_kernels_without_the_nan_fill_of_new_tensors(monkeypatch):
     finally:
         torch.use_deterministic_algorithms(before[0])
         torch.utils.deterministic.fill_uninitialized_memory = before[1]
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2:]
 
 
 @pytest.mark.gpu

@@ -38,7 +38,7 @@ def test_only_the_platform_layer_mentions_torch_npu():
 # Platform decisions (the CUDA runtime, TF32, which device kind a branch runs on) are made in
 # stages/platform only; model, runner, profiling and harness code take a device and ask there.
 # scripts/ and tests/ may ask torch directly.
-PLATFORM_MODULES = ("torch.cuda", "torch.backends.cuda")
+PLATFORM_MODULES = ("torch.cuda", "torch.backends.cuda", "torch.backends.cudnn")
 DEVICE_KIND_NAMES = frozenset({"cuda", "npu", "cpu", "mps", "xpu", "meta"})
 OUTSIDE_PLATFORM = sorted(
     p for p in [*(ROOT / "stages").rglob("*.py"), *(ROOT / "tts_bench").rglob("*.py")]
