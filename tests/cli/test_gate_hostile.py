@@ -206,6 +206,17 @@ def test_gate_and_baseline_refuse_a_profile_that_is_not_a_file_name(case, baseli
     assert made_runs(runs) == []
 
 
+@pytest.mark.parametrize("profile", ["../evil", "a/b", ".hidden", ""])
+def test_ab_refuses_a_profile_name_by_the_rule_of_gate_calibrate_and_baseline(case, runs, profile):
+    ab, status = invoke("ab", "--config", str(ROOT / "configs/ab/synthetic.yaml"), "--tiers", "1x1",
+                        "--num-prompts", "1", "--repeats", "1", "--profile", profile, "--result-dir", str(runs))
+    assert status == ExitStatus.USAGE, ab.output
+    gate, _ = invoke("gate", "--run-case", str(case), "--profile", profile, "--result-dir", str(runs))
+    assert str(ab.exception) == str(gate.exception)  # one rule, one message
+    assert f"bad profile {profile!r} (--profile)" in str(ab.exception)
+    assert made_runs(runs) == []
+
+
 # -- 5. gate --current judges complete runs only --------------------------------------------
 
 

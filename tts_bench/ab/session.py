@@ -140,17 +140,17 @@ def run_session(request: AbRequest, *, progress: AbProgress | None = None) -> Ab
 def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
     """Load both arms, fix the plan (options over the config's bench section), make the run;
     with the calibration the plan names (read once, here)."""
-    from tts_bench.gate.case import default_profile
+    from tts_bench.gate.case import resolve_profile
     from tts_bench.preflight import check_arms
     from tts_bench.prompts import check_bench_prompts, load_prompts
 
+    profile = resolve_profile(request.profile)  # the rule of gate, calibrate and baseline
     arms = load_arms(request.config or shipped_config(DEFAULT_AB_CONFIG), request.sets, request.base_sets,
                      request.test_sets)
     base = next(iter(arms.values()))
     bench = base.bench
     prompts = load_prompts(base.prompts.meta)  # a bad meta.lst fails before the run exists
     check_bench_prompts(arms, prompts)  # a broken voice: exit 2 now, not exit 5 after the A/B
-    profile = request.profile or default_profile()
     # An explicit value is used as given (a 0 never falls back to the config: typer's min=1).
     num_prompts = bench.num_prompts if request.num_prompts is None else request.num_prompts
     tiers = parse_tiers(bench.tiers if request.tiers is None else request.tiers)
