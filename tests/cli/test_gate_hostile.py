@@ -217,6 +217,22 @@ def test_ab_refuses_a_profile_name_by_the_rule_of_gate_calibrate_and_baseline(ca
     assert made_runs(runs) == []
 
 
+@pytest.mark.parametrize("where", ["n_runs", "tiers.2x1.audio_rtf.samples[0]"])
+def test_gate_refuses_a_baseline_holding_a_5000_digit_integer_naming_file_and_key(case, baseline, runs, where):
+    doc = json.loads(baseline.read_text())
+    if where == "n_runs":
+        doc["n_runs"] = "LONG"
+    else:
+        doc["tiers"]["2x1"]["audio_rtf"]["samples"][0] = "LONG"
+    baseline.write_text(json.dumps(doc).replace('"LONG"', "7" * 5000))
+    result, status = gate_run_case(case, baseline, runs)
+    assert status == ExitStatus.USAGE, result.output
+    assert str(result.exception) == (
+        f"error: {baseline} holds an integer of 5,000 digits at {where} (--baseline); no value of a baseline "
+        "has more than 20: restore it from git or re-record it")
+    assert made_runs(runs) == []
+
+
 # -- 5. gate --current judges complete runs only --------------------------------------------
 
 
