@@ -26,6 +26,7 @@ from tts_bench._paths import check_writable
 from tts_bench.calibration import Calibration, calibration_path, load_calibration
 from tts_bench.config import parse_tiers
 from tts_bench.errors import ConfigError, InvalidRunError
+from tts_bench.shipped import resolve_config_path
 from tts_bench.gate import case as cases
 from tts_bench.gate.baseline import load_baseline
 from tts_bench.gate.judge import GateReport, judge
@@ -133,7 +134,7 @@ def _target(request: GateRequest, notify: Callable[[str], None]) -> _Target:
     name = (loaded.case.name if loaded else None) or recorded.get("name") or "adhoc"
     base_path = request.baseline or cases.baseline_path(cases.Case(name=name, config="-"), profile)
     base_doc = load_baseline(base_path)
-    if loaded is None and Path(base_doc.get("case_file") or "-").is_file():
+    if loaded is None and resolve_config_path(base_doc.get("case_file") or "-").is_file():
         loaded = cases.load_case(base_doc["case_file"])  # the case the baseline was built for
     if loaded is None:
         notify("warning: no case file (--case); using default thresholds")
@@ -184,7 +185,7 @@ def _case_for(case: Path | None, recorded: dict) -> cases.LoadedCase | None:
     if case is not None:
         return cases.load_case(case)
     file = recorded.get("file")
-    if file and Path(file).is_file():
+    if file and resolve_config_path(file).is_file():
         return cases.load_case(file)
     return None
 
