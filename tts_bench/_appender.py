@@ -75,16 +75,19 @@ class LineAppender:
             self._check()
 
     def close(self) -> None:
-        """Flush, then stop the writer thread. Idempotent."""
+        """Flush, then stop the writer thread. Idempotent; a write error is raised (once more)
+        after the thread has stopped, so no later close (atexit's included) reports it again."""
         with self._cond:
             if self._thread is None or self._closing:
                 self._closing = True
                 return
-        self.flush()
-        with self._cond:
-            self._closing = True
-            self._cond.notify_all()
-        self._thread.join()
+        try:
+            self.flush()
+        finally:
+            with self._cond:
+                self._closing = True
+                self._cond.notify_all()
+            self._thread.join()
 
     def _check(self) -> None:
         if self._error is not None:
@@ -94,7 +97,15 @@ class LineAppender:
             )
 
     def _run(self) -> None:
-        with open(self.path, "a", encoding="utf-8") as fh:
+        # A raw descriptor, not a buffered file: after a failed write (disk full, EFBIG) a
+        # buffered file still holds the batch and writes it again when closed, raising in this
+        # thread where nobody catches it (Python prints "Exception in thread ..." and a traceback).
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            self._fail(exc)
+            return
+        try:
             while True:
                 with self._cond:
                     while not self._pending and not self._closing:
@@ -103,17 +114,27 @@ class LineAppender:
                         return
                     batch, self._pending = self._pending, []
                 try:
-                    fh.write("".join(batch))
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                except BaseException as exc:  # reported to the caller on its next call
-                    with self._cond:
-                        self._error = exc
-                        self._cond.notify_all()
+                    _write_all(fd, "".join(batch).encode("utf-8"))
+                    os.fsync(fd)
+                except Exception as exc:  # disk full, EFBIG: reported to the caller on its next call
+                    self._fail(exc)  # (anything else too: a caller waiting in flush() must wake)
                     return
                 with self._cond:
                     self._durable += len(batch)
                     self._cond.notify_all()
+        finally:
+            os.close(fd)
+
+    def _fail(self, exc: Exception) -> None:
+        with self._cond:
+            self._error = exc
+            self._cond.notify_all()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # os.write may write part (up to a file-size limit); the next call raises
+        view = view[os.write(fd, view):]
 
 
 def flush_path(path: Path) -> None:

@@ -38,6 +38,7 @@ import yaml
 
 from stages.flags import EnvFlagError
 from tts_bench._text import read_utf8
+from tts_bench._yaml_aliases import AliasBlowUp, check_expansion
 from tts_bench.errors import ConfigError
 from tts_bench.shipped import resolve_config_path, shipped_names
 
@@ -71,6 +72,14 @@ class _StrictLoader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
+    def get_single_data(self) -> Any:
+        # Measured before it is built: an alias bomb never reaches `_plain` (tts_bench._yaml_aliases).
+        node = self.get_single_node()
+        if node is None:
+            return None
+        check_expansion(node)
+        return self.construct_document(node)
+
 
 _BOOL_TAG, _TIMESTAMP_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp"
 _StrictLoader.yaml_implicit_resolvers = {
@@ -100,6 +109,8 @@ def load_yaml_file(path: Path) -> Any:
     text = read_utf8(path, what="config file", option="--config or an include")
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
+    except AliasBlowUp as exc:
+        raise ConfigError(exc.message(str(path))) from None
     except (yaml.YAMLError, RecursionError) as exc:
         raise ConfigError(f"error: invalid YAML ({path}): {_yaml_problem(exc)}; fix the syntax") from None
     return {} if data is None else data
@@ -109,6 +120,8 @@ def parse_yaml_value(raw: str, *, where: str) -> Any:
     """Parse an override's right-hand side as YAML (`false` -> False, `'"false"'` -> "false")."""
     try:
         return yaml.load(raw, Loader=_StrictLoader)  # noqa: S506
+    except AliasBlowUp as exc:
+        raise ConfigError(exc.message(where)) from None
     except (yaml.YAMLError, RecursionError) as exc:
         shown = raw if len(raw) <= 60 else raw[:57] + "..."
         raise ConfigError(f"error: cannot parse value {shown!r} ({where}): {_yaml_problem(exc)}; quote it") from None

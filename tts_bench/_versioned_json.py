@@ -14,16 +14,16 @@ a ConfigError (exit 2) that names the file, the flag it came from and what to do
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tts_bench.errors import ConfigError
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class VersionedJson:
     """One file format: what it is called, where its version lives, and the user's next step."""
 
@@ -38,10 +38,14 @@ class VersionedJson:
         """The version entry a new document of this format starts with."""
         return {self.version_key: self.version}
 
-    def load(self, path: Path | str) -> dict[str, Any]:
+    def load(self, path: Path | str, *, flag: str | None = None) -> dict[str, Any]:
+        """The document at `path`; `flag` names where the path came from when not `self.flag`
+        (a calibration found next to a baseline)."""
+        if flag is not None and flag != self.flag:
+            return dataclasses.replace(self, flag=flag).load(path)
         path = Path(path)
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = json.loads(path.read_text(encoding="utf-8"), parse_int=_int_or_long)
         except FileNotFoundError:
             raise ConfigError(f"error: no {self.what} at {path} ({self.flag}); {self.record_hint}") from None
         except json.JSONDecodeError as exc:
@@ -52,10 +56,40 @@ class VersionedJson:
         if not isinstance(doc, dict):
             raise ConfigError(f"error: {path} is not a {self.what} (a JSON {type(doc).__name__}, not an object) "
                               f"({self.flag}); {self.record_hint}")
+        long = _long_int_key(doc)
+        if long is not None:
+            key, digits = long
+            raise ConfigError(f"error: {path} holds an integer of {digits:,} digits at {key} ({self.flag}); no value "
+                              f"of a {self.what} has more than {MAX_INT_DIGITS}: restore it from git or "
+                              f"{self.stale_hint}")
         if doc.get(self.version_key) != self.version:
             raise ConfigError(f"error: {path} has {self.version_key} {doc.get(self.version_key)!r}, this "
                               f"tts-bench reads {self.version} ({self.flag}); {self.stale_hint}")
         return doc
+
+
+MAX_INT_DIGITS = 20  # 2**64 has 20: counts, seeds and versions fit; Python refuses to parse 4,300+
+
+
+class _LongInt(str):
+    """An integer literal too long to be a value of ours, kept as its digits (parse_int hook):
+    it is found by key and refused, where int() would raise without saying where."""
+
+
+def _int_or_long(digits: str) -> int | _LongInt:
+    return int(digits) if len(digits.lstrip("-")) <= MAX_INT_DIGITS else _LongInt(digits)
+
+
+def _long_int_key(doc: Any, key: str = "") -> tuple[str, int] | None:
+    """(dotted key, digit count) of the first _LongInt in `doc`, or None."""
+    if isinstance(doc, _LongInt):
+        return key or "the top level", len(doc.lstrip("-"))
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for k, v in items:
+        found = _long_int_key(v, f"{key}[{k}]" if isinstance(k, int) else f"{key}.{k}" if key else str(k))
+        if found is not None:
+            return found
+    return None
 
 
 def write_json_atomic(doc: dict[str, Any], path: Path | str) -> Path:

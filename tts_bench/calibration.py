@@ -26,6 +26,8 @@ differs: the automatic lookup skips a file that fails it, an explicit `--calibra
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +45,7 @@ CALIBRATION_FILE = VersionedJson(
 )
 DEFAULT_DIR = Path("results/baselines")
 SUFFIX = ".calibration.json"
+log = logging.getLogger(__name__)
 _PER_TIER_KEYS = ("repeats", "tiers")
 
 
@@ -114,19 +117,60 @@ class Calibration:
                 "runs": self.runs}
 
 
-def _tier(doc: dict[str, Any], source: str) -> TierCalibration:
-    spreads = {m: CalibratedSpread(float(d["sd_mean"]), float(d["sd_median"]), int(d["df"]), source)
-               for m, d in doc["metrics"].items()}
-    return TierCalibration(spreads, {m: float(v) for m, v in doc.get("phase_sd", {}).items()},
-                           int(doc.get("phase_df", 0)))
+class _Unusable(Exception):
+    """A calibration document's key is missing or holds the wrong kind of value."""
 
 
-def load_calibration(path: Path | str) -> Calibration:
+_REQUIRED = object()
+
+
+def _get(doc: dict[str, Any], key: str, kind: str, where: str = "", *, default: Any = _REQUIRED) -> Any:
+    """`doc[key]` checked as `kind`: "str", "count" (an int >= 0), "sd" (a finite number >= 0)
+    or "map" (an object); `default` when absent or null (without one, that is unusable)."""
+    if doc.get(key) is None:
+        if default is _REQUIRED:
+            raise _Unusable(f"it has no {where}{key!r}")
+        return default
+    value = doc[key]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = {"str": isinstance(value, str), "count": number and isinstance(value, int) and value >= 0,
+          "sd": number and math.isfinite(value) and value >= 0, "map": isinstance(value, dict)}[kind]
+    if not ok:
+        words = {"str": "a string", "count": "a whole number >= 0", "sd": "a finite number >= 0",
+                 "map": "an object"}[kind]
+        raise _Unusable(f"{where}{key} is {value!r}, not {words}")
+    return value
+
+
+def _tier(doc: Any, tier: str, source: str) -> TierCalibration:
+    where = f"tiers.{tier}."
+    if not isinstance(doc, dict):
+        raise _Unusable(f"tiers.{tier} is {doc!r}, not an object")
+    spreads = {}
+    for metric, d in _get(doc, "metrics", "map", where).items():
+        at = f"{where}metrics.{metric}."
+        if not isinstance(d, dict):
+            raise _Unusable(f"{at[:-1]} is {d!r}, not an object")
+        spreads[metric] = CalibratedSpread(float(_get(d, "sd_mean", "sd", at)), float(_get(d, "sd_median", "sd", at)),
+                                           _get(d, "df", "count", at), source)
+    phase = _get(doc, "phase_sd", "map", where, default={})
+    return TierCalibration(spreads, {m: float(_get(phase, m, "sd", f"{where}phase_sd.")) for m in phase},
+                           _get(doc, "phase_df", "count", where, default=0))
+
+
+def load_calibration(path: Path | str, *, flag: str = CALIBRATION_FILE.flag) -> Calibration:
+    """The calibration at `path`; anything it lacks, or holds in the wrong kind, is a ConfigError
+    (exit 2) naming the file and the key, whichever command reads it (`flag`: where it came from)."""
     path = Path(path)
-    doc = CALIBRATION_FILE.load(path)
-    return Calibration(str(path), doc["case"], doc["profile"], doc["key"], int(doc["runs"]),
-                       {t: _tier(d, str(path)) for t, d in doc["tiers"].items()}, doc.get("sut_hash"),
-                       doc.get("num_prompts"))
+    doc = CALIBRATION_FILE.load(path, flag=flag)
+    try:
+        num_prompts, sut = _get(doc, "num_prompts", "count", default=None), _get(doc, "sut_hash", "str", default=None)
+        return Calibration(str(path), _get(doc, "case", "str"), _get(doc, "profile", "str"), _get(doc, "key", "str"),
+                           _get(doc, "runs", "count"),
+                           {t: _tier(d, t, str(path)) for t, d in _get(doc, "tiers", "map").items()}, sut, num_prompts)
+    except _Unusable as exc:
+        raise ConfigError(f"error: calibration {path} is not usable: {exc} ({flag}); rerun tts-bench calibrate "
+                          f"to record it again") from None
 
 
 def find_calibration(
@@ -134,16 +178,19 @@ def find_calibration(
     directory: Path | str = DEFAULT_DIR,
 ) -> Calibration | None:
     """The calibration of `profile` in `directory` whose key matches one of `configs` (an A/B's
-    arms: an A/A of either arm describes the noise), or None."""
+    arms: an A/A of either arm describes the noise), or None. A file there that cannot be read
+    is passed over with a warning: it may be any case's, and it is not this run's to refuse
+    (named with `--calibration`, or beside a gate's baseline, it is refused)."""
     directory = Path(directory)
     if not directory.is_dir():
         return None
     configs = list(configs)
     for path in sorted(directory.glob(f"*.{profile}{SUFFIX}")):
         try:
-            cal = load_calibration(path)
-        except ConfigError:
-            continue  # an old-format file: not this run's calibration
+            cal = load_calibration(path, flag="the automatic lookup of tts-bench ab")
+        except ConfigError as exc:
+            log.warning("warning: skipped %s", str(exc).removeprefix("error: "))
+            continue
         if cal.mismatch(configs, profile=profile, num_prompts=num_prompts) is None:
             return cal
     return None

@@ -43,7 +43,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -269,9 +269,7 @@ class BenchParams:
         check_range("bench.repeats", self.repeats, 1, MAX_REPEATS)
         if self.prompts_per_client is not None and self.prompts_per_client < 1:
             raise ValueError(f"bench.prompts_per_client must be >= 1 or null, got {self.prompts_per_client}")
-        for tier in self.tier_list:  # K x C measured requests per tier
-            check_range(f"bench.prompts_per_client x C of {tier.label}",
-                        self.prompts_for(tier.concurrency), 1, MAX_PROMPTS)
+        self.check_tier_prompts(self.tier_list)
         if self.warmup is not None and self.warmup < 0:
             raise ValueError(f"bench.warmup must be >= 0 or null, got {self.warmup}")
         if self.warmup is not None:
@@ -290,6 +288,12 @@ class BenchParams:
     @property
     def tier_list(self) -> tuple[Tier, ...]:
         return tuple(parse_tier(t) for t in self.tiers)
+
+    def check_tier_prompts(self, tiers: Iterable[Tier], num_prompts: int | None = None) -> None:
+        """Each tier's measured prompts within MAX_PROMPTS (again once `--tiers` etc. are resolved)."""
+        for tier in tiers:
+            check_range(f"bench.prompts_per_client x C of {tier.label}" if self.prompts_per_client is not None
+                        else "bench.num_prompts", self.prompts_for(tier.concurrency, num_prompts), 1, MAX_PROMPTS)
 
     def prompts_for(self, concurrency: int, num_prompts: int | None = None) -> int:
         """Measured prompts of a tier: K*C with prompts_per_client, else num_prompts."""

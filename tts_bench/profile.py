@@ -38,7 +38,7 @@ import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -47,7 +47,7 @@ from stages.profiling.build import build_code2wav, build_talker, placement, prep
 from stages.profiling.cache_split import count_cache_split, split_mode
 from stages.profiling.code2wav_step import measure_code2wav_step
 from stages.profiling.launches import LaunchCount, RangeTimes
-from stages.profiling.talker_step import measure_talker_step, profile_text, talker_positions
+from stages.profiling.talker_step import measure_talker_step, profile_text, talker_cache_len, talker_positions
 from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import ConfigError
 from tts_bench.profile_split import TierPlan, TierSplit
@@ -171,6 +171,7 @@ def profile_arms(
     """
     rows = (rows,) if isinstance(rows, int) else tuple(rows)
     _check_args(arms, rows, chunks, talker_context)
+    check_profile_memory(arms, rows, chunks, tier=tier, talker_context=talker_context)
     profiles: list[ArmProfile] = []
     timings: list[StageTiming] = []
     for name, cfg in arms.items():
@@ -203,9 +204,35 @@ def _check_args(
         raise ConfigError(
             f"error: talker context must be >= 0, got {context} (--talker-context); e.g. 256"
         )
+    others = {name: arm.backend for name, arm in arms.items() if arm.backend != "embedded"}
+    if others:  # another backend's config still has a stages section: the host's full-size default
+        listed = ", ".join(f"arm {name!r} runs the {backend} backend" for name, backend in others.items())
+        raise ConfigError(f"error: profile needs an embedded config: {listed} (--config / backend); it builds "
+                          "the embedded stages of each arm: pass a config with backend: embedded, e.g. "
+                          "configs/ab/default.yaml, or --set backend=embedded")
     text = profile_text(context)
     for arm in arms.values():  # before any arm builds its stages (minutes on a device)
         _check_context(arm.stages, text, chunks)
+
+
+def check_profile_memory(arms: Mapping[str, BenchConfig], rows: Sequence[int], chunks: int, *,
+                         tier: Tier | None = None, talker_context: int = 0) -> None:
+    """The memory preflight of `ab` and `serve` (`tts_bench.preflight.check_memory`) for what a
+    profile builds in this process: one talker with a slot per profiled row and a cache of the
+    positions the workload needs, one code2wav decoding the largest B (no replica processes)."""
+    from tts_bench.preflight import check_memory
+
+    positions = talker_positions(profile_text(talker_context), chunks)
+    for name, cfg in arms.items():
+        runner = cfg.stages.runner
+        plan = None if tier is None else TierPlan.of(tier, runner.max_num_seqs, cfg.stages.code2wav)
+        talker_rows = max(rows) if plan is None else max(*rows, plan.talker_rows)
+        code2wav_rows = max(rows) if plan is None else max(*rows, plan.code2wav_rows)
+        sized = replace(runner, talker_max_batch=talker_rows, max_num_seqs=code2wav_rows,
+                        max_seq_len=talker_cache_len(positions, runner.max_seq_len))
+        check_memory(replace(cfg, stages=replace(cfg.stages, runner=sized)), replicas=1,
+                     concurrency=max(talker_rows, code2wav_rows),
+                     label=f"arm {name!r} profiled at B = {', '.join(map(str, rows))} (--rows, --tier)")
 
 
 def profile_stages(

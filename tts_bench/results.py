@@ -56,7 +56,7 @@ from typing import Any
 
 from tts_bench._appender import LineAppender, flush_path
 from tts_bench._runlock import LOCK_NAME, RunLock, holder_of
-from tts_bench.errors import ConfigError
+from tts_bench.errors import ConfigError, TtsBenchError
 
 log = logging.getLogger(__name__)
 
@@ -351,7 +351,12 @@ class RunDir:
         if self.doc.get("status") in FINAL_STATUSES:
             return
         try:
-            self.update(status=status, error=error)
+            self.flush()
+        except TtsBenchError as exc:  # requests.jsonl cannot be written (disk full): run.json still can
+            error = error if str(exc) in error else f"{error}; {exc}"
+        try:
+            self.doc = {**self.doc, "status": status, "error": error}
+            _write_json_atomic(self.run_json, self.doc)
         except Exception as exc:  # an exit path must not hide the error that led here
             log.error("could not record status %s in %s: %s", status, self.run_json, exc)
 

@@ -133,3 +133,40 @@ def test_an_interrupt_prints_one_line_no_child_tracebacks_and_leaves_interrupted
     (run_json,) = tmp_path.glob("*/run.json")
     doc = json.loads(run_json.read_text())
     assert doc["status"] == "interrupted" and "interrupted" in doc["error"]
+
+
+def _file_size_limit(limit: int):
+    """A full disk for this child: writes past `limit` bytes fail with EFBIG (SIGXFSZ ignored,
+    as a process that handles the error itself would)."""
+    import resource
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_a_full_disk_mid_run_prints_one_line_records_failed_and_resume_completes(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    fast = [x for s in ["synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1", "bench.warmup=0",
+                        "synthetic.first_chunk_delay_s=0.001", "synthetic.chunk_delay_s=0.001"] for x in ("--set", s)]
+    args = [sys.executable, "-m", "tts_bench.cli", "ab", "--config", str(ROOT / "configs/ab/synthetic.yaml"),
+            "--tiers", "8x1", "--num-prompts", "64", "--repeats", "1", *fast, "--result-dir", str(tmp_path)]
+    # run.json (~15 KB) fits under the limit; requests.jsonl (128 records of ~450 bytes) does not.
+    full = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+                          preexec_fn=_file_size_limit(40_000))
+    assert full.returncode == 1, full.stderr
+    errors = [line for line in full.stderr.splitlines() if not line.startswith("INFO ")]
+    assert len(errors) == 1 and errors[0].startswith("error: writing ") and "requests.jsonl failed: " in errors[0], \
+        full.stderr
+    assert "File too large" in errors[0] and errors[0].endswith("then --resume"), errors
+    (run_dir,) = [p.parent for p in tmp_path.glob("*/run.json")]
+    doc = json.loads((run_dir / "run.json").read_text())
+    assert doc["status"] == "failed" and "requests.jsonl failed: [Errno 27] File too large" in doc["error"], doc
+    resumed = subprocess.run([sys.executable, "-m", "tts_bench.cli", "ab", "--resume", str(run_dir)],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
+    records = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    assert len({(r["arm"], r["request_id"], r.get("repeat"), r.get("phase")) for r in records}) == 128

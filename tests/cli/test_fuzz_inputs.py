@@ -1,5 +1,6 @@
 """Property-based fuzz of what users type: config files, `--set` strings, meta.lst lines and
-`tts-bench serve` request bodies (hypothesis).
+`tts-bench serve` request bodies (hypothesis), YAML anchors and aliases up to "billion laughs"
+(nine levels of ten aliases) in config files and `--set` values included.
 
 Properties, whatever the input:
 - the CLI exits 0 or 2 (a usage/config error), never 1 (a bug) or 5, and prints no traceback;
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import string
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -66,7 +68,8 @@ GOOD = ["1", "2", "3", "0.5", "true", "false", "null", "2x1", "[2x1]", "cpu", "'
 SCALARS = ["yes", "no", "on", "off", "y", "n", "true", "False", "null", "~", "", "[]", "{}", "0",
            "-1", "1e999", ".nan", "-.inf", "2x1", "[1x1, 99999999999999999999x1]", "'quoted'",
            '"dq\\"', "[a, b]", "{a: 1}", ": :", "- x", "!!python/object:os.system", "&a [*a]",
-           "'", "\\", "\t", "configs/stages/minicpmo45-tiny.yaml", "builtin:seed-tts-en",
+           "'", "\\", "\t", "{a: &x [1, 2], b: *x}", "[&y lol, *y, *y]", "*undefined",
+           "{a: &b [x, x], c: &d [*b, *b, *b], e: [*d, *d, *d]}", "configs/stages/minicpmo45-tiny.yaml", "builtin:seed-tts-en",
            "builtin:nope", "\u00e9\u00e8", "#comment", "0x10", "0o17", "1_000", "+1"]
 values = st.one_of(
     st.sampled_from(GOOD),
@@ -159,6 +162,53 @@ def test_any_config_file_exits_0_or_2_without_traceback(text):
         for s in [*FAST, "prompts.meta=builtin:seed-tts-en"]:
             args += ["--set", s]
         check(args, Path(tmp) / "runs")
+
+
+def alias_text(levels: int, width: int, section: str, flow: bool) -> str:
+    """Anchors and aliases, `levels` deep and `width` wide ("billion laughs" at 9 x 10), under a
+    section (`http.extra_body`, `stages.talker.extra`, ...) as block or flow YAML."""
+    items = ["a0: &a0 [lol, 1]"] + [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * width) + "]"
+                                     for i in range(1, levels + 1)]
+    body = "{" + ", ".join(items) + "}"
+    if not flow:
+        body = "\n".join(items)
+    for part in reversed(section.split(".") if section else []):
+        body = f"{{{part}: {body}}}" if flow else f"{part}:\n" + "\n".join("  " + line for line in body.splitlines())
+    return body + "\n"
+
+
+ALIAS_SECTIONS = ["", "http.extra_body", "stages.talker.extra", "bench", "synthetic"]
+alias_docs = st.builds(alias_text, st.integers(0, 9), st.integers(1, 10), st.sampled_from(ALIAS_SECTIONS),
+                       st.booleans())
+
+
+@settings(max_examples=30, **SETTINGS)
+@given(alias_docs)
+def test_any_yaml_alias_structure_in_a_config_file_exits_0_or_2_quickly(text):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "aliases.yaml"
+        path.write_text(text, encoding="utf-8")
+        args = ["ab", "--config", str(path), *FIXED_ARGS]
+        for s in [*FAST, "prompts.meta=builtin:seed-tts-en"]:
+            args += ["--set", s]
+        started = time.monotonic()
+        check(args, Path(tmp) / "runs")
+        assert time.monotonic() - started < 20, text[:200]  # a bomb never gets to expand
+
+
+@settings(max_examples=30, **SETTINGS)
+@given(st.sampled_from(["http.extra_body", "stages.talker.extra", "talker.extra", "bench.tiers", "bench",
+                        "synthetic", "prompts.meta"]),
+       st.integers(0, 9), st.integers(1, 10))
+def test_any_set_value_with_aliases_exits_0_or_2_quickly(key, levels, width):
+    with tempfile.TemporaryDirectory() as tmp:
+        args = ["ab", "--config", "configs/ab/synthetic.yaml", *FIXED_ARGS,
+                "--set", f"{key}={alias_text(levels, width, '', flow=True).strip()}"]
+        for s in [*FAST, "prompts.meta=builtin:seed-tts-en"]:
+            args += ["--set", s]
+        started = time.monotonic()
+        check(args, Path(tmp) / "runs")
+        assert time.monotonic() - started < 20, (key, levels, width)
 
 
 meta_fields = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)

@@ -206,6 +206,77 @@ def test_gate_and_baseline_refuse_a_profile_that_is_not_a_file_name(case, baseli
     assert made_runs(runs) == []
 
 
+@pytest.mark.parametrize("profile", ["../evil", "a/b", ".hidden", ""])
+def test_ab_refuses_a_profile_name_by_the_rule_of_gate_calibrate_and_baseline(case, runs, profile):
+    ab, status = invoke("ab", "--config", str(ROOT / "configs/ab/synthetic.yaml"), "--tiers", "1x1",
+                        "--num-prompts", "1", "--repeats", "1", "--profile", profile, "--result-dir", str(runs))
+    assert status == ExitStatus.USAGE, ab.output
+    gate, _ = invoke("gate", "--run-case", str(case), "--profile", profile, "--result-dir", str(runs))
+    assert str(ab.exception) == str(gate.exception)  # one rule, one message
+    assert f"bad profile {profile!r} (--profile)" in str(ab.exception)
+    assert made_runs(runs) == []
+
+
+def corrupt_calibrations() -> dict[str, tuple[str, str]]:
+    """name: (file text, what the error must say), each a calibration no command can use."""
+    good = {"calibration_version": 2, "case": "synth", "profile": "cpu-2core", "key": "k", "runs": 3,
+            "tiers": {"2x1": {"metrics": {"audio_rtf": {"sd_mean": 0.01, "sd_median": 0.01, "df": 5}}}}}
+    text = json.dumps(good)
+    return {
+        "no-tiers": (json.dumps({k: v for k, v in good.items() if k != "tiers"}), "it has no 'tiers'"),
+        "truncated": (text[: len(text) // 2], "is not valid JSON"),
+        "version-99": (json.dumps({**good, "calibration_version": 99}), "has calibration_version 99"),
+        "tier-not-object": (json.dumps({**good, "tiers": {"2x1": [1]}}), "tiers.2x1 is [1], not an object"),
+        "no-df": (text.replace(', "df": 5', ""), "it has no tiers.2x1.metrics.audio_rtf.'df'"),
+        "nan-sd": (text.replace('"sd_mean": 0.01', '"sd_mean": NaN'), "sd_mean is nan, not a finite number"),
+        "long-int": (text.replace('"runs": 3', '"runs": ' + "9" * 5000), "an integer of 5,000 digits at runs"),
+    }
+
+
+@pytest.mark.parametrize("name", list(corrupt_calibrations()))
+def test_gate_refuses_a_broken_calibration_beside_the_baseline_before_the_run(case, baseline, runs, name, caplog):
+    text, words = corrupt_calibrations()[name]
+    cal = baseline.parent / "synth.cpu-2core.calibration.json"
+    cal.write_text(text)
+    result, status = gate_run_case(case, baseline, runs)
+    assert status == ExitStatus.USAGE, result.output
+    message = str(result.exception)
+    assert message.startswith("error: ") and str(cal) in message and words in message, message
+    assert f"(the calibration beside baseline {baseline})" in message or "(--calibration)" not in message
+    assert "warning: error" not in caplog.text + result.output
+    assert made_runs(runs) == []  # refused before the bench, not after it
+
+
+@pytest.mark.parametrize("name", list(corrupt_calibrations()))
+def test_ab_refuses_a_broken_calibration_by_the_same_rule(runs, tmp_path, name):
+    text, words = corrupt_calibrations()[name]
+    cal = tmp_path / "synth.cpu-2core.calibration.json"
+    cal.write_text(text)
+    result, status = invoke("ab", "--config", str(ROOT / "configs/ab/synthetic.yaml"), "--tiers", "2x1",
+                            "--repeats", "1", "--profile", "cpu-2core", "--calibration", str(cal),
+                            "--result-dir", str(runs))
+    assert status == ExitStatus.USAGE, result.output
+    message = str(result.exception)
+    assert message.startswith("error: ") and str(cal) in message and words in message, message
+    assert "(--calibration)" in message and made_runs(runs) == []
+
+
+@pytest.mark.parametrize("where", ["n_runs", "tiers.2x1.audio_rtf.samples[0]"])
+def test_gate_refuses_a_baseline_holding_a_5000_digit_integer_naming_file_and_key(case, baseline, runs, where):
+    doc = json.loads(baseline.read_text())
+    if where == "n_runs":
+        doc["n_runs"] = "LONG"
+    else:
+        doc["tiers"]["2x1"]["audio_rtf"]["samples"][0] = "LONG"
+    baseline.write_text(json.dumps(doc).replace('"LONG"', "7" * 5000))
+    result, status = gate_run_case(case, baseline, runs)
+    assert status == ExitStatus.USAGE, result.output
+    assert str(result.exception) == (
+        f"error: {baseline} holds an integer of 5,000 digits at {where} (--baseline); no value of a baseline "
+        "has more than 20: restore it from git or re-record it")
+    assert made_runs(runs) == []
+
+
 # -- 5. gate --current judges complete runs only --------------------------------------------
 
 

@@ -118,3 +118,15 @@ def test_the_backend_is_sized_for_the_warm_tier_when_it_runs_more_requests_at_on
     told.clear()
     invoke(tmp_path, "--format", "json", "--tier", "4x1", "--warm-tier", "2x1")
     assert told == [4, 4]
+
+
+def test_auto_with_a_broken_npu_smi_on_path_measures_with_the_fallback(tmp_path, monkeypatch, caplog):
+    from tests.unit.test_mem_samplers import _nvml_missing, fake_npu_smi
+
+    (tmp_path / "bin").mkdir()
+    fake_npu_smi(tmp_path / "bin", monkeypatch, "cat zero.txt")
+    _nvml_missing(monkeypatch)
+    result = invoke(tmp_path / "runs", "--sampler", "auto", "--format", "json")
+    assert result.return_value == ExitStatus.OK, result.output
+    assert json.loads(result.stdout)["sampler"] == "rss"  # not npu-smi: every sample would have failed
+    assert "npu-smi is on PATH but unusable" in caplog.text + result.stderr

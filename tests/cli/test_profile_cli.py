@@ -110,3 +110,46 @@ def test_bad_tier_and_context_are_usage_errors(monkeypatch):
     with pytest.raises(ConfigError, match=r"need \d+ cache positions .*\(--talker-context / --chunks\)"):
         CliRunner().invoke(_app(), ["profile", *FAST[:4], "--chunks", "5000"], standalone_mode=False,
                            catch_exceptions=False)
+
+
+@pytest.fixture
+def no_builds(monkeypatch):
+    """Building a stage fails the test: what the checks below must stop happens before any build."""
+    import tts_bench.profile as prof
+
+    def built(*a, **k):
+        raise AssertionError("stages were built")
+
+    monkeypatch.setattr(prof, "build_talker", built)
+    monkeypatch.setattr(prof, "build_code2wav", built)
+
+
+def _run(*args: str):
+    return CliRunner().invoke(_app(), ["profile", *args], env={"NO_COLOR": "1", "COLUMNS": "120"},
+                              standalone_mode=False)
+
+
+def test_full_size_stages_at_4096_rows_fail_the_memory_preflight_before_any_build(no_builds):
+    result = _run("--set", "stages=configs/stages/minicpmo45.yaml", "--rows", "4096")
+    assert isinstance(result.exception, ConfigError), result.exception
+    message = str(result.exception)
+    assert message.startswith("error: the embedded stages of arm 'base' profiled at B = 4096 (--rows, --tier) need "
+                              "about "), message
+    assert "(memory preflight, before any stage process starts;" in message and "TTS_BENCH_SKIP_MEMORY_CHECK" in message
+
+
+def test_profile_runs_the_preflight_of_ab_and_serve(no_builds, monkeypatch):
+    import stages.platform
+
+    monkeypatch.setattr(stages.platform, "host_available_bytes", lambda: 1)  # nothing free: even tiny fails
+    result = _run(*FAST, "--tier", "8x2")
+    assert isinstance(result.exception, ConfigError) and "memory preflight" in str(result.exception)
+
+
+@pytest.mark.parametrize("config", ["configs/ab/synthetic.yaml", "configs/ab/piper.yaml"])
+def test_profile_of_a_config_without_embedded_stages_is_refused(no_builds, config):
+    result = _run("--config", str(ROOT / config), "--rows", "1")
+    assert isinstance(result.exception, ConfigError), result.exception
+    message = str(result.exception)
+    assert message.startswith("error: profile needs an embedded config: arm 'base' runs the "), message
+    assert "backend: embedded" in message

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import signal
 import threading
@@ -234,3 +235,53 @@ def test_a_taken_port_or_foreign_host_is_refused_before_the_backend_starts():
     with pytest.raises(ConfigError, match="cannot listen on 999.1.1.1:8091"):
         asyncio.run(bad_host.start())
     assert Backend.started is False
+
+
+# Requests aiohttp's parser refuses before the app (tts_bench.serve.protocol), as raw bytes.
+MALFORMED = {
+    "header over 8190 bytes": b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+    "missing host": b"GET /health HTTP/1.1\r\n\r\n",
+    "negative content-length": b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    "bad chunk size": (b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       b"zz\r\nabc\r\n0\r\n\r\n"),
+    "garbage request line": b"\x01\x02garbage\r\n\r\n",
+    "tls client hello": bytes.fromhex("16030100c4010000c00303") + b"\x00" * 40,
+    "unknown http version": b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n",
+}
+
+
+def raw_exchange(url: str, data: bytes) -> bytes:
+    import socket
+
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    assert host == "127.0.0.1"
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out
+
+
+@pytest.mark.parametrize("name", list(MALFORMED))
+def test_malformed_http_gets_openai_json_and_one_log_line_without_a_traceback(url, name, caplog):
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG):
+        answer = raw_exchange(url, MALFORMED[name])
+        time.sleep(0.2)  # the server thread logs as it answers; let it finish
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0].endswith(b" 400 Bad Request"), answer[:300]
+    assert b"content-type: application/json" in head.lower(), head
+    doc = json.loads(body)
+    assert set(doc["error"]) == {"message", "type", "param", "code"}
+    assert doc["error"]["code"] == "bad_http_request" and doc["error"]["message"].startswith("malformed HTTP request: ")
+    records = [r for r in caplog.records if r.name.startswith(("aiohttp", "tts_bench.serve"))]
+    assert len(records) == 1 and records[0].exc_info is None, [(r.name, r.getMessage()) for r in records]
+    assert "refused a malformed HTTP request from 127.0.0.1: " in records[0].getMessage()
+    assert "\n" not in records[0].getMessage()
+
+
+def test_the_server_still_serves_after_malformed_requests(url):
+    for data in MALFORMED.values():
+        raw_exchange(url, data)
+    assert call(url + "/health")[0] == 200

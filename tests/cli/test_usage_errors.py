@@ -116,3 +116,23 @@ def test_an_embedded_ab_refuses_a_missing_voice_before_the_run_exists(tmp_path, 
     # A backend that clones no voice never reads the wavs, so the same list runs there.
     synth = main_in_process(*args, *SYNTH, "--num-prompts", "2", "--repeats", "1", "--format", "json")
     assert synth.returncode == 0, synth.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["--prompts-per-client", "100000", "--tiers", "4096x1"],
+    ["--prompts-per-client", "50000", "--tiers", "4x1"],
+    ["--set", "bench.prompts_per_client=50000", "--tiers", "4x1"],
+    ["--set", "bench.prompts_per_client=50000", "--tiers", "1x1,3x1"],
+])
+def test_the_per_tier_prompt_limit_applies_to_tiers_from_the_command_line(tmp_path, monkeypatch, args):
+    from tts_bench.results import RunDir
+
+    def no_run(*a, **k):  # what the limit prevents: a run of 200,000+ requests per tier
+        raise AssertionError("a run directory was made")
+
+    monkeypatch.setattr(RunDir, "create", no_run)
+    proc = main_in_process("ab", *SYNTH, "--set", "bench.tiers=[1x1]", *args, "--result-dir", str(tmp_path / "runs"))
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "bench.prompts_per_client x C of " in line and "must be in 1..100000" in line, line
+    assert "(--tiers, --prompts-per-client or --set bench.prompts_per_client)" in line, line

@@ -167,7 +167,8 @@ def test_generate_only_with_failures_above_max_failures_exits_5_and_says_why(fak
     [
         ("简单地说，这相当于惠普把消费领域市场拱手相让了。", "has CJK letters"),
         ("Привет, как дела", "has Cyrillic letters"),
-        ("& & @ $", "empty after the seed-tts normalizer"),
+        ("& & @ $", "has no words after the seed-tts normalizer"),
+        ("\U0001f600 \U0001f389 \U0001f44d", "has no words after the seed-tts normalizer"),
     ],
 )
 def test_texts_the_gate_cannot_score_are_refused_before_any_audio(fake_world, text, message):
@@ -192,7 +193,7 @@ def test_transcribe_only_refuses_a_normalizer_that_empties_a_text_before_transcr
                         lambda name: (lambda t: "" if "peaches" in t else t) if name == "whisper" else real(name))
     monkeypatch.setattr(runner, "make_transcriber", lambda *a, **k: pytest.fail("transcribed before the check"))
     result = _wer(["--transcribe-only", str(run_dir), "--normalizer", "whisper"], tmp_path)
-    assert "empty after the whisper normalizer" in str(result.exception)
+    assert "has no words after the whisper normalizer" in str(result.exception)
 
 
 def test_options_that_would_be_ignored_or_contradict_are_refused(fake_world):

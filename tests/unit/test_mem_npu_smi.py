@@ -3,6 +3,7 @@ and the npu-smi sampler driven by a fake `subprocess.run`. Nothing here runs npu
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -104,3 +105,21 @@ def test_sampler_timeout_is_a_sampler_error_not_a_hang():
     run, _ = fake_run({("info",): subprocess.TimeoutExpired("npu-smi", 5)})
     with pytest.raises(SamplerError, match="longer than"):
         NpuSmiSampler(card=0, run=run).sample()
+
+
+@pytest.mark.parametrize("pair, words", [("3318 / 0    ", "reports HBM 3318 / 0 MB"),
+                                         ("40000 / 32768", "reports HBM 40000 / 32768 MB")])
+def test_a_table_with_an_implausible_total_is_refused_not_read(pair, words):
+    text = fixture("info_910b4_single.txt").replace("2871 / 32768", pair)
+    with pytest.raises(NpuSmiParseError, match=words):
+        parse_info_table(text)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("HBM Capacity(MB) : lots\nHBM Usage Rate(%) : 5\n", "'HBM Capacity(MB)' is 'lots', not a number"),
+    ("HBM Capacity(MB) : 65536\nHBM Usage Rate(%) : 250\n", "is 250, not a percentage"),
+    ("HBM Capacity(MB) : 0\nHBM Usage Rate(%) : 5\n", "reports HBM 0 / 0 MB"),
+])
+def test_a_usages_view_with_garbage_numbers_is_a_parse_error(text, words):
+    with pytest.raises(NpuSmiParseError, match=re.escape(words)):
+        parse_usages(text, npu_id=0)

@@ -6,6 +6,8 @@ import logging
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -61,9 +63,60 @@ def test_auto_without_npu_smi_or_nvml_falls_back_to_rss_and_says_so(monkeypatch,
     assert "falling back to rss" in text
 
 
-def test_auto_prefers_npu_smi_when_the_binary_exists(monkeypatch):
-    monkeypatch.setattr(mod.shutil, "which", lambda name: "/opt/bin/npu-smi" if name == "npu-smi" else None)
-    assert make_sampler("auto", device_index=3).name == "npu-smi"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "npu_smi"
+TABLE = (FIXTURES / "info_910b4_single.txt").read_text()
+
+
+def fake_npu_smi(tmp_path: Path, monkeypatch, script: str) -> None:
+    """An executable `npu-smi` (a shell script, whatever its arguments) first on PATH."""
+    (tmp_path / "table.txt").write_text(TABLE)
+    (tmp_path / "partial.txt").write_text("\n".join(TABLE.splitlines()[:7]) + "\n")  # NPU row, no chip row
+    (tmp_path / "zero.txt").write_text(TABLE.replace("2871 / 32768", "3318 / 0    "))
+    (tmp_path / "over.txt").write_text(TABLE.replace("2871 / 32768", "40000 / 32768"))
+    binary = tmp_path / "npu-smi"
+    binary.write_text(f"#!/bin/sh\ncd {tmp_path}\n{script}\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(mod, "NPU_SMI_TIMEOUT_S", 1.0)
+
+
+def test_auto_picks_an_npu_smi_that_reads_a_real_table(tmp_path, monkeypatch):
+    fake_npu_smi(tmp_path, monkeypatch, "cat table.txt")
+    sampler = make_sampler("auto", device_index=0)
+    assert sampler.name == "npu-smi"
+    assert [(r.used_bytes, r.total_bytes) for r in sampler.sample()] == [(2871 * 2**20, 32768 * 2**20)]
+
+
+BROKEN = {  # what the script does: the reason the fallback must give
+    "garbage": ("echo 'lorem | ipsum 12/34 |'", "no NPU rows"),
+    "partial table": ("cat partial.txt", "no NPU rows"),
+    "empty output": (":", "no NPU rows"),
+    "exit 1": ("cat table.txt; exit 1", "returned non-zero exit status 1"),
+    "hang": ("sleep 30", "took longer than 1 s"),
+    "flood": ("yes '| 0     910B4               | OK            |' | head -c 50000000", "printed more than 1,048,576 bytes"),
+    "zero total": ("cat zero.txt", "reports HBM 3318 / 0 MB"),
+    "used above total": ("cat over.txt", "reports HBM 40000 / 32768 MB"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_auto_probes_a_broken_npu_smi_once_and_falls_back_saying_why(tmp_path, monkeypatch, caplog, case):
+    script, why = BROKEN[case]
+    fake_npu_smi(tmp_path, monkeypatch, script)
+    _nvml_missing(monkeypatch)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="tts_bench.mem.samplers"):
+        sampler = make_sampler("auto", device_index=0)
+    assert time.monotonic() - started < 5  # the hang is cut at the timeout, the flood at the cap
+    assert sampler.name == "rss"
+    assert "npu-smi is on PATH but unusable (" in caplog.text and why in caplog.text, caplog.text
+    assert "NVML Shared Library Not Found; falling back to rss" in caplog.text
+
+
+def test_an_explicit_broken_npu_smi_is_a_usage_error_naming_why(tmp_path, monkeypatch):
+    fake_npu_smi(tmp_path, monkeypatch, "cat zero.txt")
+    with pytest.raises(ConfigError, match=r"mem sampler 'npu-smi' cannot start: .*3318 / 0 MB"):
+        make_sampler("npu-smi")
 
 
 def test_auto_uses_nvml_when_it_initialises(monkeypatch):

@@ -64,6 +64,29 @@ def test_wer_default_config_is_the_shipped_one_from_another_folder(tmp_path, mon
     assert arms["base"].backend == "piper" and arms["base"].wer.num_prompts == 80
 
 
+FAST_SYNTH = ["synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1", "synthetic.first_chunk_delay_s=0.001",
+              "synthetic.chunk_delay_s=0.001"]
+
+
+def test_calibrate_finds_a_shipped_case_by_name_or_path_from_another_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for case in ("synthetic", "configs/cases/synthetic.yaml"):
+        result = CliRunner().invoke(app, ["calibrate", case, "--runs", "1", "--no-write", "--result-dir", "runs",
+                                          *[x for s in FAST_SYNTH for x in ("--set", s)]])
+        assert result.exit_code == 0, result.output
+
+
+def test_gate_finds_a_shipped_case_from_another_folder(tmp_path, monkeypatch):
+    from tts_bench.gate.case import load_case
+
+    monkeypatch.chdir(tmp_path)
+    assert load_case("configs/cases/tiny-embedded.yaml").path == shipped_config("cases/tiny-embedded.yaml")
+    result = CliRunner().invoke(app, ["gate", "--run-case", "configs/cases/synthetic.yaml", "--baseline", "none.json",
+                                      "--profile", "cpu-2core", "--result-dir", "runs"])
+    assert isinstance(result.exception, ConfigError), result.output  # exit 2 through tts_bench.cli.main
+    assert "no baseline at none.json (--baseline)" in str(result.exception)  # the case was read: next check
+
+
 # A/A configs: both arms the same on purpose (the last two name none: `--test-set` makes the B).
 SAME_ARMS = {"configs/ab/runner-aa.yaml", "configs/ab/piper.yaml", "configs/ab/synthetic.yaml"}
 

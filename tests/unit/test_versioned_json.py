@@ -47,3 +47,16 @@ def test_written_baseline_reads_back_and_leaves_no_temporary(tmp_path):
     decision = write_baseline(doc, tmp_path / "sub" / "b.json")
     assert decision.written and load_baseline(decision.path) == doc
     assert [p.name for p in decision.path.parent.iterdir()] == ["b.json"]
+
+
+def test_an_integer_beyond_64_bits_in_a_center_is_judged_not_a_type_error(tmp_path):
+    rtf = {"better": "lower", "statistic": "median", "center": 99999999999999999999, "samples": [0.1]}
+    doc = {**BASELINE_FILE.stamp(), "n_runs": 1, "sut_hash": "x", "backend": "embedded",
+           "tiers": {"1x1": {"audio_rtf": rtf}}}
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(doc))
+    assert load_baseline(path)["tiers"]["1x1"]["audio_rtf"]["center"] == 99999999999999999999
+    path.write_text(json.dumps(doc).replace("99999999999999999999", "9" * 21))
+    with pytest.raises(ConfigError, match=r"holds an integer of 21 digits at tiers.1x1.audio_rtf.center "
+                                          r"\(--baseline\)"):
+        load_baseline(path)

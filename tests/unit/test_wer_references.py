@@ -29,5 +29,15 @@ def test_every_problem_is_listed_with_where_it_comes_from():
     with pytest.raises(ConfigError) as exc:
         check_reference_texts(items, "seed-tts")
     text = str(exc.value)
-    assert "cannot score 2 target text(s)" in text and "m:2: 'zh'" in text and "m:3: 'sym' is empty" in text
+    assert "cannot score 2 target text(s)" in text and "m:2: 'zh'" in text and "m:3: 'sym' has no words" in text
     assert "'ok'" not in text
+
+
+@pytest.mark.parametrize("text", ["😀 🎉 👍", "🙂!", "★ ♥ → ✓", "\u200b\u2063"])
+def test_emoji_or_symbol_only_texts_are_refused_like_punctuation_only(text):
+    with pytest.raises(ConfigError, match="'u1' has no words after the seed-tts normalizer"):
+        check_reference_texts([("u1", text, "meta.lst:3")], "seed-tts")
+
+
+def test_a_text_with_words_and_emoji_is_scored():
+    check_reference_texts([("u1", "good morning 😀", "meta.lst:1")], "seed-tts")

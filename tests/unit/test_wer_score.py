@@ -32,7 +32,7 @@ def test_empty_hypothesis_is_all_deletions():
 
 
 def test_reference_empty_after_normalization_is_refused():
-    with pytest.raises(ValueError, match="empty after normalization"):
+    with pytest.raises(ValueError, match="no words after normalization"):
         score_utterance("?!", "anything", seed_tts_normalize, "en_0009")
 
 
@@ -91,3 +91,8 @@ def test_empty_transcripts_count_as_one_in_the_seed_tts_wer_and_in_the_pairing()
                               _utt("u3", "one two", "one two")], seed_tts_normalize)
     p = compare_utterances("base", base.utterances, "test", arm.utterances)
     assert p.n_paired == 2 and p.delta_mean_wer == pytest.approx(0.5)
+
+
+def test_reference_of_emoji_only_is_refused_like_punctuation_only():
+    with pytest.raises(ValueError, match="en_0010 has no words after normalization"):
+        score_utterance("😀 🎉", "anything", seed_tts_normalize, "en_0010")

@@ -140,20 +140,21 @@ def run_session(request: AbRequest, *, progress: AbProgress | None = None) -> Ab
 def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
     """Load both arms, fix the plan (options over the config's bench section), make the run;
     with the calibration the plan names (read once, here)."""
-    from tts_bench.gate.case import default_profile
+    from tts_bench.gate.case import resolve_profile
     from tts_bench.preflight import check_arms
     from tts_bench.prompts import check_bench_prompts, load_prompts
 
+    profile = resolve_profile(request.profile)  # the rule of gate, calibrate and baseline
     arms = load_arms(request.config or shipped_config(DEFAULT_AB_CONFIG), request.sets, request.base_sets,
                      request.test_sets)
     base = next(iter(arms.values()))
     bench = base.bench
     prompts = load_prompts(base.prompts.meta)  # a bad meta.lst fails before the run exists
     check_bench_prompts(arms, prompts)  # a broken voice: exit 2 now, not exit 5 after the A/B
-    profile = request.profile or default_profile()
     # An explicit value is used as given (a 0 never falls back to the config: typer's min=1).
     num_prompts = bench.num_prompts if request.num_prompts is None else request.num_prompts
     tiers = parse_tiers(bench.tiers if request.tiers is None else request.tiers)
+    _check_tier_prompts(bench, tiers, num_prompts)
     calibration = _calibration(request.calibration, arms, profile, num_prompts, tiers)
     repeats = bench.repeats if request.repeats is None else request.repeats
     plan = AbPlan(arms, tiers, repeats, num_prompts, until=_until_rule(request, bench, repeats), profile=profile,
@@ -169,6 +170,16 @@ def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
         config_hashes={n: config_hash(c) for n, c in arms.items()}, extra={"ab": plan.to_dict()},
     )
     return run, plan, calibration
+
+
+def _check_tier_prompts(bench, tiers: tuple[Tier, ...], num_prompts: int) -> None:
+    """The per-tier limit on measured prompts, for the tiers that run (`--tiers` replaces the
+    config's, which the loader checked) with K from --prompts-per-client or bench.*."""
+    try:
+        bench.check_tier_prompts(tiers, num_prompts)
+    except ValueError as exc:
+        raise ConfigError(f"error: {exc} (--tiers, --prompts-per-client or --set bench.prompts_per_client); "
+                          "lower the prompts per client or the tier's concurrency") from None
 
 
 def _until_rule(request: AbRequest, bench, repeats: int) -> UntilResolved | None:

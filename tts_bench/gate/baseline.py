@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,7 +169,8 @@ def baseline_problem(doc: dict[str, Any]) -> str | None:
 
 
 def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+    # math, not numpy: np.isfinite refuses an int above 2**64 (TypeError) instead of answering
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def is_faster(new: dict[str, Any], old: dict[str, Any], metric: str = PRIMARY_METRIC) -> bool:

@@ -30,6 +30,7 @@ from pathlib import Path
 from tts_bench.config import BenchConfig, apply_overrides, load_dataclass, load_yaml_file
 from tts_bench._paths import FILE_NAME_WORD_RULE, is_file_name_word
 from tts_bench.errors import ConfigError
+from tts_bench.shipped import resolve_config_path
 
 DEFAULT_BASELINE_DIR = Path("results/baselines")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -119,7 +120,7 @@ class ResolvedCase:
 
 
 def load_case(path: Path | str) -> LoadedCase:
-    path = Path(path)
+    path = resolve_config_path(path)  # `configs/cases/...` names a shipped case from any folder
     if not path.is_file():
         raise ConfigError(f"error: case file not found ({path}); pass a file under configs/cases/")
     data = load_yaml_file(path)

@@ -26,6 +26,7 @@ from tts_bench._paths import check_writable
 from tts_bench.calibration import Calibration, calibration_path, load_calibration
 from tts_bench.config import parse_tiers
 from tts_bench.errors import ConfigError, InvalidRunError
+from tts_bench.shipped import resolve_config_path
 from tts_bench.gate import case as cases
 from tts_bench.gate.baseline import load_baseline
 from tts_bench.gate.judge import GateReport, judge
@@ -67,6 +68,7 @@ class _Target:
     baseline_path: Path
     baseline_doc: dict
     profile: str
+    calibration: Calibration | None  # read before --run-case's bench: a broken file fails first
 
 
 def run_session(request: GateRequest, *, notify: Callable[[str], None] = log.warning) -> GateSession:
@@ -77,7 +79,7 @@ def run_session(request: GateRequest, *, notify: Callable[[str], None] = log.war
     c = target.case
     report = judge(target.baseline_doc, read_run(target.run, arm=request.arm, profile=target.profile),
                    c.thresholds, alpha=c.alpha, min_samples=c.min_samples, wer_doc=wer_doc,
-                   calibration=_calibration(target, notify))
+                   calibration=target.calibration)
     doc = {**report.to_dict(report_only=request.report_only), "baseline_file": str(target.baseline_path)}
     if request.run_case is not None:  # the run keeps its own verdict
         target.run.update(gate=doc)
@@ -120,7 +122,8 @@ def _target(request: GateRequest, notify: Callable[[str], None]) -> _Target:
         base_doc = load_baseline(base_path)
         rc = cases.resolve_case(loaded, request.sets)
         _check_tiers(rc, base_doc, base_path)
-        return _Target(_run(rc, request, profile, notify), loaded.case, base_path, base_doc, profile)
+        cal = _calibration(loaded.case.name, profile, base_path, base_doc, notify)
+        return _Target(_run(rc, request, profile, notify), loaded.case, base_path, base_doc, profile, cal)
     run = RunDir.open(Path(request.current), flag="--current")
     status = run.doc.get("status")
     if status != "complete":  # a failed or cut-short run's missing requests are not a speed-up
@@ -131,26 +134,26 @@ def _target(request: GateRequest, notify: Callable[[str], None]) -> _Target:
     name = (loaded.case.name if loaded else None) or recorded.get("name") or "adhoc"
     base_path = request.baseline or cases.baseline_path(cases.Case(name=name, config="-"), profile)
     base_doc = load_baseline(base_path)
-    if loaded is None and Path(base_doc.get("case_file") or "-").is_file():
+    if loaded is None and resolve_config_path(base_doc.get("case_file") or "-").is_file():
         loaded = cases.load_case(base_doc["case_file"])  # the case the baseline was built for
     if loaded is None:
         notify("warning: no case file (--case); using default thresholds")
-    return _Target(run, loaded.case if loaded else cases.Case(name=name, config="-"),
-                   base_path, base_doc, profile)
+    case = loaded.case if loaded else cases.Case(name=name, config="-")
+    return _Target(run, case, base_path, base_doc, profile,
+                   _calibration(case.name, profile, base_path, base_doc, notify))
 
 
-def _calibration(target: _Target, notify: Callable[[str], None]) -> Calibration | None:
+def _calibration(case: str, profile: str, base_path: Path, base_doc: dict,
+                 notify: Callable[[str], None]) -> Calibration | None:
     """The case's A/A calibration next to the baseline, when it was made with the baseline's
-    config (the same `sut_hash` as the baseline)."""
-    path = calibration_path(target.case.name, target.profile, target.baseline_path.parent)
-    if not path.is_file():
+    config (the same `sut_hash` as the baseline). A file there that cannot be read (truncated,
+    another format version, a key missing) is refused (exit 2) as `ab --calibration` refuses it:
+    gating without the run-level test it was put there for would be a quieter gate, not a pass."""
+    path = calibration_path(case, profile, base_path.parent)
+    if not path.exists():
         return None
-    try:
-        cal = load_calibration(path)
-    except ConfigError as exc:  # an older format: the gate still runs, on the U test alone
-        notify(f"warning: {exc}; gating without it")
-        return None
-    if cal.sut_hash != target.baseline_doc.get("sut_hash"):
+    cal = load_calibration(path, flag=f"the calibration beside baseline {base_path}")
+    if cal.sut_hash != base_doc.get("sut_hash"):
         notify(f"warning: {path} was recorded for another config of the case; not used")
         return None
     return cal
@@ -182,7 +185,7 @@ def _case_for(case: Path | None, recorded: dict) -> cases.LoadedCase | None:
     if case is not None:
         return cases.load_case(case)
     file = recorded.get("file")
-    if file and Path(file).is_file():
+    if file and resolve_config_path(file).is_file():
         return cases.load_case(file)
     return None
 

@@ -80,12 +80,34 @@ def parse_info_table(text: str) -> list[NpuCard]:
         if not pairs:
             continue
         used, total = (int(v) for v in pairs[-1])
+        _check_plausible(f"NPU {current[0]} chip {chip.group(1)}", used, total, "`npu-smi info`")
         cards.append(NpuCard(current[0], int(chip.group(1)), current[1], used, total))
     if not cards:
         raise NpuSmiParseError(
             "no NPU rows with HBM-Usage(MB) used / total found in `npu-smi info` output"
         )
     return cards
+
+
+MAX_HBM_MIB = 1 << 24  # 16 TiB: above any card; a larger figure is a misread
+
+
+def _check_plausible(what: str, used: int, total: int, view: str) -> None:
+    """A used / total pair that no card reports (a broken npu-smi: `3318 / 0`) is refused: summed
+    and compared as device memory it would read as a full or an over-full card."""
+    if not 0 < total <= MAX_HBM_MIB or not 0 <= used <= total:
+        raise NpuSmiParseError(f"{what} reports HBM {used} / {total} MB in {view}: not a card's memory "
+                               f"(a total of 1..{MAX_HBM_MIB} MB, used within it)")
+
+
+def _number(values: dict[str, str], key: str) -> float | None:
+    raw = values.get(key)
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise NpuSmiParseError(f"{key!r} is {raw[:40]!r}, not a number, in `npu-smi info -t usages` output") from None
 
 
 def _key_values(text: str) -> dict[str, str]:
@@ -103,12 +125,15 @@ def parse_usages(text: str, *, npu_id: int, total_mib: int | None = None) -> Npu
     Used memory = rate% x capacity, rounded to whole MiB; `total_mib` supplies the capacity for
     views that do not print it (`-t common`)."""
     values = _key_values(text)
-    rate = values.get("HBM Usage Rate(%)")
-    capacity = values.get("HBM Capacity(MB)")
+    rate = _number(values, "HBM Usage Rate(%)")
+    capacity = _number(values, "HBM Capacity(MB)")
     if rate is None:
         raise NpuSmiParseError("no 'HBM Usage Rate(%)' line in `npu-smi info -t usages` output")
     if capacity is None and total_mib is None:
         raise NpuSmiParseError("no 'HBM Capacity(MB)' line in `npu-smi info -t usages` output")
     total = int(capacity) if capacity is not None else int(total_mib)  # type: ignore[arg-type]
-    used = round(float(rate) / 100.0 * total)
+    if not 0 <= rate <= 100:
+        raise NpuSmiParseError(f"'HBM Usage Rate(%)' is {rate:g}, not a percentage, in `npu-smi info -t usages` output")
+    used = round(rate / 100.0 * total)
+    _check_plausible(f"NPU {npu_id}", used, total, "`npu-smi info -t usages`")
     return NpuCard(npu_id, 0, values.get("Chip Name", "npu"), used, total)

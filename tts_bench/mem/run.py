@@ -142,7 +142,10 @@ def _invalid(runs: dict[str, _ArmRun], summaries: list[MemSummary], arms: dict[s
                            f"above bench.max_failure_fraction={limit:g}")
     for s in summaries:
         for arm, a in s.arms.items():
-            if a.steady_median_mib is None:
+            if a.steady_median_mib is None and a.n_samples and a.gaps == a.n_samples:
+                reasons.append(f"{arm}: every {s.sampler} sample failed ({a.gaps} gaps; the warnings above say "
+                               f"why); fix the sampler or pick another with --sampler (rss reads any host)")
+            elif a.steady_median_mib is None:
                 reasons.append(f"{arm}: no {s.sampler} sample in the measure phase "
                                f"({a.n_samples} samples, {a.gaps} gaps); lower --interval or add prompts")
     return reasons

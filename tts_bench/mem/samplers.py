@@ -12,8 +12,10 @@ recorder (`tts_bench.mem.recorder`) sums the readings of one sample. `sample()` 
 | `torch`   | allocator `allocated` summed over stage processes (backend `memory_snapshot()`) | none |
 | `rss`     | RSS of this process and all its children (host) | host RAM         |
 
-`auto` picks npu-smi when the binary is on PATH, else NVML when it initialises and sees the
-device, else rss, and logs which one it fell back to and why. Nothing here imports torch: the
+`auto` picks npu-smi when the binary is on PATH and one probe reads a plausible table from it
+(a binary that exists can still hang, flood, fail or print garbage), else NVML when it initialises
+and sees the device, else rss, and logs which one it fell back to and why. npu-smi runs with a
+time limit and a cap on its output (`tts_bench.mem.capped_run`). Nothing here imports torch: the
 torch numbers come from the stage processes through the backend.
 
     sampler = make_sampler("auto", device_index=0)           # -> e.g. NvmlSampler
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tts_bench.errors import ConfigError
+from tts_bench.mem.capped_run import OutputTooLarge, run_capped
 from tts_bench.mem.npu_smi import MIB, NpuSmiParseError, parse_info_table, parse_usages
 from tts_bench.mem.params import SAMPLER_CHOICES
 
@@ -74,12 +77,12 @@ class NpuSmiSampler:
 
     name = "npu-smi"
 
-    def __init__(self, card: int = 0, *, binary: str = "npu-smi", timeout_s: float = NPU_SMI_TIMEOUT_S,
-                 run: Any = subprocess.run) -> None:
+    def __init__(self, card: int = 0, *, binary: str = "npu-smi", timeout_s: float | None = None,
+                 run: Any = run_capped) -> None:
         self.card = card
         self.binary = binary
-        self.timeout_s = timeout_s
-        self._run = run  # injectable for tests: same signature as subprocess.run
+        self.timeout_s = NPU_SMI_TIMEOUT_S if timeout_s is None else timeout_s
+        self._run = run  # injectable for tests: the signature of subprocess.run
         self.view = "info"
 
     def _text(self, *args: str) -> str:
@@ -90,25 +93,32 @@ class NpuSmiSampler:
             raise SamplerError(f"npu-smi {' '.join(args)} took longer than {self.timeout_s:g} s") from exc
         except (OSError, subprocess.CalledProcessError) as exc:
             raise SamplerError(f"npu-smi {' '.join(args)} failed: {exc}") from exc
+        except OutputTooLarge as exc:
+            raise SamplerError(f"npu-smi {' '.join(args)} {exc}; stopped") from exc
         return out.stdout
+
+    def probe(self) -> NpuSmiSampler:
+        """One sample now: a binary on PATH is not yet a working npu-smi (SamplerError if not)."""
+        self.sample()
+        return self
 
     def sample(self) -> list[MemReading]:
         try:
             cards = [c for c in parse_info_table(self._text("info")) if c.npu_id == self.card]
+            problem = None if cards else f"no NPU {self.card} in the `npu-smi info` table"
         except NpuSmiParseError as exc:
-            cards = []
-            if self.view == "info":
-                log.warning("npu-smi info: %s; using `npu-smi info -t usages -i %d` (1%% resolution)",
-                            exc, self.card)
-        if cards:
+            cards, problem = [], str(exc)
+        if problem is None:
             self.view = "info"
         else:
-            self.view = "usages"
             try:
-                cards = [parse_usages(self._text("info", "-t", "usages", "-i", str(self.card)),
-                                      npu_id=self.card)]
+                cards = [parse_usages(self._text("info", "-t", "usages", "-i", str(self.card)), npu_id=self.card)]
             except NpuSmiParseError as exc:
-                raise SamplerError(f"npu-smi card {self.card}: {exc}") from exc
+                raise SamplerError(f"npu-smi card {self.card}: {problem}, and {exc}") from exc
+            if self.view == "info":  # said once, when the view changes
+                log.warning("npu-smi info: %s; using `npu-smi info -t usages -i %d` (1%% resolution)",
+                            problem, self.card)
+            self.view = "usages"
         return [MemReading(c.label, c.hbm_used_mib * MIB, c.hbm_total_mib * MIB) for c in cards]
 
     def describe(self) -> dict[str, Any]:
@@ -264,19 +274,27 @@ def parse_sampler_names(text: str) -> tuple[str, ...]:
 
 
 def resolve_auto(device_index: int = 0) -> MemorySampler:
-    """npu-smi if on PATH, else NVML if it initialises, else rss; logs the fallback and why."""
+    """npu-smi if on PATH and one probe reads it, else NVML if it initialises, else rss; logs
+    the fallback and why."""
+    no_npu = "npu-smi not on PATH"
     if shutil.which("npu-smi"):
-        log.info("mem sampler: npu-smi (card %d)", device_index)
-        return NpuSmiSampler(device_index)
+        try:
+            sampler = NpuSmiSampler(device_index).probe()
+        except SamplerError as exc:
+            no_npu = f"npu-smi is on PATH but unusable ({exc})"
+        else:
+            log.info("mem sampler: npu-smi (card %d)", device_index)
+            return sampler
     try:
-        sampler = NvmlSampler(device_index)
+        nvml = NvmlSampler(device_index)
     except SamplerError as exc:
-        log.warning("mem sampler: npu-smi not on PATH and %s; falling back to rss "
+        log.warning("mem sampler: %s and %s; falling back to rss "
                     "(process-tree RSS: host memory of the harness and its children, not device memory)",
-                    exc)
+                    no_npu, exc)
         return RssSampler()
-    log.info("mem sampler: nvml (npu-smi not on PATH), GPU %d %s", device_index, sampler.device_name)
-    return sampler
+    say = log.info if no_npu == "npu-smi not on PATH" else log.warning
+    say("mem sampler: nvml (%s), GPU %d %s", no_npu, device_index, nvml.device_name)
+    return nvml
 
 
 def make_sampler(name: str, *, device_index: int = 0, backend: Any = None) -> MemorySampler:
@@ -288,7 +306,7 @@ def make_sampler(name: str, *, device_index: int = 0, backend: Any = None) -> Me
         if name == "npu-smi":
             if shutil.which("npu-smi") is None:
                 raise SamplerError("npu-smi is not on PATH")
-            return NpuSmiSampler(device_index)
+            return NpuSmiSampler(device_index).probe()
         if name == "nvml":
             return NvmlSampler(device_index)
         if name == "torch":

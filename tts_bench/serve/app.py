@@ -66,6 +66,7 @@ from tts_bench.backends.base import (
     AudioChunk, ReportsHealth, ReportsMemory, RequestFailed, SizesForConcurrency, SynthesisRequest,
 )
 from tts_bench.errors import BackendError, ConfigError
+from tts_bench.serve.protocol import JsonErrorRunner
 from tts_bench.serve.request import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_INPUT_CHARS,
@@ -158,8 +159,9 @@ class SpeechServer:
         # handler_cancellation: a client that disconnects (its timeout) cancels the handler at
         # once, which closes the backend stream and frees the backend's capacity (embedded
         # cancels the request) instead of generating audio nobody reads until the next write.
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
-                               handler_cancellation=True)
+        # JsonErrorRunner: requests aiohttp's parser refuses get JSON and one log line, too.
+        runner = JsonErrorRunner(app, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
+                                 handler_cancellation=True)
         try:
             await runner.setup()
             await web.TCPSite(runner, self.host, self.port, backlog=_BACKLOG).start()

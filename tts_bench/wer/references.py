@@ -7,8 +7,8 @@ out after minutes of synthesis and transcription (or, worse, getting a number) h
 - letters of a non-Latin script (Chinese, Japanese, Cyrillic, ...): a sentence without spaces
   counts as one "word", and the shipped ASR models transcribe English; seed-tts-eval scores
   Chinese by character with a Chinese ASR, which this tool does not ship;
-- a text the normalizer empties (only punctuation or symbols, or only fillers under the
-  `whisper` normalizer): a word error rate has no words to divide by.
+- a text the normalizer leaves without words (only punctuation, symbols or emoji, or only
+  fillers under the `whisper` normalizer): a word error rate has no words to divide by.
 
     check_reference_texts([(p.utt, p.text, f"meta.lst:{p.line}") for p in prompts], "seed-tts")
 """
@@ -33,6 +33,13 @@ def foreign_letter(text: str) -> str | None:
     return None
 
 
+def has_words(normalized: str) -> bool:
+    """Whether a normalized text holds a word: a letter or a digit. Emoji and other symbols
+    survive the normalizers (they strip punctuation only) but are no words a listener or an ASR
+    model could get right or wrong."""
+    return any(ch.isalnum() for ch in normalized)
+
+
 def _script(ch: str) -> str:
     return unicodedata.name(ch, "UNKNOWN").split()[0].title()  # "CJK UNIFIED IDEOGRAPH-5728" -> "Cjk"
 
@@ -50,9 +57,9 @@ def check_reference_texts(items: Iterable[tuple[str, str, str]], normalizer: str
             script = "CJK" if _script(letter) == "Cjk" else _script(letter)
             problems.append(f"{where}: {utt!r} has {script} letters ({letter!r}): the gate scores English "
                             f"words (seed-tts-eval scores Chinese by character with a Chinese ASR, not shipped here)")
-        elif not normalize(text).split():
-            problems.append(f"{where}: {utt!r} is empty after the {normalizer} normalizer ({text!r}): "
-                            "no words to count errors against")
+        elif not has_words(normalize(text)):
+            problems.append(f"{where}: {utt!r} has no words after the {normalizer} normalizer ({text!r}): "
+                            "only punctuation, symbols or emoji leave no words to count errors against")
     if problems:
         shown = "\n  ".join(problems[:_MAX_REPORTED])
         more = len(problems) - _MAX_REPORTED

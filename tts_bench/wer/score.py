@@ -31,6 +31,7 @@ import jiwer
 import numpy as np
 
 from tts_bench.stats import ALPHA, BlockInterval, block_interval
+from tts_bench.wer.references import has_words
 from tts_bench.wer.transcribe import UttTranscript
 
 FAILURE_KINDS = ("request_failed", "no_audio", "asr_failed", "empty_transcript")
@@ -55,8 +56,8 @@ class UttScore:
 def score_utterance(reference: str, hypothesis: str, normalize: Callable[[str], str], request_id: str = "") -> UttScore:
     """jiwer WER of one normalized pair; an empty normalized reference is a ValueError."""
     ref, hyp = normalize(reference), normalize(hypothesis)
-    if not ref.split():
-        raise ValueError(f"reference text of {request_id or 'utterance'} is empty after normalization")
+    if not has_words(ref):
+        raise ValueError(f"reference text of {request_id or 'utterance'} has no words after normalization")
     out = jiwer.process_words(ref, hyp)
     n = out.hits + out.substitutions + out.deletions
     wer = (out.substitutions + out.deletions + out.insertions) / n
