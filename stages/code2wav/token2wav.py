@@ -43,14 +43,11 @@ from stages import precision
 from stages.code2wav.chunk_decode import META_EXTRA, BatchShape, ChunkDecoder, ChunkOut
 from stages.code2wav.chunk_graphs import ChunkGraphs
 from stages.code2wav.config import Code2WavConfig
-from stages.code2wav.flow import FlowModel
 from stages.code2wav.flow_cache import FlowCache
 from stages.code2wav.graph_warmup import warm_graphs
-from stages.code2wav.hift import HiFTGenerator, fold_weight_norm
-from stages.code2wav.hift_weights import find_hift_checkpoint, load_hift
+from stages.code2wav.modules import build_flow, build_hift
 from stages.code2wav.options import Code2WavOptions, tf32_gemms_in_flow, tf32_scope
 from stages.code2wav.prompt import PromptBuilder, PromptFeatures
-from stages.code2wav.random_init import init_flow_, init_hift_
 from stages.code2wav.slots import SlotPool
 from stages.code2wav.streaming import (
     DEFAULT_PROMPT_ID,
@@ -58,12 +55,10 @@ from stages.code2wav.streaming import (
     CodecPayload,
     validate_payload,
 )
-from stages.code2wav.weights import load_flow_weights
 from stages.platform.device import host_to_device, synchronize_stream
 from stages.platform.graphs import graph_api
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass
@@ -111,13 +106,6 @@ def vocoder_seed(init_seed: int, request_seed: int) -> int:
     """
     digest = hashlib.blake2b(f"{init_seed}:{request_seed}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
-
-
-def _seeded(seed: int, build):
-    """Build modules under a private RNG seed so every process gets identical weights."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return build()
 
 
 class Token2Wav:
@@ -170,11 +158,7 @@ class Token2Wav:
 
     def _build(self, weights_dir: str | None) -> None:
         cfg, seed = self.cfg, self._init_seed
-        self.flow = _seeded(seed, lambda: FlowModel(cfg))
-        if weights_dir is not None:
-            load_flow_weights(self.flow, weights_dir)
-        else:  # random weights that keep the input's scale (random_init, D-INIT-1)
-            init_flow_(self.flow, seed=seed)
+        self.flow = build_flow(cfg, seed=seed, weights_dir=weights_dir)
         self.flow.to(device=self.device, dtype=self.dtype).eval()
         if self.options.dit_dtype != "float32":  # the estimator alone (and its caches)
             self.flow.decoder.estimator.to(getattr(torch, self.options.dit_dtype))
@@ -189,7 +173,9 @@ class Token2Wav:
                                                        tf32_flow=tf32_gemms_in_flow(self.options.tf32_mode))
         log.info("token2wav: DiT linears %s", gemm)
         self.flow.decoder.init_noise(seed=seed, device=self.device, dtype=self.dtype)
-        self.hift = self._build_hift(seed, weights_dir)
+        # HiFT stays float32 whatever the flow dtype (upstream runs it in fp32).
+        self.hift = build_hift(cfg.hift, seed=seed + 1, weights_dir=weights_dir).to(device=self.device).eval()
+        self.hift.init_buffers()
         self._prompts = PromptBuilder(
             cfg, device=self.device, dtype=self.dtype, extra=cfg.extra, weights_dir=weights_dir, init_seed=seed,
             cache_size=cfg.prompt_cache_size,
@@ -205,18 +191,6 @@ class Token2Wav:
             raise ValueError("Token2Wav(shared=...) needs the same config, device, dtype and seed")
         self.flow, self.hift, self._prompts = other.flow, other.hift, other._prompts
         self._prompt_wavs, self._setups, self._prompt_lock = other._prompt_wavs, other._setups, other._prompt_lock
-
-    def _build_hift(self, seed: int, weights_dir: str | None) -> HiFTGenerator:
-        hift = _seeded(seed + 1, lambda: HiFTGenerator(self.cfg.hift))
-        if weights_dir is not None:
-            load_hift(hift, find_hift_checkpoint(weights_dir))
-        fold_weight_norm(hift)
-        if weights_dir is None:  # after folding: the init writes plain weights (D-INIT-1)
-            init_hift_(hift, seed=seed + 1)
-        # HiFT stays float32 whatever the flow dtype (upstream runs it in fp32).
-        hift = hift.to(device=self.device, dtype=torch.float32).eval()
-        hift.init_buffers()
-        return hift
 
     def describe(self) -> dict:
         """Facts for the run record (the replica's Ready)."""
