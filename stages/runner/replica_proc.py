@@ -8,6 +8,9 @@ replica waits for input only when it has nothing pending.
 
 A decode that raises fails exactly the requests in that batch: their states are dropped, and
 their later payloads are discarded until the talker's Drop (the client cancels a failed request).
+
+Once the runner stops (`ProcessSpec.stopping`), a replica decodes nothing more and only reads its
+inbox until its sentinel, so a stop waits for at most the decode in progress.
 """
 
 from __future__ import annotations
