@@ -189,7 +189,7 @@ def find_calibration(
         try:
             cal = load_calibration(path, flag="the automatic lookup of tts-bench ab")
         except ConfigError as exc:
-            log.warning("warning: skipped %s", str(exc).removeprefix("error: "))
+            log.warning("skipped %s", str(exc).removeprefix("error: "))
             continue
         if cal.mismatch(configs, profile=profile, num_prompts=num_prompts) is None:
             return cal

@@ -72,6 +72,12 @@ class ProcessSpec:
     live_per_replica: int = 0
     # Environment set before the device is touched (runner.sharing: the MPS client variables).
     env: tuple[tuple[str, str], ...] = ()
+    # Set by the runner when it starts to stop (a multiprocessing Event; None: never stops
+    # early): replicas then decode nothing more and only read their inboxes (replica_proc).
+    stopping: Any = None
+
+    def is_stopping(self) -> bool:
+        return self.stopping is not None and self.stopping.is_set()
 
     def placement(self) -> Placement:
         """Where every stage goes (needs the device count: call in the child)."""

@@ -8,6 +8,9 @@ replica waits for input only when it has nothing pending.
 
 A decode that raises fails exactly the requests in that batch: their states are dropped, and
 their later payloads are discarded until the talker's Drop (the client cancels a failed request).
+
+Once the runner stops (`ProcessSpec.stopping`), a replica decodes nothing more and only reads its
+inbox until its sentinel, so a stop waits for at most the decode in progress.
 """
 
 from __future__ import annotations
@@ -122,10 +125,19 @@ class ReplicaLoop:
     def run(self, inbox: Any) -> None:
         max_rows = self.ctx.spec.cfg.runner.max_num_seqs
         while True:
-            for msg in drain(inbox, block=not self.pending):
+            stopping = self.ctx.spec.is_stopping()
+            for msg in drain(inbox, block=stopping or not self.pending):
                 if msg is None:
                     return
                 self._handle(msg)
+            if stopping or self.ctx.spec.is_stopping():
+                # The runner is stopping: decode nothing more, but keep reading. The talker
+                # flushes what it queued for us before it exits, and a backlog decoded chunk by
+                # chunk between reads made that flush, and so the stop, wait on every decode
+                # (seconds each on a loaded CPU: the Ctrl-C test's 10 s flake). Our sentinel
+                # comes after the talker is gone.
+                self.pending.clear()
+                continue
             if self.pending:
                 t0 = time.perf_counter()
                 batch = take_batch(self.pending, max_rows)

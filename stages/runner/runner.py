@@ -135,6 +135,7 @@ class StageRunner:
         self._reports: dict[int, list[dict]] = {}
         self._reports_cv = threading.Condition(self._lock)
         self._sharing = Sharing()  # runner.sharing, resolved (and its daemon started) at start
+        self._stopping: Any = None  # an mp.Event every child sees: set when stop() begins
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -143,6 +144,7 @@ class StageRunner:
         if self._children:
             raise RunnerError("error: stage runner started twice (start); use a fresh StageRunner")
         ctx = mp.get_context("spawn")
+        self._stopping = ctx.Event()
         self._sharing = Sharing.start(self.cfg.runner, self.execution)
         per_process = self.cfg.runner.replicas_per_process
         groups = replica_groups(self.execution, self.replicas, per_process, self._replica_devices())
@@ -205,7 +207,7 @@ class StageRunner:
         if self.cfg.runner.deterministic and CUBLAS_WORKSPACE_ENV not in os.environ:
             env += ((CUBLAS_WORKSPACE_ENV, CUBLAS_WORKSPACE),)  # cuBLAS reads it once, at its start
         return ProcessSpec(name, self.cfg, self.factories, threads, replica_ids, self.replicas, hosts_talker,
-                           self._live_per_replica, env)
+                           self._live_per_replica, env, self._stopping)
 
     def _spawn(self, ctx, name: str, inbox, target, args, replicas: tuple[int, ...] = ()) -> None:
         read_end, write_end = ctx.Pipe(duplex=False)
@@ -252,6 +254,8 @@ class StageRunner:
             if self._closing:
                 return
             self._closing = True
+        if self._stopping is not None:  # replicas stop decoding now and only read (replica_proc)
+            self._stopping.set()
         deadline = time.monotonic() + timeout_s
         # The talker first: it flushes the payloads it queued for the replicas, which must still
         # be reading them (a replica stopped first would leave a half-written message behind,
@@ -275,7 +279,9 @@ class StageRunner:
         for child in self._children:
             if child.process.is_alive():  # children ignore SIGTERM (stages.signals): SIGKILL
                 if timeout_s > 0:
-                    log.warning("%s did not stop in %.0f s; killing it", child.name, timeout_s)
+                    doing = "a talker step or flushing its payloads" if child is self._children[0] else "a decode"
+                    log.warning("%s did not stop in %.0f s (still in %s); killing it", child.name, timeout_s,
+                                doing)
                 child.process.kill()
                 child.process.join()
         if self._reader is not None:

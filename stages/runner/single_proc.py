@@ -21,7 +21,8 @@ default segments this mode ran out of memory at 128x8 on an H200).
 The messages are the other modes': the talker reads Submit / Cancel / StatsQuery / Shutdown from
 the process inbox and puts payload lists on the replicas' queues, which the replica threads read
 (`replica_host.ReplicaThread`). At Shutdown the talker puts each replica's sentinel behind the
-payloads it sent and joins the threads, which decode what they hold first.
+payloads it sent and joins the threads, which read up to it and decode nothing more (the
+runner's stop event, `ProcessSpec.stopping`: at most the decode in progress finishes).
 A replica thread that fails ends the process (Fatal), as a replica process's death would.
 
     runner = StageRunner(replace(cfg, runner=replace(cfg.runner, execution="single")), replicas=4)

@@ -102,3 +102,14 @@ def test_the_automatic_lookup_applies_the_same_test(tmp_path, profile, num_promp
     configs = [config_to_dict(c) for c in load_arms(CONFIG, SETS).values()]
     cal = find_calibration(configs, profile=profile, num_prompts=num_prompts, directory=tmp_path)
     assert (cal is not None) == found
+
+
+def test_the_automatic_lookup_skips_an_unreadable_calibration_with_one_warning(tmp_path, caplog):
+    (tmp_path / f"broken.{PROFILE}.calibration.json").write_text('{"calibration_version": 2, "case"')
+    good = write_calibration(tmp_path, key=run_key(4))
+    arm = next(iter(load_arms(CONFIG, SETS).values()))
+    with caplog.at_level("WARNING", logger="tts_bench.calibration"):
+        found = find_calibration([config_to_dict(arm)], profile=PROFILE, num_prompts=4, directory=tmp_path)
+    assert found is not None and found.path == str(good)
+    (record,) = caplog.records
+    assert record.getMessage().startswith(f"skipped {tmp_path / f'broken.{PROFILE}.calibration.json'} is not valid JSON")

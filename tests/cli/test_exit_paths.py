@@ -120,7 +120,11 @@ def test_an_interrupt_prints_one_line_no_child_tracebacks_and_leaves_interrupted
             if "runner ready" in out or not out:
                 break
         assert "runner ready" in seen[-1], "".join(seen)
-        time.sleep(0.5)  # requests in flight in both stage processes
+        # An event, not a fixed sleep: the first finished request is on disk, so audio has
+        # gone through both stage processes and the next requests are in flight in them.
+        while not any(p.stat().st_size for p in tmp_path.glob("*/requests.jsonl")):
+            assert time.monotonic() < deadline and proc.poll() is None, "no request finished"
+            time.sleep(0.05)
         os.killpg(proc.pid, sig)
         rest = proc.stderr.read()
         assert proc.wait(timeout=60) == code

@@ -516,6 +516,31 @@ def test_stop_does_not_wait_on_a_replica_that_died_with_a_payload_half_written()
     assert took < 4.0
 
 
+def test_stop_waits_for_at_most_one_decode_however_long_the_replicas_backlog():
+    """The Ctrl-C flake: a replica decoded its backlog chunk by chunk and read its inbox only
+    between decodes, so the talker's flush of large first payloads (a voice each) waited on
+    decode after decode, and the stop outlived its 10 s (old code: 11 s here, the talker nearly
+    killed). Once the runner stops, replicas decode nothing more and only read: one decode at
+    most, the one in progress."""
+    decode_s = 4.0
+    runner = StageRunner(cpu_config(), replicas=1, factories=fake_factories(decode_s=decode_s))
+    runner.start()
+    try:
+        col = Collector()
+        for i in range(24):  # 24 voices of 3 MB: far more than a pipe holds, queued in the talker
+            runner.submit(RunnerRequest(f"r{i}", "one two three four five six", seed=i, max_codes=200,
+                                        prompt_audio=bytes([i]) * 3_000_000), col.expect(f"r{i}"))
+        deadline = time.monotonic() + WAIT_S
+        while not any(col.events.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the first audio: the replica is now in its next decode, backlogged
+        children = list(runner._children)
+        took = _timed_stop(runner, 30.0)
+    finally:
+        runner.stop()
+    assert [c.process.exitcode for c in children] == [0, 0], "a stage process had to be killed"
+    assert took < 1.5 * decode_s + 1.0, f"stop took {took:.1f} s"
+
+
 @pytest.mark.parametrize("execution", ["processes", "single", "hosts"])
 def test_replicas_size_their_slot_pools_for_the_concurrency_the_runner_expects(execution):
     # 9 requests in flight over 2 replicas: at most 5 a replica (the least-loaded one gets the

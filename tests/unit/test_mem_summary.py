@@ -125,3 +125,19 @@ def test_the_voices_held_by_the_stages_show_as_their_peak():
     assert "voices_peak_mib" not in _torch_extras([tick(None)], [tick(None)])
     extras = _torch_extras([tick(1 << 20), tick(3 << 20)], [tick(3 << 20)])
     assert extras["voices_peak_mib"] == 3.0
+
+
+def test_an_arm_whose_every_sample_failed_is_told_to_fix_the_sampler_not_the_interval():
+    from types import SimpleNamespace
+
+    from tts_bench.mem.run import _invalid
+
+    def summary(n, gaps):
+        arm = SimpleNamespace(steady_median_mib=None, n_samples=n, gaps=gaps)
+        return SimpleNamespace(sampler="npu-smi", arms={"base": arm})
+
+    (failed,) = _invalid({}, [summary(5, 5)], {})
+    assert failed.startswith("base: every npu-smi sample failed (5 gaps;") and "--sampler" in failed
+    assert "lower --interval" not in failed
+    (few,) = _invalid({}, [summary(1, 0)], {})
+    assert "lower --interval or add prompts" in few
