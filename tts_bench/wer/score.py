@@ -1,7 +1,10 @@
 """WER scores: per utterance (jiwer), per arm, and paired across arms.
 
 Per utterance the reference is the normalized target text and the hypothesis the normalized
-transcript; `wer = (S + D + I) / N` over reference words. WER is unbounded above 1 (a looping
+transcript; `wer = (S + D + I) / N` over reference words. On a Chinese set (`wer.language: zh`)
+the units are characters and the same numbers are a CER (`tts_bench.wer.language`): the field
+names stay `wer`/`mean_wer`/... (one schema for both), and `metric` ("wer" or "cer") on every
+arm and comparison says which it is; `ref_words` then counts reference characters. WER is unbounded above 1 (a looping
 transcript inserts words), so insertions are also reported on their own and the median and the
 count above 50% sit next to the mean.
 
@@ -31,6 +34,7 @@ import jiwer
 import numpy as np
 
 from tts_bench.stats import ALPHA, BlockInterval, block_interval
+from tts_bench.wer.language import Scorer, as_scorer
 from tts_bench.wer.references import has_words
 from tts_bench.wer.transcribe import UttTranscript
 
@@ -53,12 +57,15 @@ class UttScore:
         return self.substitutions + self.deletions + self.insertions
 
 
-def score_utterance(reference: str, hypothesis: str, normalize: Callable[[str], str], request_id: str = "") -> UttScore:
-    """jiwer WER of one normalized pair; an empty normalized reference is a ValueError."""
-    ref, hyp = normalize(reference), normalize(hypothesis)
+def score_utterance(reference: str, hypothesis: str, normalize: Callable[[str], str] | Scorer,
+                    request_id: str = "") -> UttScore:
+    """jiwer WER (or CER, with a character Scorer) of one normalized pair; an empty normalized
+    reference is a ValueError. A bare normalizer function scores English words."""
+    scorer = as_scorer(normalize)
+    ref, hyp = scorer.reference(reference), scorer.transcript(hypothesis)
     if not has_words(ref):
         raise ValueError(f"reference text of {request_id or 'utterance'} has no words after normalization")
-    out = jiwer.process_words(ref, hyp)
+    out = jiwer.process_words(scorer.units(ref), scorer.units(hyp))
     n = out.hits + out.substitutions + out.deletions
     wer = (out.substitutions + out.deletions + out.insertions) / n
     return UttScore(request_id, wer, n, out.substitutions, out.deletions, out.insertions, ref, hyp)
@@ -79,6 +86,8 @@ class ArmScore:
     audio_seconds: float
     asr_seconds: float
     utterances: list[dict] = field(default_factory=list)  # per utterance, for records and history
+    metric: str = "wer"  # "cer" on a Chinese set: the same fields, counted in characters
+    language: str = "en"
 
     @property
     def failed(self) -> int:
@@ -108,7 +117,8 @@ def _utt_row(t: UttTranscript, s: UttScore | None) -> dict:
     }
 
 
-def score_arm(arm: str, results: Sequence[UttTranscript], normalize: Callable[[str], str]) -> ArmScore:
+def score_arm(arm: str, results: Sequence[UttTranscript], normalize: Callable[[str], str] | Scorer) -> ArmScore:
+    normalize = as_scorer(normalize)
     scores = [score_utterance(t.gen.text, t.transcript or "", normalize, t.gen.request_id) if t.ok else None
               for t in results]
     ok = [s for s in scores if s is not None]
@@ -131,6 +141,8 @@ def score_arm(arm: str, results: Sequence[UttTranscript], normalize: Callable[[s
         audio_seconds=sum(t.gen.audio_seconds for t in results),
         asr_seconds=sum(t.asr_seconds for t in results),
         utterances=rows,
+        metric=normalize.metric,
+        language=normalize.language,
     )
 
 
@@ -147,6 +159,7 @@ class Paired:
     sd_delta_wer: float | None = None  # SD of the per-utterance differences
     # utterances whose transcripts differ: request_id, base/test transcript and WER
     differing: list[dict] = field(default_factory=list)
+    metric: str = "wer"  # what the deltas are: "wer" or "cer" (a comparison never mixes them)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -182,8 +195,10 @@ def _differing(base: Sequence[dict], tb: dict[str, dict]) -> list[dict]:
     return out
 
 
-def compare_utterances(base_name: str, base: Sequence[dict], test_name: str, test: Sequence[dict]) -> Paired:
-    """Paired comparison of two per-utterance lists (an arm's, or a history record's)."""
+def compare_utterances(base_name: str, base: Sequence[dict], test_name: str, test: Sequence[dict],
+                       *, metric: str = "wer") -> Paired:
+    """Paired comparison of two per-utterance lists (an arm's, or a history record's), both
+    scored as `metric`."""
     ids, deltas = paired_rows(base, test)
     iv = _t_interval(deltas)
     tb = {u["request_id"]: u for u in test}
@@ -195,5 +210,5 @@ def compare_utterances(base_name: str, base: Sequence[dict], test_name: str, tes
         delta_mean_wer=float(deltas.mean()) if deltas.size else None,
         delta_mean_wer_ci95=None if iv is None else (iv.lo, iv.hi), identical_audio=same_audio,
         identical_transcripts=same_text, sd_delta_wer=None if iv is None else iv.sd,
-        differing=_differing(base, tb),
+        differing=_differing(base, tb), metric=metric,
     )
