@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tts_bench.errors import ConfigError
-from tts_bench.wer.normalize import get_normalizer, seed_tts_zh_normalize, to_simplified
+from tts_bench.wer import normalize as _normalize
+from tts_bench.wer.normalize import seed_tts_zh_normalize, to_simplified
 
 LANGUAGES = ("en", "zh")
 METRIC = {"en": "wer", "zh": "cer"}
@@ -70,7 +71,7 @@ def get_scorer(language: str, normalizer: str) -> Scorer:
     """The scorer of a set in `language` under `normalizer`; a ConfigError for a pair that
     seed-tts-eval does not define (Whisper's normalizer is English-only)."""
     if language == "en":
-        return Scorer("en", normalizer, get_normalizer(normalizer))
+        return Scorer("en", normalizer, _normalize.get_normalizer(normalizer))
     if language == "zh":
         if normalizer != "seed-tts":
             raise ConfigError(

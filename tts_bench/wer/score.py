@@ -10,7 +10,8 @@ count above 50% sit next to the mean.
 
 Per arm: `mean_wer` (mean of per-utterance WER over the utterances that got a transcript),
 `mean_wer_seedtts` (the same with every empty transcript counted as WER 1.0: seed-tts-eval's
-`content_error_mean` convention, the number to compare with published ones), `median_wer`,
+`content_error_mean` convention, the number to compare with published ones) and its Student t
+95% interval over utterances `mean_wer_seedtts_ci95`, `median_wer`,
 `corpus_wer` (Σ errors / Σ reference words: long utterances weigh more), `above_50`,
 `insertions`, `completed`, and `failures` by kind. Failed utterances are counted, never silently
 dropped, and the gate judges them.
@@ -86,6 +87,9 @@ class ArmScore:
     audio_seconds: float
     asr_seconds: float
     utterances: list[dict] = field(default_factory=list)  # per utterance, for records and history
+    # t 95% interval of mean_wer_seedtts over the utterances (None below 2): how well this many
+    # prompts pin the arm's own error rate (the gate judges the paired Δ, not this)
+    mean_wer_seedtts_ci95: tuple[float, float] | None = None
     metric: str = "wer"  # "cer" on a Chinese set: the same fields, counted in characters
     language: str = "en"
 
@@ -141,6 +145,7 @@ def score_arm(arm: str, results: Sequence[UttTranscript], normalize: Callable[[s
         audio_seconds=sum(t.gen.audio_seconds for t in results),
         asr_seconds=sum(t.asr_seconds for t in results),
         utterances=rows,
+        mean_wer_seedtts_ci95=t_mean_ci(np.array(seedtts, dtype=np.float64)),
         metric=normalize.metric,
         language=normalize.language,
     )
