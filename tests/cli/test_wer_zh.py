@@ -129,3 +129,21 @@ def test_prompt_advice_ignores_history_of_the_other_metric(tmp_path):
     english = prompt_advice(WerParams(history_dir=str(tmp_path)), 40, available=50, history=wer_history)
     assert "history 2.json" in english.source  # the English run reads the WER history
 
+
+@pytest.mark.slow
+def test_shipped_zh_config_runs_end_to_end_on_cpu(tmp_path):
+    """configs/wer/seed-tts-zh.yaml as shipped: the tiny embedded runner speaks two Chinese
+    prompts, Whisper base transcribes them in Chinese, CER per arm with its interval (~100%:
+    random weights do not speak)."""
+    pytest.importorskip("faster_whisper")
+    result = _invoke(["wer", "--config", str(ROOT / "configs/wer/seed-tts-zh.yaml"), "--num-prompts", "2",
+                      "--set", f"wer.cache_dir={tmp_path / 'cache'}",
+                      "--result-dir", str(tmp_path / "runs"), "--format", "json"])
+    assert result.return_value == 0, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["metric"], doc["language"]) == ("cer", "zh")
+    assert doc["asr"]["model"] == "base" and doc["asr"]["language"] == "zh"
+    for arm in doc["arms"].values():
+        assert arm["total"] == 2 and arm["failures"]["request_failed"] == 0 and arm["failures"]["no_audio"] == 0
+        assert arm["mean_wer_seedtts"] is not None and arm["mean_wer_seedtts_ci95"] is not None
+    assert Path(doc["run"]).is_dir()
