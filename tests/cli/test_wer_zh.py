@@ -130,6 +130,17 @@ def test_prompt_advice_ignores_history_of_the_other_metric(tmp_path):
     assert "history 2.json" in english.source  # the English run reads the WER history
 
 
+def test_the_perf_gate_labels_a_folded_in_run_by_its_metric():
+    from tts_bench.gate.judge import _accuracy
+
+    cer = {"verdict": "regression", "reasons": ["test vs base: non-inferiority: ΔCER +4.00 points"], "metric": "cer"}
+    assert _accuracy(cer, []) == ["cer: test vs base: non-inferiority: ΔCER +4.00 points"]
+    invalid: list[str] = []
+    _accuracy({"verdict": "invalid", "reasons": [], "metric": "cer"}, invalid)
+    assert invalid == ["cer: invalid CER run"]
+    assert _accuracy({"verdict": "regression", "reasons": ["x"]}, []) == ["wer: x"]  # older runs: WER
+
+
 @pytest.mark.slow
 def test_shipped_zh_config_runs_end_to_end_on_cpu(tmp_path):
     """configs/wer/seed-tts-zh.yaml as shipped: the tiny embedded runner speaks two Chinese
