@@ -17,8 +17,6 @@ from tts_bench.wer.gate import HistoryEntry, find_reference, load_history, write
 from tts_bench.wer.params import WerParams
 from tts_bench.wer.testing import TextCodeBackend, TextCodeTranscriber, fake_provenance
 
-pytest.importorskip("zhconv")
-
 TEXTS = ["清晨的雾气慢慢散去。", "请把窗户关好，好吗？", "吃葡萄不吐葡萄皮。", "大家早上好！"]
 
 
@@ -26,6 +24,7 @@ TEXTS = ["清晨的雾气慢慢散去。", "请把窗户关好，好吗？", "�
 def zh_world(tmp_path, monkeypatch):
     """A Chinese meta.lst + config; the backend speaks traditional characters (as Whisper often
     writes Mandarin), so a CER scored as seed-tts-eval does is 0 unless an arm is degraded."""
+    pytest.importorskip("zhconv")
     (tmp_path / "ref.wav").write_bytes((ROOT / "tts_bench/data/seed-tts-en/prompts/ref_0.wav").read_bytes())
     meta = tmp_path / "meta.lst"
     meta.write_text("".join(f"zh_{i:04d}|ref|ref.wav|{t}\n" for i, t in enumerate(TEXTS, 1)), encoding="utf-8")
@@ -147,6 +146,7 @@ def test_shipped_zh_config_runs_end_to_end_on_cpu(tmp_path):
     prompts, Whisper base transcribes them in Chinese, CER per arm with its interval (~100%:
     random weights do not speak)."""
     pytest.importorskip("faster_whisper")
+    pytest.importorskip("zhconv")
     result = _invoke(["wer", "--config", str(ROOT / "configs/wer/seed-tts-zh.yaml"), "--num-prompts", "2",
                       "--set", f"wer.cache_dir={tmp_path / 'cache'}",
                       "--result-dir", str(tmp_path / "runs"), "--format", "json"])
