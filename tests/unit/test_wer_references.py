@@ -41,3 +41,15 @@ def test_emoji_or_symbol_only_texts_are_refused_like_punctuation_only(text):
 
 def test_a_text_with_words_and_emoji_is_scored():
     check_reference_texts([("u1", "good morning 😀", "meta.lst:1")], "seed-tts")
+
+
+def test_a_cjk_text_on_an_english_set_names_the_chinese_language_setting():
+    with pytest.raises(ConfigError, match="wer.language: zh"):
+        check_reference_texts([("u1", "你好，世界。", "meta.lst:1")], "seed-tts")
+
+
+def test_a_chinese_set_scores_cjk_and_still_refuses_punctuation_only_texts():
+    pytest.importorskip("zhconv")
+    check_reference_texts([("u1", "你好，世界。", "m:1"), ("u2", "AI 模型", "m:2")], "seed-tts", language="zh")
+    with pytest.raises(ConfigError, match="'u3' has no words"):
+        check_reference_texts([("u3", "……！？", "m:3")], "seed-tts", language="zh")

@@ -7,6 +7,7 @@ character for character. Run it on the WAVs of a WER run (`tts-bench wer --gener
 
     python -m tts_bench.asr.parity results/runs/<run>/wavs/base --model tiny.en --beam 5
     python -m tts_bench.asr.parity <dir> --model base --beam 1 --no-vad --out parity.json
+    python -m tts_bench.asr.parity <dir> --model base --language zh     # a Chinese set's decoding
 
 Prints one line per differing file and a summary; the last stdout line is one JSON document.
 Exit 0 when all transcripts are identical, 1 otherwise.
@@ -31,16 +32,16 @@ def _transcribe_all(options: AsrOptions, audio: list) -> tuple[list[str], float]
     return texts, time.perf_counter() - t0
 
 
-def compare(wavs: list[Path], *, model: str, beam_size: int, vad: bool) -> dict:
+def compare(wavs: list[Path], *, model: str, beam_size: int, vad: bool, language: str = "en") -> dict:
     """Transcribe `wavs` with both backends; a summary dict with every difference."""
     audio = [load_wav_16k(w) for w in wavs]
-    common = dict(model=model, beam_size=beam_size, vad=vad)
+    common = dict(model=model, beam_size=beam_size, vad=vad, language=language)
     fast, fast_s = _transcribe_all(AsrOptions(backend="faster-whisper", compute_type="float32", **common), audio)
     ref, ref_s = _transcribe_all(AsrOptions(backend="openai-whisper", **common), audio)
     diffs = [{"wav": str(w), "faster_whisper": a, "openai_whisper": b}
              for w, a, b in zip(wavs, fast, ref) if a != b]
     return {
-        "model": model, "beam_size": beam_size, "vad": vad, "files": len(wavs),
+        "model": model, "language": language, "beam_size": beam_size, "vad": vad, "files": len(wavs),
         "identical": len(wavs) - len(diffs), "differences": diffs,
         "audio_seconds": sum(len(a) for a in audio) / 16000.0,
         "faster_whisper_fp32_seconds": fast_s, "openai_whisper_seconds": ref_s,
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="tiny.en", help="tiny.en | base | CTranslate2 model dir")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--no-vad", action="store_true")
+    p.add_argument("--language", default="en", help="decoding language: en | zh (zh needs a multilingual model: base)")
     p.add_argument("--out", type=Path, help="also write the JSON summary here")
     args = p.parse_args(argv)
     wavs = sorted(args.wav_dir.rglob("*.wav"))
@@ -60,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no .wav files under {args.wav_dir} (wav_dir); run tts-bench wer --generate-only first",
               file=sys.stderr)
         return 2
-    doc = compare(wavs, model=args.model, beam_size=args.beam, vad=not args.no_vad)
+    doc = compare(wavs, model=args.model, beam_size=args.beam, vad=not args.no_vad, language=args.language)
     for d in doc["differences"]:
         print(f"DIFF {d['wav']}\n  faster-whisper: {d['faster_whisper']}\n  openai-whisper: {d['openai_whisper']}")
-    print(f"{doc['identical']}/{doc['files']} identical transcripts ({args.model}, beam {args.beam}, "
+    print(f"{doc['identical']}/{doc['files']} identical transcripts ({args.model}, {args.language}, beam {args.beam}, "
           f"vad {'off' if args.no_vad else 'on'}); audio {doc['audio_seconds']:.1f} s, faster-whisper fp32 "
           f"{doc['faster_whisper_fp32_seconds']:.1f} s, openai-whisper {doc['openai_whisper_seconds']:.1f} s")
     if args.out:

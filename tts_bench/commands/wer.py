@@ -4,6 +4,7 @@
     tts-bench wer --config configs/wer/seed-tts-en.yaml --test-set piper.noise_scale=1.5
     tts-bench wer --asr openai-whisper --transcribe-only results/runs/20261129-201500-wer-3fa9c1
     tts-bench wer --config configs/wer/seed-tts-en.yaml --accept        # record the new baseline
+    tts-bench wer --config configs/wer/seed-tts-zh.yaml                 # Chinese set: CER (wer.language: zh)
 
 Arms work like `tts-bench ab` (`--set` both, `--base-set`/`--test-set` one; `--arms base` runs a
 single arm). Exit 0 pass, 4 accuracy regression, 5 invalid run (failures above wer.max_failures,
@@ -36,13 +37,14 @@ def wer(
     asr: Optional[str] = typer.Option(None, "--asr", help="faster-whisper | openai-whisper (default: wer.asr)."),
     asr_model: Optional[str] = typer.Option(None, "--asr-model", help="tiny.en | base | <model dir or .pt> (default: wer.asr_model)."),
     normalizer: Optional[str] = typer.Option(None, "--normalizer", help="seed-tts | whisper (default: wer.normalizer)."),
+    language: Optional[str] = typer.Option(None, "--language", help="en (WER over words) | zh (CER over characters) (default: wer.language)."),
     generate_only: bool = typer.Option(False, "--generate-only", help="Only synthesize the audio (phase 1)."),
     transcribe_only: Optional[Path] = typer.Option(None, "--transcribe-only", help="Only transcribe + score this earlier WER run directory."),
     accept: bool = typer.Option(False, "--accept", "--record-history", help="Append this run to the WER history (wer.history_dir)."),
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
     result_dir: str = typer.Option("results/runs", "--result-dir", callback=result_dir_option, help="Where run directories are made."),
 ) -> ExitStatus:
-    """Seed-tts WER gate: per-arm mean/median/corpus WER, failures, paired ΔWER and a verdict."""
+    """Seed-tts WER gate (CER on a Chinese set): per-arm mean/median/corpus error rate, failures, paired delta and a verdict."""
     from tts_bench.wer.session import WerRequest, run_session
 
     fmt = check_format(fmt)
@@ -56,7 +58,7 @@ def wer(
         _check_transcribe_only(arms=arms, meta=meta, num_prompts=num_prompts, disable_shuffle=disable_shuffle,
                                sets=sets, base_sets=base_sets, test_sets=test_sets)
     request = WerRequest(
-        config=config, arms=arms, sets=[*sets, *_overrides(meta, num_prompts, asr, asr_model, normalizer)],
+        config=config, arms=arms, sets=[*sets, *_overrides(meta, num_prompts, asr, asr_model, normalizer, language)],
         base_sets=base_sets, test_sets=test_sets, disable_shuffle=disable_shuffle, generate_only=generate_only,
         transcribe_only=transcribe_only, accept=accept, result_dir=result_dir,
     )
@@ -84,10 +86,10 @@ def _check_transcribe_only(*, arms, meta, num_prompts, disable_shuffle, sets, ba
     if ignored:
         raise ConfigError(f"error: --transcribe-only scores the run as it was generated, so {', '.join(ignored)} "
                           "would change nothing (tts-bench wer); drop them (--config, --set wer.*, --asr, "
-                          "--asr-model and --normalizer apply)")
+                          "--asr-model, --normalizer and --language apply)")
 
 
-def _overrides(meta, num_prompts, asr, asr_model, normalizer) -> list[str]:
+def _overrides(meta, num_prompts, asr, asr_model, normalizer, language=None) -> list[str]:
     return flag_sets([("prompts.meta", meta, "--meta"), ("wer.num_prompts", num_prompts, "--num-prompts"),
                       ("wer.asr", asr, "--asr"), ("wer.asr_model", asr_model, "--asr-model"),
-                      ("wer.normalizer", normalizer, "--normalizer")])
+                      ("wer.normalizer", normalizer, "--normalizer"), ("wer.language", language, "--language")])

@@ -224,13 +224,16 @@ def judge(baseline: dict[str, Any], cur: RunSamples, thresholds: Any, *, alpha: 
 
 
 def _accuracy(wer_doc: dict[str, Any] | None, invalid: list[str]) -> list[str]:
-    """Fold a WER run's own verdict in: regression -> accuracy reasons, invalid -> invalid."""
+    """Fold a WER run's own verdict in: regression -> accuracy reasons, invalid -> invalid.
+    Reasons are labelled by the run's metric: `wer:` for an English set, `cer:` for a Chinese
+    one (runs from before the metric was recorded are English WER)."""
     if wer_doc is None:
         return []
+    label = wer_doc.get("metric") or "wer"
     verdict, reasons = wer_doc.get("verdict"), list(wer_doc.get("reasons") or [])
     if verdict == "invalid":
-        invalid.extend(f"wer: {r}" for r in reasons or ["invalid WER run"])
-    return [f"wer: {r}" for r in reasons] if verdict == "regression" else []
+        invalid.extend(f"{label}: {r}" for r in reasons or [f"invalid {label.upper()} run"])
+    return [f"{label}: {r}" for r in reasons] if verdict == "regression" else []
 
 
 def _fmt_num(v: float) -> str:

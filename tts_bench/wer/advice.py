@@ -28,6 +28,7 @@ import numpy as np
 
 from tts_bench.stats import ALPHA, POWER, mde_log, samples_needed
 from tts_bench.wer.gate import HistoryEntry, read_history
+from tts_bench.wer.language import METRIC
 from tts_bench.wer.params import WerParams
 from tts_bench.wer.score import paired_rows, scored_wer
 
@@ -56,6 +57,7 @@ class PromptAdvice:
     source: str
     mde_points: float
     needed: int | None
+    metric: str = "wer"
 
     @property
     def resolvable(self) -> bool:
@@ -63,7 +65,7 @@ class PromptAdvice:
 
     def line(self) -> str:
         head = (f"wer: non-inferiority margin {self.margin_points:g} points with {self.num_prompts} prompts: "
-                f"per-utterance ΔWER SD ~{self.sd_points:.1f} points ({self.source}), MDE at 80% power "
+                f"per-utterance Δ{self.metric.upper()} SD ~{self.sd_points:.1f} points ({self.source}), MDE at 80% power "
                 f"{self.mde_points:.1f} points")
         if self.resolvable:
             return f"{head}: resolvable (needs >= {self.needed} prompts)"
@@ -100,7 +102,12 @@ def history_spread(history: list[HistoryEntry]) -> tuple[float, str]:
 
 def prompt_advice(params: WerParams, num_prompts: int, *, available: int,
                   history: list[HistoryEntry] | None = None) -> PromptAdvice:
-    """`history`: the records of `params.history_dir`, when the caller has read them already."""
-    sd, source = history_spread(read_history(params.history_dir) if history is None else history)
+    """`history`: the records of `params.history_dir`, when the caller has read them already.
+    Only records of this run's metric count: a CER spread says nothing about a WER run."""
+    metric = METRIC[params.language]
+    history = read_history(params.history_dir) if history is None else history
+    sd, source = history_spread([h for h in history if h.metric == metric])
+    if metric != "wer" and source.startswith("the shipped"):
+        source += ", English WER: no CER history yet"
     return PromptAdvice(params.margin_points, num_prompts, available, sd, source,
-                        mde_points(sd, num_prompts), prompts_needed(sd, params.margin_points))
+                        mde_points(sd, num_prompts), prompts_needed(sd, params.margin_points), metric)

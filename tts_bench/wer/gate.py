@@ -4,10 +4,11 @@ History: `results/wer-history/<created>-<hash>.json`, one JSON record per accept
 (`tts-bench wer --accept`), committed to the repository. A record holds, per arm, the TTS config
 hash (the arm's config without its `wer`/`bench`/`mem` sections, plus the prompt selection), the
 ASR provenance (backend, model + weights hash, compute type, options, library versions), the
-normalizer, and every utterance's transcript, WER and audio hash.
+normalizer, the language and metric (`wer` on an English set, `cer` on a Chinese one), and every
+utterance's transcript, WER/CER and audio hash.
 
 An arm is checked against the newest history entry with the same TTS config hash *and* the same
-ASR provenance and normalizer. If entries with that config exist but none with this provenance,
+ASR provenance, normalizer and metric (a CER is never compared with a WER). If entries with that config exist but none with this provenance,
 the comparison is refused (InvalidRunError, exit 5): a WER from another ASR setup is not
 comparable, and silently skipping it would let the gate pass unchecked.
 
@@ -46,6 +47,7 @@ from typing import Any
 
 from tts_bench._paths import check_writable
 from tts_bench.errors import ExitStatus, InvalidRunError
+from tts_bench.wer.language import METRIC
 from tts_bench.wer.params import WerParams
 from tts_bench.wer.score import ArmScore, Paired, compare_utterances
 
@@ -79,10 +81,12 @@ class HistoryEntry:
     asr: dict[str, Any]
     normalizer: str
     utterances: list[dict]
+    metric: str = "wer"  # records from before Chinese sets are English WER
+    language: str = "en"
 
 
-def _provenance_key(asr: dict, normalizer: str) -> str:
-    return json.dumps({"asr": asr, "normalizer": normalizer}, sort_keys=True)
+def _provenance_key(asr: dict, normalizer: str, metric: str = "wer") -> str:
+    return json.dumps({"asr": asr, "normalizer": normalizer, "metric": metric}, sort_keys=True)
 
 
 def check_history_dir(directory: str | Path) -> None:
@@ -105,27 +109,30 @@ def load_history(directory: Path) -> list[HistoryEntry]:
             continue
         for arm, a in doc["arms"].items():
             entries.append(HistoryEntry(path.name, doc["created"], arm, a["tts_config_hash"],
-                                        doc["asr"], doc["normalizer"], a["utterances"]))
+                                        doc["asr"], doc["normalizer"], a["utterances"],
+                                        doc.get("metric", "wer"), doc.get("language", "en")))
     return entries
 
 
 def find_reference(
-    history: Sequence[HistoryEntry], tts_hash: str, asr: dict, normalizer: str, *, refuse: bool = True
+    history: Sequence[HistoryEntry], tts_hash: str, asr: dict, normalizer: str, *, refuse: bool = True,
+    metric: str = "wer",
 ) -> HistoryEntry | None:
-    """Newest entry with this config and provenance; refuses a config recorded only under another."""
+    """Newest entry with this config, provenance and metric; refuses a config recorded only
+    under another."""
     same_config = [h for h in history if h.tts_config_hash == tts_hash]
-    want = _provenance_key(asr, normalizer)
+    want = _provenance_key(asr, normalizer, metric)
     for h in same_config:
-        if _provenance_key(h.asr, h.normalizer) == want:
+        if _provenance_key(h.asr, h.normalizer, h.metric) == want:
             return h
     if same_config and refuse:
         h = same_config[0]
         raise InvalidRunError(
-            f"error: the WER history for this config ({h.source}) was recorded with ASR "
-            f"{_describe(h.asr, h.normalizer)}, this run uses {_describe(asr, normalizer)} "
-            f"(results/wer-history); WER from different ASR setups is not comparable: rerun with "
-            f"the recorded --asr/--asr-model/--normalizer (and library versions), or record a new "
-            f"baseline with --accept"
+            f"error: the WER history for this config ({h.source}) was recorded as {h.metric.upper()} with ASR "
+            f"{_describe(h.asr, h.normalizer)}, this run scores {metric.upper()} with {_describe(asr, normalizer)} "
+            f"(results/wer-history); error rates from different ASR setups or metrics are not comparable: "
+            f"rerun with the recorded --asr/--asr-model/--normalizer/--language (and library versions), or "
+            f"record a new baseline with --accept"
         )
     return None
 
@@ -139,7 +146,7 @@ def _describe(asr: dict, normalizer: str) -> str:
 
 def write_history(
     directory: Path, *, arms: Sequence[ArmScore], tts_hashes: dict[str, str], asr: dict,
-    normalizer: str, run_path: str, config_hashes: dict[str, str],
+    normalizer: str, run_path: str, config_hashes: dict[str, str], language: str = "en",
 ) -> Path:
     """Append one accepted run (atomically) and return its path."""
     created = _dt.datetime.now(_dt.timezone.utc)
@@ -149,6 +156,8 @@ def write_history(
         "run": run_path,
         "asr": asr,
         "normalizer": normalizer,
+        "language": language,
+        "metric": METRIC[language],
         "arms": {
             a.arm: {
                 "tts_config_hash": tts_hashes[a.arm],
@@ -180,7 +189,8 @@ class HistoryCheck:
 
 
 def check_history(arm: ArmScore, ref: HistoryEntry) -> HistoryCheck:
-    paired = compare_utterances(f"history:{ref.source}", ref.utterances, arm.arm, arm.utterances)
+    paired = compare_utterances(f"history:{ref.source}", ref.utterances, arm.arm, arm.utterances,
+                                metric=arm.metric)
     return HistoryCheck(arm.arm, ref.source, paired)
 
 
@@ -229,7 +239,7 @@ def _judge_noninferiority(p: Paired, label: str, params: WerParams) -> tuple[boo
     lo, hi = (100.0 * x for x in p.delta_mean_wer_ci95)
     delta = 100.0 * (p.delta_mean_wer or 0.0)
     ok = hi < params.margin_points
-    return ok, (f"{label}: non-inferiority: ΔWER {delta:+.2f} points, 95% CI [{lo:+.2f}, {hi:+.2f}] over "
+    return ok, (f"{label}: non-inferiority: Δ{p.metric.upper()} {delta:+.2f} points, 95% CI [{lo:+.2f}, {hi:+.2f}] over "
                 f"{p.n_paired} utterances; upper bound {'<' if ok else '>='} margin {params.margin_points:g}")
 
 

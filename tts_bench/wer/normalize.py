@@ -9,6 +9,13 @@ Two choices, recorded in every WER result because numbers are only comparable un
   trimming. The punctuation set is inlined here (no dependency on `zhon`); note that it contains
   the curly apostrophe U+2019, so "don’t" becomes "dont" while "don't" keeps its apostrophe —
   landmine kept on purpose for parity.
+- `seed-tts` on a Chinese set (`wer.language: zh`): seed-tts-eval's `lang == "zh"` path — the
+  transcript is first converted traditional -> simplified (`zhconv.convert(text, "zh-cn")`, the
+  library and call seed-tts-eval makes, on the transcript only), then both texts lose the same
+  punctuation (apostrophe kept) and double spaces once, with no lowercasing (a Latin letter in a
+  Chinese sentence keeps its case). Scoring is then by character (`tts_bench.wer.language`).
+  zhconv is a pure-Python package (PyPI, in the `[speech]` extra) imported lazily; missing, it is
+  a ConfigError naming the install command.
 - `whisper`: openai-whisper's `EnglishTextNormalizer` (spelling standardisation, numbers to
   digits, "mr" -> "mister", ...). Needs the `openai-whisper` package (imported lazily: it pulls
   torch); a missing package is a ConfigError naming the install command.
@@ -56,6 +63,30 @@ def seed_tts_normalize(text: str) -> str:
     text = text.translate(_SEED_TTS_DELETE)
     text = text.replace("  ", " ")
     return text.lower()
+
+
+def seed_tts_zh_normalize(text: str) -> str:
+    """seed-tts-eval's Chinese normalization of one text (run_wer.py `process_one`, lang "zh",
+    before its character split): punctuation out (apostrophe kept), double spaces once, no case
+    change. The transcript's traditional -> simplified step is `to_simplified`."""
+    return text.translate(_SEED_TTS_DELETE).replace("  ", " ")
+
+
+def to_simplified(text: str) -> str:
+    """Traditional -> simplified Chinese exactly as seed-tts-eval converts a transcript
+    (`zhconv.convert(text, "zh-cn")`); text without Chinese passes through unchanged."""
+    return _zhconv_convert()(text, "zh-cn")
+
+
+def _zhconv_convert() -> Callable[[str, str], str]:
+    try:
+        from zhconv import convert
+    except ImportError:
+        raise ConfigError(
+            "error: scoring a Chinese set needs zhconv (wer.language: zh); pip install zhconv "
+            "(or omni-tts-bench[speech])"
+        ) from None
+    return convert
 
 
 def _whisper_normalizer() -> Callable[[str], str]:

@@ -3,7 +3,8 @@
     wer:
       asr: faster-whisper        # or openai-whisper (the reference implementation)
       asr_model: tiny.en         # tiny.en | base | a CTranslate2 model dir | a .pt checkpoint
-      normalizer: seed-tts       # or whisper
+      normalizer: seed-tts       # or whisper (English only)
+      language: en               # en: WER over words; zh: CER over characters (seed-tts-eval's test-zh)
       num_prompts: 80
       mode: auto                 # exact | noninferiority | auto (exact when the audio is identical)
       margin_points: 3.5         # non-inferiority: upper 95% bound of mean ΔWER must be below this
@@ -17,6 +18,10 @@ synthesis, GPU rounding).
 The defaults (80 prompts, 3.5 points) come from 24 A/As and 6 degraded runs of piper at its
 default noise with faster-whisper tiny.en (results/wer-gate/figures.md): 20 prompts cannot both
 pass A/As and fail the degraded arm at any margin; 80 prompts at 3.5 points do.
+
+`language: zh` scores a Chinese set as seed-tts-eval does (`tts_bench.wer.language`): the ASR
+decodes in Chinese, so it needs the multilingual Whisper `base` (tiny.en is English-only and is
+refused), and every margin, delta and history comparison is then in CER points.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class WerParams:
     cpu_threads: int = 0  # ASR threads; 0 = library default (does not change transcripts)
     asr_workers: int = 2  # clips transcribed at once (faster-whisper); transcripts unchanged
     normalizer: Literal["seed-tts", "whisper"] = "seed-tts"
+    language: Literal["en", "zh"] = "en"  # en: WER (words); zh: CER (characters)
     num_prompts: int = 80  # capped at the set's size: a WER set is never cycled
     concurrency: int = 4  # requests in flight while generating (phase 1)
     replicas: int = 1  # backend replicas while generating
@@ -65,6 +71,19 @@ class WerParams:
         if self.max_failures < 0:
             raise ValueError(f"wer.max_failures must be >= 0, got {self.max_failures}")
         _check_sizes(self)
+        _check_language(self)
+
+
+def _check_language(p: WerParams) -> None:
+    """A Chinese set needs a multilingual model and seed-tts-eval's normalizer."""
+    if p.language == "en":
+        return
+    if p.asr_model.endswith(".en"):
+        raise ValueError(f"wer.asr_model {p.asr_model!r} is English-only and wer.language is {p.language!r}: "
+                         "use wer.asr_model: base (Whisper base, multilingual)")
+    if p.normalizer != "seed-tts":
+        raise ValueError(f"wer.normalizer {p.normalizer!r} is English-only and wer.language is {p.language!r}: "
+                         "use wer.normalizer: seed-tts")
 
 
 def _check_sizes(p: WerParams) -> None:

@@ -1,16 +1,16 @@
 """Target texts the WER gate can score, checked before any audio is made or transcribed (exit 2).
 
-The gate scores English the way seed-tts-eval's `en` path does: an English normalizer, then word
-error rate over space-separated words. Two kinds of text cannot be scored that way, and finding
-out after minutes of synthesis and transcription (or, worse, getting a number) helps nobody:
+The gate scores English the way seed-tts-eval's `en` path does (an English normalizer, then word
+error rate over space-separated words) and Chinese (`wer.language: zh`) the way its `zh` path
+does (character error rate). Two kinds of text cannot be scored, and finding out after minutes
+of synthesis and transcription (or, worse, getting a number) helps nobody:
 
-- letters of a non-Latin script (Chinese, Japanese, Cyrillic, ...): a sentence without spaces
-  counts as one "word", and the shipped ASR models transcribe English; seed-tts-eval scores
-  Chinese by character with a Chinese ASR, which this tool does not ship;
+- on an English set, letters of a non-Latin script (Chinese, Japanese, Cyrillic, ...): a
+  sentence without spaces counts as one "word"; a Chinese set says `wer.language: zh`;
 - a text the normalizer leaves without words (only punctuation, symbols or emoji, or only
   fillers under the `whisper` normalizer): a word error rate has no words to divide by.
 
-    check_reference_texts([(p.utt, p.text, f"meta.lst:{p.line}") for p in prompts], "seed-tts")
+    check_reference_texts([(p.utt, p.text, f"meta.lst:{p.line}") for p in prompts], "seed-tts", language="en")
 """
 
 from __future__ import annotations
@@ -44,19 +44,22 @@ def _script(ch: str) -> str:
     return unicodedata.name(ch, "UNKNOWN").split()[0].title()  # "CJK UNIFIED IDEOGRAPH-5728" -> "Cjk"
 
 
-def check_reference_texts(items: Iterable[tuple[str, str, str]], normalizer: str) -> None:
+def check_reference_texts(items: Iterable[tuple[str, str, str]], normalizer: str, *, language: str = "en") -> None:
     """`items`: (utterance id, target text, where it comes from). A ConfigError (exit 2) lists
-    the texts the gate cannot score, with why; nothing happens when all can be scored."""
-    from tts_bench.wer.normalize import get_normalizer
+    the texts the gate cannot score in `language`, with why; nothing happens when all can be
+    scored. Resolves the normalizer (and its language pairing) too: a bad one is exit 2 here."""
+    from tts_bench.wer.language import get_scorer
 
-    normalize = get_normalizer(normalizer)
+    normalize = get_scorer(language, normalizer).reference
     problems: list[str] = []
     for utt, text, where in items:
-        letter = foreign_letter(text)
+        letter = foreign_letter(text) if language == "en" else None
         if letter is not None:
             script = "CJK" if _script(letter) == "Cjk" else _script(letter)
-            problems.append(f"{where}: {utt!r} has {script} letters ({letter!r}): the gate scores English "
-                            f"words (seed-tts-eval scores Chinese by character with a Chinese ASR, not shipped here)")
+            hint = ("; a Chinese set is scored by character with wer.language: zh" if script == "CJK"
+                    else "")
+            problems.append(f"{where}: {utt!r} has {script} letters ({letter!r}): an English set is scored "
+                            f"in words{hint}")
         elif not has_words(normalize(text)):
             problems.append(f"{where}: {utt!r} has no words after the {normalizer} normalizer ({text!r}): "
                             "only punctuation, symbols or emoji leave no words to count errors against")
@@ -65,4 +68,4 @@ def check_reference_texts(items: Iterable[tuple[str, str, str]], normalizer: str
         more = len(problems) - _MAX_REPORTED
         tail = f"\n  ... and {more} more" if more > 0 else ""
         raise ConfigError(f"error: the WER gate cannot score {len(problems)} target text(s):\n  {shown}{tail}\n"
-                          "use an English prompt set, or remove those lines (prompts.meta)")
+                          "use a prompt set in wer.language, or remove those lines (prompts.meta)")

@@ -1,15 +1,15 @@
 """WER results as a table (shaped like the seed's) and as one JSON document.
 
-    | Branch / arm | mean WER | WER (empty = 1) | median | corpus | ASR failures |
-    | base         | 0.65%    | 0.65%           | 0.00%  | 0.52%  | 0            |
-    | test         | 0.65%    | 0.65%           | 0.00%  | 0.52%  | 0            |
+    | Branch / arm | mean WER | WER (empty = 1) | 95% CI        | median | corpus | ASR failures |
+    | base         | 0.65%    | 0.65%           | [0.0%, 1.4%]  | 0.00%  | 0.52%  | 0            |
+    | test         | 0.65%    | 0.65%           | [0.0%, 1.4%]  | 0.00%  | 0.52%  | 0            |
 
     paired test vs base: 20/20 identical audio, 20/20 identical transcripts, ΔWER +0.00 points [+0.00, +0.00]
     - test vs base: exact: audio byte-identical (20/20)
     verdict: pass
 
 `WER (empty = 1)` counts every empty transcript as WER 1.0 (seed-tts-eval's convention, the
-number comparable with published ones); `mean WER` averages the utterances with a transcript,
+number comparable with published ones), `95% CI` is its t interval over utterances; `mean WER` averages the utterances with a transcript,
 with the failures counted beside it. A failed exact comparison lists the differing utterances
 with both transcripts under the reasons.
 
@@ -17,6 +17,10 @@ The JSON (`--format json`) carries at least `arms.<arm>.mean_wer/.mean_wer_seedt
 .corpus_wer/.completed/.failures.<kind>`, `paired.identical_audio`, `paired.delta_mean_wer_ci95`,
 `paired.differing`, `modes`, `differences`, `asr.{backend,model,normalizer}` and `verdict`. WER
 values are fractions (0.0065 = 0.65%).
+
+A Chinese set (`wer.language: zh`) is scored in characters: the table's columns, the title and
+the Δ lines say CER, and the JSON's top-level `metric` ("wer" | "cer") and `language` say which
+the `*_wer` fields hold (one schema for both; every arm and paired entry repeats `metric`).
 
     df = wer_table(report); text = render_report(report, "md")
 """
@@ -38,6 +42,10 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100.0 * x:.2f}%"
 
 
+def _ci(ci: tuple[float, float] | None) -> str:
+    return "n/a" if ci is None else f"[{100.0 * ci[0]:.1f}%, {100.0 * ci[1]:.1f}%]"
+
+
 def _failures(a: ArmScore) -> str:
     if not a.failed:
         return "0"
@@ -45,11 +53,18 @@ def _failures(a: ArmScore) -> str:
     return f"{a.failed} ({kinds})"
 
 
+def report_metric(report: WerReport) -> str:
+    """`WER` or `CER`: what this report's error rates count (words or characters)."""
+    return (report.arms[0].metric if report.arms else "wer").upper()
+
+
 def wer_table(report: WerReport) -> pd.DataFrame:
+    m = report_metric(report)
     rows = [{
         "Branch / arm": a.arm,
-        "mean WER": _pct(a.mean_wer),
-        "WER (empty = 1)": _pct(a.mean_wer_seedtts),
+        f"mean {m}": _pct(a.mean_wer),
+        f"{m} (empty = 1)": _pct(a.mean_wer_seedtts),
+        "95% CI": _ci(a.mean_wer_seedtts_ci95),
         "median": _pct(a.median_wer),
         "corpus": _pct(a.corpus_wer),
         "ASR failures": _failures(a),
@@ -65,7 +80,7 @@ def paired_line(p: Paired) -> str:
     delta = "n/a" if p.delta_mean_wer is None else f"{100 * p.delta_mean_wer:+.2f} points"
     ci_s = "" if ci is None else f" 95% CI [{100 * ci[0]:+.2f}, {100 * ci[1]:+.2f}]"
     return (f"paired {p.test} vs {p.base}: {p.identical_audio}/{p.n_total} identical audio, "
-            f"{p.identical_transcripts}/{p.n_total} identical transcripts, ΔWER {delta}{ci_s} "
+            f"{p.identical_transcripts}/{p.n_total} identical transcripts, Δ{p.metric.upper()} {delta}{ci_s} "
             f"over {p.n_paired} utterances")
 
 
@@ -73,7 +88,7 @@ def footer_lines(report: WerReport) -> list[str]:
     lines = [paired_line(p) for p in report.paired]
     lines += [f"history {h.arm}: " + paired_line(h.paired).split(": ", 1)[1] for h in report.history]
     asr = report.asr
-    lines.append(f"ASR: {asr.backend} {asr.model} ({asr.compute_type}, beam {asr.beam_size}, "
+    lines.append(f"ASR: {asr.backend} {asr.model} ({asr.language}, {asr.compute_type}, beam {asr.beam_size}, "
                  f"vad {'on' if asr.vad else 'off'}), normalizer {report.normalizer}; "
                  f"audio {sum(a.audio_seconds for a in report.arms):.1f} s, ASR decoded "
                  f"{decoded_audio_seconds(report):.1f} s of it in {decode_wall_seconds(report):.1f} s wall "
@@ -113,6 +128,8 @@ def report_doc(report: WerReport, *, include_utterances: bool = False) -> dict[s
     wall = decode_wall_seconds(report)
     return {
         "run": str(report.run_path),
+        "metric": report_metric(report).lower(),
+        "language": report.arms[0].language if report.arms else "en",
         "arms": {a.arm: _arm_doc(a, include_utterances) for a in report.arms},
         "paired": report.paired[0].to_dict() if report.paired else None,
         "paired_all": [p.to_dict() for p in report.paired],
@@ -138,7 +155,8 @@ def render_report(report: WerReport, fmt: str, *, width: int = 120) -> str:
         return json.dumps(report_doc(report), indent=2, ensure_ascii=False) + "\n"
     from tts_bench.tables import render
 
-    table = render(wer_table(report), fmt, title="seed-tts WER", width=width)
+    title = f"seed-tts {report_metric(report)}" + (f" ({report.arms[0].language})" if report.arms else "")
+    table = render(wer_table(report), fmt, title=title, width=width)
     if fmt == "csv":
         return table
     return table.rstrip("\n") + "\n\n" + "\n".join(footer_lines(report)) + "\n"

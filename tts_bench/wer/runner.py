@@ -39,7 +39,7 @@ from tts_bench.wer.gate import (
     write_history,
 )
 from tts_bench.wer.generate import WER_TIER, GenRecord, generate_arm
-from tts_bench.wer.normalize import get_normalizer
+from tts_bench.wer.language import get_scorer
 from tts_bench.wer.params import WerParams
 from tts_bench.wer.references import check_reference_texts
 from tts_bench.wer.score import ArmScore, Paired, compare_utterances, score_arm
@@ -57,7 +57,7 @@ class WerArm:
 def asr_options(params: WerParams) -> AsrOptions:
     return AsrOptions(backend=params.asr, model=params.asr_model, compute_type=params.compute_type,
                       beam_size=params.beam_size, vad=params.vad, cpu_threads=params.cpu_threads,
-                      workers=params.asr_workers)
+                      workers=params.asr_workers, language=params.language)
 
 
 def select_wer_prompts(prompts: Sequence, num_prompts: int, *, shuffle: bool, seed: int) -> list:
@@ -155,7 +155,7 @@ def precheck_history(configs: dict[str, dict], selection: dict, params: WerParam
     asr = describe_asr(asr_options(params)).to_dict()
     for config in configs.values():
         h = tts_config_hash(config, num_prompts=selection["num_prompts"], shuffle=selection["shuffle"])
-        find_reference(history, h, asr, params.normalizer, refuse=True)
+        find_reference(history, h, asr, params.normalizer, refuse=True, metric=get_scorer(params.language, params.normalizer).metric)
 
 
 @dataclass(frozen=True)
@@ -199,12 +199,13 @@ def evaluate(
     # Before any transcription: a --transcribe-only may bring a normalizer that empties a text.
     texts = {r.request_id: r.text for records in gen.values() for r in records}
     check_reference_texts([(rid, text, f"{run.path.name}/requests.jsonl") for rid, text in texts.items()],
-                          params.normalizer)
+                          params.normalizer, language=params.language)
     results, session, asr_wall = _transcribe_all(gen, run, params, factory, provenance)
-    normalize = get_normalizer(params.normalizer)
-    arms = [score_arm(arm, res, normalize) for arm, res in results.items()]
+    scorer = get_scorer(params.language, params.normalizer)
+    arms = [score_arm(arm, res, scorer) for arm, res in results.items()]
     base = arms[0]
-    paired = [compare_utterances(base.arm, base.utterances, a.arm, a.utterances) for a in arms[1:]]
+    paired = [compare_utterances(base.arm, base.utterances, a.arm, a.utterances, metric=scorer.metric)
+              for a in arms[1:]]
     sel = run.doc["wer_selection"]
     hashes = {a: tts_config_hash(c, num_prompts=sel["num_prompts"], shuffle=sel["shuffle"])
               for a, c in run.doc["configs"].items()}
@@ -212,7 +213,8 @@ def evaluate(
     history = read_history(params.history_dir)  # again: a long run may see a newer record
     checks = []
     for a in arms:
-        ref = find_reference(history, hashes[a.arm], asr_dict, params.normalizer, refuse=not accept)
+        ref = find_reference(history, hashes[a.arm], asr_dict, params.normalizer, refuse=not accept,
+                             metric=scorer.metric)
         if ref is not None:
             checks.append(check_history(a, ref))
     gate = judge(arms, paired, checks, params)
@@ -220,6 +222,7 @@ def evaluate(
     if accept and gate.verdict != "invalid":
         written = str(write_history(Path(params.history_dir), arms=arms, tts_hashes=hashes, asr=asr_dict,
                                     normalizer=params.normalizer, run_path=run.path.name,
+                                    language=scorer.language,
                                     config_hashes=run.doc.get("config_hashes", {})))
     report = WerReport(run.path, arms, paired, checks, session.provenance, params.normalizer, gate,
                        session.load_seconds, asr_wall, written)

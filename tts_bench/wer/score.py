@@ -1,13 +1,17 @@
 """WER scores: per utterance (jiwer), per arm, and paired across arms.
 
 Per utterance the reference is the normalized target text and the hypothesis the normalized
-transcript; `wer = (S + D + I) / N` over reference words. WER is unbounded above 1 (a looping
+transcript; `wer = (S + D + I) / N` over reference words. On a Chinese set (`wer.language: zh`)
+the units are characters and the same numbers are a CER (`tts_bench.wer.language`): the field
+names stay `wer`/`mean_wer`/... (one schema for both), and `metric` ("wer" or "cer") on every
+arm and comparison says which it is; `ref_words` then counts reference characters. WER is unbounded above 1 (a looping
 transcript inserts words), so insertions are also reported on their own and the median and the
 count above 50% sit next to the mean.
 
 Per arm: `mean_wer` (mean of per-utterance WER over the utterances that got a transcript),
 `mean_wer_seedtts` (the same with every empty transcript counted as WER 1.0: seed-tts-eval's
-`content_error_mean` convention, the number to compare with published ones), `median_wer`,
+`content_error_mean` convention, the number to compare with published ones) and its Student t
+95% interval over utterances `mean_wer_seedtts_ci95`, `median_wer`,
 `corpus_wer` (Σ errors / Σ reference words: long utterances weigh more), `above_50`,
 `insertions`, `completed`, and `failures` by kind. Failed utterances are counted, never silently
 dropped, and the gate judges them.
@@ -31,6 +35,7 @@ import jiwer
 import numpy as np
 
 from tts_bench.stats import ALPHA, BlockInterval, block_interval
+from tts_bench.wer.language import Scorer, as_scorer
 from tts_bench.wer.references import has_words
 from tts_bench.wer.transcribe import UttTranscript
 
@@ -53,12 +58,15 @@ class UttScore:
         return self.substitutions + self.deletions + self.insertions
 
 
-def score_utterance(reference: str, hypothesis: str, normalize: Callable[[str], str], request_id: str = "") -> UttScore:
-    """jiwer WER of one normalized pair; an empty normalized reference is a ValueError."""
-    ref, hyp = normalize(reference), normalize(hypothesis)
+def score_utterance(reference: str, hypothesis: str, normalize: Callable[[str], str] | Scorer,
+                    request_id: str = "") -> UttScore:
+    """jiwer WER (or CER, with a character Scorer) of one normalized pair; an empty normalized
+    reference is a ValueError. A bare normalizer function scores English words."""
+    scorer = as_scorer(normalize)
+    ref, hyp = scorer.reference(reference), scorer.transcript(hypothesis)
     if not has_words(ref):
         raise ValueError(f"reference text of {request_id or 'utterance'} has no words after normalization")
-    out = jiwer.process_words(ref, hyp)
+    out = jiwer.process_words(scorer.units(ref), scorer.units(hyp))
     n = out.hits + out.substitutions + out.deletions
     wer = (out.substitutions + out.deletions + out.insertions) / n
     return UttScore(request_id, wer, n, out.substitutions, out.deletions, out.insertions, ref, hyp)
@@ -79,6 +87,11 @@ class ArmScore:
     audio_seconds: float
     asr_seconds: float
     utterances: list[dict] = field(default_factory=list)  # per utterance, for records and history
+    # t 95% interval of mean_wer_seedtts over the utterances (None below 2): how well this many
+    # prompts pin the arm's own error rate (the gate judges the paired Δ, not this)
+    mean_wer_seedtts_ci95: tuple[float, float] | None = None
+    metric: str = "wer"  # "cer" on a Chinese set: the same fields, counted in characters
+    language: str = "en"
 
     @property
     def failed(self) -> int:
@@ -108,7 +121,8 @@ def _utt_row(t: UttTranscript, s: UttScore | None) -> dict:
     }
 
 
-def score_arm(arm: str, results: Sequence[UttTranscript], normalize: Callable[[str], str]) -> ArmScore:
+def score_arm(arm: str, results: Sequence[UttTranscript], normalize: Callable[[str], str] | Scorer) -> ArmScore:
+    normalize = as_scorer(normalize)
     scores = [score_utterance(t.gen.text, t.transcript or "", normalize, t.gen.request_id) if t.ok else None
               for t in results]
     ok = [s for s in scores if s is not None]
@@ -131,6 +145,9 @@ def score_arm(arm: str, results: Sequence[UttTranscript], normalize: Callable[[s
         audio_seconds=sum(t.gen.audio_seconds for t in results),
         asr_seconds=sum(t.asr_seconds for t in results),
         utterances=rows,
+        mean_wer_seedtts_ci95=t_mean_ci(np.array(seedtts, dtype=np.float64)),
+        metric=normalize.metric,
+        language=normalize.language,
     )
 
 
@@ -147,6 +164,7 @@ class Paired:
     sd_delta_wer: float | None = None  # SD of the per-utterance differences
     # utterances whose transcripts differ: request_id, base/test transcript and WER
     differing: list[dict] = field(default_factory=list)
+    metric: str = "wer"  # what the deltas are: "wer" or "cer" (a comparison never mixes them)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -182,8 +200,10 @@ def _differing(base: Sequence[dict], tb: dict[str, dict]) -> list[dict]:
     return out
 
 
-def compare_utterances(base_name: str, base: Sequence[dict], test_name: str, test: Sequence[dict]) -> Paired:
-    """Paired comparison of two per-utterance lists (an arm's, or a history record's)."""
+def compare_utterances(base_name: str, base: Sequence[dict], test_name: str, test: Sequence[dict],
+                       *, metric: str = "wer") -> Paired:
+    """Paired comparison of two per-utterance lists (an arm's, or a history record's), both
+    scored as `metric`."""
     ids, deltas = paired_rows(base, test)
     iv = _t_interval(deltas)
     tb = {u["request_id"]: u for u in test}
@@ -195,5 +215,5 @@ def compare_utterances(base_name: str, base: Sequence[dict], test_name: str, tes
         delta_mean_wer=float(deltas.mean()) if deltas.size else None,
         delta_mean_wer_ci95=None if iv is None else (iv.lo, iv.hi), identical_audio=same_audio,
         identical_transcripts=same_text, sd_delta_wer=None if iv is None else iv.sd,
-        differing=_differing(base, tb),
+        differing=_differing(base, tb), metric=metric,
     )

@@ -152,7 +152,7 @@ def check_before_generating(arms: dict, params: WerParams, prompts: Sequence) ->
     runner.describe_asr(runner.asr_options(params))  # resolves (and hashes) the model, or exit 2
     meta = next(iter(arms.values())).prompts.meta
     check_reference_texts([(p.utt, p.text, f"{meta}:{p.line}" if p.line else str(meta)) for p in prompts],
-                          params.normalizer)  # resolves the normalizer too: an unknown one is exit 2 here
+                          params.normalizer, language=params.language)  # resolves the normalizer too: exit 2 here
     check_text_lengths(list(arms.values()), prompts, source=meta)
     check_prompt_wavs(prompts, source=meta, limit_seconds=embedded_voice_limit(list(arms.values())))
     for name, cfg in arms.items():

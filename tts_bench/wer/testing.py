@@ -4,7 +4,10 @@
 (16 kHz); `TextCodeTranscriber` reads the runs back, so a transcript equals the synthesized text
 exactly and WER is 0 unless a test degrades something. Knobs (constructor arguments):
 
-- `drop_last_word=True`: every utterance loses its last word (a degraded arm: WER > 0);
+- `drop_last_word=True`: every utterance loses its last word, or in Chinese its last ideograph
+  (a degraded arm: WER / CER > 0);
+- `traditional=True`: a Chinese text is spoken in traditional characters (zhconv `zh-tw`), the
+  way Whisper often transcribes Mandarin: a CER scored as seed-tts-eval does is unchanged;
 - `raise_for={"en_0002"}`: those request ids raise `RequestFailed("backend_error")`;
 - `empty_for={...}`: those request ids finish with zero samples (`no_audio`);
 - `silence_for={...}`: those ids produce one second of digital silence (the transcriber returns
@@ -27,12 +30,27 @@ from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 
 RUN = 80  # samples per character
 _OFFSET, _SCALE = 64, 256.0  # char code c -> sample (c - 64) / 256, inside [-0.25, 0.25] for ASCII
+# A character past ASCII (Chinese) is three runs: this marker, then its code's high and low byte
+# as (b - 128) / 256, so every sample stays well inside [-1, 1] and survives an int16 WAV.
+_WIDE = 0x7F
+
+
+def _codes(text: str) -> list[float]:
+    out: list[float] = []
+    for ch in text:
+        c = ord(ch)
+        if c < _WIDE:
+            out.append((c - _OFFSET) / _SCALE)
+        else:
+            assert c <= 0xFFFF, "text-code speaks the Basic Multilingual Plane only"
+            out += [(_WIDE - _OFFSET) / _SCALE, ((c >> 8) - 128) / _SCALE, ((c & 0xFF) - 128) / _SCALE]
+    return out
 
 
 def encode_text(text: str) -> np.ndarray:
-    """[len(text) * RUN] float32: each character as RUN equal samples."""
-    codes = np.array([ord(c) for c in text], dtype=np.float32)
-    return np.repeat((codes - _OFFSET) / _SCALE, RUN).astype(np.float32)
+    """[runs * RUN] float32: each character as RUN equal samples (three runs past ASCII)."""
+    codes = np.array(_codes(text), dtype=np.float32)
+    return np.repeat(codes, RUN).astype(np.float32)
 
 
 def decode_text(audio: np.ndarray) -> str:
@@ -40,15 +58,31 @@ def decode_text(audio: np.ndarray) -> str:
     # audio: [n] float32, 16 kHz
     if audio.size == 0 or not np.any(audio):
         return ""
-    mids = audio[RUN // 2 :: RUN]
-    return "".join(chr(int(round(x * _SCALE)) + _OFFSET) for x in mids)
+    mids = [int(round(x * _SCALE)) for x in audio[RUN // 2 :: RUN]]
+    out, i = [], 0
+    while i < len(mids):
+        c = mids[i] + _OFFSET
+        if c == _WIDE and i + 2 < len(mids):
+            c, i = ((mids[i + 1] + 128) << 8) | (mids[i + 2] + 128), i + 2
+        out.append(chr(c))
+        i += 1
+    return "".join(out)
+
+
+def _drop_last_word(text: str) -> str:
+    """The text less its last space-separated word, or in Chinese its last ideograph."""
+    cjk = [i for i, ch in enumerate(text) if "\u4e00" <= ch <= "\u9fff"]
+    if not cjk:
+        return text.rsplit(" ", 1)[0]
+    return text[: cjk[-1]] + text[cjk[-1] + 1 :]
 
 
 class TextCodeBackend:
     """A Backend that encodes the request text into audio (see module docstring)."""
 
-    def __init__(self, *, drop_last_word: bool = False, raise_for=(), empty_for=(), silence_for=()) -> None:
-        self.drop_last_word = drop_last_word
+    def __init__(self, *, drop_last_word: bool = False, raise_for=(), empty_for=(), silence_for=(),
+                 traditional: bool = False) -> None:
+        self.drop_last_word, self.traditional = drop_last_word, traditional
         self.raise_for, self.empty_for, self.silence_for = set(raise_for), set(empty_for), set(silence_for)
         self.started = False
         self.calls = 0
@@ -74,7 +108,13 @@ class TextCodeBackend:
         if rid in self.silence_for:
             yield AudioChunk(np.zeros(WHISPER_SAMPLE_RATE, dtype=np.float32), WHISPER_SAMPLE_RATE)
             return
-        text = request.text.rsplit(" ", 1)[0] if self.drop_last_word else request.text
+        text = request.text
+        if self.drop_last_word:
+            text = _drop_last_word(text)
+        if self.traditional:
+            from zhconv import convert
+
+            text = convert(text, "zh-tw")
         audio = encode_text(text)
         half = (len(audio) // 2 // RUN) * RUN  # two chunks, split on a character boundary
         for piece in (audio[:half], audio[half:]):
