@@ -37,12 +37,13 @@ Landmines of the official modules, handled here and nowhere else:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.metadata
 import importlib.util
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Literal
@@ -309,3 +310,65 @@ def copy_project_weights(dec: OfficialDecoder, project) -> None:
         dec.flow.decoder.rand_noise = noise.detach().to(device="cpu", dtype=torch.float32).clone()
     fold_weight_norm(dec.hift)
     dec.hift.load_state_dict(project.hift.state_dict(), strict=True)
+
+
+# ---- the project's deviations from the official formulation, undone (measurement only) ------
+
+
+def official_t_span(n_timesteps: int) -> list[float]:
+    """The t values upstream's Euler loop actually uses: the cosine schedule in fp32 on the
+    device (`1 - cos(linspace(0, 1, n + 1) * pi / 2)`), t advanced by `t = t + dt` in fp32 with
+    `dt = t_span[i + 1] - t` (`CausalConditionalCFM.solve_euler_chunk`)."""
+    span = 1 - torch.cos(torch.linspace(0, 1, n_timesteps + 1, dtype=torch.float32) * 0.5 * torch.pi)
+    t, dt, out = span[0], span[1] - span[0], [float(span[0])]
+    for step in range(1, n_timesteps + 1):
+        t = t + dt
+        out.append(float(t))
+        if step < n_timesteps:
+            dt = span[step + 1] - t
+    return out
+
+
+@contextlib.contextmanager
+def upstream_formulation(cfm: nn.Module) -> Iterator[None]:
+    """The project's modules with the official formulation swapped back in, for one B = 1 run
+    (a monkeypatch of `stages` in this process, restored on exit; `cfm` is the project's
+    `CausalCFM`, whose cached adaLN rows are dropped on entry and exit). The swaps, each a speed
+    or sync choice of the project (or, the last, a copy it skips):
+    * `dit.modulate` / `dit.gated`: `x * (1 + scale) + shift` and `x + gate * y` (two roundings)
+      instead of one `addcmul` each;
+    * `hift.istft`: `torch.istft` instead of the graph-safe deterministic one;
+    * `cfm.cosine_t_span`: the fp32 on-device schedule (`official_t_span`) instead of float64 on
+      the host;
+    * `DiT.step_modulation`: adaLN rows computed on the 2 rows upstream's CFG batch has (the
+      CPU's GEMM rounds a 1-row product differently) instead of once on 1 row;
+    * `flow_encoder.LinearEmbed`: its input made contiguous, as upstream's `up_embed` gets it (the
+      project hands it the upsample output transposed, a view: the CPU's GEMM then sums in
+      another order at full width, 2.4e-6 apart).
+    With all six, the tiny and full flow mel and HiFT audio equal the official bit for bit on
+    the CPU (tests/stages/test_official_reference.py; results/cpu/official_deviation_*.json)."""
+    from stages.code2wav import cfm as cfm_mod
+    from stages.code2wav import dit as dit_mod
+    from stages.code2wav import flow_encoder as enc_mod
+    from stages.code2wav import hift as hift_mod
+
+    def step_modulation(self, t: float, like: torch.Tensor):
+        rows = self._modulation(self.t_embedder(like.new_full((2,), t)).unsqueeze(1))
+        return dit_mod.StepModulation(tuple(tuple(r[:1] for r in b) for b in rows.blocks),
+                                      tuple(r[:1] for r in rows.final))
+
+    saved = (dit_mod.modulate, dit_mod.gated, hift_mod.istft, cfm_mod.cosine_t_span, dit_mod.DiT.step_modulation,
+             enc_mod.LinearEmbed.forward)
+    dit_mod.modulate = lambda x, shift, scale_plus_one: x * scale_plus_one + shift  # the rows hold 1 + scale
+    dit_mod.gated = lambda x, gate, y: x + gate * y
+    hift_mod.istft = lambda spec, n_fft, hop, window: torch.istft(spec, n_fft, hop, n_fft, window=window)
+    cfm_mod.cosine_t_span = official_t_span
+    dit_mod.DiT.step_modulation = step_modulation
+    enc_mod.LinearEmbed.forward = lambda self, x: self.out(x.contiguous()) * self.xscale
+    cfm._mods = None
+    try:
+        yield
+    finally:
+        (dit_mod.modulate, dit_mod.gated, hift_mod.istft, cfm_mod.cosine_t_span, dit_mod.DiT.step_modulation,
+         enc_mod.LinearEmbed.forward) = saved
+        cfm._mods = None
