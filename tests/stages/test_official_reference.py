@@ -181,6 +181,21 @@ def test_official_init_builds_the_official_modules_own_weights_deterministically
     assert not torch.equal(a.flow.decoder.rand_noise, pair[1].flow.decoder.rand_noise)
 
 
+def test_official_init_decodes_codes_to_audio_and_its_zeroed_dit_leaves_the_noise_as_the_mel(pair):
+    """`OfficialDecoder.decode` (codes -> mel -> audio) with the official init: adaLN-zero and the
+    zeroed final layer make every velocity 0, so the mel is the CFM noise whatever the codes."""
+    cfg = pair[0].cfg
+    dec = build_official(cfg, init="official", seed=0)
+    gen = torch.Generator().manual_seed(2)
+    prompt = (torch.randint(0, cfg.flow.vocab_size, (20,), generator=gen), torch.randn(1, 80, 40, generator=gen),
+              torch.randn(192, generator=gen))
+    mel_a, audio_a = dec.decode(_codes(cfg), *prompt, seed=0)
+    mel_b, audio_b = dec.decode(list(reversed(_codes(cfg))), *prompt, seed=0)
+    assert mel_a.shape == (80, 2 * (3 + 2 * 25 + 7)) and audio_a.shape == (mel_a.shape[1] * 480,)
+    assert torch.equal(mel_a, mel_b) and torch.equal(audio_a, audio_b)
+    assert torch.equal(mel_a, dec.flow.decoder.rand_noise[0, :, 40 : 40 + mel_a.shape[1]])
+
+
 def test_importing_the_official_modules_leaves_torch_dynamo_settings_alone(pair):
     dynamo = torch._dynamo.config
     saved = dynamo.suppress_errors, dynamo.cache_size_limit

@@ -13,7 +13,7 @@ pin pillow, librosa, decord and moviepy, none of which these modules use, hence 
     pip install --no-deps minicpmo-utils==1.0.7 && pip install einops
 
 Import without the heavy optional dependencies: `stepaudio2/__init__.py` imports the `Token2wav`
-glue, which needs s3tokenizer's model, torchaudio, hyperpyyaml and yaml. Nothing here uses that
+glue, which imports s3tokenizer, torchaudio, hyperpyyaml and yaml. Nothing here uses that
 file, so the package is registered from its spec without executing it, and the leaf modules
 (`cosyvoice2.flow.*`, `cosyvoice2.transformer.*`, `flashcosyvoice.modules.hifigan*`) import as
 shipped: nothing is stubbed. Their own imports are torch, numpy, scipy, onnxruntime (a project
@@ -31,8 +31,8 @@ Landmines of the official modules, handled here and nowhere else:
 
     dec = build_official(Code2WavConfig(), init="official", seed=0)     # the modules' own init
     dec = build_official(tiny_cfg, init="project", seed=0)              # the project's weights
-    mels = dec.stream_mels(prompt.tokens, prompt_mel, prompt.spk_embedding, payloads)
-    audio, source = dec.vocode(torch.cat(mels, dim=1)[None], seed=0)
+    mel, audio = dec.decode(codes, prompt.tokens, prompt.mel.t()[None], prompt.spk_embedding, seed=0)
+    audio, source = dec.vocode(mel[None], seed=0)                        # mel -> audio alone
 """
 
 from __future__ import annotations
@@ -83,8 +83,9 @@ def _unavailable(what: str) -> OfficialUnavailable:
 
 @functools.cache
 def official_modules() -> SimpleNamespace:
-    """The official classes: flow, cfm, dit, encoder (module objects) and their classes
-    (`CausalMaskedDiffWithXvec`, ...). Raises OfficialUnavailable naming the install line."""
+    """The official classes (Flow = `CausalMaskedDiffWithXvec`, CFM, DiT, Encoder, HiFT,
+    F0Predictor) and the DiT's module (`dit_module.modulate`). Raises OfficialUnavailable naming
+    the install line."""
     try:
         version = importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
@@ -246,6 +247,25 @@ class OfficialDecoder:
             mel = torch.cat([att[depth:, :, :, :prompt_frames], att[depth:, :, :, att.shape[3] - keep :]], dim=3)
             cache["conformer_att_cache"] = torch.cat([tok.repeat(1, 1, 1, 2, 1), mel], dim=0)
         return cache
+
+    def decode(
+        self,
+        codes: Sequence[int],
+        prompt_tokens: torch.Tensor,  # [Tp]
+        prompt_mel: torch.Tensor,  # [1, 80, 2*Tp]
+        spk_embedding: torch.Tensor,  # [192]
+        *,
+        seed: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """codes -> (mel [80, T], audio [T*480]): streamed in the project's payloads (25 new + 3
+        left-context codes, then the final flush), the whole mel vocoded once with `seed`."""
+        from stages.code2wav.streaming import Chunker
+
+        chunker = Chunker(self.cfg, "official")
+        payloads = [*chunker.push(codes), chunker.finish()]
+        mels = self.stream_mels(prompt_tokens, prompt_mel, spk_embedding, [(p.codes, p.last_chunk) for p in payloads])
+        mel = torch.cat(mels, dim=1)
+        return mel, self.vocode(mel[None], seed=seed)[0][0]
 
     @torch.inference_mode()
     def vocode(self, mel: torch.Tensor, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
