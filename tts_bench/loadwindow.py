@@ -9,7 +9,8 @@ its arrival offset and waits for one of the C slots. A controller decides the ed
   loop that has not filled C by `ramp_s + duration_s` stops and is invalid (it would have
   measured a ramp);
 - it closes `duration_s` later; with `until_stable`, an unstable window gets one more
-  sub-window at a time up to the cap (decided from what has arrived so far);
+  sub-window at a time up to the cap (decided from the requests finished so far; the phase's
+  `stable` flag is computed again after the drain, from every chunk);
 - then nothing new is sent and the requests in flight finish (drain).
 
 Only then are the records labelled (sent in ramp / window / drain; only window requests are
