@@ -8,7 +8,7 @@ better). The verdicts are 95 % ones, so about 5 % false per metric is the design
 count comes with its exact (Clopper-Pearson) interval.
 
     PYTHONPATH=. python scripts/aa_sweep.py                       # 100 A/As, about 6 minutes on 2 cores
-    PYTHONPATH=. python scripts/aa_sweep.py --runs 20 --duration 0.5 --repeats 2 --out /tmp/aa
+    PYTHONPATH=. python scripts/aa_sweep.py --runs 20 --duration 0.5 --repeats 2 --out results/runs/aa
 
 Writes `<out>/<name>.json` and `.md` (default results/cpu/aa_sweep_duration); the last stdout line is
 one JSON summary.
