@@ -254,6 +254,14 @@ class BenchParams:
     disable_shuffle: bool = False
     max_failure_fraction: float = 0.0  # more failed requests than this -> invalid run (exit 5)
     duration_mismatch_pct: float = 1.0  # flag tiers whose arms' mean audio seconds differ more
+    # Duration mode (tts_bench.windows): None = count mode (num_prompts / prompts_per_client).
+    duration_s: float | None = None  # the measured window of each phase, after the ramp
+    ramp_s: float = 0.0  # the ramp lasts until C requests are in flight and this has passed
+    window_s: float = 10.0  # sub-windows of the window: the stability check
+    stability_pct: float = 10.0  # the last three sub-windows within this % of their mean
+    until_stable: bool = False  # extend an unstable window by sub-windows, up to max_duration_s
+    max_duration_s: float | None = None  # None -> 3 x duration_s
+    warmup_phase: bool | None = None  # a discarded phase per arm and tier first; None -> duration mode
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -284,6 +292,9 @@ class BenchParams:
             raise ValueError(
                 f"bench.max_failure_fraction must be in [0, 1], got {self.max_failure_fraction}"
             )
+        from tts_bench.windows import check_window_params  # windows never imports config
+
+        check_window_params(self)
 
     @property
     def tier_list(self) -> tuple[Tier, ...]:

@@ -19,6 +19,12 @@ everything already measured):
 
     result = await run_phase(backend, jobs, concurrency=32, labels=PhaseLabels("base", "32x1", 0),
                              timeout_s=120, sink=run_dir.append_request)
+
+Open loop (`arrivals`, `tts_bench.arrivals`): request k is due at its arrival offset, waits for
+one of the C slots, and is sent then. Duration mode (`window`, `tts_bench.windows`): `jobs` is a
+function from position to job (the prompt set cycles), the phase is ramp, window, drain, and the
+records are labelled and handed to `sink` when it ends (`tts_bench.loadwindow`). Either way the
+result carries the phase's `PhaseRecord` (count mode: the window is first send .. last end).
 """
 
 from __future__ import annotations
@@ -29,13 +35,14 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from tts_bench.backends.base import Backend, RequestFailed, SynthesisRequest
 from tts_bench.records import Job, PhaseLabels, RequestRecord
+from tts_bench.windows import PhaseRecord, WindowPlan
 from tts_bench.wire.audio import pcm16
 
 log = logging.getLogger(__name__)
@@ -44,6 +51,7 @@ log = logging.getLogger(__name__)
 class PhaseResult:
     records: list[RequestRecord]
     wall_s: float
+    phase: PhaseRecord | None = None
 
 
 Sink = Callable[[RequestRecord], None]
@@ -52,7 +60,8 @@ Sink = Callable[[RequestRecord], None]
 class _Collector:
     """Accumulates one request's chunks: arrival times, sample count, hashes."""
 
-    def __init__(self) -> None:
+    def __init__(self, arrivals: list | None = None) -> None:
+        self.arrivals = arrivals  # (arrival time, audio seconds) per chunk, when asked for
         self.first: float | None = None
         self.last: float | None = None
         self.samples = 0
@@ -74,6 +83,8 @@ class _Collector:
         self.chunks += 1
         self.samples += len(chunk.samples)
         self.sample_rate = chunk.sample_rate
+        if self.arrivals is not None:
+            self.arrivals.append((arrival, len(chunk.samples) / chunk.sample_rate))
         self.audio_hash.update(pcm16(np.asarray(chunk.samples, dtype=np.float32)).tobytes())
         if chunk.codes:
             self.codes += len(chunk.codes)
@@ -101,10 +112,12 @@ async def _within(coro, timeout_s: float) -> None:
 
 
 async def run_request(
-    backend: Backend, job: Job, *, labels: PhaseLabels, timeout_s: float, t0: float, phase_id: str
+    backend: Backend, job: Job, *, labels: PhaseLabels, timeout_s: float, t0: float, phase_id: str,
+    chunks: list | None = None,
 ) -> RequestRecord:
-    """Send one request, stream it to the end (or failure) and describe it as a record."""
-    col = _Collector()
+    """Send one request, stream it to the end (or failure) and describe it as a record; with
+    `chunks`, append (arrival offset from t0, audio seconds) of every chunk to it."""
+    col = _Collector([] if chunks is not None else None)
     kind, detail = None, ""
     send = time.perf_counter()
     try:
@@ -116,6 +129,8 @@ async def run_request(
     except Exception as exc:  # any backend bug is a counted failure, never a crashed tier
         kind, detail = "backend_error", f"{type(exc).__name__}: {exc}"
     end = time.perf_counter()
+    if chunks is not None:
+        chunks.extend((t - t0, sec) for t, sec in col.arrivals)
     if kind is None and col.samples == 0:
         kind, detail = "empty_audio", f"{col.chunks} chunks, 0 samples"
     fields = dict(
@@ -140,7 +155,7 @@ async def run_request(
 
 async def run_phase(
     backend: Backend,
-    jobs: Iterable[Job],
+    jobs: Iterable[Job] | Callable[[int], Job],
     *,
     concurrency: int,
     labels: PhaseLabels,
@@ -148,36 +163,85 @@ async def run_phase(
     sink: Sink | None = None,
     progress: Sink | None = None,
     skip_ids: frozenset[str] | set[str] = frozenset(),
+    arrivals: Iterator[float] | None = None,
+    window: WindowPlan | None = None,
 ) -> PhaseResult:
-    """Run `jobs` with exactly `concurrency` in flight; jobs whose id is in `skip_ids` (already
-    completed, on resume) are not sent. Returns the new records in completion order."""
-    queue: asyncio.Queue[Job] = asyncio.Queue()
-    for job in jobs:
-        if job.request.request_id not in skip_ids:
-            queue.put_nowait(job)
+    """Run `jobs` with exactly `concurrency` in flight (open loop with `arrivals`: at most that
+    many); jobs whose id is in `skip_ids` (already completed, on resume) are not sent. Returns
+    the new records in completion order. With `window`, `jobs` maps a position to its job and
+    the phase is a duration-mode one (see the module docstring)."""
+    if window is not None:
+        from tts_bench.loadwindow import run_timed_phase
+
+        return await run_timed_phase(backend, jobs, concurrency=concurrency, labels=labels, timeout_s=timeout_s,
+                                     plan=window, sink=sink, progress=progress, arrivals=arrivals)
+    todo = [job for job in jobs if job.request.request_id not in skip_ids] if arrivals is None else list(jobs)
     records: list[RequestRecord] = []
     phase_id = uuid.uuid4().hex[:12]
     t0 = time.perf_counter()
 
-    async def worker() -> None:
-        while True:
-            try:
-                job = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            rec = await run_request(
-                backend, job, labels=labels, timeout_s=timeout_s, t0=t0, phase_id=phase_id
-            )
-            records.append(rec)
-            if sink is not None:
-                sink(rec)
-            if progress is not None:
-                progress(rec)
+    async def send(job: Job) -> None:
+        rec = await run_request(backend, job, labels=labels, timeout_s=timeout_s, t0=t0, phase_id=phase_id)
+        records.append(rec)
+        if sink is not None:
+            sink(rec)
+        if progress is not None:
+            progress(rec)
 
-    n_workers = min(concurrency, queue.qsize())
-    await asyncio.gather(*(worker() for _ in range(n_workers)))
+    if arrivals is None:
+        queue: asyncio.Queue[Job] = asyncio.Queue()
+        for job in todo:
+            queue.put_nowait(job)
+
+        async def worker() -> None:
+            while not queue.empty():
+                await send(queue.get_nowait())
+
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, queue.qsize()))))
+    else:
+        await _open_loop(todo, arrivals, concurrency, t0, send, skip_ids)
     wall = time.perf_counter() - t0
     failed = sum(not r.ok for r in records)
     log.debug("%s %s r%d: %d requests, %d failed, %.2f s", labels.arm, labels.tier,
               labels.repeat, len(records), failed, wall)
-    return PhaseResult(records, wall)
+    return PhaseResult(records, wall, count_phase(records, labels, phase_id))
+
+
+async def sleep_until(t: float) -> None:
+    """Sleep until perf_counter() reaches `t` (at once when it has)."""
+    delay = t - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+async def _open_loop(jobs: list[Job], arrivals: Iterator[float], concurrency: int, t0: float,
+                     send: Callable, skip_ids) -> None:
+    """Job k is due at t0 + its arrival offset; it waits for a slot (at most `concurrency` in
+    flight) and is sent then. A skipped job (resume) keeps its arrival slot, unsent."""
+    slots = asyncio.Semaphore(concurrency)
+    tasks = []
+
+    async def run(job: Job) -> None:
+        try:
+            await send(job)
+        finally:
+            slots.release()
+
+    for job, at in zip(jobs, arrivals):
+        if job.request.request_id in skip_ids:
+            continue
+        await sleep_until(t0 + at)
+        await slots.acquire()
+        tasks.append(asyncio.create_task(run(job)))
+    await asyncio.gather(*tasks)
+
+
+def count_phase(records: list[RequestRecord], labels: PhaseLabels, phase_id: str) -> PhaseRecord:
+    """A count-mode phase as a PhaseRecord: the window is first send .. last end of its records."""
+    measured = [r for r in records if not r.warmup]
+    start = min((r.t_send_s for r in measured), default=0.0)
+    span = max((r.t_end_s for r in measured), default=start) - start
+    audio = sum(r.audio_seconds for r in measured if r.ok)
+    return PhaseRecord(labels.arm, labels.tier, labels.repeat, phase_id, "count", labels.repeat < 0, start,
+                       span, audio, audio / span if span > 0 else None, len(measured),
+                       invalid_reason=None if measured else "no measured requests")

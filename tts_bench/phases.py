@@ -18,18 +18,26 @@ box; `HookChain` runs several.
     warm, measured = plan_jobs(prompts, labels, seed=cfg.bench.seed, warmup=2)
     result = asyncio.run(run_fresh_phase(cfg, Tier(4, 2), labels, (warm, measured), run_dir=run))
     result.records      # the measured requests sent by this call, in completion order
+
+Duration mode (`window`, a `tts_bench.windows.WindowPlan`): the measured jobs are a function
+from position to job (`tts_bench.prompts.cycle_jobs`) and the measured phase is ramp, window,
+drain (`tts_bench.loadwindow`); open loop: `arrivals` (`tts_bench.arrivals`). With
+`phase_log=True` the phase's `PhaseRecord` (throughput in the window, sub-windows, stability,
+validity) is appended to the run's phases.jsonl (`tts_bench.windows`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tts_bench.backends import make_backend
 from tts_bench.backends.base import SizesForConcurrency
 from tts_bench.loadgen import PhaseResult, Sink, run_phase
 from tts_bench.records import Job, PhaseLabels
+from tts_bench.windows import WindowPlan, append_phase
 
 if TYPE_CHECKING:
     from tts_bench.backends.base import Backend
@@ -49,7 +57,7 @@ async def run_fresh_phase(
     cfg: BenchConfig,
     tier: Tier,
     labels: PhaseLabels,
-    jobs: tuple[Sequence[Job], Sequence[Job]],
+    jobs: tuple[Sequence[Job], Sequence[Job] | Callable[[int], Job]],
     *,
     run_dir: RunDir,
     sink: Sink | None = None,
@@ -58,6 +66,9 @@ async def run_fresh_phase(
     skip_ids: frozenset[str] | set[str] = frozenset(),
     before: Callable[[Backend], Awaitable[None]] | None = None,
     size_for: int | None = None,
+    window: WindowPlan | None = None,
+    arrivals: Iterator[float] | None = None,
+    phase_log: bool = False,
 ) -> PhaseResult:
     """Run one phase: `jobs` is (warmup jobs, measured jobs); measured jobs whose id is in
     `skip_ids` (already recorded, on resume) are not sent. Returns the measured phase's result.
@@ -78,10 +89,13 @@ async def run_fresh_phase(
         _hook(hooks, labels, "warmup", backend)
         await run_phase(backend, warm, **common)
         _hook(hooks, labels, "measure", backend)
-        result = await run_phase(backend, measured, **common, progress=progress, skip_ids=skip_ids)
+        result = await run_phase(backend, measured, **common, progress=progress, skip_ids=skip_ids,
+                                 arrivals=arrivals, window=window)
         _hook(hooks, labels, "end", backend)
         hooked = False
         run_dir.update(backends={**run_dir.doc.get("backends", {}), labels.arm: backend.describe()})
+        if phase_log and result.phase is not None:
+            append_phase(run_dir, _with_rate(result.phase, arrivals))
         return result
     finally:
         abandon = getattr(hooks, "abandon", None)
@@ -105,6 +119,12 @@ class HookChain:
             abandon = getattr(h, "abandon", None)
             if callable(abandon):
                 abandon()
+
+
+def _with_rate(phase, arrivals):
+    if arrivals is None or phase.request_rate is not None:
+        return phase
+    return replace(phase, request_rate=arrivals.rate, burstiness=arrivals.burstiness)
 
 
 def _hook(hooks: PhaseHooks | None, labels: PhaseLabels, phase: str, backend: Any) -> None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -331,3 +331,25 @@ def plan_jobs(
     warm = [job(i, f"w{i:02d}", True) for i in range(warmup)]
     measured = [job(i, f"{i:04d}", False) for i in range(len(prompts))]
     return warm, measured
+
+
+def cycle_jobs(
+    prompts: Sequence[Prompt], labels: PhaseLabels, *, seed: int, voices: str = "file", attempt: int = 0
+) -> Callable[[int], Job]:
+    """Duration mode's measured jobs: position i -> the job of prompt i mod n with seed `seed + i`,
+    the same in both arms but for the ids (the first n are `plan_jobs`' measured jobs). A phase
+    run again on --resume (`attempt` > 0) gets fresh ids (`0003.1`) beside the cut one's."""
+    first = prompts[0].prompt_wav if prompts else None
+    suffix = f".{attempt}" if attempt else ""
+
+    def job(i: int) -> Job:
+        p = prompts[i % len(prompts)]
+        slot = f"{i:04d}{suffix}"
+        wav, audio = request_voice(p, f"{i:04d}", mode=voices, first=first)  # the same voice in every attempt
+        req = SynthesisRequest(
+            request_id=request_id(labels.arm, labels.tier, labels.repeat, slot),
+            text=p.text, prompt_text=p.prompt_text, prompt_wav=wav, seed=seed + i, prompt_audio=audio,
+        )
+        return Job(req, p.utt, warmup=False)
+
+    return job

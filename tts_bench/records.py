@@ -80,6 +80,11 @@ class RequestRecord:
     # a cache hit reuses a voice's prompt setup; a miss builds it (setup_ms, device synced).
     prompt_cache_hit: bool | None = None
     prompt_setup_ms: float | None = None
+    # Duration mode (tts_bench.windows): which part of the phase the request was sent in (ramp,
+    # window, drain; only window requests are measured, the others are flagged warmup) and the
+    # audio seconds of its chunks that arrived inside the window. None in count mode.
+    window: str | None = None
+    audio_s_in_window: float | None = None
 
     @property
     def ok(self) -> bool:

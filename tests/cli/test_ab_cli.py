@@ -42,7 +42,7 @@ def test_markdown_table_is_shaped_like_the_seed(tmp_path):
     result = invoke(tmp_path, "--tiers", "2x1,4x2", "--num-prompts", "4", "--repeats", "2", "--format", "md")
     assert result.return_value == ExitStatus.OK
     lines = result.stdout.splitlines()
-    assert lines[0] == "**audio RTF (lower is faster)**"
+    assert lines[0] == "**audio RTF (lower is faster, count mode)**"
     cells = [c.strip() for c in lines[2].strip("|").split("|")]  # widths follow the numbers
     assert cells == ["Tier (conc x repl)", "base mean / median", "test mean / median", "delta (mean)",
                      "95% CI", "verdict", "MDE"]
@@ -52,7 +52,7 @@ def test_markdown_table_is_shaped_like_the_seed(tmp_path):
                      r"; below the 2% minimum effect)?|faster|slower) +\| \d+\.\d% +\|")
     assert row.fullmatch(lines[4]), lines[4]
     assert lines[5].startswith("| 4 x 2 ")
-    assert "**audio TTFP ms**" in lines
+    assert "**audio TTFP ms (count mode)**" in lines
     assert "identical outputs (test vs base): 2x1: 8/8, 4x2: 8/8" in lines
     assert "\x1b[" not in result.stdout  # NO_COLOR, not a TTY
 

@@ -18,6 +18,15 @@ the JSONL, so `resume=True` finishes a killed run without repeating completed re
 with measured work left gets a fresh backend and its warmup again; warmup records already on
 disk are not written twice).
 
+Duration mode (`bench.duration_s`, `tts_bench.windows`): each phase is ramp, measured window,
+drain, with the prompt set cycling (`tts_bench.prompts.cycle_jobs`); a phase is complete when
+its record is in phases.jsonl, and --resume runs a cut phase again whole (its partial records
+are left out of the result). Before the first block of a tier each arm runs one discarded warm
+phase on a fresh backend (`bench.warmup_phase`, default on in duration mode; repeat -1, every
+record flagged warmup), so no measured block pays for cold caches. Open loop (`open_loop`,
+`tts_bench.arrivals`): arrival times drawn per tier and repeat from bench.seed, the same in
+both arms.
+
 Hooks: pass `hooks` (`tts_bench.phases.PhaseHooks`: `on_phase(arm, tier, repeat, phase,
 backend)`); it is called with phase "warmup" after `start`, "measure" before the measured
 requests, and "end" after them (before `stop`). The memory sampler (`tts-bench ab --mem`,
@@ -36,14 +45,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from tts_bench.ab.measurement import with_phase_validity
 from tts_bench.ab.summary import AbResult, summarize_ab
+from tts_bench.arrivals import OpenLoop
 from tts_bench.calibration import Calibration
 from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import BackendError
 from tts_bench.phases import PhaseHooks, run_fresh_phase
-from tts_bench.prompts import plan_jobs, select_bench_prompts
+from tts_bench.prompts import cycle_jobs, plan_jobs, select_bench_prompts
 from tts_bench.records import Job, PhaseLabels, RequestRecord, read_records
 from tts_bench.results import RunDir, request_key
+from tts_bench.windows import WindowPlan, complete_phase_ids, measured_phases, warmup_phase_on
 from tts_bench.until_resolved import UntilResolved, drive
 
 log = logging.getLogger(__name__)
@@ -65,7 +77,18 @@ class _Runner:
     done: set
     progress: AbProgress | None
     hooks: PhaseHooks | None
+    open_loop: OpenLoop | None = None
+    attempts: dict[tuple[str, str, int], int] = field(default_factory=dict)  # cut duration phases
     _prompt_cache: dict[int, list[Any]] = field(default_factory=dict)
+    _warmed: set[str] = field(default_factory=set)
+
+    @property
+    def bench(self):
+        return next(iter(self.arms.values())).bench
+
+    @property
+    def window(self) -> WindowPlan | None:
+        return WindowPlan.from_bench(self.bench)
 
     def prompts_for(self, tier: Tier) -> list[Any]:
         """The tier's prompts (same for both arms): K*C with bench.prompts_per_client."""
@@ -89,18 +112,54 @@ class _Runner:
     async def phase(self, arm: str, tier: Tier, repeat: int) -> None:
         cfg = self.arms[arm]
         labels = PhaseLabels(arm, tier.label, repeat)
+        warm_n = cfg.bench.warmup if self.window is not None else cfg.bench.warmup_for(tier.concurrency)
         warm, measured = plan_jobs(
-            self.prompts_for(tier), labels, seed=cfg.bench.seed,
-            warmup=cfg.bench.warmup_for(tier.concurrency), voices=cfg.prompts.voices,
+            self.prompts_for(tier), labels, seed=cfg.bench.seed, warmup=warm_n or 0, voices=cfg.prompts.voices,
         )  # fmt: skip
+        if self.window is not None:
+            if (arm, tier.label, repeat) in measured_phases(self.run_dir):
+                log.info("%s %s r%d: already complete, skipped", arm, tier.label, repeat)
+                return
+            await self.warm_tier(tier)
+            if self.progress is not None:
+                self.progress.start(f"{tier.label} {arm} r{repeat}", None)
+            jobs = cycle_jobs(self.prompts_for(tier), labels, seed=cfg.bench.seed, voices=cfg.prompts.voices,
+                              attempt=self.attempts.get((arm, tier.label, repeat), 0))
+            await self.run(cfg, tier, labels, (warm, jobs))
+            return
         skip = {j.request.request_id for j in measured if request_key(_key_dict(labels, j)) in self.done}
         if len(skip) == len(measured):
             log.info("%s %s r%d: already complete, skipped", arm, tier.label, repeat)
             return
+        await self.warm_tier(tier)
         if self.progress is not None:
             self.progress.start(f"{tier.label} {arm} r{repeat}", len(measured) - len(skip))
-        await run_fresh_phase(cfg, tier, labels, (warm, measured), run_dir=self.run_dir, sink=self.sink,
-                              hooks=self.hooks, progress=self.advance, skip_ids=skip)
+        await self.run(cfg, tier, labels, (warm, measured), skip=skip)
+
+    async def run(self, cfg: BenchConfig, tier: Tier, labels: PhaseLabels, jobs, *, skip=frozenset(),
+                  hooks: bool = True) -> None:
+        arrivals = None if self.open_loop is None else self.open_loop.times(
+            seed=cfg.bench.seed, tier=tier, repeat=labels.repeat)  # the same in both arms
+        await run_fresh_phase(cfg, tier, labels, jobs, run_dir=self.run_dir, sink=self.sink,
+                              hooks=self.hooks if hooks else None, progress=self.advance, skip_ids=skip,
+                              window=self.window, arrivals=arrivals, phase_log=True)
+
+    async def warm_tier(self, tier: Tier) -> None:
+        """Once per tier and process (so again after --resume): each arm's discarded warm phase."""
+        if tier.label in self._warmed or not warmup_phase_on(self.bench):
+            return
+        self._warmed.add(tier.label)
+        for arm, cfg in self.arms.items():
+            labels = PhaseLabels(arm, tier.label, -1)
+            prompts = self.prompts_for(tier)
+            if self.window is not None:
+                at = cycle_jobs(prompts, labels, seed=cfg.bench.seed, voices=cfg.prompts.voices)
+                jobs: Any = lambda i, at=at: replace(at(i), warmup=True)  # noqa: E731
+            else:
+                jobs = [replace(j, warmup=True) for j in plan_jobs(prompts, labels, seed=cfg.bench.seed, warmup=0,
+                                                                    voices=cfg.prompts.voices)[1]]
+            log.info("%s %s: warm phase (discarded)", arm, tier.label)
+            await self.run(cfg, tier, labels, ([], jobs), hooks=False)
 
 
 def _key_dict(labels: PhaseLabels, job: Job) -> dict[str, Any]:
@@ -128,6 +187,7 @@ def run_ab(
     hooks: PhaseHooks | None = None,
     until: UntilResolved | None = None,
     calibration: Calibration | None = None,
+    open_loop: OpenLoop | None = None,
 ) -> AbResult:
     """Run the A/B (`arms` ordered base, test) and compute the result from the run's JSONL.
 
@@ -136,7 +196,8 @@ def run_ab(
     if len(arms) != 2:
         raise ValueError(f"run_ab needs exactly two arms (base, test), got {list(arms)}")
     done = run_dir.completed_keys() if resume else set()
-    runner = _Runner(arms, num_prompts, run_dir, done, progress, hooks)
+    runner = _Runner(arms, num_prompts, run_dir, done, progress, hooks, open_loop,
+                     _cut_phases(run_dir) if resume else {})
 
     by_label = {t.label: t for t in tiers}
 
@@ -159,7 +220,12 @@ def run_ab(
             await blocks(tier.label, 0, repeats)
 
     def summary() -> AbResult:
-        return summarize_ab(read_records(run_dir), arms, tiers, run_dir=str(run_dir.path), calibration=calibration)
+        records = read_records(run_dir)
+        if runner.window is not None:  # a phase cut short (then run again on --resume) is not measured
+            ids = complete_phase_ids(run_dir)
+            records = [r for r in records if r.warmup or r.phase_id in ids]
+        result = summarize_ab(records, arms, tiers, run_dir=str(run_dir.path), calibration=calibration)
+        return with_phase_validity(result, run_dir)
 
     last: list[AbResult] = []  # the summary after the latest round (--until-resolved)
 
@@ -180,6 +246,16 @@ def run_ab(
         reason = f"the run stopped early, backend failed: {early}; fix it, then --resume"
         result = summary()
         return replace(result, invalid_reasons=(*result.invalid_reasons, reason))
+
+
+def _cut_phases(run_dir: RunDir) -> dict[tuple[str, str, int], int]:
+    """(arm, tier, repeat) -> how many attempts at it left records (duration mode, --resume): the
+    next attempt's request ids get that number, so they do not collide with the cut one's."""
+    ids: dict[tuple[str, str, int], set[str]] = {}
+    for d in run_dir.iter_requests():
+        if not d.get("warmup"):
+            ids.setdefault((d["arm"], d["tier"], int(d["repeat"])), set()).add(d.get("phase_id", ""))
+    return {k: len(v) for k, v in ids.items()}
 
 
 class _StoppedEarly(Exception):

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tts_bench.ab.measurement import measurement_doc
 from tts_bench.ab.run import AbProgress, run_ab
+from tts_bench.arrivals import OpenLoop
 from tts_bench.ab.summary import AbResult, check_voice_cache, voice_cache_view
 from tts_bench.calibration import Calibration, find_calibration, load_calibration
 from tts_bench.config import BenchConfig, Tier, config_hash, config_to_dict, load_arms, load_dataclass, parse_tiers
@@ -43,12 +45,14 @@ class AbPlan:
     until: UntilResolved | None = None  # --until-resolved settings (recorded for --resume)
     profile: str | None = None  # hardware profile the calibration was looked up for
     calibration: str | None = None  # the calibration file used (one-block intervals, MDE note)
+    open_loop: OpenLoop | None = None  # --request-rate / --burstiness: shared by both arms
 
     def to_dict(self) -> dict[str, Any]:
         return {"arms": list(self.arms), "tiers": [t.label for t in self.tiers],
                 "repeats": self.repeats, "num_prompts": self.num_prompts,
                 "until_resolved": self.until.to_dict() if self.until else None,
-                "profile": self.profile, "calibration": self.calibration}
+                "profile": self.profile, "calibration": self.calibration,
+                "open_loop": self.open_loop.to_dict() if self.open_loop else None}
 
 
 def plan_from_run(run_dir: RunDir) -> AbPlan:
@@ -69,8 +73,10 @@ def plan_from_run(run_dir: RunDir) -> AbPlan:
     plan = doc["ab"]
     try:
         until = UntilResolved.from_dict(plan["until_resolved"]) if plan.get("until_resolved") else None
+        loop = OpenLoop(**plan["open_loop"]) if plan.get("open_loop") else None
         return AbPlan(arms, parse_tiers(plan["tiers"]), int(plan["repeats"]), int(plan["num_prompts"]),
-                      until=until, profile=plan.get("profile"), calibration=plan.get("calibration"))
+                      until=until, profile=plan.get("profile"), calibration=plan.get("calibration"),
+                      open_loop=loop)
     except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a plan edited or cut short
         raise ConfigError(
             f"error: {run_dir.run_json} has a damaged ab plan ({type(exc).__name__}: {exc}) (--resume); "
@@ -99,6 +105,8 @@ class AbRequest:
     profile: str | None = None
     calibration: Path | None = None
     voice_cache: str | None = None  # hit | miss: the result over those requests only
+    request_rate: float | None = None  # open loop (requests/s, Poisson or gamma); None: closed loop
+    burstiness: float | None = None  # gamma shape of the gaps (1 = Poisson); only with request_rate
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,7 @@ class AbSession:
     mem: Any = None  # tts_bench.mem.hooks.MemoryHooks
     voice_cache: tuple[str, int, int] | None = None
     work: list[dict] = field(default_factory=list)  # stage work per phase (tts_bench.stage_work)
+    measurement: dict[str, Any] = field(default_factory=dict)  # mode, windows (tts_bench.ab.measurement)
 
 
 def run_session(request: AbRequest, *, progress: AbProgress | None = None) -> AbSession:
@@ -128,13 +137,16 @@ def run_session(request: AbRequest, *, progress: AbProgress | None = None) -> Ab
         work = StageWorkHooks(run)
         result = run_ab(plan.arms, plan.tiers, repeats=plan.repeats, num_prompts=plan.num_prompts,
                         run_dir=run, progress=progress, resume=request.resume is not None,
-                        hooks=HookChain(mem, work), until=plan.until, calibration=calibration)
-        run.update(status="complete" if result.valid else "invalid", result=result.to_dict())
+                        hooks=HookChain(mem, work), until=plan.until, calibration=calibration,
+                        open_loop=plan.open_loop)
+        measured = measurement_doc(run, result, next(iter(plan.arms.values())).bench, open_loop=plan.open_loop)
+        run.update(status="complete" if result.valid else "invalid",
+                   result={**result.to_dict(), "measurement": measured})
     if request.voice_cache is None:
-        return AbSession(result, run, mem, work=work.entries)
-    view, kept, measured = voice_cache_view(run, plan.arms, plan.tiers, request.voice_cache,
-                                            calibration=calibration)
-    return AbSession(view, run, mem, (request.voice_cache, kept, measured), work=work.entries)
+        return AbSession(result, run, mem, work=work.entries, measurement=measured)
+    view, kept, n = voice_cache_view(run, plan.arms, plan.tiers, request.voice_cache,
+                                     calibration=calibration)
+    return AbSession(view, run, mem, (request.voice_cache, kept, n), work=work.entries, measurement=measured)
 
 
 def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
@@ -157,8 +169,9 @@ def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
     _check_tier_prompts(bench, tiers, num_prompts)
     calibration = _calibration(request.calibration, arms, profile, num_prompts, tiers)
     repeats = bench.repeats if request.repeats is None else request.repeats
+    _check_same_windows(arms)
     plan = AbPlan(arms, tiers, repeats, num_prompts, until=_until_rule(request, bench, repeats), profile=profile,
-                  calibration=calibration.path if calibration else None)
+                  calibration=calibration.path if calibration else None, open_loop=_open_loop(request))
     check_arms(arms, plan.tiers)  # before the run directory exists and before any stage starts
     others = sorted({c.backend for c in arms.values()} - {"embedded"}) if request.voice_cache else []
     if others:  # only the stage runner reports prompt-cache hits
@@ -170,6 +183,32 @@ def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
         config_hashes={n: config_hash(c) for n, c in arms.items()}, extra={"ab": plan.to_dict()},
     )
     return run, plan, calibration
+
+
+WINDOW_KEYS = ("duration_s", "ramp_s", "window_s", "stability_pct", "until_stable", "max_duration_s",
+               "warmup_phase", "seed")
+
+
+def _check_same_windows(arms: dict[str, BenchConfig]) -> None:
+    """Both arms of a block measure the same window (and draw the same arrivals and seeds)."""
+    (a, ca), (b, cb) = arms.items()
+    for key in WINDOW_KEYS:
+        if getattr(ca.bench, key) != getattr(cb.bench, key):
+            raise ConfigError(f"error: bench.{key} differs between the arms ({a}: {getattr(ca.bench, key)}, "
+                              f"{b}: {getattr(cb.bench, key)}) (--base-set / --test-set / arms:); a block compares "
+                              f"like with like: set it for both arms")
+
+
+def _open_loop(request: AbRequest) -> OpenLoop | None:
+    if request.request_rate is None:
+        if request.burstiness is not None:
+            raise ConfigError("error: --burstiness only applies with --request-rate (tts-bench ab); add "
+                              "--request-rate or drop --burstiness")
+        return None
+    try:
+        return OpenLoop(request.request_rate, 1.0 if request.burstiness is None else request.burstiness)
+    except ValueError as exc:
+        raise ConfigError(f"error: {exc} (--request-rate / --burstiness); fix the value") from None
 
 
 def _check_tier_prompts(bench, tiers: tuple[Tier, ...], num_prompts: int) -> None:

@@ -5,6 +5,8 @@
     tts-bench ab --config configs/ab/synthetic.yaml --test-set synthetic.delay_scale=1.2
     tts-bench ab --resume results/runs/20261129-194500-ab-3fa9c1
     tts-bench ab --config configs/ab/synthetic.yaml --until-resolved --max-repeats 8 --budget 10
+    tts-bench ab --tiers 64x4 --repeats 3 --duration 60 --set bench.ramp_s=10    # steady windows
+    tts-bench ab --tiers 128x8 --duration 60 --request-rate 12                   # open loop
 
 The table goes to stdout (`--format md|table|csv|json`); progress and logs to stderr. Exit 0, or
 5 when too many requests failed (bench.max_failure_fraction) and the comparison is not to be
@@ -48,25 +50,32 @@ def ab(
     profile: Optional[str] = typer.Option(None, "--profile", help="Hardware profile whose calibration to use (default: cpu-<N>core)."),
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration file (default: the matching results/baselines/*.<profile>.calibration.json)."),
     voice_cache: Optional[str] = typer.Option(None, "--voice-cache", help="Tables over the requests whose voice was a prompt-cache hit or miss only (the run record keeps all)."),
+    duration: Optional[float] = typer.Option(None, "--duration", help="Duration mode: a measured window of S seconds per phase after the ramp (bench.duration_s); default: count mode."),
+    until_stable: bool = typer.Option(False, "--until-stable", help="Duration mode: extend an unstable window by sub-windows up to bench.max_duration_s."),
+    request_rate: Optional[float] = typer.Option(None, "--request-rate", help="Open loop: requests/s (Poisson; the same arrival times in both arms); the tier's C caps requests in flight."),
+    burstiness: Optional[float] = typer.Option(None, "--burstiness", help="With --request-rate: gamma shape of the gaps (1 = Poisson, < 1 burstier)."),
 ) -> ExitStatus:
     """A/B two arms of a config, interleaved per tier, with paired-block CIs, MDEs and verdicts."""
     from tts_bench.ab import AbRequest, run_session
 
     fmt = check_format(fmt)
     flags = flag_sets([("bench.disable_shuffle", disable_shuffle or None, "--disable-shuffle"),
-                       ("bench.prompts_per_client", per_client, "--prompts-per-client")])
+                       ("bench.prompts_per_client", per_client, "--prompts-per-client"),
+                       ("bench.duration_s", duration, "--duration"),
+                       ("bench.until_stable", until_stable or None, "--until-stable")])
     request = AbRequest(
         config=config, tiers=tiers, num_prompts=num_prompts, repeats=repeats, sets=[*sets, *flags],
         base_sets=base_sets, test_sets=test_sets, result_dir=result_dir, resume=resume, mem=mem,
         until_resolved=until_resolved, max_repeats=max_repeats, budget_min=budget, profile=profile,
-        calibration=calibration, voice_cache=voice_cache,
+        calibration=calibration, voice_cache=voice_cache, request_rate=request_rate, burstiness=burstiness,
     )
     with _progress() as progress:
         session = run_session(request, progress=progress)
     if session.voice_cache is not None:  # a view: the run record keeps every request
         which, kept, measured = session.voice_cache
         typer.echo(f"voice cache {which}: {kept} of {measured} measured requests", err=True)
-    sys.stdout.write(render_result(session.result, fmt, mem=session.mem, work=session.work))
+    sys.stdout.write(render_result(session.result, fmt, mem=session.mem, work=session.work,
+                                   measurement=session.measurement))
     for reason in session.result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
     return session.result.exit_status
@@ -81,13 +90,16 @@ SINGLE_REPEAT_NOTE = (
 )
 
 
-def render_result(result, fmt: str, *, mem=None, work=None) -> str:
-    """The A/B result as text: RTF table (+ TTFP table, output-identity line, with --mem one
-    memory table per tier and sampler, and with the embedded runner the stage-work table) or
-    one JSON doc."""
+def render_result(result, fmt: str, *, mem=None, work=None, measurement=None) -> str:
+    """The A/B result as text: RTF table (+ TTFP table, output-identity line, the mode line and
+    window table, with --mem one memory table per tier and sampler, and with the embedded
+    runner the stage-work table) or one JSON doc."""
+    from tts_bench.ab.measurement import mode_line, window_table
     from tts_bench.tables import ab_table, render
 
     doc = result.to_dict()
+    if measurement:
+        doc["measurement"] = measurement
     if mem is not None:
         doc["mem"] = mem.summary()
     if work:
@@ -98,11 +110,15 @@ def render_result(result, fmt: str, *, mem=None, work=None) -> str:
     rtf = ab_table(doc["tiers"], base_label=base, test_label=test)
     if fmt == "csv":
         return render(rtf, "csv")
+    mode = f", {measurement['mode']} mode" if measurement else ""
     ttfp = ab_table(result.ttfp_rows(), metric="audio_ttfp_ms", digits=1, base_label=base, test_label=test)
     identity = ", ".join(_identity_text(t) for t in doc["tiers"])
-    text = (render(rtf, fmt, title="audio RTF (lower is faster)") + "\n"
-            + render(ttfp, fmt, title="audio TTFP ms") + "\n"
+    text = (render(rtf, fmt, title=f"audio RTF (lower is faster{mode})") + "\n"
+            + render(ttfp, fmt, title=f"audio TTFP ms ({mode.lstrip(', ')})" if mode else "audio TTFP ms") + "\n"
             + f"identical outputs ({test} vs {base}): {identity}\n")
+    if measurement:
+        text += (render(window_table(measurement), fmt, title=f"per block ({measurement['mode']} mode)") + "\n"
+                 + mode_line(measurement) + "\n")
     text += "".join(line + "\n" for line in notes(result, doc))
     if mem is not None:
         from tts_bench.mem.summary import mem_table, table_title

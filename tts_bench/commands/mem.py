@@ -42,13 +42,14 @@ def mem(
     disable_shuffle: bool = typer.Option(False, "--disable-shuffle", help="Send prompts in file order."),
     result_dir: str = typer.Option("results/runs", "--result-dir", callback=result_dir_option, help="Where run directories are made."),
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
+    duration: Optional[float] = typer.Option(None, "--duration", help="Duration mode: ramp, a measured window of S seconds, drain (bench.duration_s)."),
 ) -> ExitStatus:
     """Sample memory over one tier for both arms: steady-state median, peak, delta, headroom."""
     from tts_bench.mem.run import measure_memory
 
     fmt = check_format(fmt)
     flag_sets = _flag_sets(tier=tier, warm_tier=warm_tier, interval=interval, sampler=sampler,
-                           device_index=device_index, disable_shuffle=disable_shuffle)
+                           device_index=device_index, disable_shuffle=disable_shuffle, duration=duration)
     result = measure_memory(config, sets=[*sets, *flag_sets], base_sets=base_sets, test_sets=test_sets,
                             num_prompts=num_prompts, result_dir=result_dir)
     sys.stdout.write(render_result(result, fmt))
@@ -57,13 +58,14 @@ def mem(
     return result.exit_status
 
 
-def _flag_sets(*, tier, warm_tier, interval, sampler, device_index, disable_shuffle) -> list[str]:
+def _flag_sets(*, tier, warm_tier, interval, sampler, device_index, disable_shuffle, duration=None) -> list[str]:
     if warm_tier is not None and warm_tier.strip().lower() in ("none", "null", ""):
         warm_tier = Yaml("null")  # --warm-tier none: no warm phase
     return flag_sets([("mem.tier", tier, "--tier"), ("mem.warm_tier", warm_tier, "--warm-tier"),
                       ("mem.interval_s", interval, "--interval"), ("mem.sampler", sampler, "--sampler"),
                       ("mem.device_index", device_index, "--device-index"),
-                      ("bench.disable_shuffle", disable_shuffle or None, "--disable-shuffle")])
+                      ("bench.disable_shuffle", disable_shuffle or None, "--disable-shuffle"),
+                      ("bench.duration_s", duration, "--duration")])
 
 
 def render_result(result, fmt: str) -> str:

@@ -37,10 +37,11 @@ from tts_bench.mem.samplers import parse_sampler_names, resolve_names
 from tts_bench.mem.summary import MemSummary, summarize
 from tts_bench.phases import run_fresh_phase
 from tts_bench.preflight import check_memory
-from tts_bench.prompts import check_bench_prompts, load_prompts, plan_jobs, select_bench_prompts
+from tts_bench.prompts import check_bench_prompts, cycle_jobs, load_prompts, plan_jobs, select_bench_prompts
 from tts_bench.records import PhaseLabels, RequestRecord
 from tts_bench.results import RunDir, python_argv
 from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
+from tts_bench.windows import WindowPlan
 
 log = logging.getLogger(__name__)
 
@@ -122,12 +123,15 @@ async def _run_arm(arm: str, cfg: BenchConfig, plan: MemPlan, prompts: list, run
     labels = PhaseLabels(arm, plan.tier.label, 0)
     jobs = plan_jobs(prompts, labels, seed=cfg.bench.seed, warmup=cfg.bench.warmup_for(plan.tier.concurrency),
                      voices=cfg.prompts.voices)
+    window = WindowPlan.from_bench(cfg.bench)  # --duration: ramp, window, drain (tts_bench.windows)
+    if window is not None:
+        jobs = (jobs[0], cycle_jobs(prompts, labels, seed=cfg.bench.seed, voices=cfg.prompts.voices))
     # The warm tier runs on the same replicas first: size them for it too, or a warm tier above
     # the sampled one's concurrency would grow the slot pools (and drop their graphs) before sampling.
     warm_c = plan.warm_tier.concurrency if plan.warm_tier is not None else 0
     result = await run_fresh_phase(cfg, plan.tier, labels, jobs, run_dir=run_dir, hooks=hooks,
                                    before=lambda backend: _warm(backend, cfg, arm, plan, prompts, run_dir),
-                                   size_for=warm_c)
+                                   size_for=warm_c, window=window)
     series = {name: arms[arm] for name, arms in hooks.series(plan.tier.label).items() if arm in arms}
     return _ArmRun(series, result.records)
 
