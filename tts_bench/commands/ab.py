@@ -48,6 +48,8 @@ def ab(
     profile: Optional[str] = typer.Option(None, "--profile", help="Hardware profile whose calibration to use (default: cpu-<N>core)."),
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="Calibration file (default: the matching results/baselines/*.<profile>.calibration.json)."),
     voice_cache: Optional[str] = typer.Option(None, "--voice-cache", help="Tables over the requests whose voice was a prompt-cache hit or miss only (the run record keeps all)."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML here: one test case per tier x metric (tts_bench.ci_report)."),
+    fail_on_slower: bool = typer.Option(False, "--fail-on-slower", help="A `slower` verdict is a JUnit failure and exits 3 (default: ab reports, exit 0)."),
 ) -> ExitStatus:
     """A/B two arms of a config, interleaved per tier, with paired-block CIs, MDEs and verdicts."""
     from tts_bench.ab import AbRequest, run_session
@@ -69,7 +71,17 @@ def ab(
     sys.stdout.write(render_result(session.result, fmt, mem=session.mem, work=session.work))
     for reason in session.result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
-    return session.result.exit_status
+    return _ci_outputs(session, junit=junit, fail_on_slower=fail_on_slower)
+
+
+def _ci_outputs(session, *, junit: Path | None, fail_on_slower: bool) -> ExitStatus:
+    """--junit, GITHUB_STEP_SUMMARY, exit 3 for a slower verdict with --fail-on-slower."""
+    from tts_bench.ci_report import ab_suite, publish
+
+    suite = ab_suite(session.result.to_dict(), fail_on_slower=fail_on_slower)
+    publish(suite, render_result(session.result, "md", mem=session.mem, work=session.work), junit=junit)
+    status = session.result.exit_status
+    return ExitStatus.PERF_REGRESSION if status == ExitStatus.OK and suite.count("failure") else status
 
 
 # Measured: a fused-prelude A/B at 128x8 on an H200 read "slower, +8.9% [+4.4%, +13.7%]" with one
