@@ -50,6 +50,7 @@ def ab(
     voice_cache: Optional[str] = typer.Option(None, "--voice-cache", help="Tables over the requests whose voice was a prompt-cache hit or miss only (the run record keeps all)."),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML here: one test case per tier x metric (tts_bench.ci_report)."),
     fail_on_slower: bool = typer.Option(False, "--fail-on-slower", help="A `slower` verdict is a JUnit failure and exits 3 (default: ab reports, exit 0)."),
+    plot: bool = typer.Option(False, "--plot", help="Draw the run's plots and report.html into its run directory (tts-bench plot)."),
 ) -> ExitStatus:
     """A/B two arms of a config, interleaved per tier, with paired-block CIs, MDEs and verdicts."""
     from tts_bench.ab import AbRequest, run_session
@@ -71,15 +72,19 @@ def ab(
     sys.stdout.write(render_result(session.result, fmt, mem=session.mem, work=session.work))
     for reason in session.result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
-    return _ci_outputs(session, junit=junit, fail_on_slower=fail_on_slower)
+    return _ci_outputs(session, junit=junit, fail_on_slower=fail_on_slower, plot=plot)
 
 
-def _ci_outputs(session, *, junit: Path | None, fail_on_slower: bool) -> ExitStatus:
-    """--junit, GITHUB_STEP_SUMMARY, exit 3 for a slower verdict with --fail-on-slower."""
+def _ci_outputs(session, *, junit: Path | None, fail_on_slower: bool, plot: bool) -> ExitStatus:
+    """--junit, GITHUB_STEP_SUMMARY, --plot; exit 3 for a slower verdict with --fail-on-slower."""
     from tts_bench.ci_report import ab_suite, publish
 
     suite = ab_suite(session.result.to_dict(), fail_on_slower=fail_on_slower)
     publish(suite, render_result(session.result, "md", mem=session.mem, work=session.work), junit=junit)
+    if plot:
+        from tts_bench.plots import plot_run
+
+        typer.echo(f"report: {plot_run(session.run_dir.path).html}", err=True)
     status = session.result.exit_status
     return ExitStatus.PERF_REGRESSION if status == ExitStatus.OK and suite.count("failure") else status
 
