@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -101,13 +102,17 @@ def test_resume_replays_decided_steps_and_finishes_the_cut_short_one(repo, found
 
 
 def test_a_range_where_nothing_changed_reports_no_regression_resolved_with_the_mde(repo, tmp_path):
+    """Served by a --setup command (here tts-bench serve spelled out, as another server's would be)."""
     path, shas = repo
-    result, status = bisect(path, tmp_path, "--good", shas[2], "--bad", shas[4], "--max-repeats", "4")
+    setup = f"{sys.executable} -m tts_bench.cli serve --config {{config}} --port {{port}} 2>&1 | cat"
+    result, status = bisect(path, tmp_path, "--good", shas[2], "--bad", shas[4], "--max-repeats", "4",
+                            "--setup", setup)
     assert status == ExitStatus.OK, result.output
     line = next(x for x in result.stdout.splitlines() if x.startswith("no regression resolved"))
     assert "MDE reached" in line and "% at " in line
     doc = json.loads(next(tmp_path.iterdir()).joinpath("bisect.json").read_text())
     assert doc["status"] == "no regression resolved" and len(doc["steps"]) == 1
+    assert "listening on" in (next(tmp_path.iterdir()) / "servers" / "step1-test.log").read_text()
 
 
 @pytest.mark.parametrize(("cmp", "expected"), [

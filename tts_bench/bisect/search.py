@@ -168,6 +168,7 @@ def run_bisect(run: BisectRun, *, notify: Callable[[str], None] = log.info) -> O
     commits = plan["commits"]
     n = len(commits)
     with Worktree(Path(plan["repo"]), plan["good"]) as good_tree:
+        plan.setdefault("min_effect_pct", _min_effect(good_tree, plan))
         first = _step(run, n, good_tree, notify)
         if first["decision"] != "bad":
             return _finish(run, "no regression resolved" if first["decision"] == "good" else "unresolved",
@@ -254,7 +255,7 @@ def _summary(result: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, An
     if tier is None:
         return {"decision": "unresolved", "verdict": "missing", "verdict_text": f"no result for tier {plan['tier']}"}
     cmp = comparison(tier, plan["metric"])
-    min_effect = _min_effect(plan)
+    min_effect = plan["min_effect_pct"]
     return {
         "decision": decide(cmp, min_effect, higher_is_better=plan["metric"] == "throughput"),
         "verdict": cmp.get("verdict"), "verdict_text": verdict_text(cmp),
@@ -263,15 +264,12 @@ def _summary(result: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, An
     }
 
 
-def _min_effect(plan: Mapping[str, Any]) -> float:
+def _min_effect(good_tree: Path, plan: Mapping[str, Any]) -> float:
+    """bench.min_effect_pct of the config the A/Bs run (the good commit's)."""
     from tts_bench.config import load_config
 
-    repo_cfg = Path(plan["config"])
-    path = repo_cfg if repo_cfg.is_absolute() else Path(plan["repo"]) / repo_cfg
-    try:
-        return float(load_config(path).bench.min_effect_pct)
-    except Exception:  # the user's checkout may differ from the good commit: fall back to the default
-        return 2.0
+    config = Path(plan["config"])
+    return float(load_config(config if config.is_absolute() else good_tree / config).bench.min_effect_pct)
 
 
 def _finish(run: BisectRun, status: str, first_bad: dict[str, Any] | None, *, lo: int, hi: int) -> Outcome:

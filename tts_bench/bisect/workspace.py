@@ -122,7 +122,8 @@ class Server:
             if (worktree / "tts_bench").is_dir():  # this repository: the commit's own code serves
                 env["PYTHONPATH"] = os.pathsep.join(p for p in (str(worktree), env.get("PYTHONPATH")) if p)
         else:
-            cmd = setup.format(port=port, config=cfg, worktree=worktree)
+            # Not str.format: a shell command has braces of its own (`${VAR}`).
+            cmd = setup.replace("{port}", str(port)).replace("{config}", str(cfg)).replace("{worktree}", str(worktree))
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as fh:
             proc = subprocess.Popen(cmd, cwd=worktree, env=env, shell=isinstance(cmd, str), stdout=fh,
