@@ -134,7 +134,7 @@ def ecdf_figure(records, metric: str, label: str, tiers: Sequence[str], arms: Se
         ax.set_ylabel("fraction of requests <= x")
         ax.set_ylim(0, 1.02)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small", loc="lower right")
+        _legend(ax, loc="lower right")
     fig.tight_layout()
     return fig
 
@@ -166,7 +166,7 @@ def block_delta_figure(records, tiers: Sequence[str], arms: Sequence[str], resul
         ax.set_ylabel("Δ mean audio RTF (%)")
         ax.set_xticks(ks)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+        _legend(ax)
     fig.tight_layout()
     return fig
 
@@ -187,9 +187,15 @@ def throughput_figure(records, tiers: Sequence[str], arms: Sequence[str]):
         ax.set_xlabel("seconds since the first measured request")
         ax.set_ylabel("audio s per wall s")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+        _legend(ax)
     fig.tight_layout()
     return fig
+
+
+def _legend(ax, **kwargs) -> None:
+    """A legend where something is labelled (a metric a backend does not report draws nothing)."""
+    if any(not h.get_label().startswith("_") for h in ax.get_lines() + ax.patches):
+        ax.legend(fontsize="small", **kwargs)
 
 
 # ---------------------------------------------------------------- the run's plot set

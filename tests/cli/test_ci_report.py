@@ -118,10 +118,12 @@ def test_gate_junit_failures_are_its_worse_rows_and_summary_has_its_table(case, 
     junit = tmp_path / "gate.xml"
     result, status = invoke_app(app, "gate", "--run-case", str(case), "--baseline", str(base), "--profile",
                                 "cpu-2core", "--result-dir", str(tmp_path / "runs"), "--format", "md",
-                                "--set", "synthetic.delay_scale=1.5", "--junit", str(junit))
+                                "--set", "synthetic.delay_scale=1.5", "--junit", str(junit), "--plot")
     assert status == ExitStatus.PERF_REGRESSION, result.output
     root = check_junit_schema(junit)
     failed = {c.get("name") for c in root.iter("testcase") if c.find("failure") is not None}
     assert "4x1.audio_rtf" in failed
     assert root.find("testsuite/testcase[@name='4x1.audio_rtf']/failure").get("message").startswith("worse: +")
     assert "perf gate" in summary.read_text() and "verdict: perf regression" in summary.read_text()
+    gated = next(p for p in (tmp_path / "runs").iterdir() if (p / "report.html").exists())  # --plot
+    assert (gated / "ecdf_audio_rtf.png").stat().st_size > 1000

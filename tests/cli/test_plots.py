@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.in_process import invoke_app
+from tests.cli.test_wer_cli import _wer, fake_world  # noqa: F401  (a fixture)
 from tts_bench.cli import app
 from tts_bench.errors import ExitStatus
 from tts_bench.plots import plot_run, pyplot, run_figures
@@ -89,3 +90,12 @@ def test_plot_of_a_directory_that_is_no_run_exits_2(tmp_path):
 
     with pytest.raises(ConfigError, match="not a run directory"):
         plot_run(tmp_path / "missing")
+
+
+def test_wer_plot_draws_its_generation_requests(fake_world):
+    tmp_path, cfg = fake_world
+    result = _wer(["--config", str(cfg), "--plot"], tmp_path)
+    assert result.return_value == ExitStatus.OK, result.output
+    run = next((tmp_path / "runs").iterdir())
+    assert (run / "report.html").stat().st_size > 1000
+    assert (run / "ecdf_audio_rtf.png").stat().st_size > 1000
