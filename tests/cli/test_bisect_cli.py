@@ -138,3 +138,36 @@ def test_refs_that_are_not_an_ancestor_pair_exit_2(repo, tmp_path):
     result, status = bisect(path, tmp_path, "--good", shas[3], "--bad", shas[1])
     assert status == ExitStatus.USAGE
     assert "is not an ancestor" in str(result.exception or result.output) or "ancestor" in result.output
+
+
+def _canned(monkeypatch, deltas: dict[int, tuple[str, list[float] | None]]):
+    """Replace each step's A/B by a canned result: position -> (verdict, interval)."""
+    from tts_bench.bisect import search
+
+    def fake_ab(run, step, good_tree, tree):
+        verdict, ci = deltas[step["position"]]
+        return {"valid": True, "tiers": [{"tier": "4x1", "verdict": verdict, "verdict_detail": verdict,
+                                          "delta_mean_pct": 0.0 if ci is None else sum(ci) / 2, "ci95_pct": ci,
+                                          "mde_pct": 3.0, "blocks": 6}]}
+
+    monkeypatch.setattr(search, "_ab", fake_ab)
+
+
+def test_an_unresolved_middle_step_stops_and_names_the_commits_left(repo, tmp_path, monkeypatch):
+    path, shas = repo
+    _canned(monkeypatch, {4: ("slower", [8.0, 12.0]), 2: ("within noise", [-1.0, 6.0])})
+    result, status = bisect(path, tmp_path, "--good", shas[0], "--bad", shas[4])
+    assert status == ExitStatus.OK, result.output
+    line = next(x for x in result.stdout.splitlines() if x.startswith("unresolved"))
+    assert f"the first bad commit is one of: {shas[1][:10]}, {shas[2][:10]}" in line
+    doc = json.loads(next(tmp_path.iterdir()).joinpath("bisect.json").read_text())
+    assert doc["status"] == "unresolved" and doc["result"]["first_bad"] is None
+    assert [s["decision"] for s in doc["steps"]] == ["bad", "unresolved"]
+
+
+def test_an_unresolved_first_step_says_the_range_itself_is_undecided(repo, tmp_path, monkeypatch):
+    path, shas = repo
+    _canned(monkeypatch, {4: ("within noise", [-2.0, 9.0])})
+    result, status = bisect(path, tmp_path, "--good", shas[0], "--bad", shas[4])
+    assert status == ExitStatus.OK, result.output
+    assert f"unresolved: could not tell whether {shas[4]} is slower than {shas[0]}" in result.stdout

@@ -163,7 +163,20 @@ def decide(cmp: Mapping[str, Any], min_effect_pct: float, *, higher_is_better: b
 
 
 def run_bisect(run: BisectRun, *, notify: Callable[[str], None] = log.info) -> Outcome:
-    """Run (or finish) the search; every step is recorded in bisect.json as it ends."""
+    """Run (or finish) the search; every step is recorded in bisect.json as it ends, and a
+    search that stops on an error or Ctrl-C says so there (`--resume` carries on)."""
+    run.doc.update(status="running", error=None)
+    run.save()
+    try:
+        return _search(run, notify)
+    except BaseException as exc:
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        run.doc.update(status="interrupted" if interrupted else "failed", error=None if interrupted else str(exc))
+        run.save()
+        raise
+
+
+def _search(run: BisectRun, notify: Callable[[str], None]) -> Outcome:
     plan = run.plan
     commits = plan["commits"]
     n = len(commits)
@@ -281,6 +294,9 @@ def _finish(run: BisectRun, status: str, first_bad: dict[str, Any] | None, *, lo
         s = steps[0]
         text = (f"no regression resolved: {run.plan['bad_ref']} against {run.plan['good_ref']}: {s['verdict_text']}; "
                 f"MDE reached {_mde(s)} at {s.get('blocks')} blocks")
+    elif len(steps) == 1:
+        text = (f"unresolved: could not tell whether {run.plan['bad_ref']} is slower than {run.plan['good_ref']} "
+                f"({steps[0]['verdict_text']}); rerun with a larger --max-repeats or --budget")
     else:
         last = steps[-1]
         between = ", ".join(c["sha"][:10] for c in commits[lo:hi])

@@ -85,9 +85,9 @@ class Worktree:
         return self.path
 
     def __exit__(self, *exc: object) -> None:
+        # `remove` drops this worktree's entry only; a `prune` would touch the user's other entries.
         subprocess.run(["git", "-C", str(self.repo), "worktree", "remove", "--force", str(self.path)],
                        capture_output=True, check=False)
-        subprocess.run(["git", "-C", str(self.repo), "worktree", "prune"], capture_output=True, check=False)
 
 
 def free_port() -> int:
