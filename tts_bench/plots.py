@@ -6,7 +6,7 @@ records of requests.jsonl), so an old run plots like a new one:
 | file | what | from |
 |---|---|---|
 | `ecdf_audio_rtf.png`, `ecdf_audio_ttfp_ms.png` | per tier (one panel each) and arm, the ECDF of the measured requests | requests.jsonl |
-| `block_deltas.png` | A/B runs: per tier the per-block Δ% of mean RTF (test vs base), their mean, the 95% interval and ±MDE of the verdict | requests.jsonl + run.json result |
+| `block_deltas_audio_rtf.png`, `..._audio_ttfp_ms.png` | A/B runs: per tier the per-block Δ% of the mean (test vs base), their mean, the 95% interval and ±MDE of the verdict | requests.jsonl + run.json result |
 | `throughput.png` | per tier and arm, audio seconds per wall second over the measured phase (audio seconds by request end time, in bins), one line per repeat | requests.jsonl |
 | `mem_timeline_*.png` | the memory timeline `tts-bench mem` / `ab --mem` drew (reused, not redrawn) | the run directory |
 | `report.html` | all of the above, images embedded as base64, with the run's verdict lines: one self-contained file a PR can link | |
@@ -139,15 +139,19 @@ def ecdf_figure(records, metric: str, label: str, tiers: Sequence[str], arms: Se
     return fig
 
 
-def block_delta_figure(records, tiers: Sequence[str], arms: Sequence[str], result: Mapping[str, Any] | None):
-    """A/B: per tier, the block deltas of mean RTF (dots), their mean (line), the verdict's 95%
-    interval (band) and ±MDE (dashed), from the run's result where it has them."""
+def block_delta_figure(records, tiers: Sequence[str], arms: Sequence[str], result: Mapping[str, Any] | None,
+                       metric: str = "audio_rtf", label: str = "audio RTF"):
+    """A/B: per tier, the block deltas of the metric's mean (dots), their mean (line), the
+    verdict's 95% interval (band) and ±MDE (dashed), from the run's result where it has them."""
+    from tts_bench.ci_report import ab_comparisons
+
     plt = pyplot()
     fig, axes = _panels(plt, len(tiers))
-    by_tier = {t.get("tier"): t for t in (result or {}).get("tiers", []) if isinstance(t, Mapping)}
+    by_tier = {t.get("tier"): dict(ab_comparisons(t)) for t in (result or {}).get("tiers", [])
+               if isinstance(t, Mapping) and "tier" in t}
     for ax, tier in zip(axes, tiers):
-        deltas = by_tier.get(tier, {}).get("block_deltas_pct") or block_deltas(records, tier, arms)
-        verdict = by_tier.get(tier, {})
+        verdict = by_tier.get(tier, {}).get(metric) or {}
+        deltas = verdict.get("block_deltas_pct") or block_deltas(records, tier, arms, metric)
         ks = list(range(1, len(deltas) + 1))
         ax.plot(ks, deltas, "o", color="tab:blue", label="block Δ% (test vs base)")
         ax.axhline(0.0, color="black", linewidth=0.8)
@@ -161,9 +165,9 @@ def block_delta_figure(records, tiers: Sequence[str], arms: Sequence[str], resul
             for sign in (1, -1):
                 ax.axhline(sign * verdict["mde_pct"], color="tab:red", linestyle="--", linewidth=1,
                            label=f"±MDE {verdict['mde_pct']:.1f}%" if sign > 0 else None)
-        ax.set_title(f"audio RTF per-block Δ, tier {tier}: {verdict.get('verdict', 'no verdict')}")
+        ax.set_title(f"{label} per-block Δ, tier {tier}: {verdict.get('verdict', 'no verdict')}")
         ax.set_xlabel("block (repeat)")
-        ax.set_ylabel("Δ mean audio RTF (%)")
+        ax.set_ylabel(f"Δ mean {label} (%)")
         ax.set_xticks(ks)
         ax.grid(True, alpha=0.3)
         _legend(ax)
@@ -211,7 +215,8 @@ def run_figures(doc: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) ->
         return {}
     figures = {f"ecdf_{metric}.png": ecdf_figure(ok, metric, label, tiers, arms) for metric, label in METRICS}
     if len(arms) == 2 and any(r.get("repeat") is not None for r in ok):
-        figures["block_deltas.png"] = block_delta_figure(ok, tiers, arms, doc.get("result"))
+        for metric, label in (("audio_rtf", "audio RTF"), ("audio_ttfp_ms", "audio TTFP")):
+            figures[f"block_deltas_{metric}.png"] = block_delta_figure(ok, tiers, arms, doc.get("result"), metric, label)
     figures["throughput.png"] = throughput_figure(ok, tiers, arms)
     return figures
 

@@ -17,7 +17,8 @@ from tts_bench.results import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNTH = str(ROOT / "configs/ab/synthetic.yaml")
-AB_PNGS = ("ecdf_audio_rtf.png", "ecdf_audio_ttfp_ms.png", "block_deltas.png", "throughput.png")
+AB_PNGS = ("ecdf_audio_rtf.png", "ecdf_audio_ttfp_ms.png", "block_deltas_audio_rtf.png",
+           "block_deltas_audio_ttfp_ms.png", "throughput.png")
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +50,16 @@ def test_figures_have_a_panel_per_tier_and_a_line_per_arm(ab_run):
         assert all(len(ax.get_lines()) == 2 for ax in rtf)  # base, test
         assert rtf[0].get_ylabel() == "fraction of requests <= x"
         assert [line.get_label() for line in rtf[0].get_lines()] == ["base (n=16)", "test (n=16)"]
-        deltas = figures["block_deltas.png"].axes
+        deltas = figures["block_deltas_audio_rtf.png"].axes
         assert deltas[0].get_title() == "audio RTF per-block Δ, tier 4x1: slower"
         points = deltas[0].get_lines()[0]
         assert len(points.get_xdata()) == 2 and all(y > 20 for y in points.get_ydata())  # 1.5x delays
         labels = [line.get_label() for line in deltas[0].get_lines()]
         assert any(lab.startswith("±MDE") for lab in labels) and any(lab.startswith("Δ mean +") for lab in labels)
         assert len(deltas[0].patches) == 1  # the 95% interval band
+        ttfp = figures["block_deltas_audio_ttfp_ms.png"].axes
+        assert ttfp[1].get_title().startswith("audio TTFP per-block Δ, tier 8x2: ")
+        assert len(ttfp[1].get_lines()[0].get_xdata()) == 2
         tput = figures["throughput.png"].axes
         assert tput[1].get_ylabel() == "audio s per wall s" and len(tput[1].get_lines()) == 4  # 2 arms x 2 repeats
     finally:
