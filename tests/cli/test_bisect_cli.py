@@ -137,7 +137,17 @@ def test_refs_that_are_not_an_ancestor_pair_exit_2(repo, tmp_path):
     path, shas = repo
     result, status = bisect(path, tmp_path, "--good", shas[3], "--bad", shas[1])
     assert status == ExitStatus.USAGE
-    assert "is not an ancestor" in str(result.exception or result.output) or "ancestor" in result.output
+    assert "is not an ancestor" in str(result.exception)
+
+
+def test_resume_of_a_folder_that_is_no_bisect_exits_2(tmp_path):
+    result, status = invoke_app(app, "bisect", "--resume", str(tmp_path))
+    assert status == ExitStatus.USAGE and "is not a bisect directory" in str(result.exception)
+
+
+def test_missing_refs_exit_2_naming_them(tmp_path):
+    result, status = invoke_app(app, "bisect", "--config", "bench.yaml", "--result-dir", str(tmp_path))
+    assert status == ExitStatus.USAGE and "--good, --bad, --tier missing" in str(result.exception)
 
 
 def _canned(monkeypatch, deltas: dict[int, tuple[str, list[float] | None]]):

@@ -115,7 +115,10 @@ def open_bisect(path: Path) -> BisectRun:
 
     try:
         doc = json.loads((Path(path) / BISECT_JSON).read_text())
-        doc["plan"]["commits"], doc["steps"]  # noqa: B018  (the keys the search needs)
+        missing = [k for k in ("plan", "steps") if k not in doc] or [k for k in ("commits", "good", "repo", "config", "tier")
+                                                                       if k not in doc["plan"]]
+        if missing:
+            raise KeyError(", ".join(missing))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"error: {path} is not a bisect directory ({type(exc).__name__}: {exc}) (--resume of "
                           "tts-bench bisect); pass the directory a bisect made (it holds bisect.json)") from None
