@@ -103,3 +103,14 @@ def test_wer_plot_draws_its_generation_requests(fake_world):
     run = next((tmp_path / "runs").iterdir())
     assert (run / "report.html").stat().st_size > 1000
     assert (run / "ecdf_audio_rtf.png").stat().st_size > 1000
+
+
+def test_the_command_line_loads_without_matplotlib():
+    """Plots import matplotlib inside their functions: `tts-bench --help` and runs without --plot
+    never pay for it."""
+    import subprocess
+    import sys
+
+    code = "import sys, tts_bench.cli, tts_bench.plots, tts_bench.bisect; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"
