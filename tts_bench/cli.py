@@ -60,7 +60,7 @@ def _root(
 def _register() -> None:
     # Each subcommand lives in its own module; registering here keeps this file the single
     # entry point and the exception boundary.
-    from tts_bench.commands import ab, baseline, calibrate, gate, mem, profile, serve, wer
+    from tts_bench.commands import ab, baseline, bisect, calibrate, gate, mem, plot, profile, serve, wer
 
     app.command("ab")(ab.ab)
     app.command("mem")(mem.mem)
@@ -69,6 +69,8 @@ def _register() -> None:
     app.command("profile")(profile.profile)
     app.command("gate")(gate.gate)
     app.command("calibrate")(calibrate.calibrate)
+    app.command("plot")(plot.plot)
+    app.command("bisect")(bisect.bisect)
     app.add_typer(baseline.app, name="baseline")
 
 

@@ -54,6 +54,9 @@ def ab(
     until_stable: bool = typer.Option(False, "--until-stable", help="Duration mode: extend an unstable window by sub-windows up to bench.max_duration_s."),
     request_rate: Optional[float] = typer.Option(None, "--request-rate", help="Open loop: requests/s (Poisson; the same arrival times in both arms); the tier's C caps requests in flight."),
     burstiness: Optional[float] = typer.Option(None, "--burstiness", help="With --request-rate: gamma shape of the gaps (1 = Poisson, < 1 burstier)."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML here: one test case per tier x metric (tts_bench.ci_report)."),
+    fail_on_slower: bool = typer.Option(False, "--fail-on-slower", help="A `slower` verdict is a JUnit failure and exits 3 (default: ab reports, exit 0)."),
+    plot: bool = typer.Option(False, "--plot", help="Draw the run's plots and report.html into its run directory (tts-bench plot)."),
 ) -> ExitStatus:
     """A/B two arms of a config, interleaved per tier, with paired-block CIs, MDEs and verdicts."""
     from tts_bench.ab import AbRequest, run_session
@@ -78,7 +81,22 @@ def ab(
                                    measurement=session.measurement))
     for reason in session.result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
-    return session.result.exit_status
+    return _ci_outputs(session, junit=junit, fail_on_slower=fail_on_slower, plot=plot)
+
+
+def _ci_outputs(session, *, junit: Path | None, fail_on_slower: bool, plot: bool) -> ExitStatus:
+    """--junit, GITHUB_STEP_SUMMARY, --plot; exit 3 for a slower verdict with --fail-on-slower."""
+    from tts_bench.ci_report import ab_suite, publish
+
+    suite = ab_suite(session.result.to_dict(), fail_on_slower=fail_on_slower)
+    publish(suite, render_result(session.result, "md", mem=session.mem, work=session.work,
+                                 measurement=session.measurement), junit=junit)
+    if plot:
+        from tts_bench.plots import plot_run
+
+        typer.echo(f"report: {plot_run(session.run_dir.path).html}", err=True)
+    status = session.result.exit_status
+    return ExitStatus.PERF_REGRESSION if status == ExitStatus.OK and suite.count("failure") else status
 
 
 # Measured: a fused-prelude A/B at 128x8 on an H200 read "slower, +8.9% [+4.4%, +13.7%]" with one

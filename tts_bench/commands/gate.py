@@ -40,6 +40,8 @@ def gate(
     report_only: bool = typer.Option(False, "--report-only", "--no-fail-on-perf", help="Report perf verdicts, exit 0 on them (still 4/5)."),
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
     result_dir: Optional[str] = typer.Option(None, "--result-dir", callback=result_dir_option, help="Where --run-case makes its run directory (default: results/runs)."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML here: one test case per tier x metric, failures = worse rows (tts_bench.ci_report)."),
+    plot: bool = typer.Option(False, "--plot", help="Draw the gated run's plots and report.html into its run directory (tts-bench plot)."),
 ) -> ExitStatus:
     """Gate a run against a baseline: per metric Δ%, threshold, Mann-Whitney p, mark."""
     from tts_bench.gate.session import GateRequest, run_session
@@ -54,7 +56,20 @@ def gate(
         typer.echo(f"error: invalid run: {reason}", err=True)
     if report_only and report.regressions:
         typer.echo(f"warning: {len(report.regressions)} perf regression(s) reported only (--report-only)", err=True)
+    _ci_outputs(report, junit=junit, plot=plot, report_only=report_only, baseline=str(session.baseline_path))
     return report.exit_status(report_only=report_only)
+
+
+def _ci_outputs(report, *, junit: Path | None, plot: bool, report_only: bool, baseline: str) -> None:
+    """--junit, GITHUB_STEP_SUMMARY (the md report, only when set), --plot of the gated run."""
+    from tts_bench.ci_report import gate_suite, publish
+
+    publish(gate_suite(report.to_dict(report_only=report_only)),
+            render_report(report, "md", report_only=report_only, baseline=baseline), junit=junit)
+    if plot and report.current:
+        from tts_bench.plots import plot_run
+
+        typer.echo(f"report: {plot_run(Path(report.current)).html}", err=True)
 
 
 def render_report(report, fmt: str, *, report_only: bool, baseline: str) -> str:

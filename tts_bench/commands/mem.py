@@ -43,6 +43,7 @@ def mem(
     result_dir: str = typer.Option("results/runs", "--result-dir", callback=result_dir_option, help="Where run directories are made."),
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
     duration: Optional[float] = typer.Option(None, "--duration", help="Duration mode: ramp, a measured window of S seconds, drain (bench.duration_s)."),
+    plot: bool = typer.Option(False, "--plot", help="Draw the run's plots and report.html (with its memory timeline) into its run directory."),
 ) -> ExitStatus:
     """Sample memory over one tier for both arms: steady-state median, peak, delta, headroom."""
     from tts_bench.mem.run import measure_memory
@@ -55,6 +56,10 @@ def mem(
     sys.stdout.write(render_result(result, fmt))
     for reason in result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
+    if plot:
+        from tts_bench.plots import plot_run
+
+        typer.echo(f"report: {plot_run(Path(result.run_dir)).html}", err=True)
     return result.exit_status
 
 

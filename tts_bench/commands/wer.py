@@ -43,6 +43,7 @@ def wer(
     accept: bool = typer.Option(False, "--accept", "--record-history", help="Append this run to the WER history (wer.history_dir)."),
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
     result_dir: str = typer.Option("results/runs", "--result-dir", callback=result_dir_option, help="Where run directories are made."),
+    plot: bool = typer.Option(False, "--plot", help="Draw the run's plots and report.html into its run directory (tts-bench plot)."),
 ) -> ExitStatus:
     """Seed-tts WER gate (CER on a Chinese set): per-arm mean/median/corpus error rate, failures, paired delta and a verdict."""
     from tts_bench.wer.session import WerRequest, run_session
@@ -72,6 +73,10 @@ def wer(
 
     sys.stdout.write(render_report(session.report, fmt))
     typer.echo(f"run: {session.run_path}", err=True)
+    if plot:
+        from tts_bench.plots import plot_run
+
+        typer.echo(f"report: {plot_run(session.run_path).html}", err=True)
     return session.exit_status
 
 
