@@ -254,6 +254,7 @@ class BenchParams:
     disable_shuffle: bool = False
     max_failure_fraction: float = 0.0  # more failed requests than this -> invalid run (exit 5)
     duration_mismatch_pct: float = 1.0  # flag tiers whose arms' mean audio seconds differ more
+    until_resolved_min_repeats: int = 4  # --until-resolved: no tier stops as resolved with fewer blocks
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -284,6 +285,7 @@ class BenchParams:
             raise ValueError(
                 f"bench.max_failure_fraction must be in [0, 1], got {self.max_failure_fraction}"
             )
+        check_range("bench.until_resolved_min_repeats", self.until_resolved_min_repeats, 2, MAX_REPEATS)
 
     @property
     def tier_list(self) -> tuple[Tier, ...]:

@@ -173,7 +173,8 @@ def test_until_resolved_says_what_stopped_it_in_the_table_and_the_json(tmp_path)
     assert "repeats 2x1 4" in line
     doc = json.loads(invoke(tmp_path, "--tiers", "2x1", "--num-prompts", "4", "--format", "json",
                             "--until-resolved", "--set", "bench.min_effect_pct=400").stdout)
-    assert doc["until_resolved"]["stopped_by"] == "resolved" and doc["until_resolved"]["repeats"] == {"2x1": 2}
+    # Resolved at once, but never before bench.until_resolved_min_repeats (4) blocks.
+    assert doc["until_resolved"]["stopped_by"] == "resolved" and doc["until_resolved"]["repeats"] == {"2x1": 4}
     assert RunDir.open(doc["run_dir"]).doc["ab"]["until_resolved"]["target_half_width_pct"] == 200.0
 
 

@@ -193,7 +193,8 @@ def _until_rule(request: AbRequest, bench, repeats: int) -> UntilResolved | None
         return None
     try:
         max_repeats = DEFAULT_MAX_REPEATS if request.max_repeats is None else request.max_repeats  # 0 is refused
-        rule = UntilResolved(bench.min_effect_pct / 2.0, max_repeats, request.budget_min)
+        rule = UntilResolved(bench.min_effect_pct / 2.0, max_repeats, request.budget_min,
+                             min_repeats=bench.until_resolved_min_repeats)
     except ValueError as exc:
         raise ConfigError(f"error: {exc} (--until-resolved); fix the value") from None
     if repeats > max_repeats:
