@@ -30,6 +30,11 @@ The MDE is the smallest |effect| this run would resolve with 80% power at two-si
 
     MDE = (t(0.975, df) + t(0.80, df)) * s / sqrt(K)     (s, df: the blocks', or the calibration's)
 
+An MDE from 2 blocks rests on one degree of freedom: its SD is itself noise (an A/A audit saw
+0.2 % to 350 % on one machine), so `mde_rough` flags an MDE from fewer than `MDE_MIN_BLOCKS`
+blocks (the tables print it as `~0.5%`) rather than pooling it with a calibration's SD: the
+pooled figure would describe the calibration's machine state, not this run's.
+
 The verdict needs both significance and size (pyperf/asv practice):
 
     faster        CI upper bound < 0  and  delta <= -min_effect_pct
@@ -61,6 +66,7 @@ Interval = Literal["t", "calibrated", "none"]
 
 ALPHA = 0.05
 POWER = 0.80
+MDE_MIN_BLOCKS = 3  # fewer blocks: the MDE is flagged rough (its own SD has < 2 df)
 
 
 # ---------------------------------------------------------------- small building blocks
@@ -235,6 +241,7 @@ class Comparison:
     n_test: int
     block_deltas_pct: tuple[float, ...] = ()
     calibration: str | None = None  # the calibration file used (interval == "calibrated")
+    mde_rough: bool = False  # MDE from < MDE_MIN_BLOCKS blocks' own spread: itself noise
 
     @property
     def significant(self) -> bool:
@@ -256,8 +263,10 @@ class Comparison:
         """The verdict as a table cell: `within noise` says what the run could not see."""
         if self.verdict != "within noise" or self.mde_pct is None:
             return self.verdict
-        if self.mde_pct < self.min_effect_pct:
+        if self.mde_pct < self.min_effect_pct and not self.mde_rough:
             return f"within noise; below the {self.min_effect_pct:g}% minimum effect"
+        if self.mde_rough:
+            return f"within noise; could not resolve < ~{self.mde_pct:.1f}% (MDE from {self.blocks} blocks)"
         return f"within noise; could not resolve < {self.mde_pct:.1f}%"
 
 
@@ -364,6 +373,7 @@ def compare(
         n_test=int(t_all.size),
         block_deltas_pct=tuple(pct(x) for x in d_mean),
         calibration=calibrated.source if calibrated and iv.interval == "calibrated" else None,
+        mde_rough=iv.interval == "t" and iv.blocks < MDE_MIN_BLOCKS,
     )
 
 

@@ -48,8 +48,8 @@ def test_markdown_table_is_shaped_like_the_seed(tmp_path):
                      "95% CI", "verdict", "MDE"]
     assert re.fullmatch(r"\| -+ \| -+ \| -+ \| -+ \| -+ \| -+ \| -+ \|", lines[3])
     row = re.compile(r"\| 2 x 1 +\| \d\.\d{4} / \d\.\d{4} +\| \d\.\d{4} / \d\.\d{4} +\| [+-]\d+\.\d% +"
-                     r"\| \[[+-]\d+\.\d%, [+-]\d+\.\d%\] +\| (within noise(; could not resolve < \d+\.\d%|"
-                     r"; below the 2% minimum effect)?|faster|slower) +\| \d+\.\d% +\|")
+                     r"\| \[[+-]\d+\.\d%, [+-]\d+\.\d%\] +\| (within noise(; could not resolve < ~?\d+\.\d%"
+                     r"( \(MDE from 2 blocks\))?|; below the 2% minimum effect)?|faster|slower) +\| ~?\d+\.\d% +\|")
     assert row.fullmatch(lines[4]), lines[4]
     assert lines[5].startswith("| 4 x 2 ")
     assert "**audio TTFP ms**" in lines

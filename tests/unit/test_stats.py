@@ -198,3 +198,19 @@ def test_summarize_with_name_uses_vllm_keys_and_empty_is_none():
     assert s["mean_audio_rtf"] == 1.0
     empty = summarize([], name="audio_rtf")
     assert empty["count"] == 0 and empty["p99_audio_rtf"] is None
+
+
+def test_an_mde_from_two_blocks_is_flagged_rough_in_the_comparison_and_the_table():
+    from tts_bench.tables import ab_table
+
+    base = [np.full(4, 1.0), np.full(4, 1.0)]
+    two = compare(base, [np.full(4, 1.003), np.full(4, 0.998)], min_effect_pct=2.0)
+    three = compare([*base, np.full(4, 1.0)], [np.full(4, 1.003), np.full(4, 0.998), np.full(4, 1.001)],
+                    min_effect_pct=2.0)
+    assert two.mde_rough and not three.mde_rough
+    assert two.verdict_text.startswith("within noise; could not resolve < ~") and "(MDE from 2 blocks)" in two.verdict_text
+    row = {"tier": "2x1", "base_mean": 1.0, "base_median": 1.0, "test_mean": 1.0, "test_median": 1.0,
+           "delta_mean_pct": two.delta_mean_pct, "ci95_pct": list(two.ci95_pct), "verdict": two.verdict,
+           "mde_pct": two.mde_pct, "mde_rough": two.mde_rough}
+    assert ab_table([row])["MDE"][0].startswith("~")
+    assert not ab_table([{**row, "mde_rough": False}])["MDE"][0].startswith("~")

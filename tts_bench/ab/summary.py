@@ -61,6 +61,7 @@ class TierResult:
             "verdict": rtf.verdict if valid else "invalid",
             "verdict_detail": rtf.verdict_text if valid else "invalid",
             "mde_pct": rtf.mde_pct if rtf else None,
+            "mde_rough": rtf.mde_rough if rtf else False,
             "blocks": rtf.blocks if rtf else 0,
             "interval": rtf.interval if rtf else "none",
             "block_sd_pct": rtf.block_sd_pct if rtf else None,
@@ -84,7 +85,8 @@ class TierResult:
         ttfp = row["ttfp"] or {}
         row.update({k: ttfp.get(k) for k in ("delta_mean_pct", "ci95_pct", "verdict")},
                    duration_mismatch=False, note="")
-        row.update(verdict_detail=ttfp.get("verdict_detail"), mde_pct=ttfp.get("mde_pct"))
+        row.update(verdict_detail=ttfp.get("verdict_detail"), mde_pct=ttfp.get("mde_pct"),
+                   mde_rough=bool(ttfp.get("mde_rough")))
         if self.invalid_reasons:
             row["verdict"] = row["verdict_detail"] = "invalid"
         return row

@@ -133,6 +133,10 @@ def notes(result, doc: dict) -> list[str]:
             if mdes[0][1] is not None:
                 out.append(f"calibration {cal.case}.{cal.profile} {tier.tier}: audio RTF MDE at 1/2/4/8 repeats "
                            + " / ".join(fmt_pct(m).lstrip("+") for _, m in mdes))
+    rough = sorted({t.tier for t in result.tiers for c in (t.rtf, t.ttfp) if c is not None and c.mde_rough})
+    if rough:
+        out.append(f"note: MDE marked ~ ({', '.join(rough)}) comes from 2 blocks, one degree of freedom: "
+                   "its own spread is noise; plan by an MDE from 3 or more repeats or a calibration")
     ur = doc.get("until_resolved")
     if ur:
         reps = ", ".join(f"{t} {k}" for t, k in ur["repeats"].items())
