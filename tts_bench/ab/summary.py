@@ -4,7 +4,7 @@ Computed from the run's recorded requests (`summarize_ab`), never from what is i
 resumed run and a finished one summarize alike. Per tier: both arms' aggregates
 (`tts_bench.metrics`), a paired-block comparison of per-request `audio_rtf` (each repeat is a
 block: `tts_bench.stats.compare`, a t interval over the blocks, the MDE and the verdict; the same
-for `audio_ttfp_ms`), a duration-mismatch flag (RTF moves with output length), an
+for `audio_ttfp_ms`, and for throughput per block, `tts_bench.ab.throughput`, higher is better), a duration-mismatch flag (RTF moves with output length), an
 output-identity count (requests whose audio hash is equal across arms, paired by repeat and
 prompt position), and the reasons the tier is invalid (too many failures): an invalid tier has
 no speed verdict, for RTF and TTFP alike (`TierResult.to_dict`, `TierResult.ttfp_row`).
@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tts_bench.ab.throughput import block_throughputs
 from tts_bench.calibration import Calibration
 from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import ConfigError, ExitStatus, InvalidRunError
@@ -46,6 +47,8 @@ class TierResult:
     invalid_reasons: tuple[str, ...] = ()
     identical_codes: int | None = None  # None when the backend reports no codec tokens
     identical_mel: int | None = None  # None when the backend reports no mel digests
+    throughput: Comparison | None = None  # audio s per wall s per block; higher is faster
+    block_throughputs: dict[str, dict[int, float]] = field(default_factory=dict)  # arm -> repeat -> value
 
     def to_dict(self) -> dict[str, Any]:
         """The tier as JSON (and as `tables.ab_table` reads it)."""
@@ -67,6 +70,9 @@ class TierResult:
             "block_sd_pct": rtf.block_sd_pct if rtf else None,
             "calibration": rtf.calibration if rtf else None,
             "ttfp": _comparison_dict(self.ttfp),
+            "throughput": _comparison_dict(self.throughput),
+            "block_throughputs": {a: {str(k): v for k, v in sorted(b.items())}
+                                  for a, b in self.block_throughputs.items()},
             "duration_delta_pct": self.duration_delta_pct,
             "duration_mismatch": self.duration_mismatch,
             "identical_outputs": self.identical_outputs,
@@ -81,12 +87,24 @@ class TierResult:
         comparison's delta, interval, verdict and MDE in RTF's place, no duration flag (TTFP
         does not move with output length), and, as for RTF, no speed verdict on a tier with
         too many failures."""
+        return self._metric_row("ttfp")
+
+    def throughput_row(self) -> dict[str, Any]:
+        """The tier for the throughput table: as `ttfp_row`, with each arm's mean / median
+        of its per-block throughputs (audio s per wall s) as `mean_/median_audio_throughput`."""
+        row = self._metric_row("throughput")
+        row["arms"] = {a: {**row["arms"].get(a, {}), "mean_audio_throughput": _mean(list(v.values())),
+                           "median_audio_throughput": _median(list(v.values()))}
+                       for a, v in ((a, self.block_throughputs.get(a, {})) for a in self.arms)}
+        return row
+
+    def _metric_row(self, key: str) -> dict[str, Any]:
         row = self.to_dict()
-        ttfp = row["ttfp"] or {}
-        row.update({k: ttfp.get(k) for k in ("delta_mean_pct", "ci95_pct", "verdict")},
+        cmp = row[key] or {}
+        row.update({k: cmp.get(k) for k in ("delta_mean_pct", "ci95_pct", "verdict")},
                    duration_mismatch=False, note="")
-        row.update(verdict_detail=ttfp.get("verdict_detail"), mde_pct=ttfp.get("mde_pct"),
-                   mde_rough=bool(ttfp.get("mde_rough")))
+        row.update(verdict_detail=cmp.get("verdict_detail"), mde_pct=cmp.get("mde_pct"),
+                   mde_rough=bool(cmp.get("mde_rough")))
         if self.invalid_reasons:
             row["verdict"] = row["verdict_detail"] = "invalid"
         return row
@@ -131,6 +149,19 @@ class AbResult:
         """Every tier's `TierResult.ttfp_row()`: what the TTFP table shows."""
         return [t.ttfp_row() for t in self.tiers]
 
+    def throughput_rows(self) -> list[dict[str, Any]]:
+        """Every tier's `TierResult.throughput_row()`: what the throughput table shows."""
+        return [t.throughput_row() for t in self.tiers]
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _median(values: list[float]) -> float | None:
+    v = sorted(values)
+    return None if not v else (v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2)
+
 
 def _comparison_dict(cmp: Comparison | None) -> dict[str, Any] | None:
     if cmp is None:
@@ -159,8 +190,10 @@ def summarize_ab(
             by_tier_arm[(r.tier, r.arm)].append(r)
     names = tuple(arms)
     bench = arms[names[0]].bench
+    thr = block_throughputs(records)
     results = [
-        _tier_result(tier.label, {a: by_tier_arm[(tier.label, a)] for a in names}, bench, calibration)
+        _tier_result(tier.label, {a: by_tier_arm[(tier.label, a)] for a in names}, bench, calibration,
+                     thr.get(tier.label, {}))
         for tier in tiers
     ]
     reasons = tuple(reason for t in results for reason in t.invalid_reasons)
@@ -214,6 +247,17 @@ def _compare(base, test, metric: str, bench, spread=None) -> Comparison | None:
         return None
 
 
+def _compare_throughput(thr: dict[str, dict[int, float]], names: Sequence[str], bench,
+                        spread=None) -> Comparison | None:
+    """Per-block throughputs paired by repeat (one value per block and arm); higher is better."""
+    b, t = thr.get(names[0], {}), thr.get(names[1], {})
+    keys = sorted(set(b) & set(t))
+    if not keys:
+        return None
+    return compare([[b[k]] for k in keys], [[t[k]] for k in keys], min_effect_pct=bench.min_effect_pct,
+                   lower_is_better=False, calibrated=spread)
+
+
 def _spread(calibration: Calibration | None, tier: str, metric: str):
     return None if calibration is None else calibration.spread(tier, metric)
 
@@ -248,7 +292,8 @@ def _identity(base: Sequence[RequestRecord], test: Sequence[RequestRecord]) -> _
 
 
 def _tier_result(tier: str, per_arm: dict[str, list[RequestRecord]], bench,
-                 calibration: Calibration | None = None) -> TierResult:
+                 calibration: Calibration | None = None,
+                 throughputs: dict[str, dict[int, float]] | None = None) -> TierResult:
     (base_name, base), (test_name, test) = per_arm.items()
     aggs = {name: aggregate(recs) for name, recs in per_arm.items()}
     reasons = []
@@ -271,4 +316,7 @@ def _tier_result(tier: str, per_arm: dict[str, list[RequestRecord]], bench,
         duration_mismatch=dur is not None and abs(dur) > bench.duration_mismatch_pct,
         identical_outputs=ident.outputs, paired_outputs=ident.paired,
         identical_codes=ident.codes, identical_mel=ident.mel, invalid_reasons=tuple(reasons),
+        throughput=_compare_throughput(throughputs or {}, list(per_arm), bench,
+                                       _spread(calibration, tier, "audio_throughput")),
+        block_throughputs=dict(throughputs or {}),
     )

@@ -99,9 +99,11 @@ def render_result(result, fmt: str, *, mem=None, work=None) -> str:
     if fmt == "csv":
         return render(rtf, "csv")
     ttfp = ab_table(result.ttfp_rows(), metric="audio_ttfp_ms", digits=1, base_label=base, test_label=test)
+    thr = ab_table(result.throughput_rows(), metric="audio_throughput", digits=2, base_label=base, test_label=test)
     identity = ", ".join(_identity_text(t) for t in doc["tiers"])
     text = (render(rtf, fmt, title="audio RTF (lower is faster)") + "\n"
             + render(ttfp, fmt, title="audio TTFP ms") + "\n"
+            + render(thr, fmt, title="audio throughput, audio s per wall s per block (higher is faster)") + "\n"
             + f"identical outputs ({test} vs {base}): {identity}\n")
     text += "".join(line + "\n" for line in notes(result, doc))
     if mem is not None:
@@ -133,7 +135,8 @@ def notes(result, doc: dict) -> list[str]:
             if mdes[0][1] is not None:
                 out.append(f"calibration {cal.case}.{cal.profile} {tier.tier}: audio RTF MDE at 1/2/4/8 repeats "
                            + " / ".join(fmt_pct(m).lstrip("+") for _, m in mdes))
-    rough = sorted({t.tier for t in result.tiers for c in (t.rtf, t.ttfp) if c is not None and c.mde_rough})
+    rough = sorted({t.tier for t in result.tiers for c in (t.rtf, t.ttfp, t.throughput)
+                    if c is not None and c.mde_rough})
     if rough:
         out.append(f"note: MDE marked ~ ({', '.join(rough)}) comes from 2 blocks, one degree of freedom: "
                    "its own spread is noise; plan by an MDE from 3 or more repeats or a calibration")
