@@ -242,6 +242,11 @@ class Comparison:
     block_deltas_pct: tuple[float, ...] = ()
     calibration: str | None = None  # the calibration file used (interval == "calibrated")
     mde_rough: bool = False  # MDE from < MDE_MIN_BLOCKS blocks' own spread: itself noise
+    p_value: float | None = None  # two-sided t test of mean d = 0 (the interval's own test)
+    # Set by `tts_bench.holm.apply_holm` over a run's verdicts (None: not adjusted).
+    holm_p: float | None = None
+    family_size: int | None = None
+    holm_demoted: bool = False  # significant alone, not after Holm: verdict within noise
 
     @property
     def significant(self) -> bool:
@@ -261,6 +266,9 @@ class Comparison:
     @property
     def verdict_text(self) -> str:
         """The verdict as a table cell: `within noise` says what the run could not see."""
+        if self.holm_demoted:
+            return (f"within noise; not significant after Holm over {self.family_size} verdicts "
+                    f"(p {self.p_value:.3f}, adjusted {self.holm_p:.3f})")
         if self.verdict != "within noise" or self.mde_pct is None:
             return self.verdict
         if self.mde_pct < self.min_effect_pct and not self.mde_rough:
@@ -374,7 +382,17 @@ def compare(
         block_deltas_pct=tuple(pct(x) for x in d_mean),
         calibration=calibrated.source if calibrated and iv.interval == "calibrated" else None,
         mde_rough=iv.interval == "t" and iv.blocks < MDE_MIN_BLOCKS,
+        p_value=_p_value(iv),
     )
+
+
+def _p_value(iv: BlockInterval) -> float | None:
+    """Two-sided p of the t test behind the interval (p < alpha exactly when it excludes 0)."""
+    if iv.sd is None or iv.df is None:
+        return None
+    if iv.sd == 0:
+        return 1.0 if iv.center == 0 else 0.0
+    return two_sided_p(iv.center / (iv.sd / math.sqrt(iv.blocks)), iv.df)
 
 
 def summarize(

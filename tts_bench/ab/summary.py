@@ -19,17 +19,18 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tts_bench.ab.throughput import block_throughputs
 from tts_bench.calibration import Calibration
 from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import ConfigError, ExitStatus, InvalidRunError
+from tts_bench.holm import apply_holm
 from tts_bench.metrics import Aggregates, aggregate
 from tts_bench.records import RequestRecord, read_records
 from tts_bench.results import RunDir
-from tts_bench.stats import Comparison, compare
+from tts_bench.stats import ALPHA, Comparison, compare
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class AbResult:
     repeats: int = 1  # measured repeats found in the record (the fewest of any tier and arm)
     calibration: Calibration | None = None  # the matching calibration, if any (1-block intervals, MDE)
     until_resolved: dict[str, Any] | None = None  # rule, stop reason, repeats per tier
+    multiple_comparisons: dict[str, Any] | None = None  # Holm: method, family size, alpha
 
     @property
     def single_repeat(self) -> bool:
@@ -142,6 +144,7 @@ class AbResult:
             "repeats": self.repeats,
             "calibration": self.calibration.describe() if self.calibration else None,
             "until_resolved": self.until_resolved,
+            "multiple_comparisons": self.multiple_comparisons,
             "tiers": [t.to_dict() for t in self.tiers],
         }
 
@@ -196,9 +199,25 @@ def summarize_ab(
                      thr.get(tier.label, {}))
         for tier in tiers
     ]
+    results, family = _holm(results)
     reasons = tuple(reason for t in results for reason in t.invalid_reasons)
     repeats = min((len({r.repeat for r in rs}) for rs in by_tier_arm.values()), default=0)
-    return AbResult(results, run_dir, names, reasons, repeats, calibration)
+    return AbResult(results, run_dir, names, reasons, repeats, calibration, multiple_comparisons=family)
+
+
+_VERDICT_METRICS = ("rtf", "ttfp", "throughput")
+
+
+def _holm(results: list[TierResult]) -> tuple[list[TierResult], dict[str, Any]]:
+    """Holm over every verdict of the valid tiers (`tts_bench.holm`); the family as JSON."""
+    cmps = {(i, m): getattr(t, m) for i, t in enumerate(results) if not t.invalid_reasons
+            for m in _VERDICT_METRICS}
+    adjusted = apply_holm(cmps)
+    size = sum(c is not None and c.p_value is not None for c in cmps.values())
+    out = [replace(t, **{m: adjusted[(i, m)] for m in _VERDICT_METRICS}) if not t.invalid_reasons else t
+           for i, t in enumerate(results)]
+    return out, {"method": "holm", "family_size": size, "alpha": ALPHA,
+                 "metrics": ["audio_rtf", "audio_ttfp_ms", "audio_throughput"]}
 
 
 VOICE_CACHE = ("hit", "miss")

@@ -140,6 +140,12 @@ def notes(result, doc: dict) -> list[str]:
     if rough:
         out.append(f"note: MDE marked ~ ({', '.join(rough)}) comes from 2 blocks, one degree of freedom: "
                    "its own spread is noise; plan by an MDE from 3 or more repeats or a calibration")
+    family = doc.get("multiple_comparisons")
+    if family and family["family_size"] > 1:
+        demoted = sum(c is not None and c.holm_demoted for t in result.tiers for c in (t.rtf, t.ttfp, t.throughput))
+        out.append(f"verdicts: Holm-adjusted over {family['family_size']} comparisons (tiers x RTF / TTFP / "
+                   f"throughput), family-wise alpha {family['alpha']:g}"
+                   + (f"; {demoted} significant alone read within noise" if demoted else ""))
     ur = doc.get("until_resolved")
     if ur:
         reps = ", ".join(f"{t} {k}" for t, k in ur["repeats"].items())
