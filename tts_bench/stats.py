@@ -41,6 +41,7 @@ The verdict needs both significance and size (pyperf/asv practice):
     slower        CI lower bound > 0  and  delta >= +min_effect_pct
     within noise  otherwise; the text adds what the run could not see ("could not resolve < 7.9%")
     unresolved (1 repeat)   one block and no calibration
+    unresolved (metric resolution)   the values fall on a few steps (`tts_bench.resolution`)
 
 for lower-is-better metrics such as RTF (`lower_is_better=False` for throughput).
 
@@ -59,9 +60,11 @@ from typing import Literal
 import numpy as np
 
 from tts_bench.errors import InvalidRunError
+from tts_bench.resolution import Resolution, metric_resolution
 
-Verdict = Literal["faster", "slower", "within noise", "unresolved (1 repeat)"]
+Verdict = Literal["faster", "slower", "within noise", "unresolved (1 repeat)", "unresolved (metric resolution)"]
 UNRESOLVED: Verdict = "unresolved (1 repeat)"
+COARSE: Verdict = "unresolved (metric resolution)"  # tts_bench.resolution
 Interval = Literal["t", "calibrated", "none"]
 
 ALPHA = 0.05
@@ -247,6 +250,7 @@ class Comparison:
     holm_p: float | None = None
     family_size: int | None = None
     holm_demoted: bool = False  # significant alone, not after Holm: verdict within noise
+    resolution: Resolution | None = None  # of the per-request values (tts_bench.resolution)
 
     @property
     def significant(self) -> bool:
@@ -344,11 +348,14 @@ def compare(
     calibrated: CalibratedSpread | None = None,
     alpha: float = ALPHA,
     power: float = POWER,
+    check_resolution: bool = True,
 ) -> Comparison:
     """Compare two arms given per-block arrays of per-request values, paired by position
     (block k of `base` ran back to back with block k of `test`; a 1-D array is one block).
 
-    `calibrated` is used only with a single block (see the module docstring)."""
+    `calibrated` is used only with a single block (see the module docstring); with
+    `check_resolution` a metric too coarse to resolve the minimum effect is `unresolved
+    (metric resolution)` (`tts_bench.resolution`)."""
     pairs = _paired(_blocks(base, "base"), _blocks(test, "test"))
     d_mean, d_median = _log_ratios(pairs, np.mean), _log_ratios(pairs, np.median)
     cal_mean = calibrated.sd_mean if calibrated else None
@@ -361,12 +368,16 @@ def compare(
     mde = pct(mde_log(iv.sd, iv.blocks, iv.df, alpha=alpha, power=power)) if iv.sd is not None else None
     b_all = np.concatenate([b for b, _ in pairs])
     t_all = np.concatenate([t for _, t in pairs])
+    res = metric_resolution([x for p in pairs for x in p], min_effect_pct=min_effect_pct) if check_resolution else None
+    verdict = _verdict(delta, ci, min_effect_pct, lower_is_better)
+    if res is not None and res.coarse and ci is not None:
+        verdict = COARSE
     return Comparison(
         delta_mean_pct=delta,
         delta_median_pct=pct(iv_med.center),
         ci95_pct=ci,
         ci95_median_pct=_ci_pct(iv_med),
-        verdict=_verdict(delta, ci, min_effect_pct, lower_is_better),
+        verdict=verdict,
         mde_pct=mde,
         blocks=iv.blocks,
         block_sd_pct=pct(iv.sd) if iv.sd is not None else None,
@@ -383,6 +394,7 @@ def compare(
         calibration=calibrated.source if calibrated and iv.interval == "calibrated" else None,
         mde_rough=iv.interval == "t" and iv.blocks < MDE_MIN_BLOCKS,
         p_value=_p_value(iv),
+        resolution=res,
     )
 
 

@@ -69,3 +69,13 @@ def test_the_ab_output_has_a_throughput_table(tmp_path):
     text = render_result(summarize_ab(records, arms, parse_tiers("2x1"), run_dir="x"), "md")
     assert "audio throughput, audio s per wall s per block (higher is faster)" in text
     assert "2.00 / 2.00" in text.split("audio throughput")[1]
+
+
+def test_a_coarse_metric_gets_a_note_under_the_tables():
+    from tts_bench.commands.ab import render_result
+
+    arms = {"base": load_config(None, SYNTH), "test": load_config(None, SYNTH)}
+    records = [r for k in range(2) for a in ("base", "test") for r in phase(a, k, 2.0 + 0.01 * k)]
+    text = render_result(summarize_ab(records, arms, parse_tiers("2x1"), run_dir="x"), "md")
+    # TTFP here is 10, 11, 12, 13 ms in every phase: four levels, 25 % block steps.
+    assert "note: 2x1 TTFP unresolved (metric resolution): 16 values on 4 levels" in text

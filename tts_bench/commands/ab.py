@@ -140,6 +140,14 @@ def notes(result, doc: dict) -> list[str]:
     if rough:
         out.append(f"note: MDE marked ~ ({', '.join(rough)}) comes from 2 blocks, one degree of freedom: "
                    "its own spread is noise; plan by an MDE from 3 or more repeats or a calibration")
+    for t in result.tiers:
+        for name, c in (("RTF", t.rtf), ("TTFP", t.ttfp), ("throughput", t.throughput)):
+            if c is not None and c.verdict == "unresolved (metric resolution)" and c.resolution is not None:
+                r = c.resolution
+                out.append(f"note: {t.tier} {name} unresolved (metric resolution): {r.values} values on "
+                           f"{r.levels} levels" + (f", a block mean moves in ~{r.block_step_pct:.1f}% steps"
+                                                  if r.block_step_pct is not None else "")
+                           + "; blocks agree by chance: use a finer clock or more requests per block")
     family = doc.get("multiple_comparisons")
     if family and family["family_size"] > 1:
         demoted = sum(c is not None and c.holm_demoted for t in result.tiers for c in (t.rtf, t.ttfp, t.throughput))
