@@ -15,11 +15,13 @@ keeps every request). `--resume` reopens a run instead; its run.json fixes the a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tts_bench.ab.position import odd_repeats_warning
 from tts_bench.ab.run import AbProgress, run_ab
 from tts_bench.ab.summary import AbResult, check_voice_cache, voice_cache_view
 from tts_bench.calibration import Calibration, find_calibration, load_calibration
@@ -30,6 +32,8 @@ from tts_bench.results import RunDir, python_argv
 from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
 from tts_bench.stage_work import StageWorkHooks
 from tts_bench.until_resolved import DEFAULT_MAX_REPEATS, UntilResolved
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,9 @@ def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
     plan = AbPlan(arms, tiers, repeats, num_prompts, until=_until_rule(request, bench, repeats), profile=profile,
                   calibration=calibration.path if calibration else None)
     check_arms(arms, plan.tiers)  # before the run directory exists and before any stage starts
+    odd = None if plan.until else odd_repeats_warning(repeats)  # --until-resolved runs whole pairs
+    if odd:
+        log.warning("%s", odd)
     others = sorted({c.backend for c in arms.values()} - {"embedded"}) if request.voice_cache else []
     if others:  # only the stage runner reports prompt-cache hits
         raise ConfigError(f"error: --voice-cache {request.voice_cache}: the {', '.join(others)} backend does not "

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from tts_bench.ab.position import position_means
 from tts_bench.ab.throughput import block_throughputs
 from tts_bench.calibration import Calibration
 from tts_bench.config import BenchConfig, Tier
@@ -50,6 +51,7 @@ class TierResult:
     identical_mel: int | None = None  # None when the backend reports no mel digests
     throughput: Comparison | None = None  # audio s per wall s per block; higher is faster
     block_throughputs: dict[str, dict[int, float]] = field(default_factory=dict)  # arm -> repeat -> value
+    position: dict[str, Any] | None = None  # mean RTF by position in the block (tts_bench.ab.position)
 
     def to_dict(self) -> dict[str, Any]:
         """The tier as JSON (and as `tables.ab_table` reads it)."""
@@ -74,6 +76,7 @@ class TierResult:
             "throughput": _comparison_dict(self.throughput),
             "block_throughputs": {a: {str(k): v for k, v in sorted(b.items())}
                                   for a, b in self.block_throughputs.items()},
+            "position": self.position,
             "duration_delta_pct": self.duration_delta_pct,
             "duration_mismatch": self.duration_mismatch,
             "identical_outputs": self.identical_outputs,
@@ -199,6 +202,8 @@ def summarize_ab(
                      thr.get(tier.label, {}))
         for tier in tiers
     ]
+    positions = position_means(records, names)
+    results = [replace(t, position=positions.get(t.tier)) for t in results]
     results, family = _holm(results)
     reasons = tuple(reason for t in results for reason in t.invalid_reasons)
     repeats = min((len({r.repeat for r in rs}) for rs in by_tier_arm.values()), default=0)
