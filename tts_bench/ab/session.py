@@ -24,7 +24,7 @@ from typing import Any
 from tts_bench.ab.position import odd_repeats_warning
 from tts_bench.ab.run import AbProgress, run_ab
 from tts_bench.ab.summary import AbResult, check_voice_cache, voice_cache_view
-from tts_bench.calibration import Calibration, find_calibration, load_calibration
+from tts_bench.calibration import Calibration, RunConditions, find_calibration, load_calibration
 from tts_bench.config import BenchConfig, Tier, config_hash, config_to_dict, load_arms, load_dataclass, parse_tiers
 from tts_bench.errors import ConfigError
 from tts_bench.phases import HookChain
@@ -47,12 +47,13 @@ class AbPlan:
     until: UntilResolved | None = None  # --until-resolved settings (recorded for --resume)
     profile: str | None = None  # hardware profile the calibration was looked up for
     calibration: str | None = None  # the calibration file used (one-block intervals, MDE note)
+    conditions: dict[str, Any] | None = None  # load, CPUs, machine when planned (calibration check)
 
     def to_dict(self) -> dict[str, Any]:
         return {"arms": list(self.arms), "tiers": [t.label for t in self.tiers],
                 "repeats": self.repeats, "num_prompts": self.num_prompts,
                 "until_resolved": self.until.to_dict() if self.until else None,
-                "profile": self.profile, "calibration": self.calibration}
+                "profile": self.profile, "calibration": self.calibration, "conditions": self.conditions}
 
 
 def plan_from_run(run_dir: RunDir) -> AbPlan:
@@ -159,10 +160,11 @@ def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
     num_prompts = bench.num_prompts if request.num_prompts is None else request.num_prompts
     tiers = parse_tiers(bench.tiers if request.tiers is None else request.tiers)
     _check_tier_prompts(bench, tiers, num_prompts)
-    calibration = _calibration(request.calibration, arms, profile, num_prompts, tiers)
+    conditions = RunConditions.now()
+    calibration = _calibration(request.calibration, arms, profile, num_prompts, tiers, conditions)
     repeats = bench.repeats if request.repeats is None else request.repeats
     plan = AbPlan(arms, tiers, repeats, num_prompts, until=_until_rule(request, bench, repeats), profile=profile,
-                  calibration=calibration.path if calibration else None)
+                  calibration=calibration.path if calibration else None, conditions=conditions.to_dict())
     check_arms(arms, plan.tiers)  # before the run directory exists and before any stage starts
     odd = None if plan.until else odd_repeats_warning(repeats)  # --until-resolved runs whole pairs
     if odd:
@@ -213,7 +215,7 @@ def _until_rule(request: AbRequest, bench, repeats: int) -> UntilResolved | None
 
 
 def _calibration(given: Path | None, arms: dict[str, BenchConfig], profile: str,
-                 num_prompts: int, tiers: tuple[Tier, ...]) -> Calibration | None:
+                 num_prompts: int, tiers: tuple[Tier, ...], conditions: RunConditions | None = None) -> Calibration | None:
     """--calibration, else the calibration in results/baselines whose key matches an arm.
 
     A file given explicitly must pass the same test the lookup applies (`Calibration.mismatch`)
@@ -221,17 +223,17 @@ def _calibration(given: Path | None, arms: dict[str, BenchConfig], profile: str,
     for noise it never measured, and a tier it lacks would quietly stay unresolved."""
     configs = [config_to_dict(c) for c in arms.values()]
     if given is None:
-        return find_calibration(configs, profile=profile, num_prompts=num_prompts)
+        return find_calibration(configs, profile=profile, num_prompts=num_prompts, conditions=conditions)
     cal = load_calibration(given)
-    why = cal.mismatch(configs, profile=profile, num_prompts=num_prompts)
+    why = cal.mismatch(configs, profile=profile, num_prompts=num_prompts, conditions=conditions)
     missing = [t.label for t in tiers if t.label not in cal.tiers]
     if why is None and missing:
         why = f"it has no entry for tier {', '.join(missing)} (it covers {', '.join(cal.tiers) or 'none'})"
     if why is not None:
         raise ConfigError(
             f"error: calibration {given} does not apply to this run: {why} (--calibration); pass a "
-            f"calibration recorded for this config, profile, prompt count and tiers (tts-bench "
-            f"calibrate), or drop --calibration"
+            f"calibration recorded for this config, profile, prompt count, tiers and machine load "
+            f"(tts-bench calibrate), or drop --calibration"
         )
     return cal
 

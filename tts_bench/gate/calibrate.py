@@ -25,6 +25,7 @@ import datetime as _dt
 import logging
 import math
 import os
+import platform
 import tempfile
 import time
 from collections import defaultdict
@@ -227,6 +228,10 @@ def _document(loaded, rc, *, profile, repeats, rows, obs, test_sets, wall_s) -> 
         "environment": {"cpu_count": os.cpu_count(), "load_1min_min": min(loads, default=None),
                         "load_1min_max": max(loads, default=None),
                         "load_1min_mean": round(float(np.mean(loads)), 2) if loads else None},
+        # What a run must match to use this calibration (tts_bench.calibration: refused otherwise).
+        "conditions": {"load_1min_max": max(loads, default=None), "cpu_count": os.cpu_count(),
+                       "machine": platform.machine() or None, "profile": profile,
+                       "tiers": list(bench.tiers), "num_prompts": bench.num_prompts},
         "wall_s": round(wall_s, 1), "tiers": tiers, "rows": rows,
     }
 
