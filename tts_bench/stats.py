@@ -24,7 +24,9 @@ noise and load bursts and checks the coverage (results/stats/coverage.md).
 
 One block has no spread to estimate: the verdict is `unresolved (1 repeat)` unless a calibrated
 run-to-run SD of d for this case, tier and hardware profile exists (`tts-bench calibrate`), in
-which case the interval uses it, with the calibration's degrees of freedom.
+which case the interval uses it, with the calibration's degrees of freedom; `tts_bench.calibration`
+hands one over only under the conditions it was made in (load, machine) and where its own
+one-block A/As read faster/slower at most 5 % of the time.
 
 The MDE is the smallest |effect| this run would resolve with 80% power at two-sided alpha 0.05:
 

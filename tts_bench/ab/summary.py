@@ -4,10 +4,12 @@ Computed from the run's recorded requests (`summarize_ab`), never from what is i
 resumed run and a finished one summarize alike. Per tier: both arms' aggregates
 (`tts_bench.metrics`), a paired-block comparison of per-request `audio_rtf` (each repeat is a
 block: `tts_bench.stats.compare`, a t interval over the blocks, the MDE and the verdict; the same
-for `audio_ttfp_ms`, and for throughput per block, `tts_bench.ab.throughput`, higher is better), a duration-mismatch flag (RTF moves with output length), an
+for `audio_ttfp_ms`, and for each block's throughput, `tts_bench.ab.throughput`, higher is better;
+the run's verdicts Holm-adjusted as one family), the mean RTF by position in the block
+(`tts_bench.ab.position`), a duration-mismatch flag (RTF moves with output length), an
 output-identity count (requests whose audio hash is equal across arms, paired by repeat and
 prompt position), and the reasons the tier is invalid (too many failures): an invalid tier has
-no speed verdict, for RTF and TTFP alike (`TierResult.to_dict`, `TierResult.ttfp_row`).
+no speed verdict, for RTF, TTFP and throughput alike (`TierResult.to_dict`, `TierResult.ttfp_row`).
 
     result = summarize_ab(records, arms, tiers, run_dir=str(run.path))
     result.to_dict()["tiers"][0]["verdict"]          # faster | slower | within noise | invalid
@@ -17,6 +19,7 @@ no speed verdict, for RTF and TTFP alike (`TierResult.to_dict`, `TierResult.ttfp
 from __future__ import annotations
 
 import logging
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -161,12 +164,11 @@ class AbResult:
 
 
 def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+    return statistics.fmean(values) if values else None
 
 
 def _median(values: list[float]) -> float | None:
-    v = sorted(values)
-    return None if not v else (v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2)
+    return statistics.median(values) if values else None
 
 
 def _comparison_dict(cmp: Comparison | None) -> dict[str, Any] | None:

@@ -10,8 +10,10 @@ The table goes to stdout (`--format md|table|csv|json`); progress and logs to st
 5 when too many requests failed (bench.max_failure_fraction) and the comparison is not to be
 trusted. The library call behind it is `tts_bench.ab.run_session` (planning, the run through
 `tts_bench.ab.run_ab`, the record). A calibration of the config on this hardware profile
-(`tts-bench calibrate`, results/baselines/*.calibration.json) is found by its key and used for
-one-repeat intervals and the calibrated MDE note.
+(`tts-bench calibrate`, results/baselines/*.calibration.json) is found by its key, checked against
+the machine's load now, and used for one-repeat intervals and the calibrated MDE note. Under the
+tables: how the verdicts were adjusted (Holm over the run's family), rough MDEs, metrics too
+coarse to resolve, and what stopped --until-resolved.
 """
 
 from __future__ import annotations
