@@ -262,6 +262,7 @@ class BenchParams:
     until_stable: bool = False  # extend an unstable window by sub-windows, up to max_duration_s
     max_duration_s: float | None = None  # None -> 3 x duration_s
     warmup_phase: bool | None = None  # a discarded phase per arm and tier first; None -> duration mode
+    until_resolved_min_repeats: int = 4  # --until-resolved: no tier stops as resolved with fewer blocks
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -295,6 +296,7 @@ class BenchParams:
         from tts_bench.windows import check_window_params  # windows never imports config
 
         check_window_params(self)
+        check_range("bench.until_resolved_min_repeats", self.until_resolved_min_repeats, 2, MAX_REPEATS)
 
     @property
     def tier_list(self) -> tuple[Tier, ...]:

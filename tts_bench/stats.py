@@ -24,11 +24,18 @@ noise and load bursts and checks the coverage (results/stats/coverage.md).
 
 One block has no spread to estimate: the verdict is `unresolved (1 repeat)` unless a calibrated
 run-to-run SD of d for this case, tier and hardware profile exists (`tts-bench calibrate`), in
-which case the interval uses it, with the calibration's degrees of freedom.
+which case the interval uses it, with the calibration's degrees of freedom; `tts_bench.calibration`
+hands one over only under the conditions it was made in (load, machine) and where its own
+one-block A/As read faster/slower at most 5 % of the time.
 
 The MDE is the smallest |effect| this run would resolve with 80% power at two-sided alpha 0.05:
 
     MDE = (t(0.975, df) + t(0.80, df)) * s / sqrt(K)     (s, df: the blocks', or the calibration's)
+
+An MDE from 2 blocks rests on one degree of freedom: its SD is itself noise (an A/A audit saw
+0.2 % to 350 % on one machine), so `mde_rough` flags an MDE from fewer than `MDE_MIN_BLOCKS`
+blocks (the tables print it as `~0.5%`) rather than pooling it with a calibration's SD: the
+pooled figure would describe the calibration's machine state, not this run's.
 
 The verdict needs both significance and size (pyperf/asv practice):
 
@@ -36,6 +43,7 @@ The verdict needs both significance and size (pyperf/asv practice):
     slower        CI lower bound > 0  and  delta >= +min_effect_pct
     within noise  otherwise; the text adds what the run could not see ("could not resolve < 7.9%")
     unresolved (1 repeat)   one block and no calibration
+    unresolved (metric resolution)   the values fall on a few steps (`tts_bench.resolution`)
 
 for lower-is-better metrics such as RTF (`lower_is_better=False` for throughput).
 
@@ -54,13 +62,16 @@ from typing import Literal
 import numpy as np
 
 from tts_bench.errors import InvalidRunError
+from tts_bench.resolution import Resolution, metric_resolution
 
-Verdict = Literal["faster", "slower", "within noise", "unresolved (1 repeat)"]
+Verdict = Literal["faster", "slower", "within noise", "unresolved (1 repeat)", "unresolved (metric resolution)"]
 UNRESOLVED: Verdict = "unresolved (1 repeat)"
+COARSE: Verdict = "unresolved (metric resolution)"  # tts_bench.resolution
 Interval = Literal["t", "calibrated", "none"]
 
 ALPHA = 0.05
 POWER = 0.80
+MDE_MIN_BLOCKS = 3  # fewer blocks: the MDE is flagged rough (its own SD has < 2 df)
 
 
 # ---------------------------------------------------------------- small building blocks
@@ -235,6 +246,13 @@ class Comparison:
     n_test: int
     block_deltas_pct: tuple[float, ...] = ()
     calibration: str | None = None  # the calibration file used (interval == "calibrated")
+    mde_rough: bool = False  # MDE from < MDE_MIN_BLOCKS blocks' own spread: itself noise
+    p_value: float | None = None  # two-sided t test of mean d = 0 (the interval's own test)
+    # Set by `tts_bench.holm.apply_holm` over a run's verdicts (None: not adjusted).
+    holm_p: float | None = None
+    family_size: int | None = None
+    holm_demoted: bool = False  # significant alone, not after Holm: verdict within noise
+    resolution: Resolution | None = None  # of the per-request values (tts_bench.resolution)
 
     @property
     def significant(self) -> bool:
@@ -254,10 +272,15 @@ class Comparison:
     @property
     def verdict_text(self) -> str:
         """The verdict as a table cell: `within noise` says what the run could not see."""
+        if self.holm_demoted:
+            return (f"within noise; not significant after Holm over {self.family_size} verdicts "
+                    f"(p {self.p_value:.3f}, adjusted {self.holm_p:.3f})")
         if self.verdict != "within noise" or self.mde_pct is None:
             return self.verdict
-        if self.mde_pct < self.min_effect_pct:
+        if self.mde_pct < self.min_effect_pct and not self.mde_rough:
             return f"within noise; below the {self.min_effect_pct:g}% minimum effect"
+        if self.mde_rough:
+            return f"within noise; could not resolve < ~{self.mde_pct:.1f}% (MDE from {self.blocks} blocks)"
         return f"within noise; could not resolve < {self.mde_pct:.1f}%"
 
 
@@ -327,11 +350,14 @@ def compare(
     calibrated: CalibratedSpread | None = None,
     alpha: float = ALPHA,
     power: float = POWER,
+    check_resolution: bool = True,
 ) -> Comparison:
     """Compare two arms given per-block arrays of per-request values, paired by position
     (block k of `base` ran back to back with block k of `test`; a 1-D array is one block).
 
-    `calibrated` is used only with a single block (see the module docstring)."""
+    `calibrated` is used only with a single block (see the module docstring); with
+    `check_resolution` a metric too coarse to resolve the minimum effect is `unresolved
+    (metric resolution)` (`tts_bench.resolution`)."""
     pairs = _paired(_blocks(base, "base"), _blocks(test, "test"))
     d_mean, d_median = _log_ratios(pairs, np.mean), _log_ratios(pairs, np.median)
     cal_mean = calibrated.sd_mean if calibrated else None
@@ -344,12 +370,16 @@ def compare(
     mde = pct(mde_log(iv.sd, iv.blocks, iv.df, alpha=alpha, power=power)) if iv.sd is not None else None
     b_all = np.concatenate([b for b, _ in pairs])
     t_all = np.concatenate([t for _, t in pairs])
+    res = metric_resolution([x for p in pairs for x in p], min_effect_pct=min_effect_pct) if check_resolution else None
+    verdict = _verdict(delta, ci, min_effect_pct, lower_is_better)
+    if res is not None and res.coarse and ci is not None:
+        verdict = COARSE
     return Comparison(
         delta_mean_pct=delta,
         delta_median_pct=pct(iv_med.center),
         ci95_pct=ci,
         ci95_median_pct=_ci_pct(iv_med),
-        verdict=_verdict(delta, ci, min_effect_pct, lower_is_better),
+        verdict=verdict,
         mde_pct=mde,
         blocks=iv.blocks,
         block_sd_pct=pct(iv.sd) if iv.sd is not None else None,
@@ -364,7 +394,19 @@ def compare(
         n_test=int(t_all.size),
         block_deltas_pct=tuple(pct(x) for x in d_mean),
         calibration=calibrated.source if calibrated and iv.interval == "calibrated" else None,
+        mde_rough=iv.interval == "t" and iv.blocks < MDE_MIN_BLOCKS,
+        p_value=_p_value(iv),
+        resolution=res,
     )
+
+
+def _p_value(iv: BlockInterval) -> float | None:
+    """Two-sided p of the t test behind the interval (p < alpha exactly when it excludes 0)."""
+    if iv.sd is None or iv.df is None:
+        return None
+    if iv.sd == 0:
+        return 1.0 if iv.center == 0 else 0.0
+    return two_sided_p(iv.center / (iv.sd / math.sqrt(iv.blocks)), iv.df)
 
 
 def summarize(

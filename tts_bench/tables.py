@@ -122,7 +122,8 @@ def ab_table(
       `test_mean`, `test_median`;
     - `delta_mean_pct`, `ci95_pct` ([lo, hi]), `verdict` (the cell shows `verdict_detail` when
       given: "within noise; could not resolve < 7.9%");
-    - optional `mde_pct` (an `MDE` column after the verdict when any tier has the key);
+    - optional `mde_pct` (an `MDE` column after the verdict when any tier has the key), shown
+      as `~0.5%` when `mde_rough` (an MDE from fewer than 3 blocks is itself noise);
     - optional `duration_mismatch` (bool) with `duration_delta_pct`, and a free `note`.
 
     A `note` column is added only when some tier has a note (length mismatch, failures).
@@ -140,7 +141,8 @@ def ab_table(
                 AB_COLUMNS[3]: fmt_pct(row.get("delta_mean_pct")),
                 AB_COLUMNS[4]: fmt_ci(row.get("ci95_pct")),
                 AB_COLUMNS[5]: str(row.get("verdict_detail") or row.get("verdict") or "n/a"),
-                MDE_COLUMN: fmt_pct(row.get("mde_pct")).lstrip("+"),
+                MDE_COLUMN: ("~" if row.get("mde_rough") and row.get("mde_pct") is not None else "")
+                + fmt_pct(row.get("mde_pct")).lstrip("+"),
             }
         )
         notes.append(_note(row, base, test))

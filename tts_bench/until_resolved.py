@@ -2,12 +2,15 @@
 
 A tier is *resolved* when the half-width of its 95% interval of Δ mean RTF is under the target,
 `bench.min_effect_pct / 2` by default: the interval is then narrower than the smallest effect the
-verdict would call, so the verdict cannot be `within noise` merely for lack of repeats. The run
+verdict would call, so the verdict cannot be `within noise` merely for lack of repeats. No tier
+counts as resolved before `min_repeats` blocks (`bench.until_resolved_min_repeats`, default 4):
+two quiet blocks agree by chance (an A/A audit stopped 3 of 12 tiers at 2 blocks with an MDE of
+0.3-0.8 %, while the same tiers' spread over 10 blocks was several times that). The run
 starts with the plan's repeats (at least 2, rounded up to a whole pair), then after each round
 adds one pair of blocks (A B, then B A: the order stays counterbalanced) to every tier still
 unresolved, until
 
-    resolved      every tier's half-width < target
+    resolved      every tier's half-width < target, with at least min_repeats blocks
     max repeats   the next pair would exceed --max-repeats in every unresolved tier
     budget        the next round would end past --budget minutes (the last round's time as guide)
 
@@ -15,7 +18,7 @@ This module holds the rule; `tts_bench.ab.run_ab` drives the rounds. The setting
 run's plan, and the elapsed time in run.json, so `--resume` replays the same decisions (the
 statistics are deterministic) and then carries on.
 
-    rule = UntilResolved(target_half_width_pct=1.0, max_repeats=10, budget_min=30)
+    rule = UntilResolved(target_half_width_pct=1.0, max_repeats=10, budget_min=30, min_repeats=4)
     step = rule.next_step(comparisons, repeats={"2x1": 4}, elapsed_s=300, last_round_s=80)
     step.stop, step.extend        # None, ["2x1"]
 """
@@ -36,6 +39,7 @@ log = logging.getLogger(__name__)
 
 StopReason = Literal["resolved", "max repeats", "budget"]
 DEFAULT_MAX_REPEATS = 10
+DEFAULT_MIN_REPEATS = 4  # bench.until_resolved_min_repeats
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,12 @@ class UntilResolved:
     target_half_width_pct: float
     max_repeats: int = DEFAULT_MAX_REPEATS
     budget_min: float | None = None
+    min_repeats: int = DEFAULT_MIN_REPEATS  # no tier is resolved with fewer blocks
 
     def __post_init__(self) -> None:
+        if self.min_repeats < 2:
+            raise ValueError(f"bench.until_resolved_min_repeats must be >= 2 (one block has no spread), "
+                             f"got {self.min_repeats}")
         if not self.target_half_width_pct > 0:
             raise ValueError(f"until-resolved needs a half-width target > 0 (bench.min_effect_pct / 2), "
                              f"got {self.target_half_width_pct}")
@@ -65,7 +73,9 @@ class UntilResolved:
         return min(k + k % 2, self.max_repeats)
 
     def resolved(self, cmp: Comparison | None) -> bool:
-        return cmp is not None and cmp.half_width_pct is not None and cmp.half_width_pct < self.target_half_width_pct
+        """Narrow enough, from at least `min_repeats` blocks (a cap below it stops by max repeats)."""
+        return (cmp is not None and cmp.half_width_pct is not None and cmp.blocks >= self.min_repeats
+                and cmp.half_width_pct < self.target_half_width_pct)
 
     def next_step(self, comparisons: Mapping[str, Comparison | None], *, repeats: Mapping[str, int],
                   elapsed_s: float, last_round_s: float) -> Step:
@@ -81,13 +91,13 @@ class UntilResolved:
 
     def to_dict(self) -> dict[str, Any]:
         return {"target_half_width_pct": self.target_half_width_pct, "max_repeats": self.max_repeats,
-                "budget_min": self.budget_min}
+                "budget_min": self.budget_min, "min_repeats": self.min_repeats}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> UntilResolved:
         budget = d.get("budget_min")
         return cls(float(d["target_half_width_pct"]), int(d["max_repeats"]),
-                   None if budget is None else float(budget))
+                   None if budget is None else float(budget), int(d.get("min_repeats", DEFAULT_MIN_REPEATS)))
 
 
 def progress_line(tier: str, cmp: Comparison | None, rule: UntilResolved, repeats: int) -> str:
@@ -97,7 +107,8 @@ def progress_line(tier: str, cmp: Comparison | None, rule: UntilResolved, repeat
     if cmp is None:
         return f"until-resolved {tier}: {repeats} repeats, no comparison yet (failures?)"
     hw = cmp.half_width_pct
-    state = "resolved" if rule.resolved(cmp) else "open"
+    state = "resolved" if rule.resolved(cmp) else ("open" if cmp.blocks >= rule.min_repeats
+                                                   else f"open (fewer than {rule.min_repeats} blocks)")
     width = "n/a" if hw is None else f"{hw:.1f}%"
     return (f"until-resolved {tier}: {repeats} repeats, Δ {fmt_pct(cmp.delta_mean_pct)} "
             f"{fmt_ci(cmp.ci95_pct)}, half-width {width} (target < {rule.target_half_width_pct:g}%), {state}")

@@ -48,8 +48,8 @@ def test_markdown_table_is_shaped_like_the_seed(tmp_path):
                      "95% CI", "verdict", "MDE"]
     assert re.fullmatch(r"\| -+ \| -+ \| -+ \| -+ \| -+ \| -+ \| -+ \|", lines[3])
     row = re.compile(r"\| 2 x 1 +\| \d\.\d{4} / \d\.\d{4} +\| \d\.\d{4} / \d\.\d{4} +\| [+-]\d+\.\d% +"
-                     r"\| \[[+-]\d+\.\d%, [+-]\d+\.\d%\] +\| (within noise(; could not resolve < \d+\.\d%|"
-                     r"; below the 2% minimum effect)?|faster|slower) +\| \d+\.\d% +\|")
+                     r"\| \[[+-]\d+\.\d%, [+-]\d+\.\d%\] +\| (within noise(; could not resolve < ~?\d+\.\d%"
+                     r"( \(MDE from 2 blocks\))?|; below the 2% minimum effect)?|faster|slower) +\| ~?\d+\.\d% +\|")
     assert row.fullmatch(lines[4]), lines[4]
     assert lines[5].startswith("| 4 x 2 ")
     assert "**audio TTFP ms (count mode)**" in lines
@@ -173,7 +173,8 @@ def test_until_resolved_says_what_stopped_it_in_the_table_and_the_json(tmp_path)
     assert "repeats 2x1 4" in line
     doc = json.loads(invoke(tmp_path, "--tiers", "2x1", "--num-prompts", "4", "--format", "json",
                             "--until-resolved", "--set", "bench.min_effect_pct=400").stdout)
-    assert doc["until_resolved"]["stopped_by"] == "resolved" and doc["until_resolved"]["repeats"] == {"2x1": 2}
+    # Resolved at once, but never before bench.until_resolved_min_repeats (4) blocks.
+    assert doc["until_resolved"]["stopped_by"] == "resolved" and doc["until_resolved"]["repeats"] == {"2x1": 4}
     assert RunDir.open(doc["run_dir"]).doc["ab"]["until_resolved"]["target_half_width_pct"] == 200.0
 
 

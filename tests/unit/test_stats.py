@@ -97,7 +97,7 @@ def test_one_block_without_calibration_is_unresolved():
 def test_one_block_with_a_calibrated_spread_gets_an_interval_and_says_so():
     base, test = np.full(8, 1.0), np.full(8, 1.2)
     cal = CalibratedSpread(sd_mean=0.05, sd_median=0.06, df=200, source="x.calibration.json")
-    cmp = compare(base, test, calibrated=cal)
+    cmp = compare(base, test, calibrated=cal, check_resolution=False)  # constant arrays: a 2-level lattice
     assert cmp.interval == "calibrated" and cmp.calibration == "x.calibration.json"
     half = t_quantile(0.975, 200) * 0.05
     assert cmp.ci95_pct == pytest.approx((100 * math.expm1(math.log(1.2) - half), 100 * math.expm1(math.log(1.2) + half)))
@@ -111,10 +111,11 @@ def test_one_block_with_a_calibrated_spread_gets_an_interval_and_says_so():
 def test_within_noise_says_what_it_could_not_see():
     base = [np.full(5, 1.0), np.full(5, 1.0), np.full(5, 1.0)]
     test = [np.full(5, 1.05), np.full(5, 0.93), np.full(5, 1.01)]
-    cmp = compare(base, test, min_effect_pct=2.0)
+    cmp = compare(base, test, min_effect_pct=2.0, check_resolution=False)  # constant arrays: a lattice
     assert cmp.verdict == "within noise"
     assert cmp.verdict_text == f"within noise; could not resolve < {cmp.mde_pct:.1f}%"
-    tight = compare([np.full(5, 1.0)] * 3, [np.full(5, x) for x in (1.005, 1.006, 1.004)], min_effect_pct=2.0)
+    tight = compare([np.full(5, 1.0)] * 3, [np.full(5, x) for x in (1.005, 1.006, 1.004)], min_effect_pct=2.0,
+                    check_resolution=False)
     assert tight.significant and tight.verdict == "within noise"
     assert tight.verdict_text == "within noise; below the 2% minimum effect"
 
@@ -123,7 +124,7 @@ def test_blocks_are_paired_so_a_shared_block_shift_cancels():
     # Block 1 ran on a machine twice as slow, for both arms: paired, the 5% effect is exact.
     base = [np.full(6, 1.0), np.full(6, 2.0), np.full(6, 1.0), np.full(6, 2.0)]
     test = [b * 1.05 for b in base]
-    cmp = compare(base, test, min_effect_pct=2.0)
+    cmp = compare(base, test, min_effect_pct=2.0, check_resolution=False)  # constant arrays: a lattice
     assert cmp.ci95_pct == pytest.approx((5.0, 5.0))
     assert cmp.verdict == "slower"
 
@@ -198,3 +199,35 @@ def test_summarize_with_name_uses_vllm_keys_and_empty_is_none():
     assert s["mean_audio_rtf"] == 1.0
     empty = summarize([], name="audio_rtf")
     assert empty["count"] == 0 and empty["p99_audio_rtf"] is None
+
+
+def test_an_mde_from_two_blocks_is_flagged_rough_in_the_comparison_and_the_table():
+    from tts_bench.tables import ab_table
+
+    base = [np.full(4, 1.0), np.full(4, 1.0)]
+    two = compare(base, [np.full(4, 1.003), np.full(4, 0.998)], min_effect_pct=2.0)
+    three = compare([*base, np.full(4, 1.0)], [np.full(4, 1.003), np.full(4, 0.998), np.full(4, 1.001)],
+                    min_effect_pct=2.0)
+    assert two.mde_rough and not three.mde_rough
+    assert two.verdict_text.startswith("within noise; could not resolve < ~") and "(MDE from 2 blocks)" in two.verdict_text
+    row = {"tier": "2x1", "base_mean": 1.0, "base_median": 1.0, "test_mean": 1.0, "test_median": 1.0,
+           "delta_mean_pct": two.delta_mean_pct, "ci95_pct": list(two.ci95_pct), "verdict": two.verdict,
+           "mde_pct": two.mde_pct, "mde_rough": two.mde_rough}
+    assert ab_table([row])["MDE"][0].startswith("~")
+    assert not ab_table([{**row, "mde_rough": False}])["MDE"][0].startswith("~")
+
+
+def test_values_on_a_few_fixed_steps_leave_the_verdict_unresolved_for_metric_resolution():
+    # TTFP on 1 ms steps, 4 requests per block: both blocks read +7.7 % by chance, so the two
+    # block differences agree exactly and the t interval collapses onto them.
+    base = [np.array([3.0, 3.0, 3.0, 4.0]), np.array([3.0, 4.0, 3.0, 3.0])]
+    test = [np.array([3.0, 3.0, 4.0, 4.0]), np.array([4.0, 3.0, 4.0, 3.0])]
+    cmp = compare(base, test, min_effect_pct=2.0)
+    assert cmp.ci95_pct[0] > 0  # significant on its face
+    assert cmp.verdict == "unresolved (metric resolution)"
+    assert cmp.resolution.coarse and cmp.resolution.levels == 2 and cmp.resolution.block_step_pct > 0.5
+    # Continuous timings with the same effect are judged as before.
+    rng = np.random.default_rng(0)
+    smooth = compare([3.25 + rng.normal(0, 0.01, 4) for _ in range(2)],
+                     [3.5 + rng.normal(0, 0.01, 4) for _ in range(2)], min_effect_pct=2.0)
+    assert not smooth.resolution.coarse and smooth.verdict == "slower"

@@ -9,6 +9,7 @@ import pytest
 
 from tts_bench.ab import plan_from_run, run_ab
 from tts_bench.config import config_to_dict, load_config, parse_tiers
+from tts_bench.errors import ConfigError
 from tts_bench.results import RunDir
 from tts_bench.stats import compare
 from tts_bench.until_resolved import UntilResolved
@@ -35,7 +36,7 @@ def cmp_with_half_width(half: float):
 
 
 def test_rule_stops_when_every_tier_is_under_the_target():
-    rule = UntilResolved(target_half_width_pct=1.0, max_repeats=10)
+    rule = UntilResolved(target_half_width_pct=1.0, max_repeats=10, min_repeats=2)
     narrow, wide = cmp_with_half_width(0.5), cmp_with_half_width(5.0)
     assert narrow.half_width_pct < 1.0 < wide.half_width_pct
     assert rule.next_step({"2x1": narrow}, repeats={"2x1": 2}, elapsed_s=0, last_round_s=1).stop == "resolved"
@@ -52,6 +53,28 @@ def test_rule_stops_on_max_repeats_and_on_budget():
     assert rule.next_step({"2x1": None}, repeats={"2x1": 2}, elapsed_s=0, last_round_s=1).stop is None
 
 
+def test_two_quiet_blocks_cannot_stop_the_run_before_the_minimum():
+    rule = UntilResolved(target_half_width_pct=1.0, max_repeats=10)
+    narrow = cmp_with_half_width(0.1)  # two blocks agreeing by chance
+    step = rule.next_step({"2x1": narrow}, repeats={"2x1": 2}, elapsed_s=0, last_round_s=1)
+    assert step.stop is None and step.extend == ["2x1"]
+    assert UntilResolved(1.0, min_repeats=2).next_step({"2x1": narrow}, repeats={"2x1": 2}, elapsed_s=0,
+                                                       last_round_s=1).stop == "resolved"
+    # A cap below the minimum stops by max repeats, never as resolved.
+    capped = UntilResolved(1.0, max_repeats=2)
+    assert capped.next_step({"2x1": narrow}, repeats={"2x1": 2}, elapsed_s=0, last_round_s=1).stop == "max repeats"
+
+
+def test_the_minimum_blocks_is_a_bench_key_checked_at_least_two():
+    assert load_config(None, SYNTH).bench.until_resolved_min_repeats == 4
+    with pytest.raises(ConfigError, match="until_resolved_min_repeats must be in 2..100, got 1"):
+        load_config(None, [*SYNTH, "bench.until_resolved_min_repeats=1"])
+    with pytest.raises(ValueError, match="until_resolved_min_repeats must be >= 2"):
+        UntilResolved(1.0, min_repeats=1)
+    rule = UntilResolved(1.0, min_repeats=6)
+    assert UntilResolved.from_dict(rule.to_dict()) == rule
+
+
 def test_first_round_is_whole_pairs_within_the_cap():
     rule = UntilResolved(1.0, max_repeats=8)
     assert [rule.first_repeats(k) for k in (1, 2, 3, 4)] == [2, 2, 4, 4]
@@ -64,16 +87,16 @@ def test_first_round_is_whole_pairs_within_the_cap():
         UntilResolved(0.0)
 
 
-def test_a_loose_target_is_resolved_after_the_first_pair(tmp_path):
-    # Target half-width 200%: two blocks of synthetic jitter stay far below it even when a
-    # neighbour's load shifts one phase by tens of percent (t(0.975, 1) = 12.7).
+def test_a_loose_target_is_resolved_after_the_minimum_blocks(tmp_path):
+    # Target half-width 200%: blocks of synthetic jitter stay far below it even when a
+    # neighbour's load shifts one phase by tens of percent; it stops at min_repeats (4), not 2.
     a = arms("bench.min_effect_pct=400")
     rule = UntilResolved(200.0, max_repeats=8)
     result = run_ab(a, parse_tiers("2x1"), repeats=1, num_prompts=4, run_dir=new_run(tmp_path, a, rule),
                     until=rule)
     ur = result.until_resolved
-    assert ur["stopped_by"] == "resolved" and ur["repeats"] == {"2x1": 2}
-    assert result.tiers[0].rtf.blocks == 2 and result.tiers[0].rtf.half_width_pct < 200.0
+    assert ur["stopped_by"] == "resolved" and ur["repeats"] == {"2x1": 4} and ur["min_repeats"] == 4
+    assert result.tiers[0].rtf.blocks == 4 and result.tiers[0].rtf.half_width_pct < 200.0
     assert result.to_dict()["until_resolved"]["stopped_by"] == "resolved"
 
 

@@ -15,16 +15,18 @@ keeps every request). `--resume` reopens a run instead; its run.json fixes the a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tts_bench.ab.measurement import measurement_doc
+from tts_bench.ab.position import odd_repeats_warning
 from tts_bench.ab.run import AbProgress, run_ab
 from tts_bench.arrivals import OpenLoop
 from tts_bench.ab.summary import AbResult, check_voice_cache, voice_cache_view
-from tts_bench.calibration import Calibration, find_calibration, load_calibration
+from tts_bench.calibration import Calibration, RunConditions, find_calibration, load_calibration
 from tts_bench.config import BenchConfig, Tier, config_hash, config_to_dict, load_arms, load_dataclass, parse_tiers
 from tts_bench.errors import ConfigError
 from tts_bench.phases import HookChain
@@ -32,6 +34,8 @@ from tts_bench.results import RunDir, python_argv
 from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
 from tts_bench.stage_work import StageWorkHooks
 from tts_bench.until_resolved import DEFAULT_MAX_REPEATS, UntilResolved
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -46,12 +50,13 @@ class AbPlan:
     profile: str | None = None  # hardware profile the calibration was looked up for
     calibration: str | None = None  # the calibration file used (one-block intervals, MDE note)
     open_loop: OpenLoop | None = None  # --request-rate / --burstiness: shared by both arms
+    conditions: dict[str, Any] | None = None  # load, CPUs, machine when planned (calibration check)
 
     def to_dict(self) -> dict[str, Any]:
         return {"arms": list(self.arms), "tiers": [t.label for t in self.tiers],
                 "repeats": self.repeats, "num_prompts": self.num_prompts,
                 "until_resolved": self.until.to_dict() if self.until else None,
-                "profile": self.profile, "calibration": self.calibration,
+                "profile": self.profile, "calibration": self.calibration, "conditions": self.conditions,
                 "open_loop": self.open_loop.to_dict() if self.open_loop else None}
 
 
@@ -167,12 +172,17 @@ def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
     num_prompts = bench.num_prompts if request.num_prompts is None else request.num_prompts
     tiers = parse_tiers(bench.tiers if request.tiers is None else request.tiers)
     _check_tier_prompts(bench, tiers, num_prompts)
-    calibration = _calibration(request.calibration, arms, profile, num_prompts, tiers)
+    conditions = RunConditions.now()
+    calibration = _calibration(request.calibration, arms, profile, num_prompts, tiers, conditions)
     repeats = bench.repeats if request.repeats is None else request.repeats
     _check_same_windows(arms)
     plan = AbPlan(arms, tiers, repeats, num_prompts, until=_until_rule(request, bench, repeats), profile=profile,
-                  calibration=calibration.path if calibration else None, open_loop=_open_loop(request))
+                  calibration=calibration.path if calibration else None, conditions=conditions.to_dict(),
+                  open_loop=_open_loop(request))
     check_arms(arms, plan.tiers)  # before the run directory exists and before any stage starts
+    odd = None if plan.until else odd_repeats_warning(repeats)  # --until-resolved runs whole pairs
+    if odd:
+        log.warning("%s", odd)
     others = sorted({c.backend for c in arms.values()} - {"embedded"}) if request.voice_cache else []
     if others:  # only the stage runner reports prompt-cache hits
         raise ConfigError(f"error: --voice-cache {request.voice_cache}: the {', '.join(others)} backend does not "
@@ -232,7 +242,8 @@ def _until_rule(request: AbRequest, bench, repeats: int) -> UntilResolved | None
         return None
     try:
         max_repeats = DEFAULT_MAX_REPEATS if request.max_repeats is None else request.max_repeats  # 0 is refused
-        rule = UntilResolved(bench.min_effect_pct / 2.0, max_repeats, request.budget_min)
+        rule = UntilResolved(bench.min_effect_pct / 2.0, max_repeats, request.budget_min,
+                             min_repeats=bench.until_resolved_min_repeats)
     except ValueError as exc:
         raise ConfigError(f"error: {exc} (--until-resolved); fix the value") from None
     if repeats > max_repeats:
@@ -244,7 +255,7 @@ def _until_rule(request: AbRequest, bench, repeats: int) -> UntilResolved | None
 
 
 def _calibration(given: Path | None, arms: dict[str, BenchConfig], profile: str,
-                 num_prompts: int, tiers: tuple[Tier, ...]) -> Calibration | None:
+                 num_prompts: int, tiers: tuple[Tier, ...], conditions: RunConditions | None = None) -> Calibration | None:
     """--calibration, else the calibration in results/baselines whose key matches an arm.
 
     A file given explicitly must pass the same test the lookup applies (`Calibration.mismatch`)
@@ -252,17 +263,17 @@ def _calibration(given: Path | None, arms: dict[str, BenchConfig], profile: str,
     for noise it never measured, and a tier it lacks would quietly stay unresolved."""
     configs = [config_to_dict(c) for c in arms.values()]
     if given is None:
-        return find_calibration(configs, profile=profile, num_prompts=num_prompts)
+        return find_calibration(configs, profile=profile, num_prompts=num_prompts, conditions=conditions)
     cal = load_calibration(given)
-    why = cal.mismatch(configs, profile=profile, num_prompts=num_prompts)
+    why = cal.mismatch(configs, profile=profile, num_prompts=num_prompts, conditions=conditions)
     missing = [t.label for t in tiers if t.label not in cal.tiers]
     if why is None and missing:
         why = f"it has no entry for tier {', '.join(missing)} (it covers {', '.join(cal.tiers) or 'none'})"
     if why is not None:
         raise ConfigError(
             f"error: calibration {given} does not apply to this run: {why} (--calibration); pass a "
-            f"calibration recorded for this config, profile, prompt count and tiers (tts-bench "
-            f"calibrate), or drop --calibration"
+            f"calibration recorded for this config, profile, prompt count, tiers and machine load "
+            f"(tts-bench calibrate), or drop --calibration"
         )
     return cal
 

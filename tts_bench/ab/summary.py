@@ -4,10 +4,12 @@ Computed from the run's recorded requests (`summarize_ab`), never from what is i
 resumed run and a finished one summarize alike. Per tier: both arms' aggregates
 (`tts_bench.metrics`), a paired-block comparison of per-request `audio_rtf` (each repeat is a
 block: `tts_bench.stats.compare`, a t interval over the blocks, the MDE and the verdict; the same
-for `audio_ttfp_ms`), a duration-mismatch flag (RTF moves with output length), an
+for `audio_ttfp_ms`, and for each block's throughput, `tts_bench.ab.throughput`, higher is better;
+the run's verdicts Holm-adjusted as one family), the mean RTF by position in the block
+(`tts_bench.ab.position`), a duration-mismatch flag (RTF moves with output length), an
 output-identity count (requests whose audio hash is equal across arms, paired by repeat and
 prompt position), and the reasons the tier is invalid (too many failures): an invalid tier has
-no speed verdict, for RTF and TTFP alike (`TierResult.to_dict`, `TierResult.ttfp_row`).
+no speed verdict, for RTF, TTFP and throughput alike (`TierResult.to_dict`, `TierResult.ttfp_row`).
 
     result = summarize_ab(records, arms, tiers, run_dir=str(run.path))
     result.to_dict()["tiers"][0]["verdict"]          # faster | slower | within noise | invalid
@@ -17,18 +19,22 @@ no speed verdict, for RTF and TTFP alike (`TierResult.to_dict`, `TierResult.ttfp
 from __future__ import annotations
 
 import logging
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from tts_bench.ab.position import position_means
+from tts_bench.ab.throughput import block_throughputs
 from tts_bench.calibration import Calibration
 from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import ConfigError, ExitStatus, InvalidRunError
+from tts_bench.holm import apply_holm
 from tts_bench.metrics import Aggregates, aggregate
 from tts_bench.records import RequestRecord, read_records
 from tts_bench.results import RunDir
-from tts_bench.stats import Comparison, compare
+from tts_bench.stats import ALPHA, Comparison, compare
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +52,9 @@ class TierResult:
     invalid_reasons: tuple[str, ...] = ()
     identical_codes: int | None = None  # None when the backend reports no codec tokens
     identical_mel: int | None = None  # None when the backend reports no mel digests
+    throughput: Comparison | None = None  # audio s per wall s per block; higher is faster
+    block_throughputs: dict[str, dict[int, float]] = field(default_factory=dict)  # arm -> repeat -> value
+    position: dict[str, Any] | None = None  # mean RTF by position in the block (tts_bench.ab.position)
 
     def to_dict(self) -> dict[str, Any]:
         """The tier as JSON (and as `tables.ab_table` reads it)."""
@@ -61,11 +70,16 @@ class TierResult:
             "verdict": rtf.verdict if valid else "invalid",
             "verdict_detail": rtf.verdict_text if valid else "invalid",
             "mde_pct": rtf.mde_pct if rtf else None,
+            "mde_rough": rtf.mde_rough if rtf else False,
             "blocks": rtf.blocks if rtf else 0,
             "interval": rtf.interval if rtf else "none",
             "block_sd_pct": rtf.block_sd_pct if rtf else None,
             "calibration": rtf.calibration if rtf else None,
             "ttfp": _comparison_dict(self.ttfp),
+            "throughput": _comparison_dict(self.throughput),
+            "block_throughputs": {a: {str(k): v for k, v in sorted(b.items())}
+                                  for a, b in self.block_throughputs.items()},
+            "position": self.position,
             "duration_delta_pct": self.duration_delta_pct,
             "duration_mismatch": self.duration_mismatch,
             "identical_outputs": self.identical_outputs,
@@ -80,11 +94,24 @@ class TierResult:
         comparison's delta, interval, verdict and MDE in RTF's place, no duration flag (TTFP
         does not move with output length), and, as for RTF, no speed verdict on a tier with
         too many failures."""
+        return self._metric_row("ttfp")
+
+    def throughput_row(self) -> dict[str, Any]:
+        """The tier for the throughput table: as `ttfp_row`, with each arm's mean / median
+        of its per-block throughputs (audio s per wall s) as `mean_/median_audio_throughput`."""
+        row = self._metric_row("throughput")
+        row["arms"] = {a: {**row["arms"].get(a, {}), "mean_audio_throughput": _mean(list(v.values())),
+                           "median_audio_throughput": _median(list(v.values()))}
+                       for a, v in ((a, self.block_throughputs.get(a, {})) for a in self.arms)}
+        return row
+
+    def _metric_row(self, key: str) -> dict[str, Any]:
         row = self.to_dict()
-        ttfp = row["ttfp"] or {}
-        row.update({k: ttfp.get(k) for k in ("delta_mean_pct", "ci95_pct", "verdict")},
+        cmp = row[key] or {}
+        row.update({k: cmp.get(k) for k in ("delta_mean_pct", "ci95_pct", "verdict")},
                    duration_mismatch=False, note="")
-        row.update(verdict_detail=ttfp.get("verdict_detail"), mde_pct=ttfp.get("mde_pct"))
+        row.update(verdict_detail=cmp.get("verdict_detail"), mde_pct=cmp.get("mde_pct"),
+                   mde_rough=bool(cmp.get("mde_rough")))
         if self.invalid_reasons:
             row["verdict"] = row["verdict_detail"] = "invalid"
         return row
@@ -99,6 +126,7 @@ class AbResult:
     repeats: int = 1  # measured repeats found in the record (the fewest of any tier and arm)
     calibration: Calibration | None = None  # the matching calibration, if any (1-block intervals, MDE)
     until_resolved: dict[str, Any] | None = None  # rule, stop reason, repeats per tier
+    multiple_comparisons: dict[str, Any] | None = None  # Holm: method, family size, alpha
 
     @property
     def single_repeat(self) -> bool:
@@ -122,12 +150,25 @@ class AbResult:
             "repeats": self.repeats,
             "calibration": self.calibration.describe() if self.calibration else None,
             "until_resolved": self.until_resolved,
+            "multiple_comparisons": self.multiple_comparisons,
             "tiers": [t.to_dict() for t in self.tiers],
         }
 
     def ttfp_rows(self) -> list[dict[str, Any]]:
         """Every tier's `TierResult.ttfp_row()`: what the TTFP table shows."""
         return [t.ttfp_row() for t in self.tiers]
+
+    def throughput_rows(self) -> list[dict[str, Any]]:
+        """Every tier's `TierResult.throughput_row()`: what the throughput table shows."""
+        return [t.throughput_row() for t in self.tiers]
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def _comparison_dict(cmp: Comparison | None) -> dict[str, Any] | None:
@@ -157,13 +198,33 @@ def summarize_ab(
             by_tier_arm[(r.tier, r.arm)].append(r)
     names = tuple(arms)
     bench = arms[names[0]].bench
+    thr = block_throughputs(records)
     results = [
-        _tier_result(tier.label, {a: by_tier_arm[(tier.label, a)] for a in names}, bench, calibration)
+        _tier_result(tier.label, {a: by_tier_arm[(tier.label, a)] for a in names}, bench, calibration,
+                     thr.get(tier.label, {}))
         for tier in tiers
     ]
+    positions = position_means(records, names)
+    results = [replace(t, position=positions.get(t.tier)) for t in results]
+    results, family = _holm(results)
     reasons = tuple(reason for t in results for reason in t.invalid_reasons)
     repeats = min((len({r.repeat for r in rs}) for rs in by_tier_arm.values()), default=0)
-    return AbResult(results, run_dir, names, reasons, repeats, calibration)
+    return AbResult(results, run_dir, names, reasons, repeats, calibration, multiple_comparisons=family)
+
+
+_VERDICT_METRICS = ("rtf", "ttfp", "throughput")
+
+
+def _holm(results: list[TierResult]) -> tuple[list[TierResult], dict[str, Any]]:
+    """Holm over every verdict of the valid tiers (`tts_bench.holm`); the family as JSON."""
+    cmps = {(i, m): getattr(t, m) for i, t in enumerate(results) if not t.invalid_reasons
+            for m in _VERDICT_METRICS}
+    adjusted = apply_holm(cmps)
+    size = sum(c is not None and c.p_value is not None for c in cmps.values())
+    out = [replace(t, **{m: adjusted[(i, m)] for m in _VERDICT_METRICS}) if not t.invalid_reasons else t
+           for i, t in enumerate(results)]
+    return out, {"method": "holm", "family_size": size, "alpha": ALPHA,
+                 "metrics": ["audio_rtf", "audio_ttfp_ms", "audio_throughput"]}
 
 
 VOICE_CACHE = ("hit", "miss")
@@ -212,6 +273,17 @@ def _compare(base, test, metric: str, bench, spread=None) -> Comparison | None:
         return None
 
 
+def _compare_throughput(thr: dict[str, dict[int, float]], names: Sequence[str], bench,
+                        spread=None) -> Comparison | None:
+    """Per-block throughputs paired by repeat (one value per block and arm); higher is better."""
+    b, t = thr.get(names[0], {}), thr.get(names[1], {})
+    keys = sorted(set(b) & set(t))
+    if not keys:
+        return None
+    return compare([[b[k]] for k in keys], [[t[k]] for k in keys], min_effect_pct=bench.min_effect_pct,
+                   lower_is_better=False, calibrated=spread)
+
+
 def _spread(calibration: Calibration | None, tier: str, metric: str):
     return None if calibration is None else calibration.spread(tier, metric)
 
@@ -246,7 +318,8 @@ def _identity(base: Sequence[RequestRecord], test: Sequence[RequestRecord]) -> _
 
 
 def _tier_result(tier: str, per_arm: dict[str, list[RequestRecord]], bench,
-                 calibration: Calibration | None = None) -> TierResult:
+                 calibration: Calibration | None = None,
+                 throughputs: dict[str, dict[int, float]] | None = None) -> TierResult:
     (base_name, base), (test_name, test) = per_arm.items()
     aggs = {name: aggregate(recs) for name, recs in per_arm.items()}
     reasons = []
@@ -269,4 +342,7 @@ def _tier_result(tier: str, per_arm: dict[str, list[RequestRecord]], bench,
         duration_mismatch=dur is not None and abs(dur) > bench.duration_mismatch_pct,
         identical_outputs=ident.outputs, paired_outputs=ident.paired,
         identical_codes=ident.codes, identical_mel=ident.mel, invalid_reasons=tuple(reasons),
+        throughput=_compare_throughput(throughputs or {}, list(per_arm), bench,
+                                       _spread(calibration, tier, "audio_throughput")),
+        block_throughputs=dict(throughputs or {}),
     )

@@ -12,8 +12,10 @@ The table goes to stdout (`--format md|table|csv|json`); progress and logs to st
 5 when too many requests failed (bench.max_failure_fraction) and the comparison is not to be
 trusted. The library call behind it is `tts_bench.ab.run_session` (planning, the run through
 `tts_bench.ab.run_ab`, the record). A calibration of the config on this hardware profile
-(`tts-bench calibrate`, results/baselines/*.calibration.json) is found by its key and used for
-one-repeat intervals and the calibrated MDE note.
+(`tts-bench calibrate`, results/baselines/*.calibration.json) is found by its key, checked against
+the machine's load now, and used for one-repeat intervals and the calibrated MDE note. Under the
+tables: how the verdicts were adjusted (Holm over the run's family), rough MDEs, metrics too
+coarse to resolve, and what stopped --until-resolved.
 """
 
 from __future__ import annotations
@@ -130,9 +132,11 @@ def render_result(result, fmt: str, *, mem=None, work=None, measurement=None) ->
         return render(rtf, "csv")
     mode = f", {measurement['mode']} mode" if measurement else ""
     ttfp = ab_table(result.ttfp_rows(), metric="audio_ttfp_ms", digits=1, base_label=base, test_label=test)
+    thr = ab_table(result.throughput_rows(), metric="audio_throughput", digits=2, base_label=base, test_label=test)
     identity = ", ".join(_identity_text(t) for t in doc["tiers"])
     text = (render(rtf, fmt, title=f"audio RTF (lower is faster{mode})") + "\n"
             + render(ttfp, fmt, title=f"audio TTFP ms ({mode.lstrip(', ')})" if mode else "audio TTFP ms") + "\n"
+            + render(thr, fmt, title=f"audio throughput, audio s per wall s per block (higher is faster{mode})") + "\n"
             + f"identical outputs ({test} vs {base}): {identity}\n")
     if measurement:
         text += (render(window_table(measurement), fmt, title=f"per block ({measurement['mode']} mode)") + "\n"
@@ -167,6 +171,25 @@ def notes(result, doc: dict) -> list[str]:
             if mdes[0][1] is not None:
                 out.append(f"calibration {cal.case}.{cal.profile} {tier.tier}: audio RTF MDE at 1/2/4/8 repeats "
                            + " / ".join(fmt_pct(m).lstrip("+") for _, m in mdes))
+    rough = sorted({t.tier for t in result.tiers for c in (t.rtf, t.ttfp, t.throughput)
+                    if c is not None and c.mde_rough})
+    if rough:
+        out.append(f"note: MDE marked ~ ({', '.join(rough)}) comes from 2 blocks, one degree of freedom: "
+                   "its own spread is noise; plan by an MDE from 3 or more repeats or a calibration")
+    for t in result.tiers:
+        for name, c in (("RTF", t.rtf), ("TTFP", t.ttfp), ("throughput", t.throughput)):
+            if c is not None and c.verdict == "unresolved (metric resolution)" and c.resolution is not None:
+                r = c.resolution
+                out.append(f"note: {t.tier} {name} unresolved (metric resolution): {r.values} values on "
+                           f"{r.levels} levels" + (f", a block mean moves in ~{r.block_step_pct:.1f}% steps"
+                                                  if r.block_step_pct is not None else "")
+                           + "; blocks agree by chance: use a finer clock or more requests per block")
+    family = doc.get("multiple_comparisons")
+    if family and family["family_size"] > 1:
+        demoted = sum(c is not None and c.holm_demoted for t in result.tiers for c in (t.rtf, t.ttfp, t.throughput))
+        out.append(f"verdicts: Holm-adjusted over {family['family_size']} comparisons (tiers x RTF / TTFP / "
+                   f"throughput), family-wise alpha {family['alpha']:g}"
+                   + (f"; {demoted} significant alone read within noise" if demoted else ""))
     ur = doc.get("until_resolved")
     if ur:
         reps = ", ".join(f"{t} {k}" for t, k in ur["repeats"].items())

@@ -5,7 +5,7 @@ Each A/A is a real `tts-bench ab` run (`tts_bench.ab.run_ab`) of the case's reso
 against itself, K blocks per tier (default 2) in counterbalanced order. Over N A/As:
 
 - false verdicts: A/As whose RTF verdict was faster/slower at K blocks (t interval, K-1 df),
-  with a Clopper-Pearson 95% interval; the same for TTFP, reported beside it;
+  with a Clopper-Pearson 95% interval; the same for TTFP and throughput, reported beside it;
 - the block SD: sqrt(mean d^2) over all N*K block log ratios d (true d = 0 in an A/A), which is
   what a one-block `tts-bench ab` uses for its interval; its false-verdict rate is estimated
   leave-one-out (each block judged with the SD of all the others), so the figure is not
@@ -25,6 +25,7 @@ import datetime as _dt
 import logging
 import math
 import os
+import platform
 import tempfile
 import time
 from collections import defaultdict
@@ -38,6 +39,7 @@ import numpy as np
 from tts_bench._paths import check_writable
 from tts_bench._versioned_json import write_json_atomic
 from tts_bench.ab import run_ab
+from tts_bench.ab.throughput import block_throughputs
 from tts_bench.calibration import CALIBRATION_FILE, DEFAULT_DIR, calibration_key, calibration_path
 from tts_bench.config import apply_overrides, check_shared_sections, config_to_dict
 from tts_bench.errors import ExitStatus, InvalidRunError
@@ -51,7 +53,8 @@ from tts_bench.stats import ALPHA, clopper_pearson, mde_log, pct, repeats_needed
 
 log = logging.getLogger(__name__)
 
-BLOCK_METRICS = ("audio_rtf", "audio_ttfp_ms")
+BLOCK_METRICS = ("audio_rtf", "audio_ttfp_ms", "audio_throughput")
+REQUEST_METRICS = BLOCK_METRICS[:2]  # per-request values; throughput is one figure per phase
 MDE_REPEATS = (1, 2, 4, 8)
 EFFECTS_PCT = (2.0, 5.0, 10.0, 20.0)
 CALLED = ("faster", "slower")
@@ -69,6 +72,7 @@ def _phases(records: Sequence[RequestRecord]) -> dict[tuple[str, int, str], list
 def run_observations(records: Sequence[RequestRecord], tier: str) -> dict[str, Any]:
     """Per block log ratios (mean and median, per metric) and per phase log centers of one tier."""
     phases = _phases(records)
+    per_block = block_throughputs(records).get(tier, {})
     repeats = sorted({k for (t, k, _) in phases if t == tier})
     blocks: dict[str, dict[str, list[float]]] = {m: {"mean": [], "median": []} for m in BLOCK_METRICS}
     centers: dict[str, list[float]] = {m: [] for m in ("audio_rtf", "audio_ttfp_ms", "audio_throughput")}
@@ -76,10 +80,14 @@ def run_observations(records: Sequence[RequestRecord], tier: str) -> dict[str, A
         b, t = phases.get((tier, k, "base")), phases.get((tier, k, "test"))
         if not b or not t:
             continue
-        for m in BLOCK_METRICS:
+        for m in REQUEST_METRICS:
             bv, tv = np.array([getattr(r, m) for r in b]), np.array([getattr(r, m) for r in t])
             blocks[m]["mean"].append(math.log(tv.mean() / bv.mean()))
             blocks[m]["median"].append(math.log(np.median(tv) / np.median(bv)))
+        if k in per_block.get("base", {}) and k in per_block.get("test", {}):  # one figure: mean = median
+            d = math.log(per_block["test"][k] / per_block["base"][k])
+            blocks["audio_throughput"]["mean"].append(d)
+            blocks["audio_throughput"]["median"].append(d)
         for recs in (b, t):
             for m in ("audio_rtf", "audio_ttfp_ms"):
                 centers[m].append(math.log(center([getattr(r, m) for r in recs], METRICS[m].center)))
@@ -179,11 +187,13 @@ def run_calibration(
             if t.invalid_reasons or t.rtf is None or t.ttfp is None:
                 continue
             obs[t.tier].append({**run_observations(records, t.tier),
-                                "verdicts": {"audio_rtf": t.rtf.verdict, "audio_ttfp_ms": t.ttfp.verdict}})
+                                "verdicts": {"audio_rtf": t.rtf.verdict, "audio_ttfp_ms": t.ttfp.verdict,
+                                             "audio_throughput": t.throughput.verdict if t.throughput else None}})
         row = {"run": i, "dir": run.path.name, "valid": result.valid, "wall_s": round(time.perf_counter() - t_run, 2),
                "load_before": load_before, "load_after": load_avg(),
                "tiers": {t.tier: {"verdict": t.rtf.verdict if t.rtf else None,
                                   "ttfp_verdict": t.ttfp.verdict if t.ttfp else None,
+                                  "throughput_verdict": t.throughput.verdict if t.throughput else None,
                                   "delta_pct": t.rtf.delta_mean_pct if t.rtf else None,
                                   "ci95_pct": list(t.rtf.ci95_pct) if t.rtf and t.rtf.ci95_pct else None,
                                   "block_deltas_pct": list(t.rtf.block_deltas_pct) if t.rtf else []}
@@ -218,6 +228,10 @@ def _document(loaded, rc, *, profile, repeats, rows, obs, test_sets, wall_s) -> 
         "environment": {"cpu_count": os.cpu_count(), "load_1min_min": min(loads, default=None),
                         "load_1min_max": max(loads, default=None),
                         "load_1min_mean": round(float(np.mean(loads)), 2) if loads else None},
+        # What a run must match to use this calibration (tts_bench.calibration: refused otherwise).
+        "conditions": {"load_1min_max": max(loads, default=None), "cpu_count": os.cpu_count(),
+                       "machine": platform.machine() or None, "profile": profile,
+                       "tiers": list(bench.tiers), "num_prompts": bench.num_prompts},
         "wall_s": round(wall_s, 1), "tiers": tiers, "rows": rows,
     }
 

@@ -62,7 +62,7 @@ METRICS: dict[str, MetricSpec] = {
 
 # Bench keys that only change how results are judged, not what is measured.
 _JUDGING_KEYS = ("min_effect_pct", "bootstrap_resamples", "bootstrap", "duration_mismatch_pct",
-                 "max_failure_fraction")
+                 "max_failure_fraction", "until_resolved_min_repeats")
 _NOT_SUT = ("wer", "mem")
 
 
