@@ -194,7 +194,11 @@ def measure_memory(
 
 def plan_from_config(base: BenchConfig, num_prompts: int | None = None) -> MemPlan:
     """The plan of the base arm's `mem:` section (the caller has read and checked its prompts)."""
-    params, tier = base.mem, parse_tier(base.mem.tier, where="--tier / mem.tier")
+    params = base.mem
+    if params.tier is None:  # the config's first tier, checked by the memory preflight like any
+        tier = parse_tier(base.bench.tiers[0], where="bench.tiers (the default mem.tier)")
+    else:
+        tier = parse_tier(params.tier, where="--tier / mem.tier")
     return MemPlan(
         tier=tier,
         warm_tier=parse_tier(params.warm_tier, where="--warm-tier / mem.warm_tier") if params.warm_tier else None,
