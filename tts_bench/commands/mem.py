@@ -49,8 +49,11 @@ def mem(
     fmt = check_format(fmt)
     flag_sets = _flag_sets(tier=tier, warm_tier=warm_tier, interval=interval, sampler=sampler,
                            device_index=device_index, disable_shuffle=disable_shuffle)
-    result = measure_memory(config, sets=[*sets, *flag_sets], base_sets=base_sets, test_sets=test_sets,
-                            num_prompts=num_prompts, result_dir=result_dir)
+    from tts_bench.progress import reporting
+
+    with reporting("mem"):
+        result = measure_memory(config, sets=[*sets, *flag_sets], base_sets=base_sets, test_sets=test_sets,
+                                num_prompts=num_prompts, result_dir=result_dir)
     sys.stdout.write(render_result(result, fmt))
     for reason in result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
