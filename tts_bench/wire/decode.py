@@ -84,6 +84,7 @@ class CompressedDecoder:
         self._started = fmt in ("aac",)
         self._resampler = av.AudioResampler(format="flt", layout="mono")
         self._ogg_packets = 0
+        self._skip = 0  # opus pre-skip: decoder priming samples at the start (OpusHead, RFC 7845)
 
     @property
     def sample_rate(self) -> int | None:
@@ -128,6 +129,7 @@ class CompressedDecoder:
                 if not raw.startswith(b"OpusHead"):
                     raise WireError("Ogg stream is not Opus (no OpusHead)")
                 self._ctx.extradata = raw
+                self._skip = struct.unpack("<H", raw[10:12])[0] if len(raw) >= 12 else 0
             elif self._ogg_packets > 2:  # the second is OpusTags
                 out.append(av.Packet(raw))
         return out
@@ -183,4 +185,8 @@ class CompressedDecoder:
                         out.append(mono.to_ndarray().reshape(-1))
         except Exception as exc:  # noqa: BLE001 - av.error.InvalidDataError and friends
             raise WireError(f"{self.fmt} stream does not decode: {exc}") from None
-        return np.concatenate(out).astype(np.float32, copy=False) if out else np.zeros(0, np.float32)
+        samples = np.concatenate(out).astype(np.float32, copy=False) if out else np.zeros(0, np.float32)
+        if self._skip and len(samples):
+            drop = min(self._skip, len(samples))
+            samples, self._skip = samples[drop:], self._skip - drop
+        return samples
