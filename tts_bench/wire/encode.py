@@ -3,7 +3,7 @@ chunk by chunk, with the `speed` time-stretch and the output rate on the way.
 
 | format | container / codec (PyAV = FFmpeg) | rate out | streamed |
 |---|---|---|---|
-| `pcm` | raw s16le mono | 24 kHz (the OpenAI API's), resampled if the backend's differs | yes |
+| `pcm` | raw s16le mono | 24 kHz (the OpenAI API's, D-PCM-1), resampled if the backend's differs | yes |
 | `wav` | RIFF, s16 mono; size 0xFFFFFFFF when streamed | the backend's | yes |
 | `mp3` | `mp3` muxer, libmp3lame (no ID3 tag, no Xing frame) | the backend's | yes, frame by frame |
 | `aac` | `adts` muxer, FFmpeg's aac | the backend's | yes, frame by frame |
@@ -16,7 +16,7 @@ for aac, 20 ms for opus, 4608 for flac) is held back until the next chunk or `fi
 
 Resampler: FFmpeg's libswresample through PyAV's `AudioResampler`, stateful across chunks, so a
 stream resampled chunk by chunk has no seams (scipy's `resample_poly` per chunk would).
-`speed` (0.25-4.0): FFmpeg's `atempo` filter (a WSOLA time-stretch that keeps the pitch), one
+`speed` (0.25-4.0, D-SPEED-1 in results/decisions.md): FFmpeg's `atempo` filter (a WSOLA time-stretch that keeps the pitch), one
 instance per factor in [0.5, 2] (`tempo_steps`). Measured on the piper voice
 (`scripts/speed_listen_test.py`, results/cpu/serve-speed-atempo.json): durations are exact at
 every speed; Whisper tiny.en transcribes 0.25-2.0 as well as 1.0 (WER 0.15-0.27 against 0.27),
