@@ -17,7 +17,10 @@ import threading
 
 import typer
 
+from tts_bench.commands._flags import render_flags_as_flags
 from tts_bench.errors import ExitStatus, TtsBenchError
+
+render_flags_as_flags()
 
 app = typer.Typer(
     add_completion=False,

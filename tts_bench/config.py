@@ -199,7 +199,7 @@ class HttpConfig:
     base_url: str = "http://127.0.0.1:8091"
     model: str = "minicpmo45"
     voice: str = "default"
-    response_format: Literal["pcm", "wav"] = "pcm"
+    response_format: Literal["pcm", "wav", "mp3", "opus", "aac", "flac"] = "pcm"
     stream: bool = True
     sample_rate: int = 24000  # of raw `pcm` responses (int16 mono)
     api_key_env: str = "OPENAI_API_KEY"  # name of the variable, never the key itself

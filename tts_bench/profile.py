@@ -50,6 +50,7 @@ from stages.profiling.launches import LaunchCount, RangeTimes
 from stages.profiling.talker_step import measure_talker_step, profile_text, talker_cache_len, talker_positions
 from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import ConfigError
+from tts_bench import progress
 from tts_bench.profile_split import TierPlan, TierSplit
 
 if TYPE_CHECKING:
@@ -258,7 +259,9 @@ def profile_stages(
     with _phase(f"profile {arm}: prompt setup"):
         prepare_prompt(t2w)
     profiles, timings = [], []
+    progress.task(f"{arm} rows", len(rows))
     for b in rows:
+        progress.advance(0 if b == rows[0] else 1)  # between measurements, never inside one
         with _phase(f"profile {arm}: B={b}"):
             talk = measure_talker_step(talker, b, chunks, text=text)
             dec = measure_code2wav_step(t2w, b, chunks, tag=arm)
@@ -267,6 +270,7 @@ def profile_stages(
         times = {"talker_step": talk.times, "code2wav_step": dec.times}
         profiles.append(ArmProfile(arm, b, str(place.device), split, counts, times))
         timings += [StageTiming(arm, step, b, t) for step, t in times.items()]
+    progress.advance()
     if plan is not None:
         timings += _tier_timings(plan, talker, t2w, chunks, arm=arm, rows=rows, text=text)
     return profiles, timings

@@ -123,7 +123,7 @@ def test_serve_process_listens_on_loopback_and_stops_on_sigterm():
                 url = m.group(1) if m else None
         assert url is not None, "".join(seen)
         with urllib.request.urlopen(url + "/v1/models", timeout=5) as resp:
-            (model,) = json.load(resp)["data"]
+            model = json.load(resp)["data"][0]
         assert model["tts_bench"]["replicas"] == 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
@@ -154,6 +154,8 @@ def test_wer_through_http_on_piper_matches_in_process(tmp_path):
             "wer", "--config", str(wer_yaml), "--num-prompts", "3", "--format", "json",
             "--result-dir", str(tmp_path / "runs"), "--set", f"wer.history_dir={tmp_path / 'history'}",
             "--test-set", "backend=http", "--test-set", f"http.base_url={server.url}",
+            # wav carries piper's own 22,050 Hz; pcm would be resampled to 24 kHz
+            "--test-set", "http.response_format=wav",
         ], standalone_mode=False)
     assert result.return_value == 0, result.output
     paired = json.loads(result.stdout)["paired"]

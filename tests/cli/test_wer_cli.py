@@ -244,3 +244,20 @@ def test_a_generation_record_without_its_text_is_a_usage_error_naming_the_file(f
     (run_dir / "requests.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
     result = _wer(["--transcribe-only", str(run_dir)], tmp_path)
     assert isinstance(result.exception, ConfigError) and "damaged generation record" in str(result.exception)
+
+
+def test_the_history_follows_the_result_dir_from_any_folder_and_its_absence_is_said(fake_world, monkeypatch):
+    tmp_path, cfg = fake_world
+    cfg.write_text(cfg.read_text().replace(f"  history_dir: {tmp_path / 'history'}\n", ""))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # a working folder with no results/ of its own
+    first = _wer(["--config", str(cfg), "--accept"], tmp_path)
+    assert first.return_value == 0, first.output
+    history = tmp_path / "wer-history"  # beside --result-dir tmp_path/runs
+    assert f"no WER history at {history} (wer.history_dir)" in first.stderr
+    assert json.loads(first.stdout)["history_written"].startswith(str(history))
+    second = _wer(["--config", str(cfg)], tmp_path)
+    assert second.return_value == 0 and "no WER history" not in second.stderr
+    assert json.loads(second.stdout)["history"], "the second run is checked against the first"
+    assert not (elsewhere / "results").exists()

@@ -29,7 +29,7 @@ from tts_bench.serve.app import SpeechServer, running_server
 
 TEXT = "one two three four five six seven"
 SYNTH = SyntheticConfig(chunk_seconds=0.1, first_chunk_delay_s=0.002, chunk_delay_s=0.002,
-                        seconds_per_word=0.1, sample_rate=16000)
+                        seconds_per_word=0.1, sample_rate=24000)  # pcm's rate: no resampling
 
 
 def server_cfg(**synthetic) -> BenchConfig:
@@ -77,10 +77,10 @@ async def client(url: str, **kw):
 
 
 @pytest.mark.parametrize("fmt,stream,http", [
-    # http.sample_rate stays at its default 24000 where the server declares the rate (the WAV
-    # header, `audio/pcm; rate=16000`); SSE carries bare PCM, so there the config must say it.
+    # The server's pcm is 24 kHz, the synthetic backend's rate here, so no resampling: the
+    # bytes are exactly the in-process samples. SSE carries bare PCM at http.sample_rate.
     ("pcm", True, {}), ("wav", True, {}), ("wav", False, {}), ("pcm", False, {}),
-    ("pcm", True, {"extra_body": {"stream_format": "sse"}, "sample_rate": 16000}),
+    ("pcm", True, {"extra_body": {"stream_format": "sse"}}),
 ])
 def test_audio_over_http_is_bit_identical_to_in_process(fmt, stream, http):
     async def main():
@@ -136,7 +136,7 @@ def test_unknown_model_is_an_http_404_failure():
 
 class _FailsAfterOneChunk(SyntheticBackend):
     async def synthesize(self, request):
-        yield AudioChunk(np.zeros(160, np.float32), 16000)
+        yield AudioChunk(np.zeros(160, np.float32), 24000)
         raise RequestFailed("backend_error", "stage died")
 
 
@@ -207,7 +207,7 @@ def test_models_and_metrics_endpoints_feed_describe_and_memory_snapshot():
         with urllib.request.urlopen(server.url.removesuffix("/v1") + "/metrics", timeout=5) as resp:
             content_type = resp.headers["Content-Type"]
     assert content_type == "text/plain; version=0.0.4; charset=utf-8"  # what Prometheus asks for
-    (model,) = described["server_models"]
+    model = described["server_models"][0]  # then OpenAI's names, aliases of it
     assert model["id"] == HttpConfig().model and model["tts_bench"]["backend"] == "synthetic"
     assert model["tts_bench"]["replicas"] == 2
     assert rows[0]["process"] == "serve" and rows[0]["rss_bytes"] > 10 * 2**20

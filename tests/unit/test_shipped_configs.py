@@ -98,3 +98,28 @@ def test_every_shipped_ab_config_loads_two_arms_that_differ_as_named(name):
     assert len(arms) == 2, f"{name}: an A/B compares two arms"
     base, test = (config_to_dict(cfg) for cfg in arms.values())
     assert (base == test) == (name in SAME_ARMS), f"{name}: arms equal? {base == test}"
+
+
+@pytest.mark.parametrize("name", ["ab/http-openai.yaml", "ab/http-vllm-omni.yaml"])
+def test_http_examples_say_how_to_start_their_server(name):
+    import re
+
+    assert re.search(r"^#\s+(tts-bench serve|vllm serve) ", shipped_config(name).read_text(), re.M)
+
+
+def test_the_openai_example_benches_a_server_in_pcm_against_mp3(tmp_path):
+    from tts_bench.serve.app import running_server
+
+    served = load_config(None, ["backend=synthetic", "synthetic.chunk_delay_s=0.001",
+                                "synthetic.first_chunk_delay_s=0.001"])
+    with running_server(served) as server:
+        result = CliRunner().invoke(app, [
+            "ab", "--config", "configs/ab/http-openai.yaml", "--set", f"http.base_url={server.url}",
+            "--set", "bench.warmup=0", "--tiers", "1x1", "--num-prompts", "2", "--repeats", "1",
+            "--format", "json", "--result-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    run = json.loads((Path(json.loads(result.stdout)["run_dir"]) / "run.json").read_text())
+    assert {a: c["http"]["response_format"] for a, c in run["configs"].items()} == {"base": "pcm", "test": "mp3"}
+    run_dir = Path(json.loads(result.stdout)["run_dir"])
+    records = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    assert records and all(r["failure_kind"] is None and r["audio_seconds"] > 0 for r in records)

@@ -196,6 +196,10 @@ def run_ab(
     if len(arms) != 2:
         raise ValueError(f"run_ab needs exactly two arms (base, test), got {list(arms)}")
     done = run_dir.completed_keys() if resume else set()
+    if progress is None:  # calibrate's and gate's A/Bs: the command's reporter, if one is open
+        from tts_bench.progress import current
+
+        progress = current()
     runner = _Runner(arms, num_prompts, run_dir, done, progress, hooks, open_loop,
                      _cut_phases(run_dir) if resume else {})
 

@@ -3,7 +3,7 @@
 Each request is one `POST {base_url}/v1/audio/speech` with the JSON body
 
     {"model": http.model, "input": <text>, "voice": http.voice,
-     "response_format": "pcm" | "wav", "stream": true (if http.stream), **http.extra_body}
+     "response_format": http.response_format, "stream": http.stream, **http.extra_body}
 
 A request with a reference voice (its prompt wav) also sends `ref_audio` (the file as a base64
 `data:audio/wav` URL, encoded once per file) and `ref_text` (its transcript), as vllm-omni's
@@ -13,9 +13,10 @@ voice cloning takes them;
 or `stream_format: sse`; it is applied last, so it can override the others; per-request seeds
 are sent only where `http.send_seed` is set, since plain OpenAI servers reject unknown fields).
 The response is decoded while it arrives (`tts_bench.wire.audio`: raw s16le PCM at the
-`rate=` its Content-Type declares, else `http.sample_rate`; WAV, whose header rate wins; or
-`text/event-stream` with base64 audio), and every network read that completes at least one
-sample is yielded as an AudioChunk at once, so the load generator's TTFP is the arrival of the
+`rate=` its Content-Type declares, else `http.sample_rate`; WAV, whose header rate wins;
+mp3, aac, flac or Ogg opus through PyAV's decoders (`tts_bench.wire.decode`), so the TTFP is the
+first decodable audio; or `text/event-stream` with base64 audio of the format asked for), and
+every network read that completes at least one sample is yielded as an AudioChunk at once, so the load generator's TTFP is the arrival of the
 first audio bytes. `base_url` may end in `/v1` (the OpenAI SDK habit) or not.
 
 Failures, all counted per request by the load generator (never a crashed run):
@@ -74,6 +75,7 @@ from tts_bench.errors import BackendError
 from tts_bench.voices import VOICE_FILES_CACHED, voice_file
 from tts_bench.wire import exposition
 from tts_bench.wire.audio import PcmDecoder, SseDecoder, WavDecoder, WireError
+from tts_bench.wire.decode import COMPRESSED, CONTENT_TYPE_FORMATS, CompressedDecoder
 
 if TYPE_CHECKING:
     from tts_bench.config import BenchConfig, HttpConfig
@@ -99,11 +101,16 @@ class _AudioStream:
 
     def __init__(self, content_type: str, params: HttpConfig, rate_param: str | None) -> None:
         self.sse = SseDecoder() if content_type == "text/event-stream" else None
+        compressed = CONTENT_TYPE_FORMATS.get(content_type)
+        if compressed is None and params.response_format in COMPRESSED and content_type not in (
+                "audio/pcm", *_WAV_TYPES):
+            compressed = params.response_format  # SSE, octet-stream: the format asked for
         wav = content_type in _WAV_TYPES or (
             params.response_format == "wav" and content_type != "audio/pcm"
         )
         rate = int(rate_param) if rate_param and rate_param.isdigit() else params.sample_rate
-        self.audio: WavDecoder | PcmDecoder = WavDecoder() if wav else PcmDecoder(rate)
+        self.audio: WavDecoder | PcmDecoder | CompressedDecoder = (
+            CompressedDecoder(compressed) if compressed else WavDecoder() if wav else PcmDecoder(rate))
 
     @property
     def sample_rate(self) -> int:
@@ -119,6 +126,8 @@ class _AudioStream:
     def finish(self) -> np.ndarray:
         tail = self._concat([self.audio.feed(b) for b in self.sse.finish()]) if self.sse else (
             np.zeros(0, dtype=np.float32))
+        if isinstance(self.audio, CompressedDecoder):  # the codec's last frame
+            tail = self._concat([tail, self.audio.finish()])
         if self.audio.pending_bytes:
             log.warning("dropped %d trailing bytes that do not make a whole sample",
                         self.audio.pending_bytes)
@@ -220,8 +229,7 @@ class HttpBackend:
         p = self.params
         body: dict[str, Any] = {"model": p.model, "input": request.text, "voice": p.voice,
                                 "response_format": p.response_format}
-        if p.stream:
-            body["stream"] = True
+        body["stream"] = p.stream  # servers that stream by default (OpenAI's, serve) need false said
         # `http.send_seed` (proposed config field; off = plain OpenAI bodies): servers that take a
         # per-request seed (tts-bench serve does) then sample exactly like the in-process arm.
         if getattr(p, "send_seed", False):

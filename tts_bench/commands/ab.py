@@ -74,8 +74,10 @@ def ab(
         until_resolved=until_resolved, max_repeats=max_repeats, budget_min=budget, profile=profile,
         calibration=calibration, voice_cache=voice_cache, request_rate=request_rate, burstiness=burstiness,
     )
-    with _progress() as progress:
-        session = run_session(request, progress=progress)
+    from tts_bench.progress import current, reporting
+
+    with reporting("ab"):
+        session = run_session(request, progress=current())
     if session.voice_cache is not None:  # a view: the run record keeps every request
         which, kept, measured = session.voice_cache
         typer.echo(f"voice cache {which}: {kept} of {measured} measured requests", err=True)
@@ -205,33 +207,3 @@ def _identity_text(tier: dict) -> str:
     stages = [f"{name} {tier[key]}/{tier['paired_outputs']}"
               for name, key in (("codes", "identical_codes"), ("mel", "identical_mel")) if tier.get(key) is not None]
     return text + (f" ({', '.join(stages)})" if stages else "")
-
-
-class _RichProgress:
-    """One rich task per (tier, arm, repeat) on stderr; nothing when stderr is not a terminal."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import Progress
-
-        self._progress = Progress(console=Console(stderr=True), transient=False)
-        self._task = None
-
-    def __enter__(self):
-        self._progress.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._progress.__exit__(*exc)
-
-    def start(self, description: str, total: int) -> None:
-        self._task = self._progress.add_task(description, total=total)
-
-    def advance(self) -> None:
-        self._progress.advance(self._task)
-
-
-def _progress():
-    import contextlib
-
-    return _RichProgress() if sys.stderr.isatty() else contextlib.nullcontext(None)

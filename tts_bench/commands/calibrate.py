@@ -46,9 +46,12 @@ def calibrate(
         raise ConfigError(f"error: unknown format {fmt!r} (--format); valid: md, json")
     if runs < 1 or repeats < 1:
         raise ConfigError(f"error: --runs and --repeats must be >= 1, got {runs} and {repeats} (tts-bench calibrate)")
-    done = calibrate_case(case, runs=runs, repeats=repeats, profile=profile, sets=sets, test_sets=test_sets,
-                          out=out, write=not no_write, result_dir=result_dir,
-                          on_run=lambda i, row: typer.echo(_row_line(i, runs, row), err=True))
+    from tts_bench.progress import reporting
+
+    with reporting("calibrate"):
+        done = calibrate_case(case, runs=runs, repeats=repeats, profile=profile, sets=sets, test_sets=test_sets,
+                              out=out, write=not no_write, result_dir=result_dir,
+                              on_run=lambda i, row: typer.echo(_row_line(i, runs, row), err=True))
     if done.written is not None:
         typer.echo(f"wrote {done.written}", err=True)
     sys.stdout.write(json.dumps(done.doc, indent=2) + "\n" if fmt == "json" else done.markdown)

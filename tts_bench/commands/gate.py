@@ -49,7 +49,10 @@ def gate(
     fmt = check_format(fmt)
     request = GateRequest(run_case=run_case, current=current, baseline=baseline, case=case, profile=profile,
                           arm=arm, sets=sets, wer_run=wer_run, report_only=report_only, result_dir=result_dir)
-    session = run_session(request, notify=lambda line: typer.echo(line, err=True))
+    from tts_bench.progress import reporting
+
+    with reporting("gate"):
+        session = run_session(request, notify=lambda line: typer.echo(line, err=True))
     report = session.report
     sys.stdout.write(render_report(report, fmt, report_only=report_only, baseline=str(session.baseline_path)))
     for reason in report.invalid_reasons:

@@ -30,7 +30,7 @@ from tts_bench.limits import MAX_PROMPTS
 
 def mem(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="Bench config YAML (default: the shipped configs/ab/default.yaml)."),
-    tier: Optional[str] = typer.Option(None, "--tier", help="The sampled tier CxR (default: mem.tier, 128x8)."),
+    tier: Optional[str] = typer.Option(None, "--tier", help="The sampled tier CxR (default: mem.tier, else the config's first bench tier)."),
     warm_tier: Optional[str] = typer.Option(None, "--warm-tier", help="Tier run first, unsampled, on the same backend; 'none' to skip (default: mem.warm_tier, 4x1)."),
     interval: Optional[float] = typer.Option(None, "--interval", help="Seconds between samples (default: mem.interval_s, 2)."),
     sampler: Optional[str] = typer.Option(None, "--sampler", help="auto | nvml | npu-smi | torch | rss; comma-separated for several, first is primary."),
@@ -51,8 +51,11 @@ def mem(
     fmt = check_format(fmt)
     flag_sets = _flag_sets(tier=tier, warm_tier=warm_tier, interval=interval, sampler=sampler,
                            device_index=device_index, disable_shuffle=disable_shuffle, duration=duration)
-    result = measure_memory(config, sets=[*sets, *flag_sets], base_sets=base_sets, test_sets=test_sets,
-                            num_prompts=num_prompts, result_dir=result_dir)
+    from tts_bench.progress import reporting
+
+    with reporting("mem"):
+        result = measure_memory(config, sets=[*sets, *flag_sets], base_sets=base_sets, test_sets=test_sets,
+                                num_prompts=num_prompts, result_dir=result_dir)
     sys.stdout.write(render_result(result, fmt))
     for reason in result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)

@@ -52,10 +52,13 @@ def profile(
     if config is None:
         config = shipped_config(DEFAULT_AB_CONFIG)
     arms = load_arms(config, sets, base_sets, test_sets)
-    result = profile_arms(
-        arms, rows=parse_rows(rows), chunks=chunks,
-        tier=None if tier is None else parse_profile_tier(tier), talker_context=talker_context,
-    )  # fmt: skip
+    from tts_bench.progress import reporting
+
+    with reporting("profile"):
+        result = profile_arms(
+            arms, rows=parse_rows(rows), chunks=chunks,
+            tier=None if tier is None else parse_profile_tier(tier), talker_context=talker_context,
+        )  # fmt: skip
     sys.stdout.write(render_profile(result, fmt))
     return ExitStatus.OK
 

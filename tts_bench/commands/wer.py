@@ -63,7 +63,10 @@ def wer(
         base_sets=base_sets, test_sets=test_sets, disable_shuffle=disable_shuffle, generate_only=generate_only,
         transcribe_only=transcribe_only, accept=accept, result_dir=result_dir,
     )
-    session = run_session(request, notify=lambda line: typer.echo(line, err=True))
+    from tts_bench.progress import reporting
+
+    with reporting("wer"):
+        session = run_session(request, notify=lambda line: typer.echo(line, err=True))
     if session.report is None:
         typer.echo(f"generated: {session.run_path}", err=True)
         for problem in session.problems:

@@ -3,7 +3,7 @@
     mem:
       sampler: nvml,torch     # auto | nvml | npu-smi | torch | rss, comma-separated for several
       interval_s: 2.0
-      tier: 128x8
+      tier: 128x8             # null (the default): the config's first bench tier
       warm_tier: 4x1          # run first on the same fresh backend, not sampled; null = none
       warm_prompts: null      # requests of the warm tier; null = 2 x its concurrency
       device_index: 0         # GPU index for NVML (ignores CUDA_VISIBLE_DEVICES) / npu-smi card
@@ -25,7 +25,9 @@ MIN_INTERVAL_S = 0.01
 class MemParams:
     sampler: str = "auto"
     interval_s: float = 2.0
-    tier: str = "128x8"
+    # None: the config's first `bench.tiers` entry, the load the config was written for (a
+    # fixed 128x8 ran 8 replicas and 128 requests in flight against the tiny CPU config).
+    tier: str | None = None
     warm_tier: str | None = "4x1"
     warm_prompts: int | None = None
     device_index: int = 0

@@ -39,6 +39,7 @@ from tts_bench.phases import run_fresh_phase
 from tts_bench.preflight import check_memory
 from tts_bench.prompts import check_bench_prompts, cycle_jobs, load_prompts, plan_jobs, select_bench_prompts
 from tts_bench.records import PhaseLabels, RequestRecord
+from tts_bench import progress
 from tts_bench.results import RunDir, python_argv
 from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
 from tts_bench.windows import WindowPlan
@@ -129,9 +130,10 @@ async def _run_arm(arm: str, cfg: BenchConfig, plan: MemPlan, prompts: list, run
     # The warm tier runs on the same replicas first: size them for it too, or a warm tier above
     # the sampled one's concurrency would grow the slot pools (and drop their graphs) before sampling.
     warm_c = plan.warm_tier.concurrency if plan.warm_tier is not None else 0
+    progress.task(f"{arm} {plan.tier.label}", len(jobs[1]))  # (warmup, measured)
     result = await run_fresh_phase(cfg, plan.tier, labels, jobs, run_dir=run_dir, hooks=hooks,
                                    before=lambda backend: _warm(backend, cfg, arm, plan, prompts, run_dir),
-                                   size_for=warm_c, window=window)
+                                   size_for=warm_c, window=window, progress=lambda _rec: progress.advance())
     series = {name: arms[arm] for name, arms in hooks.series(plan.tier.label).items() if arm in arms}
     return _ArmRun(series, result.records)
 
@@ -198,7 +200,11 @@ def measure_memory(
 
 def plan_from_config(base: BenchConfig, num_prompts: int | None = None) -> MemPlan:
     """The plan of the base arm's `mem:` section (the caller has read and checked its prompts)."""
-    params, tier = base.mem, parse_tier(base.mem.tier, where="--tier / mem.tier")
+    params = base.mem
+    if params.tier is None:  # the config's first tier, checked by the memory preflight like any
+        tier = parse_tier(base.bench.tiers[0], where="bench.tiers (the default mem.tier)")
+    else:
+        tier = parse_tier(params.tier, where="--tier / mem.tier")
     return MemPlan(
         tier=tier,
         warm_tier=parse_tier(params.warm_tier, where="--warm-tier / mem.warm_tier") if params.warm_tier else None,

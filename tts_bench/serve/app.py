@@ -2,14 +2,19 @@
 
 Endpoints:
 - `POST /v1/audio/speech` — body `{"input": str, "model"?: str, "voice"?: str,
-  "response_format"?: "pcm" | "wav" (default wav), "stream"?: bool (default false),
-  "stream_format"?: "audio" | "sse", "seed"?: int, "ref_text"?: str, "speed"?: 1.0}`; other
-  fields are ignored (a `speed` other than 1.0 is a 400: the stages have one speed). An `X-Request-Id` header names the backend request (ids
-  must be unique among requests in flight). Non-streaming answers carry a Content-Length. Streaming
-  answers use chunked transfer encoding: raw s16le mono (`audio/pcm; rate=R`), or a WAV header
-  with the streaming size 0xFFFFFFFF followed by PCM, each backend chunk written as it arrives;
-  `stream_format: sse` sends OpenAI-style `speech.audio.delta` events with base64 PCM instead.
-- `GET /v1/models` — the one served model, with the backend's `describe()` under `tts_bench`.
+  "response_format"?: "mp3" (default) | "opus" | "aac" | "flac" | "wav" | "pcm",
+  "stream"?: bool (default true), "stream_format"?: "audio" | "sse", "seed"?: int,
+  "ref_text"?: str, "speed"?: 0.25-4.0}`; other fields are ignored. `model` is the served name or
+  one of OpenAI's (`tts-1`, `tts-1-hd`, `gpt-4o-mini-tts`: aliases, so the SDK's defaults work).
+  Formats, rates and the `speed` time-stretch: `tts_bench.wire.encode` (pcm is 24 kHz, resampled
+  when the backend's rate differs). An `X-Request-Id` header names the backend request (ids
+  must be unique among requests in flight). As the OpenAI API does, answers stream by default:
+  chunked transfer encoding, each backend chunk encoded and written as it arrives (a WAV header
+  carries the streaming size 0xFFFFFFFF); `"stream": false` answers whole with a
+  Content-Length; `stream_format: sse` sends OpenAI-style `speech.audio.delta` events with the
+  format's bytes in base64 instead.
+- `GET /v1/models` — the served model, with the backend's `describe()` under `tts_bench`, then
+  OpenAI's names as aliases of it (`alias_of`).
 - `GET /metrics` — Prometheus text (`tts_bench.wire.exposition`): serve RSS, the backend's
   `memory_snapshot()` when it implements ReportsMemory, request counters.
 - `GET /health` — 200 `{"status": "ok"}` while the backend serves; 503 (JSON, saying why) once
@@ -70,6 +75,7 @@ from tts_bench.serve.protocol import JsonErrorRunner
 from tts_bench.serve.request import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_INPUT_CHARS,
+    MODEL_ALIASES,
     BadRequest,
     SpeechSpec,
     error_middleware,
@@ -78,7 +84,8 @@ from tts_bench.serve.request import (
     read_json_body,
 )
 from tts_bench.wire import exposition
-from tts_bench.wire.audio import encode_pcm16, sse_audio_event, sse_event, wav_header
+from tts_bench.wire.audio import sse_audio_event, sse_event
+from tts_bench.wire.encode import AudioEncoder
 
 if TYPE_CHECKING:
     from tts_bench.config import BenchConfig
@@ -209,7 +216,9 @@ class SpeechServer:
     async def _models(self, request: web.Request) -> web.Response:
         model = {"id": self.model_name, "object": "model", "created": self._created,
                  "owned_by": "tts-bench", "tts_bench": self.backend.describe()}
-        return web.json_response({"object": "list", "data": [model]},
+        aliases = [{"id": name, "object": "model", "created": self._created, "owned_by": "tts-bench",
+                    "alias_of": self.model_name} for name in MODEL_ALIASES if name != self.model_name]
+        return web.json_response({"object": "list", "data": [model, *aliases]},
                                  dumps=lambda d: json.dumps(d, default=str))
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -255,20 +264,21 @@ class SpeechServer:
             return self._failed(exc)
         rate = chunks[0].sample_rate if chunks else self.cfg.http.sample_rate
         samples = np.concatenate([c.samples for c in chunks]) if chunks else np.zeros(0, np.float32)
-        pcm = encode_pcm16(samples)
-        if spec.response_format == "wav":
-            return web.Response(body=wav_header(rate, len(pcm)) + pcm, content_type="audio/wav")
-        return web.Response(body=pcm, headers={"Content-Type": f"audio/pcm; rate={rate}"})
+        enc = AudioEncoder(spec.response_format, rate, speed=spec.speed, streaming=False)
+        body = await _encoded(enc, samples)
+        return web.Response(body=body, headers={"Content-Type": enc.content_type})
 
     async def _stream(self, request: web.Request, spec: SpeechSpec,
                       stream: AsyncIterator[AudioChunk]) -> web.StreamResponse:
         response: web.StreamResponse | None = None
+        enc: AudioEncoder | None = None
         try:
             async for chunk in stream:
-                if response is None:
-                    response = await self._open_stream(request, spec, chunk.sample_rate)
-                pcm = encode_pcm16(chunk.samples)
-                await response.write(sse_audio_event(pcm) if spec.sse else pcm)
+                if enc is None:
+                    enc = AudioEncoder(spec.response_format, chunk.sample_rate, speed=spec.speed)
+                    response = await self._open_stream(request, spec, enc)
+                assert response is not None
+                await self._write(response, spec, await _encoded(enc, chunk.samples, last=False))
         except ConnectionResetError:  # the client gave up (its timeout): not a server failure
             log.debug("client went away; request abandoned")
             assert response is not None, "only writes raise ConnectionResetError"
@@ -281,27 +291,28 @@ class SpeechServer:
             if request.transport is not None:  # see the failure contract in the module docstring
                 request.transport.abort()
             return response
-        if response is None:  # no audio at all: a complete, empty answer (the client counts it)
-            response = await self._open_stream(request, spec, self.cfg.http.sample_rate)
+        if enc is None:  # no audio at all: a complete, empty answer (the client counts it)
+            enc = AudioEncoder(spec.response_format, self.cfg.http.sample_rate, speed=spec.speed)
+            response = await self._open_stream(request, spec, enc)
+        assert response is not None
+        await self._write(response, spec, await _encoded(enc, None))
         if spec.sse:
             await response.write(sse_event({"type": "speech.audio.done"}))
         await response.write_eof()
         return response
 
-    async def _open_stream(self, request: web.Request, spec: SpeechSpec, rate: int) -> web.StreamResponse:
-        if spec.sse:
-            content_type = "text/event-stream"
-        elif spec.response_format == "wav":
-            content_type = "audio/wav"
-        else:
-            content_type = f"audio/pcm; rate={rate}"
+    @staticmethod
+    async def _open_stream(request: web.Request, spec: SpeechSpec, enc: AudioEncoder) -> web.StreamResponse:
+        content_type = "text/event-stream" if spec.sse else enc.content_type
         response = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-cache"})
         response.enable_chunked_encoding()
         await response.prepare(request)
-        header = wav_header(rate) if spec.response_format == "wav" else b""
-        if header:
-            await response.write(sse_audio_event(header) if spec.sse else header)
         return response
+
+    @staticmethod
+    async def _write(response: web.StreamResponse, spec: SpeechSpec, data: bytes) -> None:
+        if data:  # an encoder may hold a chunk back whole (less than one codec frame)
+            await response.write(sse_audio_event(data) if spec.sse else data)
 
     def _failed(self, exc: Exception) -> web.Response:
         """A failure before the first audio chunk: 400 when the backend refused the request
@@ -316,6 +327,16 @@ class SpeechServer:
         if reason is not None:
             return error_response(503, reason, code="backend_unavailable")
         return error_response(500, f"{kind}: {detail}" if detail else kind, code=kind)
+
+
+async def _encoded(enc: AudioEncoder, samples: np.ndarray | None, *, last: bool = True) -> bytes:
+    """`samples` through `enc` (None: only its tail); `last` adds the tail. Codecs and the
+    time-stretch run in a worker thread (FFmpeg releases the GIL), plain PCM on the loop."""
+    def run() -> bytes:
+        out = enc.feed(samples) if samples is not None else b""
+        return out + enc.finish() if last else out
+
+    return await asyncio.to_thread(run) if enc.needs_codec else run()
 
 
 # ---------------------------------------------------------------- running it

@@ -5,9 +5,9 @@ Every error the server answers is OpenAI-style JSON, `{"error": {"message", "typ
 
 | status | code | when |
 |---|---|---|
-| 400 | `invalid_request` | bad JSON (also nested too deeply), a field of the wrong type or range (`seed` outside [0, 2**63), `speed` other than 1, a `voice` that is not a string, `input` empty or only control characters, longer than `--max-input-chars` or too long for the talker's `runner.max_seq_len`, a `ref_audio` that is not base64 audio, is empty or longer than `code2wav.ref_audio_limit_seconds`) |
+| 400 | `invalid_request` | bad JSON (also nested too deeply), a field of the wrong type or range (`seed` outside [0, 2**63), `speed` outside [0.25, 4], a `voice` that is not a string, `input` empty or only control characters, longer than `--max-input-chars` or too long for the talker's `runner.max_seq_len`, a `ref_audio` that is not base64 audio, is empty or longer than `code2wav.ref_audio_limit_seconds`) |
 | 400 | `bad_prompt` | a `ref_audio` with a valid header that the stages cannot decode or use (param `ref_audio`) |
-| 404 | `model_not_found` / `not_found` | another model name; an unknown path |
+| 404 | `model_not_found` / `not_found` | a model name other than the served one and OpenAI's (`MODEL_ALIASES`); an unknown path |
 | 405 | `method_not_allowed` | e.g. GET /v1/audio/speech |
 | 409 | `duplicate_request_id` | an `X-Request-Id` already in flight |
 | 413 | `request_too_large` | a body over `--max-body-bytes` |
@@ -35,10 +35,11 @@ from typing import Any
 from aiohttp import web
 
 from tts_bench.limits import MAX_BODY_BYTES, MAX_INPUT_CHARS
+from tts_bench.wire.encode import FORMATS, SPEED_RANGE
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("pcm", "wav")
+MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # OpenAI's names: the SDK's defaults
 STREAM_FORMATS = ("audio", "sse")
 MAX_SEED = 2**63  # per-request seeds seed torch generators (stages.talker.engine.MAX_SEED)
 DEFAULT_MAX_INPUT_CHARS = MAX_INPUT_CHARS  # the OpenAI speech API's limit (--max-input-chars)
@@ -64,12 +65,13 @@ class SpeechSpec:
     """A validated `/v1/audio/speech` body."""
 
     text: str
-    response_format: str = "wav"
-    stream: bool = False
+    response_format: str = "mp3"  # the OpenAI API's default
+    stream: bool = True  # chunked audio, as the OpenAI API answers; `"stream": false` waits
     sse: bool = False
     seed: int = 42
     prompt_text: str = ""
     prompt_audio: bytes | None = None  # the decoded `ref_audio` (an encoded audio file)
+    speed: float = 1.0
 
 
 def parse_ref_audio(value: Any, *, limit_seconds: float | None = None) -> bytes | None:
@@ -151,10 +153,10 @@ def parse_speech_body(body: Any, model_name: str, *, max_input_chars: int = DEFA
         raise BadRequest(400, "the body must be a JSON object")
     text = _check_text(body, "input", required=True, max_chars=max_input_chars)
     model = body.get("model", model_name)
-    if model != model_name:
-        raise BadRequest(404, f"model {model!r} does not exist; this server serves {model_name!r}",
-                         "model", code="model_not_found")
-    fmt = body.get("response_format", "wav")
+    if model != model_name and model not in MODEL_ALIASES:
+        raise BadRequest(404, f"model {model!r} does not exist; this server serves {model_name!r} "
+                              f"(also as {', '.join(MODEL_ALIASES)})", "model", code="model_not_found")
+    fmt = body.get("response_format", "mp3")
     if fmt not in FORMATS:
         raise BadRequest(400, f"unsupported response_format {fmt!r}; valid: {', '.join(FORMATS)}",
                          "response_format")
@@ -162,16 +164,16 @@ def parse_speech_body(body: Any, model_name: str, *, max_input_chars: int = DEFA
     if stream_format not in STREAM_FORMATS:
         raise BadRequest(400, f"unsupported stream_format {stream_format!r}; valid: "
                          f"{', '.join(STREAM_FORMATS)}", "stream_format")
-    stream, seed = body.get("stream", False), body.get("seed", 42)
+    stream, seed = body.get("stream", True), body.get("seed", 42)
     if not isinstance(stream, bool):
         raise BadRequest(400, "'stream' must be true or false", "stream")
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < MAX_SEED:
         raise BadRequest(400, "'seed' must be an integer in [0, 2**63)", "seed")
     speed = body.get("speed", 1.0)
-    if not isinstance(speed, (int, float)) or isinstance(speed, bool) or speed != 1:
-        # OpenAI's API takes 0.25-4.0; the stages synthesize at one speed, and answering 200 at
-        # 1.0 to a request for 2.0 would hand back audio the client did not ask for.
-        raise BadRequest(400, f"'speed' {speed!r} is not supported: this server synthesizes at 1.0 only", "speed")
+    low, high = SPEED_RANGE
+    if not isinstance(speed, (int, float)) or isinstance(speed, bool) or not low <= speed <= high:
+        # The stages synthesize at one speed; the answer is time-stretched (tts_bench.wire.encode).
+        raise BadRequest(400, f"'speed' must be a number from {low:g} to {high:g}, got {speed!r}", "speed")
     voice = body.get("voice")
     if voice is not None and not isinstance(voice, str):
         # OpenAI clients always send one; the voice here is `ref_audio` (or the server's default),
@@ -180,7 +182,7 @@ def parse_speech_body(body: Any, model_name: str, *, max_input_chars: int = DEFA
     ref = _check_text(body, "ref_text", required=False, max_chars=max_input_chars)
     sse = stream_format == "sse"
     audio = parse_ref_audio(body.get("ref_audio"), limit_seconds=ref_audio_limit_seconds)
-    return SpeechSpec(text, fmt, stream or sse, sse, seed, ref, audio)
+    return SpeechSpec(text, fmt, stream or sse, sse, seed, ref, audio, float(speed))
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -96,8 +96,9 @@ def check_history_dir(directory: str | Path) -> None:
 
 
 def read_history(directory: str | Path) -> list[HistoryEntry]:
-    """The history in `directory` (`wer.history_dir`), or none where it does not exist yet."""
-    return load_history(Path(directory)) if Path(directory).is_dir() else []
+    """The history in `directory` (`wer.history_dir`, resolved by `history_dir_for`), or none
+    where it does not exist yet (an unresolved "" reads none, not the working folder)."""
+    return load_history(Path(directory)) if str(directory) and Path(directory).is_dir() else []
 
 
 def load_history(directory: Path) -> list[HistoryEntry]:

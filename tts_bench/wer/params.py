@@ -27,6 +27,7 @@ refused), and every margin, delta and history comparison is then in CER points.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from tts_bench.limits import MAX_CONCURRENCY, MAX_PROMPTS, MAX_REPLICAS, MAX_SEED, check_range
@@ -52,7 +53,10 @@ class WerParams:
     mode: Mode = "auto"
     margin_points: float = 3.5  # non-inferiority margin on mean ΔWER, percentage points
     max_failures: int = 0  # per arm; more -> invalid run (exit 5)
-    history_dir: str = "results/wer-history"
+    # "" (default): `wer-history` beside the run's result dir (--result-dir results/runs ->
+    # results/wer-history), so the history follows the runs from any working folder
+    # (`history_dir_for`); a path given is taken as given.
+    history_dir: str = ""
     cache_dir: str = ""  # transcript cache; "" = <tts-bench cache>/transcripts
 
     def __post_init__(self) -> None:
@@ -92,3 +96,8 @@ def _check_sizes(p: WerParams) -> None:
     check_range("wer.concurrency", p.concurrency, 1, MAX_CONCURRENCY)
     check_range("wer.replicas", p.replicas, 1, MAX_REPLICAS)
     check_range("wer.seed", p.seed, 0, MAX_SEED)
+
+
+def history_dir_for(params: WerParams, result_dir: Path) -> str:
+    """`wer.history_dir` as a path: as given when set, else `<result_dir>/../wer-history`."""
+    return params.history_dir or str(Path(result_dir).parent / "wer-history")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tts_bench import progress
 from tts_bench.asr import (
     AsrOptions, AsrProvenance, Transcriber, backend_parallelism, describe_asr, make_transcriber,
 )
@@ -90,10 +91,11 @@ async def generate(
     for arm in arms:
         t0 = time.perf_counter()
         backend = backend_factory(arm.config)
+        progress.task(f"generate {arm.name}", len(prompts))
         out[arm.name] = await generate_arm(
             arm.name, backend, prompts, run.path,
             concurrency=params.concurrency, replicas=params.replicas, timeout_s=timeout_s,
-            seed=params.seed, sink=lambda r: run.append_request(r.to_json()),
+            seed=params.seed, sink=lambda r: (run.append_request(r.to_json()), progress.advance()),
         )
         failed = sum(not r.ok for r in out[arm.name])
         log.info("generated arm %s: %d prompts, %d failed, %.1f s", arm.name, len(prompts), failed,
@@ -182,7 +184,10 @@ def _transcribe_all(gen, run: RunDir, params: WerParams, factory, provenance) ->
     session = AsrSession(options, provenance, factory or make_transcriber,
                          TranscriptCache(cache_dir, setup_key(provenance)), parallel=parallel)
     t0 = time.perf_counter()
-    results = {arm: transcribe_records(recs, run.path, session) for arm, recs in gen.items()}
+    results = {}
+    for arm, recs in gen.items():
+        progress.task(f"transcribe {arm}", len(recs))
+        results[arm] = transcribe_records(recs, run.path, session, progress=lambda _: progress.advance())
     return results, session, time.perf_counter() - t0
 
 

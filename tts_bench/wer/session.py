@@ -19,7 +19,7 @@ import asyncio
 import importlib.util
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from tts_bench.results import RunDir, python_argv
 from tts_bench.shipped import DEFAULT_WER_CONFIG, shipped_config
 from tts_bench.wer import runner
 from tts_bench.wer.gate import check_history_dir, read_history
-from tts_bench.wer.params import WerParams
+from tts_bench.wer.params import WerParams, history_dir_for
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ def run_session(request: WerRequest, *, notify: Callable[[str], None] = log.info
     """See the module docstring; `notify` gets the lines worth saying before phase 1."""
     if request.transcribe_only is not None:
         run, params = open_run(request.transcribe_only, request.config, request.sets)
+        params = replace(params, history_dir=history_dir_for(params, run.path.parent))
         if request.accept:
             try:
                 check_history_dir(params.history_dir)
@@ -109,13 +110,16 @@ def _plan(request: WerRequest, notify: Callable[[str], None]):
 
     arms = load_wer_arms(request.config, request.arms, request.sets, request.base_sets, request.test_sets)
     first = next(iter(arms.values()))
-    params = first.wer
+    params = replace(first.wer, history_dir=history_dir_for(first.wer, request.result_dir))
     shuffle = not (request.disable_shuffle or first.bench.disable_shuffle)
     available = load_prompts(first.prompts.meta)
     prompts = runner.select_wer_prompts(available, params.num_prompts, shuffle=shuffle,
                                         seed=first.prompts.shuffle_seed)
     check_before_generating(arms, params, prompts)
     history = read_history(params.history_dir)
+    if not Path(params.history_dir).is_dir():
+        notify(f"no WER history at {params.history_dir} (wer.history_dir): no history check this run; "
+               "--accept starts one there")
     if params.mode != "exact":  # say before minutes of synthesis whether the margin is in reach
         notify(prompt_advice(params, len(prompts), available=len(available), history=history).line())
     selection = runner.selection_doc(prompts, num_prompts=len(prompts), shuffle=shuffle)
