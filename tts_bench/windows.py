@@ -217,6 +217,14 @@ def phase_throughputs(run: Any) -> dict[str, dict[str, list[float | None]]]:
             for tier, arms in out.items()}
 
 
+def window_throughputs(run: Any) -> dict[tuple[str, str, int], float]:
+    """(tier, arm, repeat) -> the window throughput of each valid duration-mode phase: the
+    figures `tts_bench.ab.throughput.block_throughputs` prefers to its count-mode estimate from
+    the requests (audio counted by chunk arrival inside the window, not by request)."""
+    return {(tier, arm, repeat): float(p["throughput"]) for (arm, tier, repeat), p in measured_phases(run).items()
+            if p.get("mode") == "duration" and not p.get("invalid_reason") and p.get("throughput")}
+
+
 def complete_phase_ids(run_dir: Any) -> set[str]:
     """phase_id of every phase with a record (duration mode: a phase without one was cut short
     and is run again on --resume; its requests are not measured)."""

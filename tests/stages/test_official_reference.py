@@ -32,10 +32,12 @@ from tts_bench.reference import official
 from tts_bench.reference.official import OfficialUnavailable, build_official, official_available, upstream_formulation
 
 # Measured max |delta| over seeds 0-2 (results/cpu/official_deviation_tiny*.json) -> tolerance.
-DIT_CALL_TOL = 2.5e-6  # measured 6.0e-7 (velocity up to 2.3)
-FLOW_MEL_TOL = 6e-6  # measured 1.4e-6 (mel up to 5.1), SNR 132-136 dB
-FLOW_MEL_SNR_DB = 120.0
-HIFT_AUDIO_TOL = 1e-7  # measured 2.2e-8 (audio up to 0.09), SNR 142-144 dB
+# Measured with the scale-keeping random weights (D-INIT-1), which carry a perturbation further
+# than the modules' own init did (then: mel 1.4e-6, 132-136 dB; audio 2.2e-8).
+DIT_CALL_TOL = 5e-6  # measured 1.2e-6 (velocity up to 4.7)
+FLOW_MEL_TOL = 5e-5  # measured 1.2e-5 (mel up to 7.0), SNR 116-119 dB
+FLOW_MEL_SNR_DB = 110.0
+HIFT_AUDIO_TOL = 8e-7  # measured 1.8e-7 (audio up to 0.99), SNR 141-143 dB
 ISTFT_TOL = 1e-6  # measured 1.8-2.4e-7 at unit scale (output up to ~1.1)
 
 

@@ -86,3 +86,11 @@ def test_resume_runs_a_cut_duration_phase_again_and_measures_only_the_new_attemp
     others = sum(r.ok for r in read_records(run) if not r.warmup and r.arm == cut["arm"] and r.repeat != cut["repeat"])
     assert resumed.result.tiers[0].arms[cut["arm"]].completed == ok + others  # the cut attempt is left out
     assert resumed.result.valid
+
+
+def test_the_throughput_verdict_of_a_duration_run_compares_the_window_figures(tmp_path):
+    s = _session(tmp_path, *WINDOW)
+    windows = phase_throughputs(s.run_dir)["2x1"]
+    tier = s.result.tiers[0]
+    for arm in ("base", "test"):
+        assert [tier.block_throughputs[arm][r] for r in (0, 1)] == windows[arm]

@@ -35,6 +35,7 @@ from tts_bench.metrics import Aggregates, aggregate
 from tts_bench.records import RequestRecord, read_records
 from tts_bench.results import RunDir
 from tts_bench.stats import ALPHA, Comparison, compare
+from tts_bench.windows import window_throughputs
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ def summarize_ab(
             by_tier_arm[(r.tier, r.arm)].append(r)
     names = tuple(arms)
     bench = arms[names[0]].bench
-    thr = block_throughputs(records)
+    thr = block_throughputs(records, windows=window_throughputs(run_dir))
     results = [
         _tier_result(tier.label, {a: by_tier_arm[(tier.label, a)] for a in names}, bench, calibration,
                      thr.get(tier.label, {}))
