@@ -162,3 +162,16 @@ def test_memory_is_gated_when_the_case_samples_it(tmp_path):
     result, status = gate(path, out, tmp_path, "--format", "json")
     rows = {r["metric"]: r for r in json.loads(result.stdout)["rows"]}
     assert rows["peak_mem_mib"]["better"] == "lower" and rows["steady_mem_mib"]["n_current"] > 0
+
+
+def test_a_gate_run_set_to_duration_mode_runs_duration_phases_not_a_silent_count(case, baseline, tmp_path):
+    from tts_bench.records import read_records
+    from tts_bench.results import RunDir
+
+    before = set((tmp_path / "runs").iterdir())
+    gate(case, baseline, tmp_path, "--set", "bench.duration_s=0.3", "--set", "bench.window_s=0.1",
+         "--set", "bench.ramp_s=0.05", "--report-only")
+    (run,) = set((tmp_path / "runs").iterdir()) - before
+    records = read_records(RunDir.open(run))
+    measured = [r for r in records if not r.warmup]
+    assert measured and all(r.window == "window" for r in measured)  # sent inside the measured window

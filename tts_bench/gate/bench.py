@@ -19,9 +19,10 @@ from tts_bench.config import BenchConfig, Tier, config_hash, config_to_dict, par
 from tts_bench.gate.case import ResolvedCase
 from tts_bench.gate.samples import sut_hash
 from tts_bench.phases import run_fresh_phase
-from tts_bench.prompts import plan_jobs, select_bench_prompts
+from tts_bench.prompts import cycle_jobs, plan_jobs, select_bench_prompts
 from tts_bench.records import PhaseLabels
 from tts_bench.results import RunDir, python_argv
+from tts_bench.windows import WindowPlan
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ def run_case(rc: ResolvedCase, *, profile: str, result_dir: Path) -> RunDir:
     run = _create_run(rc, profile, Path(result_dir))
     hooks = _mem_hooks(rc, run)
     bench = rc.config.bench
+    window = WindowPlan.from_bench(bench)  # `--set bench.duration_s=S`: duration-mode phases, as ab runs them
 
     async def main() -> None:
         for tier in tiers:
@@ -83,7 +85,9 @@ def run_case(rc: ResolvedCase, *, profile: str, result_dir: Path) -> RunDir:
                 labels = PhaseLabels(rc.arm, tier.label, repeat)
                 jobs = plan_jobs(prompts, labels, seed=bench.seed, warmup=bench.warmup_for(tier.concurrency),
                                  voices=rc.config.prompts.voices)
-                await run_fresh_phase(rc.config, tier, labels, jobs, run_dir=run, hooks=hooks)
+                if window is not None:  # duration mode: the prompts cycle through the window
+                    jobs = (jobs[0], cycle_jobs(prompts, labels, seed=bench.seed, voices=rc.config.prompts.voices))
+                await run_fresh_phase(rc.config, tier, labels, jobs, run_dir=run, hooks=hooks, window=window)
 
     with run.finishing():  # an error or Ctrl-C leaves the run failed / interrupted, not running
         asyncio.run(main())
