@@ -48,11 +48,13 @@ MODES = {  # name -> code2wav extra flags (on top of FP32)
     "3xTF32 DiT linears": {"code2wav_dit_tf32x3": True},
     "Triton attention (3xTF32)": {"code2wav_triton_attention": True},
     "default (both 3xTF32)": {"code2wav_dit_tf32x3": True, "code2wav_triton_attention": True},
+    "tf32 conv (cuDNN only)": {"token2wav_allow_tf32": "conv"},
     "tf32 flow": {"token2wav_allow_tf32": "flow"},
     "tf32 all": {"token2wav_allow_tf32": "all"},
     "bf16 DiT": {"code2wav_dit_dtype": "bfloat16"},
 }
-CUDA_ONLY = ("3xTF32 DiT linears", "Triton attention (3xTF32)", "default (both 3xTF32)", "tf32 flow", "tf32 all")
+CUDA_ONLY = ("3xTF32 DiT linears", "Triton attention (3xTF32)", "default (both 3xTF32)", "tf32 conv (cuDNN only)", "tf32 flow",
+             "tf32 all")
 RAN = ("tf32_mode", "dit_dtype", "dit_gemm", "dit_attention", "dit_norm", "dit_conv")  # describe() facts kept
 
 
@@ -162,7 +164,7 @@ def main() -> int:
     lines = [f"Reference: {ref['name']}. Device: {device}. Dims: {dims}, {args.streams} requests x "
              f"{args.chunks} chunks + a 7-code tail. Lossy: mel SNR below {fd.LOSSY_MEL_SNR_DB:g} dB.",
              "Audio: each mode's mel through the project's HiFT with the reference's NSF source. "
-             "Random weights: the mel is noise-like and, at tiny dims, barely reaches the audio.", "",
+             "Random weights (scale-keeping, D-INIT-1): the mel is noise-like and reaches the audio.", "",
              *table(rows)]
     print("\n".join(lines), file=sys.stderr)
     name = args.name or f"precision_drift_{which}_{dims}"

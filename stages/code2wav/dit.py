@@ -49,10 +49,11 @@ CONV_CACHE_FRAMES = _CONV_KERNEL - 1  # causal history per conv in the block's c
 
 # Measured deviation from the official formulation (upstream computes `x * (1 + scale) + shift`
 # and `x + gate * y`, two roundings each; on the CPU `addcmul` fuses the multiply-add and rounds
-# once, never farther from the exact value): 9.5e-7 max apart at unit scale for both; one
-# estimator call 8.3e-7 (full dims) / 6.0e-7 (tiny); the streamed flow mel 2.6e-6, 127 dB SNR
-# (full) / 1.4e-6 (tiny), together with the float64 host t schedule and the one-row adaLN GEMMs
-# (cfm.py) and up_embed's transposed input (flow_encoder.py); with those undone too, bit-exact. results/cpu/official_deviation_{full,tiny}*.json,
+# once, never farther from the exact value): 9.5e-7 max apart at unit scale for both. With the
+# scale-keeping random weights (D-INIT-1): one estimator call 1.9e-6 (full dims) / 1.2e-6 (tiny);
+# the streamed flow mel 2.2e-5, 108 dB SNR (full) / 1.2e-5, 116-119 dB (tiny), together with the
+# float64 host t schedule and the one-row adaLN GEMMs (cfm.py) and up_embed's transposed input
+# (flow_encoder.py); with those undone too, bit-exact. results/cpu/official_deviation_{full,tiny}*.json,
 # tests/stages/test_official_reference.py. Kept: one launch instead of two per branch.
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale_plus_one: torch.Tensor) -> torch.Tensor:
     """x * (1 + scale) + shift in one kernel; the modulation rows carry (1 + scale) already."""

@@ -279,7 +279,8 @@ class UpsampleConformerEncoderV2(nn.Module):
             new_att1.append(c)
         up, new_cnn2 = self.up_layer(xs.transpose(1, 2), cnn_cache[:, :, pre_frames:])
         # A transposed view, where upstream makes it contiguous first: at full width the CPU's GEMM
-        # then sums in another order (2.4e-6 apart; results/cpu/official_deviation_full.json).
+        # then sums in another order (2.4e-6 apart at full width, measured by swapping it alone;
+        # the whole flow: results/cpu/official_deviation_full.json).
         xs = self.up_embed(up.transpose(1, 2))
         stride = self.up_layer.stride
         pos = self.pos_table.window(offset1 * stride + xs.shape[1], xs)
