@@ -66,7 +66,7 @@ def test_ab_junit_has_one_case_per_tier_and_metric_and_slower_passes_by_default(
     assert status == ExitStatus.OK, result.output
     root = check_junit_schema(junit)
     cases = root.findall("testsuite/testcase")
-    assert sorted(c.get("name") for c in cases) == ["4x1.audio_rtf", "4x1.audio_ttfp_ms"]
+    assert sorted(c.get("name") for c in cases) == ["4x1.audio_rtf", "4x1.audio_throughput", "4x1.audio_ttfp_ms"]
     rtf = next(c for c in cases if c.get("name") == "4x1.audio_rtf")
     assert rtf.find("failure") is None and rtf.findtext("system-out").startswith("slower: +")
 
