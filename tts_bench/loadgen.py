@@ -35,7 +35,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,7 +199,10 @@ async def run_phase(
 
         await asyncio.gather(*(worker() for _ in range(min(concurrency, queue.qsize()))))
     else:
-        await _open_loop(todo, arrivals, concurrency, t0, send, skip_ids)
+        # A skipped job (resume) keeps its arrival slot, unsent.
+        due = ((t0 + at, lambda job=job: job) for job, at in zip(todo, arrivals)
+               if job.request.request_id not in skip_ids)
+        await send_on_schedule(due, concurrency, send)
     wall = time.perf_counter() - t0
     failed = sum(not r.ok for r in records)
     log.debug("%s %s r%d: %d requests, %d failed, %.2f s", labels.arm, labels.tier,
@@ -214,10 +217,13 @@ async def sleep_until(t: float) -> None:
         await asyncio.sleep(delay)
 
 
-async def _open_loop(jobs: list[Job], arrivals: Iterator[float], concurrency: int, t0: float,
-                     send: Callable, skip_ids) -> None:
-    """Job k is due at t0 + its arrival offset; it waits for a slot (at most `concurrency` in
-    flight) and is sent then. A skipped job (resume) keeps its arrival slot, unsent."""
+async def send_on_schedule(
+    due: Iterable[tuple[float, Callable[[], Job]]], concurrency: int, send: Callable, *,
+    wait_until: Callable[[float], Awaitable[None]] = sleep_until, going: Callable[[], bool] = lambda: True,
+) -> None:
+    """Open loop, for count and duration phases alike: each (perf_counter time, job maker) waits
+    for its time, then for a slot (at most `concurrency` in flight), and is sent; the job is made
+    only once it is sent. Stops sending as soon as `going()` is false (a closing window)."""
     slots = asyncio.Semaphore(concurrency)
     tasks = []
 
@@ -227,12 +233,15 @@ async def _open_loop(jobs: list[Job], arrivals: Iterator[float], concurrency: in
         finally:
             slots.release()
 
-    for job, at in zip(jobs, arrivals):
-        if job.request.request_id in skip_ids:
-            continue
-        await sleep_until(t0 + at)
+    for at, make in due:
+        await wait_until(at)
+        if not going():
+            break
         await slots.acquire()
-        tasks.append(asyncio.create_task(run(job)))
+        if not going():
+            slots.release()
+            break
+        tasks.append(asyncio.create_task(run(make())))
     await asyncio.gather(*tasks)
 
 

@@ -111,29 +111,18 @@ async def run_timed_phase(
 
 
 async def _dispatch(live: _Live, job_at, positions, arrivals, send) -> None:
-    """Open loop: each arrival waits for a slot (at most C in flight), then is sent."""
-    slots = asyncio.Semaphore(live.concurrency)
-    tasks = []
+    """Open loop: each arrival waits for a slot (at most C in flight), then is sent, until the
+    phase stops sending (`loadgen.send_on_schedule`)."""
+    from tts_bench.loadgen import send_on_schedule  # loadgen imports this module when it runs a window
 
-    async def run(job: Job) -> None:
-        try:
-            await send(job)
-        finally:
-            slots.release()
-
-    for at in arrivals:
-        delay = live.t0 + at - time.perf_counter()
-        if delay > 0:  # the next arrival, unless the phase stops sending first
+    async def wait_until(t: float) -> None:  # the next arrival, unless the phase stops sending first
+        delay = t - time.perf_counter()
+        if delay > 0:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(live.stopped.wait(), delay)
-        if not live.sending:
-            break
-        await slots.acquire()
-        if not live.sending:
-            slots.release()
-            break
-        tasks.append(asyncio.create_task(run(job_at(next(positions)))))
-    await asyncio.gather(*tasks)
+
+    due = ((live.t0 + at, lambda: job_at(next(positions))) for at in arrivals)
+    await send_on_schedule(due, live.concurrency, send, wait_until=wait_until, going=lambda: live.sending)
 
 
 async def _control(live: _Live, plan: WindowPlan, *, closed: bool) -> tuple[float, float, str | None]:
