@@ -51,7 +51,8 @@ from tts_bench.calibration import (  # noqa: E402
 )
 from tts_bench.gate.calibrate import loo_false_verdicts  # noqa: E402
 from tts_bench.holm import apply_holm  # noqa: E402
-from tts_bench.stats import CalibratedSpread, clopper_pearson, compare  # noqa: E402
+from tts_bench.stats import CalibratedSpread, compare  # noqa: E402
+from scripts._aa import fmt_rate, rate  # noqa: E402
 
 METRICS = ("audio_rtf", "audio_ttfp_ms", "audio_throughput")
 CALLED = ("faster", "slower")
@@ -148,11 +149,6 @@ def one_aa(blocks: int, load: float, cal, rng: np.random.Generator, *, quiet_max
     return out
 
 
-def rate(count: int, n: int) -> dict:
-    lo, hi = clopper_pearson(count, n)
-    return {"count": count, "of": n, "rate": count / n, "ci95": [lo, hi]}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=1000, help="simulated A/As per repeat count")
@@ -194,10 +190,6 @@ def main() -> None:
                                                                    for w in ("before", "after")} for c in cells}))
 
 
-def _fmt(r: dict) -> str:
-    return f"{100 * r['rate']:.1f}% [{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}]"
-
-
 def to_markdown(doc: dict) -> str:
     lines = [f"**A/A false verdicts, before / after the verdict rules** ({doc['runs_per_cell']} simulated A/As "
              f"per row, 3 tiers x RTF / TTFP / throughput each, min effect {doc['min_effect_pct']:g}%, seed "
@@ -208,8 +200,8 @@ def to_markdown(doc: dict) -> str:
     for c in doc["cells"]:
         for w in ("before", "after"):
             r = c[w]
-            lines.append(f"| {c['repeats']} | x{c['load_scale']:g} | {w} | {_fmt(r['audio_rtf'])} | "
-                         f"{_fmt(r['audio_ttfp_ms'])} | {_fmt(r['audio_throughput'])} | {_fmt(r['any'])} |")
+            cells = " | ".join(fmt_rate(r[m], counts=False) for m in ("audio_rtf", "audio_ttfp_ms", "audio_throughput", "any"))
+            lines.append(f"| {c['repeats']} | x{c['load_scale']:g} | {w} | {cells} |")
     return "\n".join(lines) + "\n"
 
 

@@ -35,7 +35,8 @@ from tts_bench.ab.summary import _by_repeat  # noqa: E402
 from tts_bench.config import config_to_dict, load_config, parse_tiers  # noqa: E402
 from tts_bench.records import read_records  # noqa: E402
 from tts_bench.results import RunDir, load_avg  # noqa: E402
-from tts_bench.stats import clopper_pearson, compare  # noqa: E402
+from tts_bench.stats import compare  # noqa: E402
+from scripts._aa import fmt_rate, rate  # noqa: E402
 
 SYNTH = ["backend=synthetic", "synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",
          "synthetic.first_chunk_delay_s=0.003", "synthetic.chunk_delay_s=0.003", "bench.warmup=1"]
@@ -76,11 +77,6 @@ def one_aa(blocks: int, num_prompts: int, tmp: Path) -> dict[str, dict[str, bool
     return {w: {**d, "any": any(d.values())} for w, d in (("before", before), ("after", after))}
 
 
-def rate(count: int, n: int) -> dict:
-    lo, hi = clopper_pearson(count, n)
-    return {"count": count, "of": n, "rate": count / n, "ci95": [lo, hi]}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=100)
@@ -115,10 +111,6 @@ def main() -> None:
                       for c in cells}))
 
 
-def _fmt(r: dict) -> str:
-    return f"{r['count']}/{r['of']} = {100 * r['rate']:.1f}% [{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}]"
-
-
 def to_markdown(doc: dict) -> str:
     lines = [f"**Synthetic-backend A/As, false verdicts before / after the verdict rules** (tiers {doc['tiers']}, "
              f"{doc['num_prompts']} prompts, 3 ms chunks, min effect {doc['min_effect_pct']:g}%, "
@@ -129,8 +121,8 @@ def to_markdown(doc: dict) -> str:
     for c in doc["cells"]:
         for w in ("before", "after"):
             r = c[w]
-            lines.append(f"| {c['repeats']} | {w} | {_fmt(r['audio_rtf'])} | {_fmt(r['audio_ttfp_ms'])} | "
-                         f"{_fmt(r['audio_throughput'])} | {_fmt(r['any'])} |")
+            lines.append(f"| {c['repeats']} | {w} | {fmt_rate(r['audio_rtf'])} | {fmt_rate(r['audio_ttfp_ms'])} | "
+                         f"{fmt_rate(r['audio_throughput'])} | {fmt_rate(r['any'])} |")
     return "\n".join(lines) + "\n"
 
 
