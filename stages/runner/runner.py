@@ -10,12 +10,11 @@
     runner.stop()
 
 Topology (DESIGN.md §3): the talker and R code2wav replicas, as 1 + R processes
-(`runner.execution: processes`), a talker process and R threads of another with a device stream
-each (`threads`), or the talker and R replica threads in one process (`single`: one device
-context; `auto` is processes until the H200 A/B decides), placed on `runner.devices`. Several
-processes on one CUDA device share it as `runner.sharing` says: time-sliced contexts, or clients
-of a private MPS daemon this runner starts before its children and quits after them
-(`stages.runner.sharing`; `auto` is mps where it can be). A request
+(`runner.execution: processes`, what `auto` picks), a talker process and R threads of another
+with a device stream each (`threads`), or the talker and R replica threads in one process
+(`single`: one device context), placed on `runner.devices`. Processes on one CUDA device share
+it as `runner.sharing` says: time-sliced contexts, or clients of a private MPS daemon this runner
+starts before its children and quits after them (`stages.runner.sharing`). A request
 is pinned at admission to the replica with the fewest requests in flight (ties: lowest index),
 so its chunks decode in order on one replica and come back straight from it. Each child has its
 own one-way result pipe whose only write end lives in that child; one reader thread waits on all
@@ -182,8 +181,7 @@ class StageRunner:
                  "in %.1f s, %d torch thread(s) per process; %s", self.replicas, self.execution, len(groups),
                  self.sharing, self._sharing.why, time.perf_counter() - t0, threads,
                  ready_phrase(replica.get("code2wav"), deterministic=self.cfg.runner.deterministic))
-        self._reader = threading.Thread(target=self._read_loop, name="stage-runner-reader",
-                                         daemon=True)
+        self._reader = threading.Thread(target=self._read_loop, name="stage-runner-reader", daemon=True)
         self._reader.start()
 
     @property
@@ -280,8 +278,7 @@ class StageRunner:
             if child.process.is_alive():  # children ignore SIGTERM (stages.signals): SIGKILL
                 if timeout_s > 0:
                     doing = "a talker step or flushing its payloads" if child is self._children[0] else "a decode"
-                    log.warning("%s did not stop in %.0f s (still in %s); killing it", child.name, timeout_s,
-                                doing)
+                    log.warning("%s did not stop in %.0f s (still in %s); killing it", child.name, timeout_s, doing)
                 child.process.kill()
                 child.process.join()
         if self._reader is not None:
