@@ -9,6 +9,11 @@ would silently keep a feature on. Every boolean a stage reads from its `extra` g
     >>> read_bool_flag({"token2wav_device_spk": None}, "token2wav_device_spk", True)  # null = unset
     True
 
+Each stage's options are one table of `Option` rows (`stages.talker.options.OPTIONS`,
+`stages.code2wav.options.OPTIONS`): the key, the options field it sets, its default, one line on
+what it does and the standing decision behind the default; the options dataclasses take their
+defaults from it, and tests hold the shipped stage YAMLs to it.
+
 Dependency-free on purpose: both stages and the harness import it.
 """
 
@@ -17,10 +22,28 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 _TRUE = frozenset({"true", "1"})
 _FALSE = frozenset({"false", "0"})
+
+
+@dataclass(frozen=True)
+class Option:
+    """One row of a stage's option table."""
+
+    key: str  # the stage `extra` key
+    field: str | None  # the options dataclass field it sets; None for an alias of another key
+    default: Any  # what a missing key or an explicit null means (with no environment flag set)
+    doc: str  # one line: what it does
+    decision: str | None = None  # the results/decisions.md id that settled the default, if one did
+
+
+def defaults(table: Iterable[Option]) -> dict[str, Any]:
+    """{field: default} of a table's rows that set a field: what the options dataclass's field
+    defaults are made from (`stages.talker.options.TalkerOptions`)."""
+    return {row.field: row.default for row in table if row.field is not None}
 
 
 class FlagError(ValueError):

@@ -1,5 +1,11 @@
 """Code2wav stage `extra` flags, parsed once at construction on every platform (spec §5.6/5.7).
 
+One table, `OPTIONS`, says every key: the `Code2WavOptions` field it sets, its default (the
+dataclass's field defaults are made from it), what it does and the decision behind the default.
+The parsed options are `Code2WavConfig.options`, read once where the stage config is built; every
+consumer (Token2Wav, the prompt builder, the kernel choice in `stages.code2wav.kernels`, the
+memory budget, the profiler) reads them, never the `extra` mapping.
+
 Every key is checked: an unknown key is rejected with the nearest valid name, booleans go
 through `stages.flags.read_bool_flag` (quoted "false" is false, null is the default, junk
 raises), and the TF32 mode is resolved once:
@@ -31,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from stages import flags
-from stages.flags import EnvFlagError, FlagError, read_bool_flag, read_env_opt_out
+from stages.flags import EnvFlagError, FlagError, Option, defaults, read_bool_flag, read_env_opt_out
 
 if TYPE_CHECKING:  # torch only for annotations: config loading (harness) parses these flags
     import torch
@@ -48,21 +54,26 @@ _TF32_TOKENS: dict[str, Tf32Mode] = {
     "all": "all", "true": "all", "1": "all", "yes": "all", "tf32": "all",
 }  # fmt: skip
 
-# Boolean flags this stage reads, with their defaults. `token2wav_device_spk` is consumed by
-# the prompt builder (speaker-embedding placement) but validated here with the others.
-BOOL_FLAGS: dict[str, bool] = {
-    "code2wav_batched_cache_split": True,
-    "token2wav_device_spk": True,
+# The code2wav stage's options, one row a key: the `Code2WavOptions` field it sets, its default
+# (the dataclass's field defaults are made from these rows), one line on what it does and the
+# standing decision (results/decisions.md) behind the default. Booleans first, in parse order.
+BOOL_OPTIONS: tuple[Option, ...] = (
+    Option("code2wav_batched_cache_split", "batched_cache_split", True,
+           "a B-row chunk's flow caches stored by 3 batched copies instead of 3B per-row ones"),
+    # Consumed by the prompt builder (speaker-embedding placement), parsed here with the others.
+    Option("token2wav_device_spk", "device_spk", True,
+           f"CAM++ speaker embedding on the device; false: CPU onnxruntime (env {DEVICE_SPK_ENV}=0 too)"),
     # Replay whole chunks as device graphs on CUDA/NPU (no effect on CPU). On since replicas warm
     # their shapes up before serving: with replica processes on an H200, 3 repeats, mean RTF
     # -9.8 % [-18.4, -0.4] at 64x4 and -25.2 % [-39.5, -7.5] at 32x1, codes identical in every
     # paired request (results/h200/README.md, twelfth part; before the warmup, the fourth part's
     # A/B read +27.2 % [-9.4, +78.6] at 64x4, within noise).
-    "code2wav_device_graph": True,
+    Option("code2wav_device_graph", "device_graph", True, "whole chunks replayed as device graphs (CUDA/NPU)"),
     # With device graphs on: a replica decodes synthetic streams of 1..max_num_seqs rows before
     # it reports ready, so every steady shape is captured before the first request (otherwise
     # each new shape's first chunk pays an eager run plus a capture while serving).
-    "code2wav_graph_warmup": True,
+    Option("code2wav_graph_warmup", "graph_warmup", True,
+           "with device graphs: every steady shape captured before the replica reports ready"),
     # With device graphs and their warmup: one-row final chunks whose caches have settled replay
     # graphs too, one per count of new codes (0..codec_chunk_frames-1), chosen at warmup; other
     # final chunks stay eager (a final chunk's shape varies with its length: too many shapes).
@@ -71,16 +82,18 @@ BOOL_FLAGS: dict[str, bool] = {
     # `single` it read 3.31 against 2.97 while the talker's admissions bounded that tier, 2.17
     # against 2.50 once prefill graphs lifted them (one reading each, no A/B; results/h200/
     # README.md, thirteenth and fourteenth parts). Not measured with replica processes.
-    "code2wav_final_chunk_graphs": False,
+    Option("code2wav_final_chunk_graphs", "final_chunk_graphs", False,
+           "with graphs and their warmup: settled one-row final chunks replay graphs captured at warmup"),
     # The DiT's residual add + LayerNorm + adaLN modulation as one Triton launch instead of three
     # (stages/code2wav/dit_triton.py) on CUDA/NPU; the CPU keeps the eager chain.
-    "code2wav_fused_norm": True,
+    Option("code2wav_fused_norm", "fused_norm", True, "the DiT's norm steps as Triton launches (CUDA/NPU)"),
     # The DiT's causal convs frames-first on CUDA: 2-D convs over the [B, T, C] activations as
     # a channels-last image, so cuDNN runs no layout transforms around them (two a conv, ~800-1,100
     # kernels a chunk); the CPU and an NPU keep the checkpoint's channels-first convs. On an H200
     # a steady chunk took 37.8 against 43.3 ms at 1 request, 419 against 437 at 64 (fp32; bf16
     # 20.5 against 26.3 at 1; results/h200/README.md, fifteenth part).
-    "code2wav_frames_first_conv": True,
+    Option("code2wav_frames_first_conv", "frames_first_conv", True,
+           "the DiT's causal convs without cuDNN layout transforms (CUDA)"),
     # The DiT's fp32 linears as Triton GEMMs with 3xTF32 products on CUDA (stages/code2wav/
     # dit_gemm.py): tensor cores at fp32 accuracy (max error 2-4e-7 of the output's range against
     # fp64, cuBLAS fp32 0.3-2e-6), bias and GELU fused. Acts on CUDA with an fp32 DiT only, and
@@ -88,14 +101,16 @@ BOOL_FLAGS: dict[str, bool] = {
     # time, a steady chunk -21 % at 1 request and -19 % at 64, mean RTF -20.4 % [-28.7, -11.2] at
     # 64x4 over 3 repeats, the mel 0.0001 dB from cuBLAS fp32 (results/h200/README.md,
     # seventeenth part).
-    "code2wav_dit_tf32x3": True,
+    Option("code2wav_dit_tf32x3", "dit_tf32x3", True,
+           "the DiT's fp32 linears as Triton 3xTF32 GEMMs (CUDA, fp32 DiT, no TF32 flow)"),
     # Chunks small enough for attention as GEMMs (code2wav_matmul_attention_requests) run it as
     # one Triton kernel instead (stages/code2wav/dit_flash.py: online softmax, 3xTF32 dots; fp32
     # DiT, CUDA): one launch for five a block-step; on an H200 a steady chunk -3.4 % at 1 request,
     # -2.7 % at 4 (results/h200/README.md, eighteenth part). Larger chunks keep the fused SDPA
     # kernel, which the Triton one did not beat at 8-32 requests. False keeps the GEMMs.
-    "code2wav_triton_attention": True,
-}
+    Option("code2wav_triton_attention", "triton_attention", True,
+           "small chunks' attention as one Triton kernel (CUDA, fp32 DiT)"),
+)
 # Chunks of up to this many requests run the DiT's attention as batched GEMMs on CUDA/NPU
 # (`dit.attention_by_matmul`, fp32 DiT only), larger ones through scaled_dot_product_attention;
 # 0 = always the latter. Small chunks leave a fused attention kernel most of the GPU idle: on an H200 one
@@ -104,12 +119,25 @@ BOOL_FLAGS: dict[str, bool] = {
 MATMUL_ATTENTION_KEY = "code2wav_matmul_attention_requests"
 MATMUL_ATTENTION_DEFAULT = 4
 _MAX_REQUESTS = 4096
-# Non-boolean keys read elsewhere in stage 2: `prompt_wav` (default voice path, prompt builder).
-OTHER_KEYS = frozenset({"prompt_wav"})
 # The CFM estimator's (DiT's) precision, with its caches: float32 (default) or bfloat16.
 DIT_DTYPE_KEY = "code2wav_dit_dtype"
 DIT_DTYPES = ("float32", "bfloat16")
-KNOWN_KEYS = frozenset(BOOL_FLAGS) | {TF32_KEY, TF32_ALIAS, DIT_DTYPE_KEY, MATMUL_ATTENTION_KEY} | OTHER_KEYS
+PROMPT_WAV_KEY = "prompt_wav"
+OPTIONS: tuple[Option, ...] = (
+    *BOOL_OPTIONS,
+    Option(TF32_KEY, "tf32_mode", "off",
+           f"off (no TF32, cuDNN too) | conv | flow | all (stages/precision.py); null: env {TF32_ENV}, the alias",
+           decision="D-PREC-1"),
+    Option(TF32_ALIAS, None, None, f"the older name of {TF32_KEY}, read after the environment"),
+    Option(DIT_DTYPE_KEY, "dit_dtype", "float32", "the CFM estimator and its caches: float32 | bfloat16"),
+    Option(MATMUL_ATTENTION_KEY, "matmul_attention_requests", MATMUL_ATTENTION_DEFAULT,
+           "chunks of up to this many requests: attention as GEMMs (CUDA/NPU, fp32 DiT); 0 = never"),
+    Option(PROMPT_WAV_KEY, "prompt_wav", None,
+           "the default voice's reference audio; null: the packaged voice (the official one with runner.weights)"),
+)
+BOOL_FLAGS: dict[str, bool] = {row.key: row.default for row in BOOL_OPTIONS}
+KNOWN_KEYS = frozenset(row.key for row in OPTIONS)
+_DEFAULTS = defaults(OPTIONS)
 
 
 def parse_request_count(value: Any, *, key: str, default: int) -> int:
@@ -141,6 +169,18 @@ def parse_dit_dtype(value: Any) -> str:
             "extra); write float32 (default) or bfloat16"
         )
     return aliases[name]
+
+
+def parse_prompt_wav(value: Any) -> str | None:
+    """A path (a string; empty = null) or null."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        return os.fspath(value)
+    raise FlagError(
+        f"error: {PROMPT_WAV_KEY} must be a path to an audio file or null, got {value!r} (code2wav stage "
+        "extra); write a path, or null for the packaged voice"
+    )
 
 
 def parse_tf32(value: Any, *, key: str) -> Tf32Mode:
@@ -194,18 +234,24 @@ def check_known_keys(extra: Mapping[str, Any], known: frozenset[str] = KNOWN_KEY
 
 @dataclass(frozen=True)
 class Code2WavOptions:
-    batched_cache_split: bool = True
-    device_spk: bool = True
-    device_graph: bool = True
-    graph_warmup: bool = True  # only acts with device_graph on a device
-    final_chunk_graphs: bool = False  # only acts with device_graph and graph_warmup on a device
-    fused_norm: bool = True  # only acts where Triton runs (CUDA/NPU)
-    frames_first_conv: bool = True  # only acts on CUDA
-    dit_tf32x3: bool = True  # only acts on CUDA with an fp32 DiT and no TF32 GEMMs in the flow
-    triton_attention: bool = True  # only acts on CUDA, fp32 DiT, chunks of matmul-attention size
-    tf32_mode: Tf32Mode = "off"
-    dit_dtype: str = "float32"  # the CFM estimator's dtype (its caches too)
-    matmul_attention_requests: int = MATMUL_ATTENTION_DEFAULT  # only acts on CUDA/NPU
+    """The parsed stage flags (`Code2WavConfig.options`); field defaults are the `OPTIONS` rows'."""
+
+    batched_cache_split: bool = _DEFAULTS["batched_cache_split"]
+    device_spk: bool = _DEFAULTS["device_spk"]
+    device_graph: bool = _DEFAULTS["device_graph"]
+    graph_warmup: bool = _DEFAULTS["graph_warmup"]  # only acts with device_graph on a device
+    # Only acts with device_graph and graph_warmup on a device.
+    final_chunk_graphs: bool = _DEFAULTS["final_chunk_graphs"]
+    fused_norm: bool = _DEFAULTS["fused_norm"]  # only acts where Triton runs (CUDA/NPU)
+    frames_first_conv: bool = _DEFAULTS["frames_first_conv"]  # only acts on CUDA
+    # Only acts on CUDA with an fp32 DiT and no TF32 GEMMs in the flow.
+    dit_tf32x3: bool = _DEFAULTS["dit_tf32x3"]
+    # Only acts on CUDA, fp32 DiT, chunks of matmul-attention size.
+    triton_attention: bool = _DEFAULTS["triton_attention"]
+    tf32_mode: Tf32Mode = _DEFAULTS["tf32_mode"]
+    dit_dtype: str = _DEFAULTS["dit_dtype"]  # the CFM estimator's dtype (its caches too)
+    matmul_attention_requests: int = _DEFAULTS["matmul_attention_requests"]  # only acts on CUDA/NPU
+    prompt_wav: str | None = _DEFAULTS["prompt_wav"]  # the default voice (prompt builder)
 
     @classmethod
     def from_extra(
@@ -214,24 +260,13 @@ class Code2WavOptions:
         extra = extra or {}
         check_known_keys(extra)
         return cls(
-            batched_cache_split=_flag(extra, "code2wav_batched_cache_split"),
-            device_spk=_flag(extra, "token2wav_device_spk"),
-            device_graph=_flag(extra, "code2wav_device_graph"),
-            graph_warmup=_flag(extra, "code2wav_graph_warmup"),
-            final_chunk_graphs=_flag(extra, "code2wav_final_chunk_graphs"),
-            fused_norm=_flag(extra, "code2wav_fused_norm"),
-            frames_first_conv=_flag(extra, "code2wav_frames_first_conv"),
-            dit_tf32x3=_flag(extra, "code2wav_dit_tf32x3"),
-            triton_attention=_flag(extra, "code2wav_triton_attention"),
+            **{row.field: read_bool_flag(extra, row.key, row.default) for row in BOOL_OPTIONS},
             tf32_mode=resolve_tf32_mode(extra, env),
             dit_dtype=parse_dit_dtype(extra.get(DIT_DTYPE_KEY)),
             matmul_attention_requests=parse_request_count(
                 extra.get(MATMUL_ATTENTION_KEY), key=MATMUL_ATTENTION_KEY, default=MATMUL_ATTENTION_DEFAULT),
+            prompt_wav=parse_prompt_wav(extra.get(PROMPT_WAV_KEY)),
         )
-
-
-def _flag(extra: Mapping[str, Any], key: str) -> bool:
-    return read_bool_flag(extra, key, BOOL_FLAGS[key])  # the defaults live in BOOL_FLAGS only
 
 
 def tf32_gemms_in_flow(mode: Tf32Mode) -> bool:
