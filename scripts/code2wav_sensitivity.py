@@ -117,8 +117,7 @@ def official_build(cfg, seed: int) -> Build:
     from tts_bench.reference.official import build_official
 
     dec = build_official(cfg, init="official", seed=seed)
-    prompts = PromptBuilder(cfg, device=torch.device("cpu"), dtype=torch.float32, extra=cfg.extra,
-                            weights_dir=None, init_seed=seed)
+    prompts = PromptBuilder(cfg, device=torch.device("cpu"), dtype=torch.float32, weights_dir=None, init_seed=seed)
 
     def decode(codes: list[int], voice: str | None) -> Decoded:
         pf = prompts.build(voice)

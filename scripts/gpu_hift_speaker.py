@@ -70,8 +70,8 @@ def hift_figures(dev: torch.device) -> dict:
 
 def speaker_figures(dev: torch.device) -> dict:
     fbank = torch.randn(598, 80, generator=torch.Generator().manual_seed(0))  # 6 s of frames
-    on_dev = SpeakerEmbedder(SpeakerConfig(), device=dev, extra={})
-    on_cpu = SpeakerEmbedder(SpeakerConfig(), device=dev, extra={"token2wav_device_spk": False})
+    on_dev = SpeakerEmbedder(SpeakerConfig(), device=dev)
+    on_cpu = SpeakerEmbedder(SpeakerConfig(), device=dev, device_spk=False)
     diff = float((on_dev.embed(fbank) - on_cpu.embed(fbank)).abs().max())
     t0 = time.perf_counter()
     for _ in range(ITERS):

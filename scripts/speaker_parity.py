@@ -46,8 +46,8 @@ def _timed(fn, device: torch.device, reps: int) -> tuple[torch.Tensor, float]:
 
 def parity(meta: str, device: torch.device, reps: int, weights: str | None) -> list[dict]:
     cfg = Code2WavConfig()
-    on_device = SpeakerEmbedder(cfg.speaker, device=device, extra={"token2wav_device_spk": True}, weights_dir=weights)
-    on_cpu = SpeakerEmbedder(cfg.speaker, device=device, extra={"token2wav_device_spk": False}, weights_dir=weights)
+    on_device = SpeakerEmbedder(cfg.speaker, device=device, device_spk=True, weights_dir=weights)
+    on_cpu = SpeakerEmbedder(cfg.speaker, device=device, device_spk=False, weights_dir=weights)
     rows, seen = [], set()
     for prompt in load_prompts(meta):
         if prompt.prompt_wav in seen:  # a voice used by several lines is measured once

@@ -16,7 +16,9 @@ from typing import Literal
 EXECUTIONS = ("auto", "processes", "threads", "single")
 SHARINGS = ("auto", "time-sliced", "mps", "mps-talker-first")
 
+from stages.code2wav import options as code2wav_options
 from stages.code2wav.config import Code2WavConfig
+from stages.talker import options as talker_options
 from stages.talker.config import TalkerConfig
 
 
@@ -138,18 +140,16 @@ class StageConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
 
     def __post_init__(self) -> None:
-        # Parse both stages' flags here as well, so a typo fails when the config is loaded (exit
-        # 2 from the harness), on every platform, before any stage process starts. The stages
-        # parse them again at construction; both parsers are pure, so the results agree. The
-        # environment flags the stage processes read (TALKER_CODEC_FUSED_PRELUDE, ...) are
+        # Parse both stages' flags here, so a typo fails when the config is loaded (exit 2 from
+        # the harness), on every platform, before any stage process starts. This is the one
+        # parse: `talker.options` and `code2wav.options` are cached on first read and what every
+        # consumer reads, in this process and (pickled with the config) in the stage processes.
+        # The environment flags the stage processes read (TALKER_CODEC_FUSED_PRELUDE, ...) are
         # checked here too, and their errors name the variable (stages.flags.EnvFlagError).
-        from stages.code2wav import options as code2wav_options
-        from stages.talker import options as talker_options
-
         talker_options.check_env()
         code2wav_options.check_env()
-        talker_options.TalkerOptions.from_extra(self.talker.extra)
-        code2wav_options.Code2WavOptions.from_extra(self.code2wav.extra)
+        for stage in (self.talker, self.code2wav):
+            _ = stage.options  # parsed (and cached) now, so a typo fails here
 
 
 def replica_groups(execution: str, replicas: int, per_process: int = 1,

@@ -7,8 +7,11 @@ those derived numbers are properties so no module writes `24000 / 480` by hand.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
+
+from stages.code2wav.options import Code2WavOptions
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ class SpeakerConfig:
 
 @dataclass(frozen=True)
 class Code2WavConfig:
-    """Everything stage 2 needs; `extra` holds the strictly parsed stage flags."""
+    """Everything stage 2 needs; `extra` holds the stage flags, `options` them parsed."""
 
     token_rate_hz: int = 25
     mel_bins: int = 80
@@ -117,6 +120,13 @@ class Code2WavConfig:
     hift: HiFTConfig = field(default_factory=HiFTConfig)
     speaker: SpeakerConfig = field(default_factory=SpeakerConfig)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @functools.cached_property
+    def options(self) -> Code2WavOptions:
+        """`extra` parsed (strictly, the environment's TF32 mode included), once: on first read,
+        which for a loaded stage config is its construction (`StageConfig`). The cached value
+        travels with the config (pickled into the stage processes); `replace()` parses anew."""
+        return Code2WavOptions.from_extra(self.extra)
 
     @property
     def mel_rate_hz(self) -> int:

@@ -17,7 +17,7 @@ flow real-shaped, audio-dependent, reproducible prompt tokens.
 Results are cached per (path, content hash) — or per waveform hash for in-memory audio — in a
 small LRU. Voices are decoded by `stages.code2wav.audio` (libsndfile: WAV, FLAC, OGG, MP3).
 
-    builder = PromptBuilder(cfg, device=torch.device("cpu"), dtype=torch.float32, extra={}, weights_dir=None)
+    builder = PromptBuilder(cfg, device=torch.device("cpu"), dtype=torch.float32, weights_dir=None)
     prompt = builder.build(None)          # the packaged default voice
     prompt.tokens.shape, prompt.mel.shape, prompt.spk_embedding.shape   # [150], [300, 80], [192]
 """
@@ -137,17 +137,18 @@ class PromptBuilder:
         *,
         device: torch.device,
         dtype: torch.dtype,
-        extra: dict | None,
         weights_dir: str | None,
         init_seed: int = 0,
         cache_size: int = 8,
     ):
+        """The stage flags it reads (`token2wav_device_spk`, `prompt_wav`) come from `cfg.options`."""
         self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
         self.speaker = SpeakerEmbedder(
-            cfg.speaker, device=self.device, extra=extra, weights_dir=weights_dir, init_seed=init_seed
+            cfg.speaker, device=self.device, device_spk=cfg.options.device_spk, weights_dir=weights_dir,
+            init_seed=init_seed,
         )
         self.tokenizer = self._tokenizer(weights_dir, init_seed)
-        self.default_wav = self._default_wav(extra or {}, weights_dir)
+        self.default_wav = self._default_wav(cfg.options.prompt_wav, weights_dir)
         self._cache: OrderedDict[tuple[str, str], PromptFeatures] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()  # replicas on threads share one builder
@@ -161,9 +162,9 @@ class PromptBuilder:
         return S3OnnxTokenizer(path)
 
     @staticmethod
-    def _default_wav(extra: dict, weights_dir: str | None) -> Path:
-        if extra.get("prompt_wav"):
-            return Path(extra["prompt_wav"])
+    def _default_wav(prompt_wav: str | None, weights_dir: str | None) -> Path:
+        if prompt_wav:
+            return Path(prompt_wav)
         if weights_dir is not None and (Path(weights_dir) / OFFICIAL_DEFAULT_VOICE).is_file():
             return Path(weights_dir) / OFFICIAL_DEFAULT_VOICE
         return DEFAULT_REF_WAV

@@ -1,7 +1,8 @@
 """Speaker embedding for the prompt: CAM++ on the stage device (torch) or on CPU (onnxruntime).
 
-Seed item 2 (DESIGN.md §3): stage extra `token2wav_device_spk` (strict, default true) with env
-opt-out `VLLM_OMNI_DEVICE_SPK=0`, both read once at construction. true -> the torch `CAMPPlus`
+Seed item 2 (DESIGN.md §3): stage extra `token2wav_device_spk` (strict, default true; parsed
+with the stage's options, `Code2WavOptions.device_spk`, and handed in) with env opt-out
+`VLLM_OMNI_DEVICE_SPK=0`, read once at construction. true -> the torch `CAMPPlus`
 on the stage device; false -> onnxruntime CPUExecutionProvider, 1 intra-op thread, ORT_ENABLE_ALL
 (the upstream default). One INFO log line names the branch taken.
 
@@ -20,7 +21,7 @@ Measured on the seeded weights, CPU fp32 (tests/stages/test_speaker.py): max |to
 structural lift is verified against graphs our exporter writes; the official campplus.onnx was
 not available here, so a different structure there falls back to CPU onnxruntime (with a warning).
 
-    emb = SpeakerEmbedder(cfg.speaker, device=torch.device("cpu"), extra={}).embed(fbank)  # [192]
+    emb = SpeakerEmbedder(cfg.speaker, device=torch.device("cpu")).embed(fbank)  # [192]
 """
 
 from __future__ import annotations
@@ -39,11 +40,10 @@ from torch import nn
 from stages.code2wav.campplus import SEG_LEN, CAMPPlus, init_campplus_
 from stages.code2wav.config import SpeakerConfig
 from stages.code2wav.options import DEVICE_SPK_ENV
-from stages.flags import read_bool_flag, read_env_opt_out
+from stages.flags import read_env_opt_out
 
 logger = logging.getLogger(__name__)
 
-DEVICE_SPK_FLAG = "token2wav_device_spk"
 OFFICIAL_ONNX = Path("assets") / "token2wav" / "campplus.onnx"
 ONNX_INPUT = "input"
 
@@ -158,7 +158,7 @@ def lift_campplus_state(path: Path, model: CAMPPlus) -> dict[str, torch.Tensor]:
     def fail(what: str) -> SpeakerWeightsError:
         return SpeakerWeightsError(
             f"error: cannot lift CAM++ weights from the ONNX graph ({path}): {what}; "
-            f"set {DEVICE_SPK_FLAG}: false to run that graph on CPU onnxruntime"
+            "set token2wav_device_spk: false to run that graph on CPU onnxruntime"
         )
 
     graph = onnx.load(str(path)).graph
@@ -216,13 +216,15 @@ class SpeakerEmbedder:
         cfg: SpeakerConfig,
         *,
         device: torch.device,
-        extra: dict | None = None,
+        device_spk: bool = True,
         weights_dir: str | None = None,
         init_seed: int = 0,
     ):
+        """`device_spk`: the parsed stage flag (`Code2WavOptions.device_spk`); the environment's
+        opt-out and weights that cannot be lifted to torch can still put the embedding on the CPU."""
         self.cfg = cfg
         self.device = torch.device(device)
-        want_device = read_bool_flag(extra, DEVICE_SPK_FLAG, True) and not read_env_opt_out(DEVICE_SPK_ENV)
+        want_device = device_spk and not read_env_opt_out(DEVICE_SPK_ENV)
         official = self._official_onnx(weights_dir)
         self._module: CAMPPlus | None = None
         self._session = None

@@ -19,7 +19,8 @@ and last chunks run eagerly (settled one-row last chunks replay graphs captured 
 kernels, so outputs are equal bit for bit for the same batch composition.
 
 A steady 28-code payload gives exactly 50 mel frames = 24000 samples (1.0 s). Stage flags are
-parsed once in __init__ (`options.Code2WavOptions`); TF32 is applied on CUDA only.
+the config's parsed `cfg.options` (`options.Code2WavOptions`, parsed once); TF32 is applied on
+CUDA only.
 
     t2w = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
     for chunk in t2w.decode([CodecPayload("r1", 0, codes, last_chunk=False)]):
@@ -46,7 +47,7 @@ from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.flow_cache import FlowCache
 from stages.code2wav.graph_warmup import warm_graphs
 from stages.code2wav.modules import build_flow, build_hift
-from stages.code2wav.options import Code2WavOptions, tf32_gemms_in_flow, tf32_scope
+from stages.code2wav.options import tf32_gemms_in_flow, tf32_scope
 from stages.code2wav.prompt import PromptBuilder, PromptFeatures
 from stages.code2wav.slots import SlotPool
 from stages.code2wav.streaming import (
@@ -125,7 +126,7 @@ class Token2Wav:
         `shared`: another replica on the same device whose modules, prompt builder and prompt
         setups this one reuses (replicas on threads of one process); state stays per replica."""
         self.cfg = cfg
-        self.options = Code2WavOptions.from_extra(cfg.extra)  # parsed once; typos raise here
+        self.options = cfg.options  # parsed once (here at the latest); typos raise here
         self.device, self.dtype = torch.device(device), dtype
         self.keep_mel = keep_mel
         self._init_seed = init_seed
@@ -177,7 +178,7 @@ class Token2Wav:
         self.hift = build_hift(cfg.hift, seed=seed + 1, weights_dir=weights_dir).to(device=self.device).eval()
         self.hift.init_buffers()
         self._prompts = PromptBuilder(
-            cfg, device=self.device, dtype=self.dtype, extra=cfg.extra, weights_dir=weights_dir, init_seed=seed,
+            cfg, device=self.device, dtype=self.dtype, weights_dir=weights_dir, init_seed=seed,
             cache_size=cfg.prompt_cache_size,
         )
         # Voices by id: registered ones (the default, register_prompt) are kept; voices that

@@ -21,7 +21,6 @@ from stages.code2wav.chunk_decode import PooledAttSteps, store_small_caches
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.flow import EncodedChunk
 from stages.code2wav.flow_cache import AttKeep, trim_conformer_att
-from stages.code2wav.options import Code2WavOptions
 from stages.code2wav.token2wav import Token2Wav
 from stages.config import StageConfig
 from stages.profiling.launches import WARMUP, LaunchCount, count_launches
@@ -31,7 +30,7 @@ SPLIT_FLAG = "code2wav_batched_cache_split"
 
 def split_mode(cfg: Code2WavConfig) -> str:
     """"batched" or "per-row": the cache split the stage config asks for."""
-    return "batched" if Code2WavOptions.from_extra(cfg.extra).batched_cache_split else "per-row"
+    return "batched" if cfg.options.batched_cache_split else "per-row"
 
 
 def with_split(stages: StageConfig, batched: bool) -> StageConfig:

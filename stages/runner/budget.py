@@ -36,7 +36,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stages.code2wav.config import Code2WavConfig
-from stages.code2wav.options import Code2WavOptions
 from stages.config import StageConfig, replica_groups, resolve_execution
 from stages.runner.placement import place
 from stages.talker.config import TalkerConfig
@@ -165,7 +164,7 @@ def estimate_stage_memory(
     # Replica threads of one process share one copy of the modules per device they use.
     copies = sum(len({devices[i] for i in ids}) for ids in (groups or [range(replicas)]))
     in_flight = min(concurrency, r.talker_max_batch)
-    options = Code2WavOptions.from_extra(c.extra)  # the stage flags, parsed as the stage parses them
+    options = c.options  # the stage flags, as the stage reads them
     state = request_state_bytes(c, elem, options.dit_dtype)
     slots = pool_slots(r.max_num_seqs, -(-concurrency // replicas))  # C, not in_flight: see StageRunner
     kv = 2 * t.num_layers * r.talker_max_batch * r.max_seq_len * t.num_kv_heads * t.head_dim * elem

@@ -6,8 +6,11 @@ depths (never the vocabularies, ids or sampling) so CPU runs finish in seconds.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
+
+from stages.talker.options import TalkerOptions
 
 
 @dataclass(frozen=True)
@@ -83,8 +86,15 @@ class TalkerConfig:
     standin_text_vocab: int = 151643
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     length: LengthConfig = field(default_factory=LengthConfig)
-    # Stage `extra` (strictly parsed booleans, e.g. talker_codec_fused_prelude).
+    # Stage `extra` (strictly parsed booleans, e.g. talker_codec_fused_prelude); `options` below.
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @functools.cached_property
+    def options(self) -> TalkerOptions:
+        """`extra` parsed (strictly), once: on first read, which for a loaded stage config is its
+        construction (`StageConfig`). The cached value travels with the config; `replace()`
+        parses anew."""
+        return TalkerOptions.from_extra(self.extra)
 
     @property
     def head_dim(self) -> int:

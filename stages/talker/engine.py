@@ -164,7 +164,7 @@ class TalkerEngine:
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         self.init_seed = init_seed
         # Stage flags first: a typo fails before any weights are built (seed item 4).
-        opts = options.TalkerOptions.from_extra(cfg.extra)
+        opts = cfg.options
         fused = opts.fused_prelude
         self.model = build_model(
             cfg, device=device, dtype=dtype, init_seed=init_seed, weights_dir=weights_dir

@@ -95,8 +95,7 @@ def test_flac_is_lossless_and_ogg_and_mp3_decode_close_to_the_speech():
 def test_a_flac_voice_gives_the_same_prompt_as_its_wav(tmp_path):
     speech, rate = decode_audio(SPEECH[1])
     (tmp_path / "v.flac").write_bytes(_encoded(speech, rate, "FLAC", "PCM_16"))
-    builder = PromptBuilder(Code2WavConfig(), device=torch.device("cpu"), dtype=torch.float32, extra={},
-                            weights_dir=None)
+    builder = PromptBuilder(Code2WavConfig(), device=torch.device("cpu"), dtype=torch.float32, weights_dir=None)
     a, b = builder.build(SPEECH[1]), builder.build(tmp_path / "v.flac")
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mel, b.mel)
     assert torch.equal(a.spk_embedding, b.spk_embedding)

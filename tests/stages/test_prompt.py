@@ -3,6 +3,7 @@ voice itself: tests/stages/test_audio.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 
@@ -24,10 +25,11 @@ from stages.code2wav.prompt import (
 CFG = Code2WavConfig()
 
 
-def _builder(**kw) -> PromptBuilder:
-    args = dict(device=torch.device("cpu"), dtype=torch.float32, extra={}, weights_dir=None)
+def _builder(extra: dict | None = None, **kw) -> PromptBuilder:
+    """A builder for a code2wav stage with this `extra` (it reads the parsed `cfg.options`)."""
+    args = dict(device=torch.device("cpu"), dtype=torch.float32, weights_dir=None)
     args.update(kw)
-    return PromptBuilder(CFG, **args)
+    return PromptBuilder(dataclasses.replace(CFG, extra=extra or {}), **args)
 
 
 def _tone(freq: float, sr: int, seconds: float) -> torch.Tensor:

@@ -11,6 +11,7 @@ import torch
 
 from stages.code2wav.campplus import CAMPPlus, init_campplus_
 from stages.code2wav.config import SpeakerConfig
+from stages.code2wav.options import Code2WavOptions
 from stages.code2wav.speaker import (
     DEVICE_SPK_ENV,
     SpeakerEmbedder,
@@ -35,7 +36,9 @@ def cache_home(tmp_path_factory):
 
 
 def _embedder(extra: dict, weights_dir: str | None = None) -> SpeakerEmbedder:
-    return SpeakerEmbedder(SpeakerConfig(), device=torch.device("cpu"), extra=extra, weights_dir=weights_dir)
+    """The embedder a code2wav stage with this `extra` builds: the flag parsed as the stage parses it."""
+    device_spk = Code2WavOptions.from_extra(extra).device_spk
+    return SpeakerEmbedder(SpeakerConfig(), device=torch.device("cpu"), device_spk=device_spk, weights_dir=weights_dir)
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +122,8 @@ def test_unliftable_graph_raises_and_missing_file_is_a_typed_error(cache_home, t
 
 @pytest.mark.gpu
 def test_cuda_torch_path_matches_onnxruntime(cache_home, fbank):
-    dev = SpeakerEmbedder(SpeakerConfig(), device=torch.device("cuda"), extra={})
-    ort = SpeakerEmbedder(SpeakerConfig(), device=torch.device("cuda"), extra={"token2wav_device_spk": False})
+    dev = SpeakerEmbedder(SpeakerConfig(), device=torch.device("cuda"))
+    ort = SpeakerEmbedder(SpeakerConfig(), device=torch.device("cuda"), device_spk=False)
     a, b = dev.embed(fbank), ort.embed(fbank)
     assert a.device.type == b.device.type == "cuda"
     # TF32 may be on for convs on the device: a looser bound than the CPU fp32 comparison.
