@@ -6,12 +6,16 @@ a causal conv block (conv-LN-Mish-conv, 2-frame caches) and a GELU-tanh MLP, eac
 adaLN shift/scale/gate rows from the timestep embedding (order msa, mlp, conv).
 
 Between branches, the gated residual add, the next non-affine LayerNorm and its modulation are
-one step (`residual_norm_modulate_eager`, or with `select_norm` its one-launch Triton twin in
-`dit_triton`): blocks are chained, each handing the next its normalised attention input.
-Attention runs through `scaled_dot_product_attention`, or for chunks of few rows on a GPU/NPU
-as batched GEMMs (`select_attention`, `attention_by_matmul`). The linears (in_proj, q|k|v, proj,
-fc1 + GELU, fc2, final) go through one function, `torch_linear`, or on CUDA with `select_gemm`
-its Triton twin with 3xTF32 products (`dit_gemm.linear`).
+one step (`residual_norm_modulate_eager`, or its one-launch Triton twin in `dit_triton`): blocks
+are chained, each handing the next its normalised attention input. Attention runs through
+`scaled_dot_product_attention`, or for chunks of few rows as batched GEMMs
+(`attention_by_matmul`) or one Triton kernel (`dit_flash`). The linears (in_proj, q|k|v, proj,
+fc1 + GELU, fc2, final) go through one function, `torch_linear`, or a twin of it (cuBLASLt's GELU
+epilogue, or Triton GEMMs with 3xTF32 products, `dit_gemm.linear`).
+
+Which of those run is not decided here: `stages.code2wav.kernels.resolve` chooses them from the
+stage options, the device and the dtype, and `DiT.use_kernels` wires its choice in. Until then
+a DiT runs the torch references (eager norm steps, SDPA, channels-first convs, `torch_linear`).
 
 Streaming: queries are the current chunk; keys/values are `[current | cache]` (new K/V in
 *front* of the cache, the upstream convention the trim ranges rely on). Per block caches:
@@ -24,25 +28,26 @@ Module names follow the official checkpoint (`decoder.estimator.blocks.0.attn.to
 `...conv.block.1.weight`, `...adaLN_modulation.1.weight`), so `flow.pt` loads without renames.
 
     dit = DiT(DiTConfig())
+    dit.use_kernels(kernels.resolve(options, dit.cfg, device, torch.float32))  # optional
     out = dit.forward_chunk(x_in, t, cnn_cache=None, att_cache=None)  # x_in: [2B, 320, T]
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from stages.code2wav.config import DiTConfig
-from stages.platform import compile_failure, is_cpu, is_cuda
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from stages.code2wav.kernels import DiTKernels
 
-_MOD_LN_EPS = 1e-6  # the non-affine LayerNorms before modulation
+MOD_LN_EPS = 1e-6  # the non-affine LayerNorms before modulation
 _CONV_KERNEL = 3
 CONV_CACHE_FRAMES = _CONV_KERNEL - 1  # causal history per conv in the block's cache
 
@@ -66,50 +71,21 @@ def gated(x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, gelu: bool = False):
-    """`F.linear` (then GELU-tanh when `gelu`): the DiT's linears unless `DiT.select_gemm` swaps in
-    the Triton twin (`dit_gemm.linear`, same signature). On CUDA, with the GELU, bias and
-    activation are cuBLASLt's GEMM epilogue (`_addmm_activation`): one launch fewer. Elsewhere
-    the GELU is applied apart: torch's CPU `_addmm_activation` applies the exact (erf) GELU,
-    not the tanh one the checkpoint's MLP uses (4.7e-4 apart at unit scale)."""
+    """`F.linear` (then GELU-tanh when `gelu`): the DiT's linears unless `use_kernels` wires in a
+    twin with the same signature (`kernels.torch_linear_epilogue` on CUDA: the GELU as cuBLASLt's
+    epilogue; `dit_gemm.linear`: Triton 3xTF32)."""
     if not gelu:
         return F.linear(x, weight, bias)
-    if not is_cuda(x.device):
-        return F.gelu(F.linear(x, weight, bias), approximate="tanh")
-    *lead, c = x.shape
-    out = torch._addmm_activation(bias, x.reshape(-1, c), weight.t(), use_gelu=True)
-    return out.view(*lead, weight.shape[0])
-
-
-def _tf32x3_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why the 3xTF32 Triton kernels (`dit_gemm`, `dit_flash`) cannot run for a DiT of `dtype` on
-    `device`, or None: fp32 only, on CUDA with TF32 tensor cores (the CPU only under
-    TRITON_INTERPRET=1, for tests; an NPU keeps its own kernels: 3xTF32 is a CUDA scheme)."""
-    from stages.platform import tf32_tensor_cores, triton_unavailable_reason
-
-    if dtype != torch.float32:
-        return f"the DiT is {str(dtype).removeprefix('torch.')}"
-    if not (is_cuda(device) or is_cpu(device)):
-        return f"not CUDA ({device.type})"
-    if is_cuda(device) and not tf32_tensor_cores(device):
-        return "no TF32 tensor cores (CUDA compute capability below 8.0)"
-    return triton_unavailable_reason(device)
+    return F.gelu(F.linear(x, weight, bias), approximate="tanh")
 
 
 def residual_norm_modulate_eager(x, gate, y, shift, scale, *, eps: float):
     """(x + gate * y, LN(x + gate * y) * scale + shift): the step between two branches of a block
     (no residual when gate is None), as three torch ops. Returns (new x, modulated activation).
-    `stages.code2wav.dit_triton.residual_norm_modulate` is the one-launch twin (x updated in place)."""
+    `stages.code2wav.kernels.residual_norm_modulate_fused` is the one-launch twin (x updated in place)."""
     if gate is not None:
         x = gated(x, gate, y)
     return x, modulate(F.layer_norm(x, (x.shape[-1],), eps=eps), shift, scale)
-
-
-def _residual_norm_modulate_fused(x, gate, y, shift, scale, *, eps: float):
-    from stages.code2wav.dit_triton import residual_norm_modulate
-
-    if not x.is_contiguous():  # the kernel updates x in place, so it needs its own dense copy
-        x = x.contiguous()
-    return x, residual_norm_modulate(x, gate, y, shift, scale, eps=eps)
 
 
 # Per block: (shift, 1 + scale, gate) for msa, then mlp, then conv; each [rows | 1, 1, C].
@@ -187,10 +163,11 @@ class Attention(nn.Module):
         self.q_norm = nn.LayerNorm(cfg.head_dim)
         self.k_norm = nn.LayerNorm(cfg.head_dim)
         self.proj = nn.Linear(inner, cfg.hidden_size)
-        self.fused = False  # DiT.select_norm: one q|k|v GEMM + the Triton q/k norm and cache write
-        self.matmul_rows = 0  # DiT.select_attention: up to this many rows, attention_by_matmul
-        self.flash = None  # DiT.select_attention: those rows through `dit_flash.attention` instead
-        self.gemm = torch_linear  # DiT.select_gemm may swap in the Triton twin
+        # DiT.use_kernels: one q|k|v GEMM + this Triton q/k norm and cache write (`dit_triton`).
+        self.qk_norm_to_cache = None
+        self.matmul_rows = 0  # DiT.use_kernels: up to this many rows, attention_by_matmul
+        self.flash = None  # DiT.use_kernels: those rows through `dit_flash.attention` instead
+        self.gemm = torch_linear  # DiT.use_kernels may wire in a twin
         self._qkv: tuple | None = None  # (key, weight, bias): the three projections concatenated
         self._qkv_retired: list[tuple] = []  # earlier copies, kept alive for graphs that read them
 
@@ -221,11 +198,9 @@ class Attention(nn.Module):
         out_cache: torch.Tensor,  # [B, H, T+L, 2D] destination of the new cache
     ) -> torch.Tensor:
         t = x.shape[1]
-        if self.fused:  # one GEMM and one launch for the six steps below
-            from stages.code2wav.dit_triton import qk_norm_to_cache
-
+        if self.qk_norm_to_cache is not None:  # one GEMM and one launch for the six steps below
             qkv = self.gemm(x, *self.qkv_projection())
-            q = qk_norm_to_cache(qkv, self.q_norm, self.k_norm, out_cache, self.h).transpose(1, 2)
+            q = self.qk_norm_to_cache(qkv, self.q_norm, self.k_norm, out_cache, self.h).transpose(1, 2)
         else:
             # The head LayerNorms run on the contiguous [B, T, H, D] view and are transposed after
             # (LayerNorm over D is the same either way): no contiguous copy of a transposed input.
@@ -271,7 +246,7 @@ class CausalConvBlock(nn.Module):
 
     Two layouts, the same function: channels-first as the checkpoint's Transposes say (the CPU;
     cuDNN brackets each such conv with two layout-transform kernels), or frames-first all the way
-    (`frames_first`, set by `DiT.select_conv_layout` on CUDA): the [B, T, C] activations are
+    (`frames_first`, set by `DiT.use_kernels`, on CUDA): the [B, T, C] activations are
     already the channels-last layout of a [B, C, 1, T] image, so a 2-D conv over that view with a
     channels-last weight runs without transforms and writes [B, T, C] directly."""
 
@@ -347,7 +322,7 @@ class MLP(nn.Module):
         self.fc1 = nn.Linear(dim, hidden)
         self.act = nn.GELU(approximate="tanh")
         self.fc2 = nn.Linear(hidden, dim)
-        self.gemm = torch_linear  # DiT.select_gemm may swap in the Triton twin
+        self.gemm = torch_linear  # DiT.use_kernels may wire in a twin
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # fc1 + bias + GELU(tanh) as one GEMM with an activation epilogue: the same function as
@@ -360,11 +335,11 @@ class DiTBlock(nn.Module):
     def __init__(self, cfg: DiTConfig) -> None:
         super().__init__()
         c = cfg.hidden_size
-        self.norm1 = nn.LayerNorm(c, elementwise_affine=False, eps=_MOD_LN_EPS)
+        self.norm1 = nn.LayerNorm(c, elementwise_affine=False, eps=MOD_LN_EPS)
         self.attn = Attention(cfg)
-        self.norm2 = nn.LayerNorm(c, elementwise_affine=False, eps=_MOD_LN_EPS)
+        self.norm2 = nn.LayerNorm(c, elementwise_affine=False, eps=MOD_LN_EPS)
         self.mlp = MLP(c, int(c * cfg.mlp_ratio))
-        self.norm3 = nn.LayerNorm(c, elementwise_affine=False, eps=_MOD_LN_EPS)
+        self.norm3 = nn.LayerNorm(c, elementwise_affine=False, eps=MOD_LN_EPS)
         self.conv = CausalConvBlock(c)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(c, 9 * c))
 
@@ -392,9 +367,9 @@ class FinalLayer(nn.Module):
         super().__init__()
         c = cfg.hidden_size
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(c, 2 * c))
-        self.norm_final = nn.LayerNorm(c, elementwise_affine=False, eps=_MOD_LN_EPS)
+        self.norm_final = nn.LayerNorm(c, elementwise_affine=False, eps=MOD_LN_EPS)
         self.linear = nn.Linear(c, cfg.out_channels)
-        self.gemm = torch_linear  # DiT.select_gemm may swap in the Triton twin
+        self.gemm = torch_linear  # DiT.use_kernels may wire in a twin
 
     def modulation(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shift, scale = self.adaLN_modulation(c).chunk(2, dim=-1)
@@ -420,150 +395,37 @@ class DiT(nn.Module):
         self.in_proj = nn.Linear(cfg.in_channels, cfg.hidden_size)
         self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.depth))
         self.final_layer = FinalLayer(cfg)
-        self._norm = residual_norm_modulate_eager  # `select_norm` may swap in the Triton twin
-        self.norm_kernel = "eager"
-        self.attention_kernel = "sdpa"  # `select_attention` may route small chunks to GEMMs
-        self.gemm = torch_linear  # `select_gemm` may swap in the Triton twin (in_proj)
-        self.gemm_kernel = "torch"
+        self.kernels: DiTKernels | None = None  # what `use_kernels` wired in; None: the torch references
+        self._norm = residual_norm_modulate_eager
+        self.norm_kernel = "eager"  # the run record's names of what runs: "eager" or "triton",
+        self.attention_kernel = "sdpa"  # "sdpa", "matmul<=N" or "triton<=N",
+        self.gemm = torch_linear  # (in_proj)
+        self.gemm_kernel = "torch"  # "torch" or "tf32x3"
 
-    def select_norm(self, fused: bool, device: torch.device) -> str:
-        """Use the fused norm steps when `fused` and Triton runs on `device` (a CUDA/NPU device;
-        the CPU only under TRITON_INTERPRET=1): the one-launch residual + LayerNorm + modulation,
-        and in attention one q|k|v GEMM with the one-launch q/k norm and cache write
-        (`dit_triton`). Call it after the weights are loaded and the dtype set. The kernels are
-        compiled here, outside any graph capture; if that fails the eager chain stays, with the
-        reason logged and returned (`norm_kernel` says which runs: "triton" or "eager")."""
-        from stages.platform import triton_unavailable_reason
-
-        self._set_norm(False)
-        reason = "stage extra code2wav_fused_norm is false" if not fused else triton_unavailable_reason(device)
-        if reason is None:
-            from stages.code2wav import dit_triton
-
-            reason = compile_failure(
-                lambda: dit_triton.warm_up(device, self.in_proj.weight.dtype, self.cfg.hidden_size, _MOD_LN_EPS,
-                                           self.blocks[0].attn),
-                "the fused kernels", "the eager norm chain", log=log, owner="DiT")
-        if reason is None:
-            self._set_norm(True)
-            return "fused Triton norm steps (residual + LayerNorm + modulation; q/k norms + cache write)"
-        return f"eager ({reason})"
-
-    def select_attention(self, max_requests: int, device: torch.device, *, triton: bool = False) -> str:
-        """Attention of chunks of up to `max_requests` requests (2 DiT rows each, CFG) as
-        batched GEMMs (`attention_by_matmul`) on a CUDA/NPU device, in fp32 (with TF32 matmuls
-        on, those GEMMs are TF32 too); larger chunks, a bf16 DiT and the CPU keep
-        `scaled_dot_product_attention` (0 = always). With `triton`, on CUDA (the CPU under
-        TRITON_INTERPRET=1, for tests), those small fp32 chunks run one Triton kernel instead
-        (`dit_flash`: online softmax, 3xTF32 dots), compiled here; if that fails the GEMMs stay.
-        Returns what runs, for logs; `attention_kernel` says it in one word ("matmul<=N",
-        "triton<=N" or "sdpa")."""
-        on_device = not is_cpu(device)  # CUDA or NPU
-        flash = None  # the kernel, once selected
-        if not triton:
-            flash_reason = "code2wav_triton_attention is false"
-        elif not max_requests:
-            flash_reason = "code2wav_matmul_attention_requests is 0"
-        else:
-            flash_reason = _tf32x3_unavailable(device, self.in_proj.weight.dtype)
-        if flash_reason is None:
-            from stages.code2wav import dit_flash
-
-            h, d = self.cfg.num_heads, self.cfg.head_dim
-            flash_reason = compile_failure(
-                lambda: dit_flash.attention(torch.zeros(1, 1, h, d, device=device),
-                                            torch.zeros(1, h, 1, 2 * d, device=device)),
-                "the Triton attention", "batched GEMMs", log=log, owner="DiT")
-            if flash_reason is None:
-                flash = dit_flash.attention
-        rows = 2 * max_requests if (on_device or flash) else 0
+    def use_kernels(self, kernels: DiTKernels) -> None:
+        """Run what `stages.code2wav.kernels.resolve` chose: wires its callables into the blocks,
+        decides nothing. Call it after the weights are loaded and the dtype set (the conv weights
+        are re-laid-out in place; the fused q|k|v projection is made now, not inside a first
+        graph capture)."""
+        self.kernels = kernels
+        norm, attention, gemm = kernels.norm, kernels.attention, kernels.gemm
+        self._norm, self.norm_kernel = norm.step, norm.name
+        self.attention_kernel = attention.name
+        self.gemm, self.gemm_kernel = gemm.linear, gemm.name
+        self.final_layer.gemm = gemm.linear
         for block in self.blocks:
-            block.attn.matmul_rows = rows
-            block.attn.flash = flash
-        word = "triton" if flash else "matmul"
-        self.attention_kernel = f"{word}<={max_requests}" if rows else "sdpa"
-        if flash:
-            return f"one Triton kernel (3xTF32) up to {max_requests} requests a chunk, scaled_dot_product_attention above"
-        if not on_device:
-            said = "scaled_dot_product_attention (the CPU)"
-        elif not max_requests:
-            said = "scaled_dot_product_attention (code2wav_matmul_attention_requests is 0)"
-        else:
-            said = f"batched GEMMs up to {max_requests} requests a chunk, scaled_dot_product_attention above"
-        return f"{said}; Triton attention: {flash_reason}" if triton else said
-
-    def select_conv_layout(self, frames_first: bool, device: torch.device) -> str:
-        """Run the causal convs frames-first (`CausalConvBlock.frames_first`) when asked and on
-        CUDA, where cuDNN otherwise transforms every conv's input and output between layouts;
-        the CPU and an NPU keep the checkpoint's channels-first convs (measured on CUDA only).
-        Call it after the dtype is set (the weights are re-laid-out in place). Returns what runs,
-        for logs; `conv_layout` says it in one word."""
-        on = frames_first and is_cuda(device)
-        for block in self.blocks:
-            block.conv.set_frames_first(on)
-        if on:
-            return "frames-first (channels-last 2-D convs, no layout transforms)"
-        why = "code2wav_frames_first_conv is false" if not frames_first else f"not CUDA ({device.type})"
-        return f"channels-first ({why})"
-
-    def select_gemm(self, tf32x3: bool, device: torch.device, *, tf32_flow: bool) -> str:
-        """Run the DiT's linears (in_proj, q|k|v, proj, fc1 + GELU, fc2, final) as Triton GEMMs
-        with 3xTF32 products (`dit_gemm`: fp32 accuracy on tensor cores) when asked, on CUDA
-        (the CPU only under TRITON_INTERPRET=1, for tests; an NPU keeps its own GEMMs: 3xTF32 is
-        a CUDA tensor-core scheme), with an fp32 DiT and no TF32 for the flow (`tf32_flow`: then
-        cuBLAS's one-pass TF32 is what the user asked for, and faster). On CUDA every tile is
-        compiled here, outside any graph capture; if that fails torch's linears stay, with the
-        reason logged and returned. Call it after the dtype is set. `gemm_kernel` says which
-        runs: "tf32x3" or "torch" (the timestep and adaLN linears stay torch's: they run once
-        per weights, `CausalCFM.step_modulations`)."""
-        self._set_gemm(torch_linear, "torch")
-        if not tf32x3:
-            reason = "code2wav_dit_tf32x3 is false"
-        elif tf32_flow:
-            reason = "TF32 matmuls are on for the flow (token2wav_allow_tf32)"
-        else:
-            reason = _tf32x3_unavailable(device, self.in_proj.weight.dtype)
-        if reason is not None:
-            return f"torch ({reason})"
-        from stages.code2wav import dit_gemm
-
-        if is_cuda(device):  # the interpreter (CPU) compiles nothing
-            reason = compile_failure(lambda: dit_gemm.warm_up(device, self._linear_shapes()),
-                                      "the Triton GEMM", "torch's linears", log=log, owner="DiT")
-            if reason is not None:
-                return f"torch ({reason})"
-        self._set_gemm(dit_gemm.linear, "tf32x3")
-        return "Triton GEMMs with 3xTF32 products (fp32 accuracy on tensor cores; bias and GELU fused)"
-
-    def _linear_shapes(self) -> list[tuple[int, int, bool, bool]]:
-        """(N, K, bias?, gelu?) of every linear `select_gemm` routes (unfused attention: q, k, v
-        apart, which have proj's shape)."""
-        block = self.blocks[0]
-        layers = [(self.in_proj, False), (block.attn.proj, False), (block.mlp.fc1, True), (block.mlp.fc2, False),
-                  (self.final_layer.linear, False)]
-        shapes = {(layer.out_features, layer.in_features, layer.bias is not None, gelu) for layer, gelu in layers}
-        shapes.add((3 * block.attn.proj.in_features, block.attn.to_q.in_features, True, False))  # q|k|v
-        return sorted(shapes)
-
-    def _set_gemm(self, gemm, name: str) -> None:
-        self.gemm, self.gemm_kernel = gemm, name
-        self.final_layer.gemm = gemm
-        for block in self.blocks:
-            block.attn.gemm = block.mlp.gemm = gemm
+            block.attn.qk_norm_to_cache = norm.qk_norm_to_cache
+            block.attn.matmul_rows, block.attn.flash = attention.matmul_rows, attention.flash
+            block.attn.gemm = block.mlp.gemm = gemm.linear
+            block.conv.set_frames_first(kernels.conv.frames_first)
+            if norm.fused:
+                block.attn.qkv_projection()
 
     @property
     def conv_layout(self) -> str:
         """Which layout the causal convs run in, read off the blocks: "frames-first" or
-        "channels-first" (`select_conv_layout` switches every block together)."""
+        "channels-first" (`use_kernels` switches every block together)."""
         return "frames-first" if self.blocks[0].conv.frames_first else "channels-first"
-
-    def _set_norm(self, fused: bool) -> None:
-        self._norm = _residual_norm_modulate_fused if fused else residual_norm_modulate_eager
-        self.norm_kernel = "triton" if fused else "eager"
-        for block in self.blocks:
-            block.attn.fused = fused
-            if fused:
-                block.attn.qkv_projection()  # made now, not inside a first graph capture
 
     def forward_chunk(
         self,
@@ -591,7 +453,7 @@ class DiT(nn.Module):
             mod = self._modulation(self.t_embedder(t).unsqueeze(1))
         x = self.gemm(x_in.transpose(1, 2), self.in_proj.weight, self.in_proj.bias)
         norm, last = self._norm, len(self.blocks) - 1
-        x, h = norm(x, None, None, *mod.blocks[0][:2], eps=_MOD_LN_EPS)  # block 0's norm1
+        x, h = norm(x, None, None, *mod.blocks[0][:2], eps=MOD_LN_EPS)  # block 0's norm1
         for i, block in enumerate(self.blocks):
             caches = (
                 None if cnn_cache is None else cnn_cache[i],

@@ -12,7 +12,7 @@ projection reads it without a copy.
 
 What a newcomer needs to know:
 * CUDA only, fp32, unmasked (the streaming path: every query sees the whole cache); the CPU runs
-  it only under TRITON_INTERPRET=1, in tests. `DiT.select_attention(..., triton=True)` decides.
+  it only under TRITON_INTERPRET=1, in tests. `kernels.attention_kernel(..., triton=True)` decides.
 * Numerics: the same function to fp32 rounding, not bit for bit: the softmax is normalised once
   at the end and the sum runs blockwise. Graph replay and eager both run this kernel: equal.
 * Shapes: q [B, T, H, D] with unit last stride (the q/k norm kernel's output); kv [B, H, L, 2D]

@@ -14,7 +14,7 @@ dB from cuBLAS fp32 against 10.7 dB between two noise seeds (`scripts/precision_
 bias and the activation are the GEMM's epilogue, so one launch replaces cuBLAS's one to four.
 
 What a newcomer needs to know:
-* CUDA only, fp32 only (a bf16 DiT already runs cuBLAS on tensor cores); `DiT.select_gemm`
+* CUDA only, fp32 only (a bf16 DiT already runs cuBLAS on tensor cores); `kernels.gemm_kernel`
   decides, and the CPU keeps `F.linear` (it runs this kernel under TRITON_INTERPRET=1, in
   tests only). Never import this module on the hot path of a CPU run: it imports triton.
 * The tile shape comes from `tile_for(rows)`, a table measured on an H200 per row bucket

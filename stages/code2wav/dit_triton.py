@@ -14,7 +14,7 @@ What a newcomer needs to know:
   sizes are each a split-K cuBLAS call of four kernels), LayerNorms q and k per head and writes
   K | V into the step's attention cache: two LayerNorms and two strided copies before.
 * Never import this module at import time of anything on the hot path: it imports triton.
-  `stages.code2wav.dit.select_norm` imports it when the flag asks for it.
+  `stages.code2wav.kernels` imports it when the flag asks for it.
 * Numerics: the same function as the eager chain to fp32 rounding, not bit for bit (a
   two-pass mean/variance in fp32, the residual's fma may contract); in bfloat16 the residual is
   rounded to bfloat16 before it is normalised, as the eager chain stores it. Graph replay and

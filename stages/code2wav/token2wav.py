@@ -20,7 +20,7 @@ kernels, so outputs are equal bit for bit for the same batch composition.
 
 A steady 28-code payload gives exactly 50 mel frames = 24000 samples (1.0 s). Stage flags are
 the config's parsed `cfg.options` (`options.Code2WavOptions`, parsed once); TF32 is applied on
-CUDA only.
+CUDA only. Which DiT kernels run is `kernels.resolve`'s choice, made once at construction.
 
     t2w = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
     for chunk in t2w.decode([CodecPayload("r1", 0, codes, last_chunk=False)]):
@@ -47,7 +47,8 @@ from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.flow_cache import FlowCache
 from stages.code2wav.graph_warmup import warm_graphs
 from stages.code2wav.modules import build_flow, build_hift
-from stages.code2wav.options import tf32_gemms_in_flow, tf32_scope
+from stages.code2wav.kernels import DiTKernels, resolve
+from stages.code2wav.options import tf32_scope
 from stages.code2wav.prompt import PromptBuilder, PromptFeatures
 from stages.code2wav.slots import SlotPool
 from stages.code2wav.streaming import (
@@ -163,16 +164,11 @@ class Token2Wav:
         self.flow.to(device=self.device, dtype=self.dtype).eval()
         if self.options.dit_dtype != "float32":  # the estimator alone (and its caches)
             self.flow.decoder.estimator.to(getattr(torch, self.options.dit_dtype))
-        norm = self.flow.decoder.estimator.select_norm(self.options.fused_norm, self.device)
-        log.info("token2wav: DiT norm %s", norm)
-        attention = self.flow.decoder.estimator.select_attention(self.options.matmul_attention_requests, self.device,
-                                                                   triton=self.options.triton_attention)
-        log.info("token2wav: DiT attention %s", attention)
-        conv = self.flow.decoder.estimator.select_conv_layout(self.options.frames_first_conv, self.device)
-        log.info("token2wav: DiT convs %s", conv)
-        gemm = self.flow.decoder.estimator.select_gemm(self.options.dit_tf32x3, self.device,
-                                                       tf32_flow=tf32_gemms_in_flow(self.options.tf32_mode))
-        log.info("token2wav: DiT linears %s", gemm)
+        estimator = self.flow.decoder.estimator
+        self.kernels: DiTKernels = resolve(self.options, cfg.dit, self.device, estimator.in_proj.weight.dtype)
+        estimator.use_kernels(self.kernels)
+        for part, said in self.kernels.reasons().items():
+            log.info("token2wav: DiT %s %s", part, said)
         self.flow.decoder.init_noise(seed=seed, device=self.device, dtype=self.dtype)
         # HiFT stays float32 whatever the flow dtype (upstream runs it in fp32).
         self.hift = build_hift(cfg.hift, seed=seed + 1, weights_dir=weights_dir).to(device=self.device).eval()
@@ -190,7 +186,7 @@ class Token2Wav:
     def _share(self, other: Token2Wav) -> None:
         if (other.cfg, other.device, other.dtype, other._init_seed) != (self.cfg, self.device, self.dtype, self._init_seed):
             raise ValueError("Token2Wav(shared=...) needs the same config, device, dtype and seed")
-        self.flow, self.hift, self._prompts = other.flow, other.hift, other._prompts
+        self.flow, self.hift, self._prompts, self.kernels = other.flow, other.hift, other._prompts, other.kernels
         self._prompt_wavs, self._setups, self._prompt_lock = other._prompt_wavs, other._setups, other._prompt_lock
 
     def describe(self) -> dict:
@@ -210,6 +206,8 @@ class Token2Wav:
             "dit_attention": self.flow.decoder.estimator.attention_kernel,  # "triton<=N", "matmul<=N" or "sdpa"
             "dit_conv": self.flow.decoder.estimator.conv_layout,  # "frames-first" or "channels-first"
             "dit_gemm": self.flow.decoder.estimator.gemm_kernel,  # "tf32x3" (Triton) or "torch"
+            # Why those branches run and the others do not (kernels.resolve's words, as logged).
+            "dit_reasons": self.kernels.reasons(),
             "device_graph": graphs is not None and graphs.disabled is None,
             "graph_disabled_reason": None if graphs is None else graphs.disabled,
             "slots": 0 if self.pool is None else self.pool.capacity,

@@ -22,7 +22,7 @@ TalkerRequestError, the request's own fault.
 
 Ladder: `step` -> `_admit` (tokenize done at `add`; `_prefill`) -> `_logits` (`_decode_logits`:
 eager, or a device graph with stage extra `talker_decode_graph: true`; either runs the fused
-layers of `TalkerModel.select_fused_decode` with stage extra `talker_fused_layers`) -> sampler
+layers `stages.talker.kernels.resolve` chose with stage extra `talker_fused_layers`) -> sampler
 (`CodecSampler.sample`) -> one host read of (sample, emit, finished).
 
 Weights: `weights_dir=None` -> seeded random init (`TalkerModel.init_random_weights` with a CPU
@@ -32,7 +32,8 @@ the official `tts.*` weights, its tokenizer.json, and the model's own EOS (max_t
 Thinker hidden states come from the documented stand-in either way (`thinker_standin.py`).
 
 Prelude: `prelude=None` lets the stage extra `talker_codec_fused_prelude` (strict boolean,
-default true) choose via `stages.talker.prelude.select_prelude`; pass a function to force one.
+default true) choose via `stages.talker.kernels.resolve` (`prelude.choose_prelude`); pass a
+function to force one. The stage flags are the config's parsed `cfg.options`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -48,13 +49,13 @@ from stages.platform.device import host_to_device, timing_event
 from stages.platform.graphs import graph_api
 from stages.platform.precision import precision_scope
 from stages.precision import TALKER_TF32, talker_precision
-from stages.talker import options
+from stages.talker import kernels, options
 from stages.talker.config import TalkerConfig
 from stages.talker.decode_graph import DecodeGraphs
 from stages.talker.length import codec_budget
 from stages.talker.model import TalkerModel
 from stages.talker.prefill_graph import PrefillGraphs
-from stages.talker.prelude import select_prelude
+from stages.talker.prelude import PreludeChoice
 from stages.talker.sampling import CodecSampler, Prelude, SamplerState
 from stages.talker.thinker_standin import standin_hidden
 from stages.talker.tokenizer import load_tokenizer
@@ -165,19 +166,19 @@ class TalkerEngine:
         self.init_seed = init_seed
         # Stage flags first: a typo fails before any weights are built (seed item 4).
         opts = cfg.options
-        fused = opts.fused_prelude
         self.model = build_model(
             cfg, device=device, dtype=dtype, init_seed=init_seed, weights_dir=weights_dir
         )
         self.model.setup_caches(
             max_batch=max_batch, max_seq_len=max_seq_len, device=device, dtype=dtype
         )
-        # Before any graph is captured: the decode graphs record whichever layers this picks.
-        logger.info("talker decode layers: %s", self.model.select_fused_decode(opts.fused_layers, device))
+        # Before any graph is captured: the decode graphs record whichever layers this picks. The
+        # stage config decides the prelude too (seed item 1), unless one is given.
+        self.kernels = kernels.resolve(opts, self.model, device, prelude=prelude)
+        self.model.use_kernels(self.kernels)
+        logger.info("talker decode layers: %s", self.kernels.layers.reason)
         self.tokenizer = load_tokenizer(weights_dir, cfg.standin_text_vocab)
-        if prelude is None:  # the stage config decides (seed item 1)
-            prelude = select_prelude(fused=fused, device=device)
-        self.sampler = CodecSampler(cfg.sampling, eos_id=cfg.eos_token_id, prelude=prelude)
+        self.sampler = CodecSampler(cfg.sampling, eos_id=cfg.eos_token_id, prelude=self.kernels.prelude.fn)
         self.state = SamplerState.allocate(
             max_batch, cfg.sampling.history_window, device, vocab=cfg.num_audio_tokens
         )
@@ -221,6 +222,7 @@ class TalkerEngine:
     @prelude.setter
     def prelude(self, fn: Prelude) -> None:
         self.sampler.prelude = fn
+        self.kernels = replace(self.kernels, prelude=PreludeChoice(fn, "set on the engine"))
 
     def describe(self) -> dict:
         """What runs: weights source, prelude, sizes (for the run record)."""
@@ -233,6 +235,8 @@ class TalkerEngine:
             "decode_graph": self.graphs is not None,
             "prefill_graph": self.prefill_graphs is not None,
             "fused_layers": self.model.layer_kernels is not None,
+            # Why those branches run and the others do not (kernels.resolve's words, as logged).
+            "kernel_reasons": self.kernels.reasons(),
             "params": sum(p.numel() for p in self.model.parameters()),
             "max_batch": self.max_batch,
             "max_seq_len": self.max_seq_len,

@@ -26,7 +26,7 @@ What a newcomer needs to know:
   an fma. The RMSNorm's mean reduces in another order than torch's: fp32 noise, not bit for bit.
   Graph replay and eager calls run the same kernels, so they agree with each other bit for bit.
 * Never import this module at import time of anything on the hot path: it imports triton.
-  `TalkerModel.select_fused_decode` imports it when the stage flag asks for it.
+  `stages.talker.kernels` imports it when the stage flag asks for it.
 * The first call per (device, dtype, variant) compiles: make it outside any graph capture
   (`warm_up` does, at selection). Shapes and positions are runtime values, never specialised.
 

@@ -16,9 +16,10 @@ Three ways through the backbone, all sharing the same layers:
 
 Build on the meta device and `load_state_dict(..., assign=True)`, or build on CPU and call
 `init_random_weights`; then `fold_weight_norm()` once for inference and `setup_caches(...)`.
-`select_fused_decode(True, device)` then routes `decode` through fused layers where Triton runs
-(`_decode_fused`: one q|k|v and one gate|up GEMM, RMSNorm with its residual add and RoPE with
-the cache writes as Triton kernels, `stages.talker.layer_triton`); prefill keeps the modules.
+`use_kernels(stages.talker.kernels.resolve(...))` then routes `decode` through fused layers when
+that chose them (`_decode_fused`: one q|k|v and one gate|up GEMM, RMSNorm with its residual add
+and RoPE with the cache writes as Triton kernels, `stages.talker.layer_triton`); prefill keeps
+the modules. Which layers run is decided there, not here.
 
     >>> model = TalkerModel(TalkerConfig(hidden_size=64, num_layers=2, num_heads=4,
     ...                                  intermediate_size=128, llm_dim=64))
@@ -27,8 +28,8 @@ the cache writes as Triton kernels, `stages.talker.layer_triton`); prefill keeps
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,8 @@ from torch.nn.utils.parametrizations import weight_norm
 from stages.platform.device import host_to_device
 from stages.talker.config import TalkerConfig
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from stages.talker.kernels import TalkerKernels
 
 
 @dataclass(frozen=True)
@@ -247,7 +249,7 @@ class TalkerModel(nn.Module):
         self.head_code = nn.ModuleList([weight_norm(head, name="weight", dim=0)])
         self.projector_semantic = MultiModalProjector(cfg.llm_dim, cfg.hidden_size)
         self.max_batch = self.max_seq_len = 0  # set by setup_caches
-        self.layer_kernels = None  # stages.talker.layer_triton once select_fused_decode chose it
+        self.layer_kernels = None  # stages.talker.layer_triton once `use_kernels` wired it in
 
     # -- weights -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -295,26 +297,10 @@ class TalkerModel(nn.Module):
             if mlp.gate_up_weight is None:
                 mlp.gate_up_weight = _concat_into_views(mlp.gate_proj, mlp.up_proj)
 
-    def select_fused_decode(self, fused: bool, device: torch.device) -> str:
-        """Route `decode` through the fused layers (`_decode_fused`) when `fused` (the stage flag
-        talker_fused_layers) and Triton runs on `device` (CUDA/NPU; the CPU only under
-        TRITON_INTERPRET=1, for tests). Call after `setup_caches`. The kernels compile here,
-        outside any graph capture; if that fails the modules' decode stays, with the reason
-        logged. Returns what runs, for logs."""
-        from stages.platform import compile_failure, triton_unavailable_reason
-
-        self.layer_kernels = None
-        reason = "stage extra talker_fused_layers is false" if not fused else triton_unavailable_reason(device)
-        if reason is None:
-            from stages.talker import layer_triton
-
-            self.fuse_projections()
-            reason = compile_failure(lambda: layer_triton.warm_up(self), "the fused kernels",
-                                     "unfused decode layers", log=log, owner="talker")  # fmt: skip
-            if reason is None:
-                self.layer_kernels = layer_triton
-                return "fused (q|k|v and gate|up GEMMs; Triton residual + RMSNorm, RoPE + cache write)"
-        return f"unfused ({reason})"
+    def use_kernels(self, kernels: TalkerKernels) -> None:
+        """Decode through the layers `stages.talker.kernels.resolve` chose (it fused the
+        projections and compiled the kernels already); wires them in, decides nothing."""
+        self.layer_kernels = kernels.layers.kernels
 
     # -- caches ------------------------------------------------------------------------------
     def setup_caches(self, *, max_batch: int, max_seq_len: int, device, dtype) -> None:
@@ -351,7 +337,7 @@ class TalkerModel(nn.Module):
 
         Row r attends to cache positions <= positions[r]; `kv_len` (> max position) bounds the
         read so short batches do not scan the whole static cache. Through the fused layers once
-        `select_fused_decode` chose them, else through the modules.
+        `use_kernels` wired them in, else through the modules.
         """
         if self.layer_kernels is not None:
             return self._decode_fused(x, positions, kv_len)

@@ -16,9 +16,9 @@ Numerics contract shared by every implementation (so fused == eager bit for bit)
 * x = logit < 0 ? logit * alpha : logit / alpha, then x / temperature; IEEE-rounded division.
 
 Switches (both default to the fused path):
-* stage extra `talker_codec_fused_prelude` (parsed by the caller with
-  `stages.flags.read_bool_flag(extra, "talker_codec_fused_prelude", True)`): `false` forces the
-  eager chain, e.g. for accuracy triage;
+* stage extra `talker_codec_fused_prelude` (parsed with the talker's options,
+  `TalkerConfig.options.fused_prelude`, and handed to `choose_prelude` by
+  `stages.talker.kernels.resolve`): `false` forces the eager chain, e.g. for accuracy triage;
 * env `TALKER_CODEC_FUSED_PRELUDE=0` (or `false`): process-wide opt-out to the eager chain, read
   ONCE when this module is imported; a non-boolean value raises at import.
 The fused path also needs triton and a CUDA/NPU device (or CPU under TRITON_INTERPRET=1, the
@@ -39,7 +39,7 @@ import importlib
 import logging
 import types
 from collections.abc import Callable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -227,16 +227,21 @@ def bind_prelude(
     return _BoundFused(kernel_step, eager)
 
 
-def _eager_because(reason: str) -> Prelude:
-    """Log (once per reason per process) that the eager chain is in use, and return it."""
+class PreludeChoice(NamedTuple):  # a NamedTuple: tests import a private copy of this module
+    fn: Prelude  # penalty_temperature_fused or penalty_temperature_eager (or the caller's own)
+    reason: str  # what runs and why, as logged
+
+
+def _eager_because(reason: str) -> PreludeChoice:
+    """Log (once per reason per process) that the eager chain is in use, and choose it."""
     if reason not in _eager_notes_logged:
         _eager_notes_logged.add(reason)
         log.info("sampling prelude: eager penalty + temperature chain in use (%s)", reason)
-    return penalty_temperature_eager
+    return PreludeChoice(penalty_temperature_eager, f"eager ({reason})")
 
 
-def select_prelude(*, fused: bool, device: torch.device) -> Prelude:
-    """The penalty + temperature function to use; same signature as the eager one.
+def choose_prelude(*, fused: bool, device: torch.device) -> PreludeChoice:
+    """The penalty + temperature function to use, and why (`stages.talker.kernels.resolve`).
 
     fused: the stage extra `talker_codec_fused_prelude` (already parsed, default true). The
     fused path also requires no env opt-out, triton, and a CUDA/NPU device (CPU only under
@@ -252,7 +257,12 @@ def select_prelude(*, fused: bool, device: torch.device) -> Prelude:
     if reason is not None:
         return _eager_because(reason)
     log.info("sampling prelude: fused Triton kernel in use (%s)", device.type)
-    return penalty_temperature_fused
+    return PreludeChoice(penalty_temperature_fused, f"fused Triton kernel ({device.type})")
+
+
+def select_prelude(*, fused: bool, device: torch.device) -> Prelude:
+    """`choose_prelude`'s function alone; same signature as the eager one."""
+    return choose_prelude(fused=fused, device=device).fn
 
 
 def _reset_latch_for_tests() -> None:

@@ -15,9 +15,16 @@ import pytest
 import torch
 
 from stages.code2wav.dit import attention_by_matmul
+from stages.code2wav.kernels import attention_kernel
 from stages.code2wav.options import Code2WavOptions
 from stages.flags import FlagError
-from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, random_dit
+from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, random_dit, use
+
+
+def select_attention(dit, max_requests: int, device: torch.device, *, triton: bool = False) -> str:
+    """Route `dit`'s attention as `kernels.attention_kernel` chooses for it; what it said."""
+    dtype = dit.in_proj.weight.dtype
+    return use(dit, attention=attention_kernel(max_requests, dit.cfg, device, dtype, triton=triton)).attention.reason
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -90,7 +97,7 @@ def test_a_dit_with_it_matches_the_gemms_on_the_interpreter(interpret, cached):
     x_in, t = torch.randn(4, 320, 6), torch.rand(4)
     cache = torch.randn(2, 4, 2, cached, 32)  # [depth, N, H, L, 2D] of the tiny DiT
     with torch.no_grad():
-        assert "batched GEMMs" not in dit.select_attention(2, torch.device("cpu"), triton=True)
+        assert "batched GEMMs" not in select_attention(dit, 2, torch.device("cpu"), triton=True)
         assert dit.attention_kernel == "triton<=2" and all(b.attn.flash for b in dit.blocks)
         got = dit.forward_chunk(x_in, t, None, cache)
         for block in dit.blocks:  # the same rows through the GEMMs it replaces
@@ -105,13 +112,13 @@ def test_select_attention_says_why_the_gemms_stay(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     dit = random_dit()
     cpu = torch.device("cpu")
-    assert dit.select_attention(4, cpu, triton=False).startswith("scaled_dot_product_attention (the CPU)")
+    assert select_attention(dit, 4, cpu, triton=False).startswith("scaled_dot_product_attention (the CPU)")
     assert dit.attention_kernel == "sdpa" and not dit.blocks[0].attn.flash
-    monkeypatch.setattr("stages.code2wav.dit.is_cpu", lambda device: False)  # a device, not the CPU
-    said = dit.select_attention(4, torch.device("meta"), triton=True)
+    monkeypatch.setattr("stages.code2wav.kernels.is_cpu", lambda device: False)  # a device, not the CPU
+    said = select_attention(dit, 4, torch.device("meta"), triton=True)
     assert "not CUDA (meta)" in said and dit.attention_kernel == "matmul<=4"
-    assert dit.select_attention(4, torch.device("meta"), triton=False).endswith("scaled_dot_product_attention above")
-    assert "bfloat16" in random_dit(dtype=torch.bfloat16).select_attention(4, torch.device("meta"), triton=True)
+    assert select_attention(dit, 4, torch.device("meta"), triton=False).endswith("scaled_dot_product_attention above")
+    assert "bfloat16" in select_attention(random_dit(dtype=torch.bfloat16), 4, torch.device("meta"), triton=True)
 
 
 def test_a_kernel_that_fails_to_compile_leaves_the_gemms(interpret, monkeypatch, caplog):
@@ -123,7 +130,7 @@ def test_a_kernel_that_fails_to_compile_leaves_the_gemms(interpret, monkeypatch,
     monkeypatch.setattr(dit_flash, "attention", broken)
     dit = random_dit()
     with caplog.at_level(logging.WARNING):
-        said = dit.select_attention(4, torch.device("cpu"), triton=True)
+        said = select_attention(dit, 4, torch.device("cpu"), triton=True)
     assert "ptxas died" in said and not dit.blocks[0].attn.flash
     assert any("ptxas died" in r.getMessage() for r in caplog.records)
 
@@ -156,7 +163,7 @@ def test_cuda_matches_fp64_as_closely_as_the_gemms(b, length):
 @needs_cuda
 def test_cuda_dit_with_it_matches_the_gemms_and_replays_bit_identically():
     def switch(dit):
-        dit.select_attention(4, torch.device("cuda"))  # the GEMMs first: `want` is theirs
-        assert dit.select_attention(4, torch.device("cuda"), triton=True).startswith("one Triton kernel")
+        select_attention(dit, 4, torch.device("cuda"))  # the GEMMs first: `want` is theirs
+        assert select_attention(dit, 4, torch.device("cuda"), triton=True).startswith("one Triton kernel")
 
     check_a_dit_path_on_cuda(switch, rows=6)

@@ -15,10 +15,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from stages.code2wav import kernels
 from stages.code2wav.dit import torch_linear
+from stages.code2wav.kernels import gemm_kernel, norm_kernel, resolve
 from stages.code2wav.options import Code2WavOptions
 from stages.flags import FlagError
-from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, random_dit
+from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, random_dit, use
+
+CPU, CUDA, F32 = torch.device("cpu"), torch.device("cuda"), torch.float32
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -159,7 +163,6 @@ def test_warm_up_compiles_every_tile_and_split_a_dit_chunk_can_pick(monkeypatch)
     pytest.importorskip("triton")
     from stages.code2wav import dit_gemm
     from stages.code2wav.config import DiTConfig
-    from stages.code2wav.dit import DiT
 
     compiled = set()
 
@@ -167,7 +170,7 @@ def test_warm_up_compiles_every_tile_and_split_a_dit_chunk_can_pick(monkeypatch)
         compiled.add((weight.shape[0], weight.shape[1], bias is not None, gelu, tile, split_k))
 
     monkeypatch.setattr(dit_gemm, "linear", record)
-    shapes = DiT(DiTConfig())._linear_shapes()
+    shapes = kernels.linear_shapes(DiTConfig())
     dit_gemm.warm_up(torch.device("cpu"), shapes)
     for n, k, has_bias, gelu in shapes:
         for rows in list(range(1, 4000)) + list(range(4000, 40000, 97)):
@@ -181,12 +184,12 @@ def test_dit_with_the_gemm_matches_torch_on_the_interpreter(interpret):
     x_in, t = torch.randn(2, 320, 6), torch.rand(2)
     with torch.no_grad():
         want = dit.forward_chunk(x_in, t, None, None)
-        assert dit.select_gemm(True, torch.device("cpu"), tf32_flow=False).startswith("Triton")
+        assert use(dit, gemm=gemm_kernel(True, dit.cfg, CPU, F32, tf32_flow=False)).gemm.reason.startswith("Triton")
         assert dit.gemm_kernel == "tf32x3"
         assert dit.blocks[-1].mlp.gemm is dit.blocks[0].attn.gemm is dit.final_layer.gemm is dit.gemm
         got = dit.forward_chunk(x_in, t, None, None)
         for fused in (False, True):  # both attention prologues take their q|k|v through it
-            dit.select_norm(fused, torch.device("cpu"))
+            use(dit, norm=norm_kernel(fused, dit.cfg, CPU, F32))
             torch.testing.assert_close(dit.forward_chunk(x_in, t, None, None).velocity, want.velocity,
                                        rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got.velocity, want.velocity, rtol=1e-4, atol=1e-4)
@@ -196,13 +199,27 @@ def test_dit_with_the_gemm_matches_torch_on_the_interpreter(interpret):
 def test_select_gemm_says_why_torch_stays(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     dit = random_dit()
-    cpu = torch.device("cpu")
-    assert "code2wav_dit_tf32x3 is false" in dit.select_gemm(False, cpu, tf32_flow=False)
-    assert "TRITON_INTERPRET" in dit.select_gemm(True, cpu, tf32_flow=False)
-    assert "not CUDA (meta)" in dit.select_gemm(True, torch.device("meta"), tf32_flow=False)
-    assert "token2wav_allow_tf32" in dit.select_gemm(True, cpu, tf32_flow=True)
-    assert "bfloat16" in random_dit(dtype=torch.bfloat16).select_gemm(True, cpu, tf32_flow=False)
+
+    def said(tf32x3, device=CPU, *, tf32_flow=False, dtype=F32):
+        return gemm_kernel(tf32x3, dit.cfg, device, dtype, tf32_flow=tf32_flow).reason
+
+    assert "code2wav_dit_tf32x3 is false" in said(False)
+    assert "TRITON_INTERPRET" in said(True)
+    assert "not CUDA (meta)" in said(True, torch.device("meta"))
+    assert "token2wav_allow_tf32" in said(True, tf32_flow=True)
+    assert "bfloat16" in said(True, dtype=torch.bfloat16)
+    use(dit, gemm=gemm_kernel(True, dit.cfg, CPU, F32, tf32_flow=False))
     assert dit.gemm_kernel == "torch" and dit.blocks[0].mlp.gemm is torch_linear
+
+
+def test_tf32_in_the_flow_stands_the_3xtf32_gemms_down_in_resolve_only(interpret):
+    """The cross-flag rule: `token2wav_allow_tf32` flow/all (TF32 GEMMs in the flow) keeps
+    torch's linears whatever `code2wav_dit_tf32x3` says; conv/off leave the 3xTF32 GEMMs on."""
+    cfg = random_dit().cfg
+    for mode, want in (("off", "tf32x3"), ("conv", "tf32x3"), ("flow", "torch"), ("all", "torch")):
+        gemm = resolve(Code2WavOptions(tf32_mode=mode), cfg, CPU, F32).gemm
+        assert gemm.name == want, (mode, gemm.reason)
+    assert "token2wav_allow_tf32" in resolve(Code2WavOptions(tf32_mode="flow"), cfg, CPU, F32).gemm.reason
 
 
 def test_a_gemm_that_fails_to_compile_leaves_torch(monkeypatch, caplog):
@@ -214,21 +231,21 @@ def test_a_gemm_that_fails_to_compile_leaves_torch(monkeypatch, caplog):
         raise RuntimeError("ptxas died")
 
     monkeypatch.setattr(dit_gemm, "warm_up", broken)
-    monkeypatch.setattr("stages.code2wav.dit.is_cuda", lambda device: True)
-    monkeypatch.setattr("stages.platform.tf32_tensor_cores", lambda device: True)
+    monkeypatch.setattr("stages.code2wav.kernels.is_cuda", lambda device: True)
+    monkeypatch.setattr("stages.code2wav.kernels.tf32_tensor_cores", lambda device: True)
     dit = random_dit()
     with platform_override(triton=True), caplog.at_level(logging.WARNING):
-        said = dit.select_gemm(True, torch.device("cuda"), tf32_flow=False)
+        said = use(dit, gemm=gemm_kernel(True, dit.cfg, CUDA, F32, tf32_flow=False)).gemm.reason
     assert "ptxas died" in said and dit.gemm_kernel == "torch"
     assert any("ptxas died" in r.getMessage() for r in caplog.records)
 
 
 def test_a_gpu_without_tf32_tensor_cores_keeps_torch(monkeypatch):
     """3xTF32 needs TF32 tensor cores (compute capability 8.0+): an older GPU keeps cuBLAS."""
-    monkeypatch.setattr("stages.code2wav.dit.is_cuda", lambda device: True)
-    monkeypatch.setattr("stages.platform.tf32_tensor_cores", lambda device: False)
+    monkeypatch.setattr("stages.code2wav.kernels.is_cuda", lambda device: True)
+    monkeypatch.setattr("stages.code2wav.kernels.tf32_tensor_cores", lambda device: False)
     dit = random_dit()
-    assert "no TF32 tensor cores" in dit.select_gemm(True, torch.device("cuda"), tf32_flow=False)
+    assert "no TF32 tensor cores" in use(dit, gemm=gemm_kernel(True, dit.cfg, CUDA, F32, tf32_flow=False)).gemm.reason
     assert dit.gemm_kernel == "torch"
 
 
@@ -267,7 +284,7 @@ def test_cuda_3xtf32_is_as_accurate_as_fp32(rows, n, k, gelu):
 @needs_cuda
 def test_cuda_dit_with_the_gemm_matches_cublas_and_replays_bit_identically():
     def switch(dit):
-        assert dit.select_gemm(True, torch.device("cuda"), tf32_flow=False).startswith("Triton")
+        assert use(dit, gemm=gemm_kernel(True, dit.cfg, CUDA, F32, tf32_flow=False)).gemm.reason.startswith("Triton")
 
     check_a_dit_path_on_cuda(switch, rows=6)
 
@@ -280,8 +297,8 @@ def test_cuda_dit_launches_the_gemm_once_per_linear():
     from torch.profiler import ProfilerActivity, profile
 
     dit = random_dit(seed=2, device="cuda")
-    dit.select_norm(True, torch.device("cuda"))
-    assert dit.select_gemm(True, torch.device("cuda"), tf32_flow=False).startswith("Triton")
+    use(dit, norm=norm_kernel(True, dit.cfg, CUDA, F32))
+    assert use(dit, gemm=gemm_kernel(True, dit.cfg, CUDA, F32, tf32_flow=False)).gemm.reason.startswith("Triton")
     x_in = torch.randn(2, 320, 50, device="cuda")
     mod = dit.step_modulation(0.5, x_in)  # precomputed, as the CFM does: no adaLN GEMMs in the call
     with torch.no_grad():
@@ -299,8 +316,8 @@ def test_with_the_gemm_selected_no_linear_goes_through_torch(interpret, monkeypa
     """Every linear of a DiT call (in_proj, q|k|v or q, k, v, proj, fc1, fc2, final) goes through
     the Triton GEMM once selected: torch's linear entry points are never called."""
     dit = random_dit(seed=6)
-    dit.select_norm(fused, torch.device("cpu"))
-    assert dit.select_gemm(True, torch.device("cpu"), tf32_flow=False).startswith("Triton")
+    use(dit, norm=norm_kernel(fused, dit.cfg, CPU, F32))
+    assert use(dit, gemm=gemm_kernel(True, dit.cfg, CPU, F32, tf32_flow=False)).gemm.reason.startswith("Triton")
     x_in = torch.randn(2, 320, 4)
     mod = dit.step_modulation(0.5, x_in)
 
@@ -327,7 +344,7 @@ def test_the_mlp_is_fc1_gelu_tanh_fc2_on_the_cpu():
 def test_cuda_gelu_epilogue_is_the_tanh_one():
     x, w, b = _case(100, 2048, 512, device="cuda")
     with _tf32(False):
-        got = torch_linear(x, w, b, gelu=True)
+        got = kernels.torch_linear_epilogue(x, w, b, gelu=True)
         torch.testing.assert_close(got, F.gelu(F.linear(x, w, b), approximate="tanh"), rtol=1e-5, atol=1e-5)
 
 
@@ -348,10 +365,25 @@ def test_the_benchmark_sweep_measures_every_tile_and_shape_the_dit_uses():
     from scripts import bench_dit_gemm
     from stages.code2wav import dit_gemm
     from stages.code2wav.config import DiTConfig
-    from stages.code2wav.dit import DiT
 
     sweep = bench_dit_gemm._sweep_tiles("tiles")
     assert len(set(sweep)) == len(sweep) and bench_dit_gemm._sweep_tiles("none") == []
     assert {tile for _, tile in dit_gemm.TILES} <= set(sweep)
     timed = {(n, k, gelu) for _, n, k, gelu in bench_dit_gemm.SHAPES}
-    assert timed == {(n, k, gelu) for n, k, _, gelu in DiT(DiTConfig())._linear_shapes()}
+    assert timed == {(n, k, gelu) for n, k, _, gelu in kernels.linear_shapes(DiTConfig())}
+
+
+def test_the_warmed_shapes_are_the_dit_modules_linears():
+    """`kernels.linear_shapes` reads the dims off the config; it must name every linear the DiT's
+    modules route through its gemm (a shape it missed would compile inside a graph capture)."""
+    from stages.code2wav.config import DiTConfig
+    from stages.code2wav.dit import DiT
+
+    for cfg in (DiTConfig(), random_dit().cfg):
+        dit = DiT(cfg)
+        block = dit.blocks[0]
+        layers = [(dit.in_proj, False), (block.attn.proj, False), (block.mlp.fc1, True), (block.mlp.fc2, False),
+                  (dit.final_layer.linear, False)]
+        shapes = {(layer.out_features, layer.in_features, layer.bias is not None, gelu) for layer, gelu in layers}
+        shapes.add((3 * block.attn.proj.in_features, block.attn.to_q.in_features, True, False))  # q|k|v
+        assert kernels.linear_shapes(cfg) == sorted(shapes)

@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from stages.code2wav.dit import DiT, gated, modulate, residual_norm_modulate_eager
+from stages.code2wav.kernels import norm_kernel
 from stages.code2wav.options import Code2WavOptions
 from stages.flags import FlagError
-from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, random_dit
+from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, random_dit, use
 
 EPS = 1e-6
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -187,7 +188,7 @@ def test_dit_with_the_fused_norm_matches_eager_on_the_interpreter(interpret):
     x_in, t = torch.randn(2, 320, 6), torch.rand(2)
     with torch.no_grad():
         want = dit.forward_chunk(x_in, t, None, None)
-        assert dit.select_norm(True, torch.device("cpu")).startswith("fused")
+        assert use(dit, norm=norm_kernel(True, dit.cfg, torch.device("cpu"), torch.float32)).norm.reason.startswith("fused")
         assert dit.norm_kernel == "triton"
         got = dit.forward_chunk(x_in, t, None, None)
     torch.testing.assert_close(got.velocity, want.velocity, rtol=1e-4, atol=1e-4)
@@ -198,8 +199,8 @@ def test_dit_with_the_fused_norm_matches_eager_on_the_interpreter(interpret):
 def test_select_norm_says_why_it_stays_eager(monkeypatch, caplog):
     dit = random_dit()
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert "code2wav_fused_norm is false" in dit.select_norm(False, torch.device("cpu"))
-    assert "TRITON_INTERPRET" in dit.select_norm(True, torch.device("cpu"))
+    assert "code2wav_fused_norm is false" in norm_kernel(False, dit.cfg, torch.device("cpu"), torch.float32).reason
+    assert "TRITON_INTERPRET" in use(dit, norm=norm_kernel(True, dit.cfg, torch.device("cpu"), torch.float32)).norm.reason
     assert dit.norm_kernel == "eager"
 
 
@@ -212,7 +213,7 @@ def test_a_kernel_that_fails_to_compile_leaves_the_eager_chain(interpret, monkey
     monkeypatch.setattr(dit_triton, "warm_up", broken)
     dit = random_dit()
     with caplog.at_level(logging.WARNING):
-        said = dit.select_norm(True, torch.device("cpu"))
+        said = use(dit, norm=norm_kernel(True, dit.cfg, torch.device("cpu"), torch.float32)).norm.reason
     assert "ptxas died" in said and dit.norm_kernel == "eager"
     assert any("ptxas died" in r.getMessage() for r in caplog.records)
 
@@ -266,6 +267,6 @@ def test_cuda_qk_norm_to_cache_matches_eager(dtype, tol):
 @needs_cuda
 def test_cuda_dit_with_the_fused_norm_matches_eager_and_replays_bit_identically():
     def fuse(dit):
-        assert dit.select_norm(True, torch.device("cuda")).startswith("fused")
+        assert use(dit, norm=norm_kernel(True, dit.cfg, torch.device("cuda"), torch.float32)).norm.reason.startswith("fused")
 
     check_a_dit_path_on_cuda(fuse, rows=6)

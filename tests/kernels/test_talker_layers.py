@@ -19,12 +19,20 @@ import torch
 from stages.flags import FlagError
 from stages.talker.config import TalkerConfig
 from stages.talker.engine import TalkerEngine, TalkerRequest
+from stages.talker.kernels import TalkerKernels, decode_layers
 from stages.talker.model import RMSNorm, TalkerModel, apply_rope
 
 # bf16 under the interpreter, which rounds fp32 -> bf16 toward zero: a few ulps of values up to ~8.
 INTERPRETED_BF16 = dict(rtol=2**-6, atol=2**-4)
 
 TINY = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4, intermediate_size=128, llm_dim=64)
+
+
+def select_fused_decode(model: TalkerModel, fused: bool, device: torch.device) -> str:
+    """Route `model`'s decode as `kernels.decode_layers` chooses for it; what it said."""
+    layers = decode_layers(fused, model, device)
+    model.use_kernels(TalkerKernels(layers=layers))
+    return layers.reason
 
 
 def model_of(cfg: TalkerConfig, *, max_batch=4, max_seq_len=64, dtype=torch.float32) -> TalkerModel:
@@ -148,7 +156,7 @@ def test_kernels_refuse_what_they_cannot_address(interpret):
 def test_fused_decode_matches_the_modules_decode(interpret, kv_heads):
     cfg = TalkerConfig(**{**TINY, "num_kv_heads": kv_heads})
     plain, fused = model_of(cfg), model_of(cfg)
-    assert fused.select_fused_decode(True, torch.device("cpu")).startswith("fused")
+    assert select_fused_decode(fused, True, torch.device("cpu")).startswith("fused")
     assert plain.layer_kernels is None and fused.layer_kernels is not None
     x = torch.randn(3, cfg.hidden_size, generator=torch.Generator().manual_seed(3))
     positions = torch.tensor([5, 0, 17])  # row 1 is a free slot writing at its position 0
@@ -180,8 +188,8 @@ def test_fuse_projections_makes_views_and_keeps_the_state_dict():
 def test_selection_says_why_the_modules_decode_stays(monkeypatch, caplog):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     model = model_of(TalkerConfig(**TINY))
-    assert model.select_fused_decode(True, torch.device("cpu")) == "unfused (CPU without TRITON_INTERPRET=1)"
-    assert model.select_fused_decode(False, torch.device("cpu")) == "unfused (stage extra talker_fused_layers is false)"
+    assert select_fused_decode(model, True, torch.device("cpu")) == "unfused (CPU without TRITON_INTERPRET=1)"
+    assert select_fused_decode(model, False, torch.device("cpu")) == "unfused (stage extra talker_fused_layers is false)"
     assert model.layer_kernels is None
 
 
@@ -194,7 +202,7 @@ def test_a_compile_failure_keeps_the_modules_decode(interpret, monkeypatch, capl
     monkeypatch.setattr(layer_triton, "warm_up", broken)
     model = model_of(TalkerConfig(**TINY))
     with caplog.at_level(logging.WARNING):
-        said = model.select_fused_decode(True, torch.device("cpu"))
+        said = select_fused_decode(model, True, torch.device("cpu"))
     assert said == "unfused (the fused kernels failed to compile (RuntimeError: no compiler here))"
     assert model.layer_kernels is None
     assert "unfused decode layers kept" in caplog.text

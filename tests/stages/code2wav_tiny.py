@@ -9,6 +9,7 @@ import torch
 
 from stages.code2wav.config import Code2WavConfig, DiTConfig, FlowEncoderConfig, HiFTConfig
 from stages.code2wav.dit import DiT
+from stages.code2wav.kernels import DiTKernels
 
 
 def tiny_config(**overrides) -> Code2WavConfig:
@@ -38,6 +39,14 @@ def random_dit(seed: int = 0, dtype=torch.float32, device="cpu") -> DiT:
         for p in dit.parameters():
             p.normal_(0, 0.2)
     return dit.to(device=device, dtype=dtype)
+
+
+def use(dit: DiT, **parts) -> DiTKernels:
+    """Wire `parts` (`norm=kernels.norm_kernel(...)`, `gemm=...`) into `dit`, keeping the kernels
+    it runs already for the others; returns what it runs now."""
+    kernels = replace(dit.kernels or DiTKernels(), **parts)
+    dit.use_kernels(kernels)
+    return kernels
 
 
 def check_a_dit_path_on_cuda(switch_on, rows: int) -> None:

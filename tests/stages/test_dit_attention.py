@@ -1,5 +1,5 @@
 """The DiT's attention for small chunks as batched GEMMs (`dit.attention_by_matmul`), where it
-runs (`DiT.select_attention`, the `code2wav_matmul_attention_requests` stage flag) and what a run
+runs (`kernels.attention_kernel`, the `code2wav_matmul_attention_requests` stage flag) and what a run
 record says about it.
 
 CPU cases compare the GEMM path with `scaled_dot_product_attention` on the same inputs and check
@@ -15,10 +15,17 @@ import torch
 import torch.nn.functional as F
 
 from stages.code2wav import dit as dit_module
-from stages.code2wav.dit import DiT, attention_by_matmul
+from stages.code2wav import kernels
+from stages.code2wav.dit import attention_by_matmul
 from stages.code2wav.options import MATMUL_ATTENTION_DEFAULT, MATMUL_ATTENTION_KEY, Code2WavOptions
 from stages.flags import FlagError
-from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, random_dit, single_thread, tiny_config  # noqa: F401
+from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, random_dit, single_thread, tiny_config, use  # noqa: F401
+
+
+def select_attention(dit, max_requests: int, device: torch.device, *, triton: bool = False) -> str:
+    """Route `dit`'s attention as `kernels.attention_kernel` chooses for it; what it said."""
+    choice = kernels.attention_kernel(max_requests, dit.cfg, device, dit.in_proj.weight.dtype, triton=triton)
+    return use(dit, attention=choice).attention.reason
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -52,13 +59,13 @@ def test_the_gemm_path_is_a_pure_function_of_its_inputs():
 
 def test_select_attention_routes_small_chunks_on_a_device_only():
     dit = random_dit()
-    assert "CPU" in dit.select_attention(8, torch.device("cpu"))
+    assert "CPU" in select_attention(dit, 8, torch.device("cpu"))
     assert dit.attention_kernel == "sdpa" and all(b.attn.matmul_rows == 0 for b in dit.blocks)
     # Only the device's type is read: no CUDA device is needed to check the routing.
-    said = dit.select_attention(8, torch.device("cuda"))
+    said = select_attention(dit, 8, torch.device("cuda"))
     assert "8 requests" in said and dit.attention_kernel == "matmul<=8"
     assert all(b.attn.matmul_rows == 16 for b in dit.blocks)  # 2 DiT rows a request (CFG)
-    assert "is 0" in dit.select_attention(0, torch.device("cuda"))
+    assert "is 0" in select_attention(dit, 0, torch.device("cuda"))
     assert dit.attention_kernel == "sdpa" and all(b.attn.matmul_rows == 0 for b in dit.blocks)
 
 
@@ -76,7 +83,7 @@ def test_a_chunk_takes_the_gemm_path_up_to_the_row_limit(monkeypatch, rows, rout
 
         monkeypatch.setattr(dit_module, "attention_by_matmul", counted)
         for block in dit.blocks:
-            block.attn.matmul_rows = 4  # what select_attention(2, a device) sets
+            block.attn.matmul_rows = 4  # what attention_kernel(2, a device) sets
         got = dit.forward_chunk(x_in, t, None, None)
     assert calls == ([rows] * len(dit.blocks) if routed else [])
     torch.testing.assert_close(got.velocity, want.velocity, rtol=1e-4, atol=1e-4)
@@ -131,13 +138,13 @@ def test_an_engine_routes_its_dit_by_the_flag_and_says_which_attention_runs(monk
     from stages.code2wav.token2wav import Token2Wav
 
     asked = []
-    select = DiT.select_attention
+    select = kernels.attention_kernel
 
-    def spy(self, max_requests, device, *, triton):
+    def spy(max_requests, cfg, device, dtype, *, triton):
         asked.append((max_requests, device.type, triton))
-        return select(self, max_requests, device, triton=triton)
+        return select(max_requests, cfg, device, dtype, triton=triton)
 
-    monkeypatch.setattr(DiT, "select_attention", spy)
+    monkeypatch.setattr(kernels, "attention_kernel", spy)
     cfg = tiny_config()
     t2w = Token2Wav(replace(cfg, extra={**cfg.extra, MATMUL_ATTENTION_KEY: "3", "code2wav_triton_attention": "true"}),
                     device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
@@ -164,7 +171,7 @@ def test_cuda_dit_with_gemm_attention_matches_sdpa_and_replays_bit_identically(m
         return attention_by_matmul(q, k, v)
 
     def gemms_for_two_requests(dit):
-        assert dit.select_attention(2, torch.device("cuda")).startswith("batched GEMMs")
+        assert select_attention(dit, 2, torch.device("cuda")).startswith("batched GEMMs")
         monkeypatch.setattr(dit_module, "attention_by_matmul", counted)
 
     check_a_dit_path_on_cuda(gemms_for_two_requests, rows=4)

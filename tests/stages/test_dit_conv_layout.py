@@ -1,4 +1,4 @@
-"""The DiT's causal convs frames-first (`CausalConvBlock.frames_first`, `DiT.select_conv_layout`,
+"""The DiT's causal convs frames-first (`CausalConvBlock.frames_first`, `kernels.conv_layout`,
 the `code2wav_frames_first_conv` stage flag): the same function as the checkpoint's channels-first
 convs, the same cache histories, the weights re-laid-out in place, and on CUDA no cuDNN layout
 transforms left around the convs.
@@ -15,9 +15,15 @@ import pytest
 import torch
 
 from stages.code2wav.dit import CausalConvBlock, conv_frames_first
+from stages.code2wav.kernels import conv_layout
 from stages.code2wav.options import Code2WavOptions
 from stages.flags import FlagError
-from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, random_dit, single_thread, tiny_config  # noqa: F401
+from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, random_dit, single_thread, tiny_config, use  # noqa: F401
+
+
+def select_conv_layout(dit, frames_first: bool, device: torch.device) -> str:
+    """Lay `dit`'s convs out as `kernels.conv_layout` chooses for it; what it said."""
+    return use(dit, conv=conv_layout(frames_first, device)).conv.reason
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -94,12 +100,12 @@ def test_a_whole_dit_chunk_is_the_same_function_frames_first():
 
 def test_select_conv_layout_acts_on_cuda_only():
     dit = random_dit()
-    assert "not CUDA (cpu)" in dit.select_conv_layout(True, torch.device("cpu"))
+    assert "not CUDA (cpu)" in select_conv_layout(dit, True, torch.device("cpu"))
     assert dit.conv_layout == "channels-first" and not any(b.conv.frames_first for b in dit.blocks)
     # Only the device's type is read for the routing (the weights move on whatever device they are).
-    assert dit.select_conv_layout(True, torch.device("cuda")).startswith("frames-first")
+    assert select_conv_layout(dit, True, torch.device("cuda")).startswith("frames-first")
     assert dit.conv_layout == "frames-first" and all(b.conv.frames_first for b in dit.blocks)
-    assert "is false" in dit.select_conv_layout(False, torch.device("cuda"))
+    assert "is false" in select_conv_layout(dit, False, torch.device("cuda"))
     assert dit.conv_layout == "channels-first" and not any(b.conv.frames_first for b in dit.blocks)
 
 
@@ -126,7 +132,7 @@ def test_cuda_dit_frames_first_matches_channels_first_and_replays_bit_identicall
     # cuDNN runs fp32 convs in TF32 by default, and two layouts' TF32 kernels round differently
     # (up to ~1e-3 here); compared in full fp32 the layouts must agree to fp32 rounding.
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        check_a_dit_path_on_cuda(lambda dit: dit.select_conv_layout(True, torch.device("cuda")), rows=4)
+        check_a_dit_path_on_cuda(lambda dit: select_conv_layout(dit, True, torch.device("cuda")), rows=4)
 
 
 @pytest.mark.gpu

@@ -9,6 +9,7 @@ import torch
 
 from stages.talker.config import TalkerConfig
 from stages.talker.engine import TalkerEngine, TalkerRequest
+from stages.talker.kernels import TalkerKernels, decode_layers
 from stages.talker.model import TalkerModel
 
 pytestmark = pytest.mark.gpu
@@ -226,7 +227,9 @@ def _fused_pair(cfg: TalkerConfig, dtype, *, max_batch=8, max_seq_len=128):
         model = model.to(dev, dtype).eval().requires_grad_(False)
         model.fold_weight_norm()
         model.setup_caches(max_batch=max_batch, max_seq_len=max_seq_len, device=dev, dtype=dtype)
-        said = model.select_fused_decode(fused, dev)
+        layers = decode_layers(fused, model, dev)
+        model.use_kernels(TalkerKernels(layers=layers))
+        said = layers.reason
         assert said.startswith("fused" if fused else "unfused"), said
         gen = torch.Generator().manual_seed(7)
         for layer in model.model.layers:

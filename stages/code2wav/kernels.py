@@ -1,0 +1,273 @@
+"""Which kernels the DiT runs: one decision per replica, from the stage options, device and dtype.
+
+`resolve(options, cfg, device, dtype)` decides four things and says why, as a `DiTKernels`:
+* norm: the step between a block's branches (residual add + LayerNorm + adaLN modulation) as
+  the eager torch chain or one Triton launch (`dit_triton`), and with it attention's q|k|v GEMM
+  with the Triton q/k norm and cache write (`code2wav_fused_norm`, where Triton runs);
+* attention: chunks of up to `code2wav_matmul_attention_requests` requests as batched GEMMs
+  (`dit.attention_by_matmul`, CUDA/NPU) or one Triton kernel (`dit_flash`, CUDA, fp32,
+  `code2wav_triton_attention`); larger chunks, and the CPU, scaled_dot_product_attention;
+* conv: the causal convs frames-first (channels-last 2-D convs, CUDA, `code2wav_frames_first_conv`)
+  or channels-first as the checkpoint lays them out;
+* gemm: the linears as Triton 3xTF32 GEMMs (`dit_gemm`, CUDA, fp32 DiT, `code2wav_dit_tf32x3`)
+  or torch's (on CUDA with the GELU as cuBLASLt's epilogue).
+The one cross-flag rule lives here too: with TF32 GEMMs in the flow (`token2wav_allow_tf32`
+flow/all) the 3xTF32 GEMMs stand down, since one-pass TF32 is what the user asked for.
+
+Kernels that must compile are compiled here, outside any graph capture (`warm_up`s on tiny
+inputs); one that fails leaves its torch twin, with the reason logged and recorded. The DiT is
+then handed the choice (`DiT.use_kernels`), which only wires callables in: the model asks no
+device anything. Each part's `name` is what the run record's `dit_*` keys say ran, its `reason`
+what the log says and why the others did not.
+
+    kernels = resolve(cfg.options, cfg.dit, device, torch.float32)
+    dit.use_kernels(kernels)
+    kernels.describe()  # {"dit_norm": "eager", "dit_attention": "sdpa", "dit_conv": ..., "dit_gemm": ...}
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from stages.code2wav.config import DiTConfig
+from stages.code2wav.dit import MOD_LN_EPS, residual_norm_modulate_eager, torch_linear
+from stages.code2wav.options import Code2WavOptions, tf32_gemms_in_flow
+from stages.platform import compile_failure, is_cpu, is_cuda, tf32_tensor_cores, triton_unavailable_reason
+
+log = logging.getLogger(__name__)
+
+Linear = Callable[..., torch.Tensor]  # (x, weight, bias, *, gelu=False) -> x @ weight.T + bias
+
+
+def torch_linear_epilogue(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
+                          gelu: bool = False) -> torch.Tensor:
+    """`dit.torch_linear` on CUDA: with the GELU, bias and activation are cuBLASLt's GEMM epilogue
+    (`_addmm_activation`), one launch fewer. Not elsewhere: torch's CPU `_addmm_activation`
+    applies the exact (erf) GELU, not the tanh one the checkpoint's MLP uses (4.7e-4 apart at
+    unit scale)."""
+    if not gelu:
+        return torch.nn.functional.linear(x, weight, bias)
+    *lead, c = x.shape
+    out = torch._addmm_activation(bias, x.reshape(-1, c), weight.t(), use_gelu=True)
+    return out.view(*lead, weight.shape[0])
+
+
+def residual_norm_modulate_fused(x, gate, y, shift, scale, *, eps: float):
+    """`dit.residual_norm_modulate_eager` as one Triton launch (`dit_triton`; x updated in place)."""
+    from stages.code2wav.dit_triton import residual_norm_modulate
+
+    if not x.is_contiguous():  # the kernel updates x in place, so it needs its own dense copy
+        x = x.contiguous()
+    return x, residual_norm_modulate(x, gate, y, shift, scale, eps=eps)
+
+
+@dataclass(frozen=True)
+class NormKernel:
+    fused: bool = False  # the Triton norm steps, and attention's q|k|v GEMM + q/k norm and cache write
+    reason: str = "eager (not resolved)"
+
+    @property
+    def name(self) -> str:
+        return "triton" if self.fused else "eager"
+
+    @property
+    def step(self) -> Callable:
+        """The step between two branches of a block (residual + LayerNorm + modulation)."""
+        return residual_norm_modulate_fused if self.fused else residual_norm_modulate_eager
+
+    @property
+    def qk_norm_to_cache(self) -> Callable | None:
+        """Attention's prologue after the one q|k|v GEMM (q/k LayerNorms + K/V cache write), or
+        None: the modules' ops."""
+        if not self.fused:
+            return None
+        from stages.code2wav.dit_triton import qk_norm_to_cache
+
+        return qk_norm_to_cache
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    max_requests: int = 0  # the flag's value
+    matmul_rows: int = 0  # DiT rows (2 a request, CFG) up to which a chunk leaves SDPA; 0: never
+    flash: Callable | None = None  # those rows through `dit_flash.attention`, else batched GEMMs
+    reason: str = "scaled_dot_product_attention (not resolved)"
+
+    @property
+    def name(self) -> str:
+        if not self.matmul_rows:
+            return "sdpa"
+        return f"{'triton' if self.flash else 'matmul'}<={self.max_requests}"
+
+
+@dataclass(frozen=True)
+class ConvLayout:
+    frames_first: bool = False
+    reason: str = "channels-first (not resolved)"
+
+    @property
+    def name(self) -> str:
+        return "frames-first" if self.frames_first else "channels-first"
+
+
+@dataclass(frozen=True)
+class GemmKernel:
+    linear: Linear = torch_linear
+    tf32x3: bool = False
+    reason: str = "torch (not resolved)"
+
+    @property
+    def name(self) -> str:
+        return "tf32x3" if self.tf32x3 else "torch"
+
+
+@dataclass(frozen=True)
+class DiTKernels:
+    """What the DiT runs; the defaults are an unresolved DiT's (eager, SDPA, channels-first, torch)."""
+
+    norm: NormKernel = NormKernel()
+    attention: AttentionKernel = AttentionKernel()
+    conv: ConvLayout = ConvLayout()
+    gemm: GemmKernel = GemmKernel()
+
+    def describe(self) -> dict[str, str]:
+        """The run record's one-word names (Token2Wav.describe's `dit_*` keys)."""
+        return {"dit_norm": self.norm.name, "dit_attention": self.attention.name, "dit_conv": self.conv.name,
+                "dit_gemm": self.gemm.name}
+
+    def reasons(self) -> dict[str, str]:
+        """What runs and why the other branches do not, one line a part (the log's words)."""
+        return {"norm": self.norm.reason, "attention": self.attention.reason, "convs": self.conv.reason,
+                "linears": self.gemm.reason}
+
+
+def resolve(options: Code2WavOptions, cfg: DiTConfig, device: torch.device, dtype: torch.dtype) -> DiTKernels:
+    """The DiT's kernels for `options` on `device`, for a DiT (its weights) of `dtype`."""
+    return DiTKernels(
+        norm=norm_kernel(options.fused_norm, cfg, device, dtype),
+        attention=attention_kernel(options.matmul_attention_requests, cfg, device, dtype,
+                                   triton=options.triton_attention),
+        conv=conv_layout(options.frames_first_conv, device),
+        gemm=gemm_kernel(options.dit_tf32x3, cfg, device, dtype, tf32_flow=tf32_gemms_in_flow(options.tf32_mode)),
+    )
+
+
+def tf32x3_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the 3xTF32 Triton kernels (`dit_gemm`, `dit_flash`) cannot run for a DiT of `dtype` on
+    `device`, or None: fp32 only, on CUDA with TF32 tensor cores (the CPU only under
+    TRITON_INTERPRET=1, for tests; an NPU keeps its own kernels: 3xTF32 is a CUDA scheme)."""
+    if dtype != torch.float32:
+        return f"the DiT is {str(dtype).removeprefix('torch.')}"
+    if not (is_cuda(device) or is_cpu(device)):
+        return f"not CUDA ({device.type})"
+    if is_cuda(device) and not tf32_tensor_cores(device):
+        return "no TF32 tensor cores (CUDA compute capability below 8.0)"
+    return triton_unavailable_reason(device)
+
+
+def norm_kernel(fused: bool, cfg: DiTConfig, device: torch.device, dtype: torch.dtype) -> NormKernel:
+    """The fused norm steps when `fused` and Triton runs on `device` (a CUDA/NPU device; the CPU
+    only under TRITON_INTERPRET=1), compiled now; if that fails the eager chain stays."""
+    reason = "stage extra code2wav_fused_norm is false" if not fused else triton_unavailable_reason(device)
+    if reason is None:
+        from stages.code2wav import dit_triton
+
+        # The q/k LayerNorms the kernel reads, as the DiT's Attention holds them (no RNG drawn).
+        heads = SimpleNamespace(h=cfg.num_heads, d=cfg.head_dim,
+                                q_norm=nn.LayerNorm(cfg.head_dim, device=device, dtype=dtype),
+                                k_norm=nn.LayerNorm(cfg.head_dim, device=device, dtype=dtype))
+        reason = compile_failure(lambda: dit_triton.warm_up(device, dtype, cfg.hidden_size, MOD_LN_EPS, heads),
+                                 "the fused kernels", "the eager norm chain", log=log, owner="DiT")
+    if reason is None:
+        return NormKernel(True, "fused Triton norm steps (residual + LayerNorm + modulation; q/k norms + cache write)")
+    return NormKernel(False, f"eager ({reason})")
+
+
+def attention_kernel(max_requests: int, cfg: DiTConfig, device: torch.device, dtype: torch.dtype, *,
+                     triton: bool = False) -> AttentionKernel:
+    """Attention of chunks of up to `max_requests` requests (2 DiT rows each, CFG) as batched
+    GEMMs on a CUDA/NPU device, in fp32 (the DiT routes only fp32 there; with TF32 matmuls on,
+    those GEMMs are TF32 too); larger chunks, a bf16 DiT and the CPU keep
+    `scaled_dot_product_attention` (0 = always). With `triton`, on CUDA (the CPU under
+    TRITON_INTERPRET=1, for tests), those small fp32 chunks run one Triton kernel instead
+    (`dit_flash`: online softmax, 3xTF32 dots), compiled now; if that fails the GEMMs stay."""
+    on_device = not is_cpu(device)  # CUDA or NPU
+    flash = None
+    if not triton:
+        flash_reason = "code2wav_triton_attention is false"
+    elif not max_requests:
+        flash_reason = "code2wav_matmul_attention_requests is 0"
+    else:
+        flash_reason = tf32x3_unavailable(device, dtype)
+    if flash_reason is None:
+        from stages.code2wav import dit_flash
+
+        h, d = cfg.num_heads, cfg.head_dim
+        flash_reason = compile_failure(
+            lambda: dit_flash.attention(torch.zeros(1, 1, h, d, device=device), torch.zeros(1, h, 1, 2 * d, device=device)),
+            "the Triton attention", "batched GEMMs", log=log, owner="DiT")
+        if flash_reason is None:
+            flash = dit_flash.attention
+    rows = 2 * max_requests if (on_device or flash) else 0
+    if flash:
+        said = f"one Triton kernel (3xTF32) up to {max_requests} requests a chunk, scaled_dot_product_attention above"
+        return AttentionKernel(max_requests, rows, flash, said)
+    if not on_device:
+        said = "scaled_dot_product_attention (the CPU)"
+    elif not max_requests:
+        said = "scaled_dot_product_attention (code2wav_matmul_attention_requests is 0)"
+    else:
+        said = f"batched GEMMs up to {max_requests} requests a chunk, scaled_dot_product_attention above"
+    return AttentionKernel(max_requests, rows, None, f"{said}; Triton attention: {flash_reason}" if triton else said)
+
+
+def conv_layout(frames_first: bool, device: torch.device) -> ConvLayout:
+    """Frames-first causal convs when asked and on CUDA, where cuDNN otherwise transforms every
+    conv's input and output between layouts; the CPU and an NPU keep the checkpoint's
+    channels-first convs (measured on CUDA only)."""
+    if frames_first and is_cuda(device):
+        return ConvLayout(True, "frames-first (channels-last 2-D convs, no layout transforms)")
+    why = "code2wav_frames_first_conv is false" if not frames_first else f"not CUDA ({device.type})"
+    return ConvLayout(False, f"channels-first ({why})")
+
+
+def gemm_kernel(tf32x3: bool, cfg: DiTConfig, device: torch.device, dtype: torch.dtype, *,
+                tf32_flow: bool) -> GemmKernel:
+    """The DiT's linears (in_proj, q|k|v, proj, fc1 + GELU, fc2, final) as Triton GEMMs with
+    3xTF32 products (`dit_gemm`: fp32 accuracy on tensor cores) when asked, on CUDA (the CPU
+    only under TRITON_INTERPRET=1, for tests; an NPU keeps its own GEMMs), with an fp32 DiT and no
+    TF32 for the flow (`tf32_flow`: then cuBLAS's one-pass TF32 is what the user asked for, and
+    faster). On CUDA every tile is compiled now; if that fails torch's linears stay. The timestep
+    and adaLN linears stay torch's: they run once per weights (`CausalCFM.step_modulations`)."""
+    torch_gemm = torch_linear_epilogue if is_cuda(device) else torch_linear
+    if not tf32x3:
+        reason = "code2wav_dit_tf32x3 is false"
+    elif tf32_flow:
+        reason = "TF32 matmuls are on for the flow (token2wav_allow_tf32)"
+    else:
+        reason = tf32x3_unavailable(device, dtype)
+    if reason is None:
+        from stages.code2wav import dit_gemm
+
+        if is_cuda(device):  # the interpreter (CPU) compiles nothing
+            reason = compile_failure(lambda: dit_gemm.warm_up(device, linear_shapes(cfg)),
+                                     "the Triton GEMM", "torch's linears", log=log, owner="DiT")
+    if reason is not None:
+        return GemmKernel(torch_gemm, False, f"torch ({reason})")
+    return GemmKernel(dit_gemm.linear, True,
+                      "Triton GEMMs with 3xTF32 products (fp32 accuracy on tensor cores; bias and GELU fused)")
+
+
+def linear_shapes(cfg: DiTConfig) -> list[tuple[int, int, bool, bool]]:
+    """(N, K, bias?, gelu?) of every linear `gemm_kernel` routes: in_proj, proj, fc1 + GELU, fc2,
+    final and the fused q|k|v (unfused attention's q, k and v have proj's shape)."""
+    inner, hidden, mlp = cfg.num_heads * cfg.head_dim, cfg.hidden_size, int(cfg.hidden_size * cfg.mlp_ratio)
+    shapes = {(hidden, cfg.in_channels, True, False), (hidden, inner, True, False), (mlp, hidden, True, True),
+              (hidden, mlp, True, False), (cfg.out_channels, hidden, True, False), (3 * inner, hidden, True, False)}
+    return sorted(shapes)
