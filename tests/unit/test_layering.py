@@ -112,3 +112,83 @@ def test_decoding_a_voice_does_not_load_torch():
     code = "import sys, stages.code2wav.audio; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"
+
+
+# Model files hold nn.Modules and tensor math only: which kernels run is decided outside them
+# (stages/code2wav/kernels.py, stages/talker/kernels.py) and handed in (`use_kernels`), so a
+# model file asks no device what it is. Model files are found, not listed: every stages module
+# that defines an nn.Module subclass.
+DEVICE_PREDICATES = frozenset({
+    "is_cuda", "is_cpu", "is_npu", "is_mps", "cuda_available", "npu_available", "accelerator_available",
+    "tf32_tensor_cores", "triton_unavailable_reason",
+    "compile_failure",  # compiling a kernel to see whether it runs is choosing it: not here either
+})
+MODULE_BASES = frozenset({"Module", "ModuleList", "ModuleDict", "Sequential"})
+KNOWN_MODEL_FILES = {
+    "stages/talker/model.py", "stages/code2wav/dit.py", "stages/code2wav/cfm.py", "stages/code2wav/flow.py",
+    "stages/code2wav/flow_encoder.py", "stages/code2wav/hift.py", "stages/code2wav/campplus.py",
+}
+
+
+def _defines_a_module(tree: ast.AST) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                name = _dotted(base) or ""
+                if name.split(".")[-1] in MODULE_BASES and (name.startswith(("nn.", "torch.nn.")) or "." not in name):
+                    return True
+    return False
+
+
+MODEL_FILES = sorted(p for p in (ROOT / "stages").rglob("*.py") if _defines_a_module(ast.parse(p.read_text())))
+
+
+def _device_predicates(path: Path) -> list[str]:
+    """`is_cuda(...)` / `x.is_cuda` and the other predicates (called, read or imported),
+    `<...>device.type` compared with anything, and `torch.cuda` / `torch.npu` / `torch.backends`,
+    as `line: what`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}  # a.b of a.b.c
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in DEVICE_PREDICATES:
+            found.append(f"{node.lineno}: {node.id}")
+        elif isinstance(node, ast.Attribute) and node.attr in DEVICE_PREDICATES:
+            found.append(f"{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Attribute) and id(node) not in inner and \
+                (_dotted(node) or "").startswith(("torch.cuda", "torch.npu", "torch.backends")):
+            found.append(f"{node.lineno}: {_dotted(node)}")
+        elif isinstance(node, ast.ImportFrom):
+            found += [f"{node.lineno}: import {a.name}" for a in node.names if a.name in DEVICE_PREDICATES]
+        elif isinstance(node, ast.Compare):
+            for operand in (node.left, *node.comparators):
+                if isinstance(operand, ast.Attribute) and operand.attr == "type" and \
+                        (_dotted(operand.value) or "").split(".")[-1] == "device":
+                    found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_model_files_are_found():
+    assert {str(p.relative_to(ROOT)) for p in MODEL_FILES} >= KNOWN_MODEL_FILES
+
+
+@pytest.mark.parametrize("path", MODEL_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_model_files_ask_no_device_what_it_is(path):
+    assert _device_predicates(path) == []
+
+
+def test_the_model_file_rule_sees_what_it_forbids(tmp_path):
+    leaky = tmp_path / "leaky.py"
+    leaky.write_text(
+        "from torch import nn\n"
+        "from stages.platform import is_cuda, compile_failure\n"
+        "class M(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        if is_cuda(x.device) or x.is_cpu or platform.triton_unavailable_reason(x.device): pass\n"
+        "        if x.device.type == 'cuda' or self.device.type != kind: pass\n"
+        "        torch.cuda.synchronize(); torch.backends.cudnn.allow_tf32 = False\n"
+        "        if schema.type == 'Tensor' or x.dtype == torch.float32 or x.is_contiguous(): pass\n"
+    )
+    assert _defines_a_module(ast.parse(leaky.read_text()))
+    lines = sorted(int(hit.split(":")[0]) for hit in _device_predicates(leaky))
+    assert lines == [2, 2, 5, 5, 5, 6, 6, 7, 7]  # nothing on line 8
