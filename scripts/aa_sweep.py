@@ -3,7 +3,7 @@
 Runs N A/As (`tts_bench.ab.run_session`, both arms the same config) on the synthetic backend in
 duration mode (short windows: ramp, window, drain, a warm phase per arm) and counts the false
 verdicts on audio RTF and TTFP (the verdicts the A/B reports) and on the per-block window
-throughput (`tts_bench.windows.phase_throughputs` through `tts_bench.stats.compare`, higher is
+throughput (`tts_bench.load.windows.phase_throughputs` through `tts_bench.verdicts.stats.compare`, higher is
 better). The verdicts are 95 % ones, so about 5 % false per metric is the design rate; each
 count comes with its exact (Clopper-Pearson) interval.
 
@@ -30,8 +30,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tts_bench.ab import AbRequest, run_session  # noqa: E402
-from tts_bench.stats import clopper_pearson, compare  # noqa: E402
-from tts_bench.windows import phase_throughputs  # noqa: E402
+from tts_bench.verdicts.stats import clopper_pearson, compare  # noqa: E402
+from tts_bench.load.windows import phase_throughputs  # noqa: E402
 
 # One 0.1 s chunk per word, 4 ms per chunk (tests/unit/test_ab.py's synthetic case).
 SYNTH = ["backend=synthetic", "synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",

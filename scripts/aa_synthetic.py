@@ -33,9 +33,9 @@ if str(ROOT) not in sys.path:
 from tts_bench.ab import run_ab  # noqa: E402
 from tts_bench.ab.summary import _by_repeat  # noqa: E402
 from tts_bench.config import config_to_dict, load_config, parse_tiers  # noqa: E402
-from tts_bench.records import read_records  # noqa: E402
-from tts_bench.results import RunDir, load_avg  # noqa: E402
-from tts_bench.stats import compare  # noqa: E402
+from tts_bench.rundir.records import read_records  # noqa: E402
+from tts_bench.rundir.results import RunDir, load_avg  # noqa: E402
+from tts_bench.verdicts.stats import compare  # noqa: E402
 from scripts._aa import fmt_rate, rate  # noqa: E402
 
 SYNTH = ["backend=synthetic", "synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",

@@ -35,7 +35,7 @@ from stages.code2wav.token2wav import Token2Wav
 from stages.platform import deterministic_kernels, resolve_device, synchronize
 from stages.profiling.code2wav_step import prepare_streams, steady_start
 from stages.profiling.launches import count_launches
-from tts_bench.stats import block_interval, pct
+from tts_bench.verdicts.stats import block_interval, pct
 
 def _timed(t2w: Token2Wav, batch: list) -> tuple[float, list[np.ndarray]]:
     synchronize(t2w.device)

@@ -23,9 +23,9 @@ import numpy as np
 from tts_bench.backends.base import SynthesisRequest
 from tts_bench.backends.synthetic import SyntheticBackend
 from tts_bench.config import BenchConfig, SyntheticConfig
-from tts_bench.loadgen import run_phase
-from tts_bench.prompts import load_prompts, select_prompts
-from tts_bench.records import Job, PhaseLabels
+from tts_bench.load.loadgen import run_phase
+from tts_bench.inputs.prompts import load_prompts, select_prompts
+from tts_bench.rundir.records import Job, PhaseLabels
 
 
 def parse_args() -> argparse.Namespace:

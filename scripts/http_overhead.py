@@ -37,11 +37,11 @@ import numpy as np
 from tts_bench.backends import make_backend
 from tts_bench.backends.base import SynthesisRequest
 from tts_bench.config import BenchConfig, load_arm, parse_tier
-from tts_bench.loadgen import run_phase
-from tts_bench.metrics import aggregate
-from tts_bench.prompts import load_prompts, select_prompts
-from tts_bench.records import Job, PhaseLabels, RequestRecord
-from tts_bench.stats import compare
+from tts_bench.load.loadgen import run_phase
+from tts_bench.load.metrics import aggregate
+from tts_bench.inputs.prompts import load_prompts, select_prompts
+from tts_bench.rundir.records import Job, PhaseLabels, RequestRecord
+from tts_bench.verdicts.stats import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SEED = SynthesisRequest("", "").seed  # what `tts-bench serve` uses when no seed is sent
@@ -140,7 +140,7 @@ def summarize(cfg: BenchConfig, args, tier, records) -> dict:
     aggs = {arm: aggregate([r for rep in reps for r in rep]).to_dict() for arm, reps in records.items()}
     per_rep = {arm: [np.array([r.audio_rtf for r in rep if r.ok]) for rep in reps]
                for arm, reps in records.items()}
-    # Repeat k of each arm ran back to back: a block (tts_bench.stats).
+    # Repeat k of each arm ran back to back: a block (tts_bench.verdicts.stats).
     cmp = compare(per_rep["in-process"], per_rep["http"], min_effect_pct=cfg.bench.min_effect_pct)
     # Paired by prompt and repeat: the extra seconds HTTP adds to a request's last audio byte.
     excess_ms = [(h.audio_rtf - p.audio_rtf) * p.audio_seconds * 1e3

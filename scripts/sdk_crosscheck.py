@@ -39,9 +39,9 @@ from tts_bench.backends.base import SynthesisRequest
 from tts_bench.backends.http import HttpBackend
 from tts_bench.backends.synthetic import SyntheticBackend
 from tts_bench.config import load_config
-from tts_bench.loadgen import run_phase
-from tts_bench.prompts import load_prompts, select_prompts
-from tts_bench.records import Job, PhaseLabels
+from tts_bench.load.loadgen import run_phase
+from tts_bench.inputs.prompts import load_prompts, select_prompts
+from tts_bench.rundir.records import Job, PhaseLabels
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVED = {"backend": "synthetic", "synthetic": {

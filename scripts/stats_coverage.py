@@ -7,7 +7,7 @@ request = block shift (shared by both arms of the block: cancels in the pair)
         + ln(1 + effect) for the test arm,
 optionally with load bursts (a phase slowed by `burst` with probability `p_burst`: heavy tails)
 and a position effect (the second phase of a block runs `position` faster: counterbalancing
-cancels it at even K, and it widens the interval). Each run goes through `tts_bench.stats.compare`,
+cancels it at even K, and it widens the interval). Each run goes through `tts_bench.verdicts.stats.compare`,
 the code `tts-bench ab` uses, and we count how often the 95% interval covers the true effect, how
 often an A/A reads faster/slower, how often a known effect is called, and the mean MDE.
 
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tts_bench.stats import clopper_pearson, compare  # noqa: E402
+from tts_bench.verdicts.stats import clopper_pearson, compare  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from stages.code2wav.config import Code2WavConfig
 
 
-class _Timing(Protocol):  # tts_bench.profile.StageTiming (not imported: it imports this module)
+class _Timing(Protocol):  # tts_bench.profile.run.StageTiming (not imported: it imports this module)
     arm: str
     step: str
     rows: int

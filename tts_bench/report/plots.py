@@ -12,7 +12,7 @@ records of requests.jsonl), so an old run plots like a new one:
 | `report.html` | all of the above, images embedded as base64, with the run's verdict lines: one self-contained file a PR can link | |
 
 A block delta is `100 * (mean_test_k / mean_base_k - 1)` over block k's measured
-requests, the quantity `tts_bench.stats.compare` builds its interval from. matplotlib only,
+requests, the quantity `tts_bench.verdicts.stats.compare` builds its interval from. matplotlib only,
 imported with the Agg backend inside the functions (no display; nothing else pays for it).
 
     plots = plot_run(Path("results/runs/20261204-101500-ab-3fa9c1"))
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tts_bench.results import RunDir
+from tts_bench.rundir.results import RunDir
 
 METRICS = (("audio_rtf", "audio RTF (lower is faster)"), ("audio_ttfp_ms", "audio TTFP (ms)"))
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
@@ -143,7 +143,7 @@ def block_delta_figure(records, tiers: Sequence[str], arms: Sequence[str], resul
                        metric: str = "audio_rtf", label: str = "audio RTF"):
     """A/B: per tier, the block deltas of the metric's mean (dots), their mean (line), the
     verdict's 95% interval (band) and ±MDE (dashed), from the run's result where it has them."""
-    from tts_bench.ci_report import ab_comparisons
+    from tts_bench.report.ci import ab_comparisons
 
     plt = pyplot()
     fig, axes = _panels(plt, len(tiers))
@@ -241,7 +241,7 @@ def plot_run(path: Path | str) -> PlotSet:
 
 def verdict_lines(doc: Mapping[str, Any]) -> list[str]:
     """One line per tier and metric of an A/B result, or the gate/wer verdict, where recorded."""
-    from tts_bench.ci_report import ab_comparisons, verdict_text
+    from tts_bench.report.ci import ab_comparisons, verdict_text
 
     result = doc.get("result") or {}
     lines = []

@@ -19,7 +19,7 @@ top-level non-view aten operators on CPU) of four steps:
 The same profiler run also times the named ranges of `stages.profiling.ranges`: the talker
 step, the whole decode and its parts (flow encoder, CFM, HiFT): device ms on CUDA, host cpu_ms
 on CPU. With `tier=CxR` the talker is also measured at B = C and code2wav at
-b = min(max_num_seqs, ceil(C / R)), and `tts_bench.profile_split.TierSplit` turns those into
+b = min(max_num_seqs, ceil(C / R)), and `tts_bench.profile.split.TierSplit` turns those into
 time per second of audio per component. This module tabulates what the workloads return.
 
 Cost: each arm's stages are built once (talker slots = the largest B, cache positions = what
@@ -50,8 +50,8 @@ from stages.profiling.launches import LaunchCount, RangeTimes
 from stages.profiling.talker_step import measure_talker_step, profile_text, talker_cache_len, talker_positions
 from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import ConfigError
-from tts_bench import progress
-from tts_bench.profile_split import TierPlan, TierSplit
+from tts_bench.report import progress
+from tts_bench.profile.split import TierPlan, TierSplit
 
 if TYPE_CHECKING:
     from stages.code2wav.token2wav import Token2Wav

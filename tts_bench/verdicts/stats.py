@@ -24,7 +24,7 @@ noise and load bursts and checks the coverage (results/stats/coverage.md).
 
 One block has no spread to estimate: the verdict is `unresolved (1 repeat)` unless a calibrated
 run-to-run SD of d for this case, tier and hardware profile exists (`tts-bench calibrate`), in
-which case the interval uses it, with the calibration's degrees of freedom; `tts_bench.calibration`
+which case the interval uses it, with the calibration's degrees of freedom; `tts_bench.verdicts.calibration`
 hands one over only under the conditions it was made in (load, machine) and where its own
 one-block A/As read faster/slower at most 5 % of the time.
 
@@ -43,7 +43,7 @@ The verdict needs both significance and size (pyperf/asv practice):
     slower        CI lower bound > 0  and  delta >= +min_effect_pct
     within noise  otherwise; the text adds what the run could not see ("could not resolve < 7.9%")
     unresolved (1 repeat)   one block and no calibration
-    unresolved (metric resolution)   the values fall on a few steps (`tts_bench.resolution`)
+    unresolved (metric resolution)   the values fall on a few steps (`tts_bench.verdicts.resolution`)
 
 for lower-is-better metrics such as RTF (`lower_is_better=False` for throughput).
 
@@ -62,11 +62,11 @@ from typing import Literal
 import numpy as np
 
 from tts_bench.errors import InvalidRunError
-from tts_bench.resolution import Resolution, metric_resolution
+from tts_bench.verdicts.resolution import Resolution, metric_resolution
 
 Verdict = Literal["faster", "slower", "within noise", "unresolved (1 repeat)", "unresolved (metric resolution)"]
 UNRESOLVED: Verdict = "unresolved (1 repeat)"
-COARSE: Verdict = "unresolved (metric resolution)"  # tts_bench.resolution
+COARSE: Verdict = "unresolved (metric resolution)"  # tts_bench.verdicts.resolution
 Interval = Literal["t", "calibrated", "none"]
 
 ALPHA = 0.05
@@ -248,11 +248,11 @@ class Comparison:
     calibration: str | None = None  # the calibration file used (interval == "calibrated")
     mde_rough: bool = False  # MDE from < MDE_MIN_BLOCKS blocks' own spread: itself noise
     p_value: float | None = None  # two-sided t test of mean d = 0 (the interval's own test)
-    # Set by `tts_bench.holm.apply_holm` over a run's verdicts (None: not adjusted).
+    # Set by `tts_bench.verdicts.holm.apply_holm` over a run's verdicts (None: not adjusted).
     holm_p: float | None = None
     family_size: int | None = None
     holm_demoted: bool = False  # significant alone, not after Holm: verdict within noise
-    resolution: Resolution | None = None  # of the per-request values (tts_bench.resolution)
+    resolution: Resolution | None = None  # of the per-request values (tts_bench.verdicts.resolution)
 
     @property
     def significant(self) -> bool:
@@ -357,7 +357,7 @@ def compare(
 
     `calibrated` is used only with a single block (see the module docstring); with
     `check_resolution` a metric too coarse to resolve the minimum effect is `unresolved
-    (metric resolution)` (`tts_bench.resolution`)."""
+    (metric resolution)` (`tts_bench.verdicts.resolution`)."""
     pairs = _paired(_blocks(base, "base"), _blocks(test, "test"))
     d_mean, d_median = _log_ratios(pairs, np.mean), _log_ratios(pairs, np.median)
     cal_mean = calibrated.sd_mean if calibrated else None

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from tts_bench.limits import MAX_CONCURRENCY, MAX_PROMPTS, MAX_REPLICAS, MAX_SEED, check_range
+from tts_bench.config.limits import MAX_CONCURRENCY, MAX_PROMPTS, MAX_REPLICAS, MAX_SEED, check_range
 
 Mode = Literal["exact", "noninferiority", "auto"]
 
@@ -91,7 +91,7 @@ def _check_language(p: WerParams) -> None:
 
 
 def _check_sizes(p: WerParams) -> None:
-    """Upper bounds (tts_bench.limits): a typo must be a usage error, not an OOM."""
+    """Upper bounds (tts_bench.config.limits): a typo must be a usage error, not an OOM."""
     check_range("wer.num_prompts", p.num_prompts, 1, MAX_PROMPTS)
     check_range("wer.concurrency", p.concurrency, 1, MAX_CONCURRENCY)
     check_range("wer.replicas", p.replicas, 1, MAX_REPLICAS)

@@ -12,7 +12,7 @@ unknown key, the nearest valid name (`difflib`).
     load_dataclass(WerParams, {"beam_size": 3}, source="configs/wer/x.yaml")
 
 Also ours: the YAML reading (YAML 1.2 core scalars: only true/false are booleans, `1e-6` is a
-float, no timestamps; duplicate keys refused; UTF-8 files, `tts_bench._text`) and includes (a
+float, no timestamps; duplicate keys refused; UTF-8 files, `tts_bench.inputs.text`) and includes (a
 string where a section is expected is a file, relative to the including one: `stages:
 ../stages/tiny.yaml`, or a shipped `configs/...`). Overrides (`set_path`) edit the config's data
 and validate the whole tree again, so cross-key checks of every enclosing section run, as in a
@@ -37,10 +37,10 @@ import pydantic
 import yaml
 
 from stages.flags import EnvFlagError
-from tts_bench._text import read_utf8
-from tts_bench._yaml_aliases import AliasBlowUp, check_expansion
+from tts_bench.inputs.text import read_utf8
+from tts_bench.config.yaml_aliases import AliasBlowUp, check_expansion
 from tts_bench.errors import ConfigError
-from tts_bench.shipped import resolve_config_path, shipped_names
+from tts_bench.config.shipped import resolve_config_path, shipped_names
 
 _NONE = type(None)
 Loc = tuple[Any, ...]  # a pydantic error location: field names, list indices, union tags
@@ -73,7 +73,7 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
     def get_single_data(self) -> Any:
-        # Measured before it is built: an alias bomb never reaches `_plain` (tts_bench._yaml_aliases).
+        # Measured before it is built: an alias bomb never reaches `_plain` (tts_bench.config.yaml_aliases).
         node = self.get_single_node()
         if node is None:
             return None
@@ -99,7 +99,7 @@ _StrictLoader.add_implicit_resolver(
 def load_yaml_file(path: Path) -> Any:
     """Read one YAML document; a missing, unreadable or non-UTF-8 file or bad YAML is a
     ConfigError naming the file (and the line where there is one). A `configs/...` path that
-    does not exist from the working directory names a shipped config (`tts_bench.shipped`)."""
+    does not exist from the working directory names a shipped config (`tts_bench.config.shipped`)."""
     path = resolve_config_path(path)
     if not path.exists():
         raise ConfigError(

@@ -1,7 +1,7 @@
 """The duration-mode half of the load generator: ramp, measured window, drain.
 
-Called by `tts_bench.loadgen.run_phase` when it is given a `WindowPlan` (what the phase
-measures and why: `tts_bench.windows`). Closed loop: C workers send job 0, 1, 2, ... (the
+Called by `tts_bench.load.loadgen.run_phase` when it is given a `WindowPlan` (what the phase
+measures and why: `tts_bench.load.windows`). Closed loop: C workers send job 0, 1, 2, ... (the
 caller's `job_at` cycles the prompt set) while the phase is sending. Open loop: job k is due at
 its arrival offset and waits for one of the C slots. A controller decides the edges:
 
@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 
 from tts_bench.backends.base import Backend
-from tts_bench.records import Job, PhaseLabels, RequestRecord
-from tts_bench.windows import PhaseRecord, WindowPlan, audio_between, is_stable, sub_windows
+from tts_bench.rundir.records import Job, PhaseLabels, RequestRecord
+from tts_bench.load.windows import PhaseRecord, WindowPlan, audio_between, is_stable, sub_windows
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ async def run_timed_phase(
     timeout_s: float, plan: WindowPlan, sink=None, progress=None, arrivals: Iterator[float] | None = None,
 ):
     """One duration-mode phase (see the module docstring); returns a loadgen.PhaseResult."""
-    from tts_bench.loadgen import PhaseResult, run_request
+    from tts_bench.load.loadgen import PhaseResult, run_request
 
     live = _Live(time.perf_counter(), concurrency)
     phase_id = uuid.uuid4().hex[:12]
@@ -113,7 +113,7 @@ async def run_timed_phase(
 async def _dispatch(live: _Live, job_at, positions, arrivals, send) -> None:
     """Open loop: each arrival waits for a slot (at most C in flight), then is sent, until the
     phase stops sending (`loadgen.send_on_schedule`)."""
-    from tts_bench.loadgen import send_on_schedule  # loadgen imports this module when it runs a window
+    from tts_bench.load.loadgen import send_on_schedule  # loadgen imports this module when it runs a window
 
     async def wait_until(t: float) -> None:  # the next arrival, unless the phase stops sending first
         delay = t - time.perf_counter()

@@ -5,7 +5,7 @@ repeat): C worker coroutines pull jobs from a shared queue, so a new request is 
 one finishes and the in-flight count stays at C until the queue drains. Times are
 `time.perf_counter()` read in the client coroutine when a chunk *arrives*, like a real client.
 
-Per request (a `tts_bench.records.RequestRecord`, handed to `sink` as soon as it finishes, so a killed run keeps
+Per request (a `tts_bench.rundir.records.RequestRecord`, handed to `sink` as soon as it finishes, so a killed run keeps
 everything already measured):
 - `audio_ttfp_ms` = first chunk arrival − send, `audio_rtf` = (last chunk arrival − send) /
   audio seconds, `audio_seconds`, `num_chunks`, `num_codes`;
@@ -20,10 +20,10 @@ everything already measured):
     result = await run_phase(backend, jobs, concurrency=32, labels=PhaseLabels("base", "32x1", 0),
                              timeout_s=120, sink=run_dir.append_request)
 
-Open loop (`arrivals`, `tts_bench.arrivals`): request k is due at its arrival offset, waits for
-one of the C slots, and is sent then. Duration mode (`window`, `tts_bench.windows`): `jobs` is a
+Open loop (`arrivals`, `tts_bench.load.arrivals`): request k is due at its arrival offset, waits for
+one of the C slots, and is sent then. Duration mode (`window`, `tts_bench.load.windows`): `jobs` is a
 function from position to job (the prompt set cycles), the phase is ramp, window, drain, and the
-records are labelled and handed to `sink` when it ends (`tts_bench.loadwindow`). Either way the
+records are labelled and handed to `sink` when it ends (`tts_bench.load.loadwindow`). Either way the
 result carries the phase's `PhaseRecord` (count mode: the window is first send .. last end).
 """
 
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tts_bench.backends.base import Backend, RequestFailed, SynthesisRequest
-from tts_bench.records import Job, PhaseLabels, RequestRecord
-from tts_bench.windows import PhaseRecord, WindowPlan
+from tts_bench.rundir.records import Job, PhaseLabels, RequestRecord
+from tts_bench.load.windows import PhaseRecord, WindowPlan
 from tts_bench.wire.audio import pcm16
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ async def run_phase(
     the new records in completion order. With `window`, `jobs` maps a position to its job and
     the phase is a duration-mode one (see the module docstring)."""
     if window is not None:
-        from tts_bench.loadwindow import run_timed_phase
+        from tts_bench.load.loadwindow import run_timed_phase
 
         return await run_timed_phase(backend, jobs, concurrency=concurrency, labels=labels, timeout_s=timeout_s,
                                      plan=window, sink=sink, progress=progress, arrivals=arrivals)

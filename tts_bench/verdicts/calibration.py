@@ -49,9 +49,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tts_bench._versioned_json import VersionedJson
+from tts_bench.config.sut import sut_hash
+from tts_bench.rundir.versioned_json import VersionedJson
 from tts_bench.errors import ConfigError
-from tts_bench.stats import CalibratedSpread, mde_log, pct
+from tts_bench.verdicts.stats import CalibratedSpread, mde_log, pct
 
 CALIBRATION_VERSION = 2
 CALIBRATION_FILE = VersionedJson(
@@ -79,7 +80,7 @@ class RunConditions:
 
     @classmethod
     def now(cls) -> RunConditions:
-        from tts_bench.results import load_avg
+        from tts_bench.rundir.results import load_avg
 
         load = load_avg()
         return cls(load[0] if load else None, os.cpu_count(), platform.machine() or None)
@@ -113,8 +114,6 @@ class CalibrationConditions:
 
 def calibration_key(config: dict[str, Any], *, num_prompts: int | None = None) -> str:
     """The key a calibration is filed under (see the module docstring)."""
-    from tts_bench.gate.samples import sut_hash
-
     bench = {k: v for k, v in (config.get("bench") or {}).items() if k not in _PER_TIER_KEYS}
     if num_prompts is not None:
         bench["num_prompts"] = num_prompts

@@ -36,3 +36,18 @@ def check_writable(path: Path, *, flag: str, directory: bool) -> None:
         raise ConfigError(f"error: cannot write under {path}: {parent} is a file ({flag}); pass a path in a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"error: {parent} is not writable ({flag}); pass a path you can write to")
+
+
+def default_profile() -> str:
+    """`cpu-<N>core` from the CPU count; GPU hosts name theirs (`--profile h200`)."""
+    return f"cpu-{os.cpu_count() or 1}core"
+
+
+def resolve_profile(profile: str | None) -> str:
+    """`--profile` checked as a file-name-safe word, or the default when not given."""
+    if profile is None:
+        return default_profile()
+    if not is_file_name_word(profile):  # it names `<case>.<profile>.json` in results/baselines
+        raise ConfigError(f"error: bad profile {profile!r} (--profile); it names baseline and calibration files: "
+                          f"write {FILE_NAME_WORD_RULE}, e.g. cpu-2core or h200")
+    return profile

@@ -17,7 +17,7 @@ ConfigError (exit 2) naming the file, for every command that reads runs. `update
 run.json via a temp file + `os.replace`, so readers see either the old or the new document,
 never half.
 
-One writer at a time (`tts_bench._runlock`): `create` and `open(lock=True)` (`--resume`) take
+One writer at a time (`tts_bench.rundir.lock`): `create` and `open(lock=True)` (`--resume`) take
 the run's lock; a second writer gets exit 2 naming the holder; a dead holder's lock is taken
 over. Reading never counts a request twice: `iter_requests` keeps the first record of each
 request key (arm, tier, repeat, request_id), so even a record written by two processes at once
@@ -54,8 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tts_bench._appender import LineAppender, flush_path
-from tts_bench._runlock import LOCK_NAME, RunLock, holder_of
+from tts_bench.rundir.appender import LineAppender, flush_path
+from tts_bench.rundir.lock import LOCK_NAME, RunLock, holder_of
 from tts_bench.errors import ConfigError, TtsBenchError
 
 log = logging.getLogger(__name__)
@@ -293,7 +293,7 @@ class RunDir:
 
     def append_request(self, record: dict[str, Any]) -> None:
         """Append one finished request as a JSON line. Cheap and non-blocking (safe inside an
-        event loop): a background thread writes and fsyncs, see tts_bench._appender."""
+        event loop): a background thread writes and fsyncs, see tts_bench.rundir.appender."""
         line = json.dumps(record, separators=(",", ":"), default=_json_default)
         if self._appender is None or self._appender.closed:
             self._appender = LineAppender(self.requests_path)

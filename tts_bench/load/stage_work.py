@@ -1,6 +1,6 @@
 """Where a tier's time went inside the embedded runner: each stage's work over the measured phase.
 
-The phase hooks (`tts_bench.phases`) take a snapshot of every stage's loop counters when the
+The phase hooks (`tts_bench.load.phases`) take a snapshot of every stage's loop counters when the
 measured requests start and another when they end (`backend.work_snapshot()`, the embedded
 runner's `stages.runner.work`); the difference says, per stage, how busy it was (share of the
 phase's wall time inside steps), how long a step took and how many rows it carried, and how much
@@ -29,7 +29,7 @@ class StageWorkHooks:
     """Phase hooks: work counters at "measure" and "end" of every phase, recorded per phase."""
 
     def __init__(self, run_dir: Any = None) -> None:
-        self.run_dir = run_dir  # a tts_bench.results.RunDir, or None to keep entries here only
+        self.run_dir = run_dir  # a tts_bench.rundir.results.RunDir, or None to keep entries here only
         # A resumed run keeps what it recorded before.
         self.entries: list[dict] = list(run_dir.doc.get("stage_work", [])) if run_dir is not None else []
         self._before: list[dict] | None = None

@@ -21,7 +21,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
-from tts_bench.stats import ALPHA, Comparison
+from tts_bench.verdicts.stats import ALPHA, Comparison
 
 K = TypeVar("K", bound=Hashable)
 CALLED = ("faster", "slower")

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from tts_bench.records import RequestRecord
+from tts_bench.rundir.records import RequestRecord
 
 _STATS = ("mean", "median", "std", "p90", "p99")
 

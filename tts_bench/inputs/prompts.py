@@ -1,5 +1,5 @@
-"""Prompt sets in the seed-tts `meta.lst` format, the selection every command shares, and the
-requests a phase sends.
+"""Prompt sets in the seed-tts `meta.lst` format and the selection every command shares (the
+requests a phase sends from them: `tts_bench.load.plan`).
 
 A meta.lst line is `utt|prompt_text|prompt_wav|text`: an utterance id, the transcript of a
 reference recording, that recording's path (relative to the meta.lst directory) and the text to
@@ -24,13 +24,6 @@ the seed-tts normalization would count them as errors.
 
 When `n` exceeds the set, selection cycles and the copies get distinct request ids
 (`en_0001#2`), so results never hold the same id twice.
-
-A bench phase (`ab`, `mem`, `gate`) sends `plan_jobs(...)`: the same prompts, order and seeds in
-every arm, with ids that name the arm, tier, repeat and slot (`base:2x1:r0:0003`; warmups
-`base:2x1:r0:w01`), and each request's reference voice chosen by `prompts.voices`:
-
-    prompts = select_bench_prompts(cfg, 8)
-    warm, measured = plan_jobs(prompts, PhaseLabels("base", "2x1", 0), seed=42, warmup=2)
 """
 
 from __future__ import annotations
@@ -38,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -46,15 +39,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tts_bench._text import read_utf8
-from tts_bench.backends.base import SynthesisRequest
+from tts_bench.inputs.text import read_utf8
 from tts_bench.errors import ConfigError
-from tts_bench.records import Job
-from tts_bench.voices import request_voice
 
 if TYPE_CHECKING:
     from tts_bench.config import BenchConfig
-    from tts_bench.records import PhaseLabels
 
 BUILTIN_PREFIX = "builtin:"
 _MAX_REPORTED = 10  # malformed lines listed in one error
@@ -214,7 +203,7 @@ def check_bench_prompts(arms: dict, prompts: Sequence[Prompt]) -> None:
     text must fit an embedded arm's talker (`check_text_lengths`); every prompt wav must decode
     when an arm's backend sends voices, and be 16-bit PCM WAV when an arm makes `distinct`
     voices of it; else a ConfigError (exit 2) instead of an invalid run later."""
-    from tts_bench.voices import check_distinct_voices
+    from tts_bench.inputs.voices import check_distinct_voices
 
     base = next(iter(arms.values()))
     check_text_lengths(list(arms.values()), prompts, source=base.prompts.meta)
@@ -305,51 +294,3 @@ def select_bench_prompts(cfg: BenchConfig, num_prompts: int) -> list[Prompt]:
     prompts = load_prompts(cfg.prompts.meta)
     return list(select_prompts(prompts, num_prompts, shuffle=not cfg.bench.disable_shuffle,
                                seed=cfg.prompts.shuffle_seed))
-
-
-def request_id(arm: str, tier: str, repeat: int, slot: str) -> str:
-    """`base:2x1:r0:0003` (measured) / `base:2x1:r0:w01` (warmup); unique within a run."""
-    return f"{arm}:{tier}:r{repeat}:{slot}"
-
-
-def plan_jobs(
-    prompts: Sequence[Prompt], labels: PhaseLabels, *, seed: int, warmup: int, voices: str = "file"
-) -> tuple[list[Job], list[Job]]:
-    """(warmup jobs, measured jobs) for one phase; identical across arms but for the ids.
-    `voices`: which reference voice each request gets (tts_bench.voices, `prompts.voices`)."""
-    first = prompts[0].prompt_wav if prompts else None
-
-    def job(i: int, slot: str, is_warmup: bool) -> Job:
-        p = prompts[i % len(prompts)]
-        wav, audio = request_voice(p, slot, mode=voices, first=first)
-        req = SynthesisRequest(
-            request_id=request_id(labels.arm, labels.tier, labels.repeat, slot),
-            text=p.text, prompt_text=p.prompt_text, prompt_wav=wav, seed=seed + i, prompt_audio=audio,
-        )
-        return Job(req, p.utt, warmup=is_warmup)
-
-    warm = [job(i, f"w{i:02d}", True) for i in range(warmup)]
-    measured = [job(i, f"{i:04d}", False) for i in range(len(prompts))]
-    return warm, measured
-
-
-def cycle_jobs(
-    prompts: Sequence[Prompt], labels: PhaseLabels, *, seed: int, voices: str = "file", attempt: int = 0
-) -> Callable[[int], Job]:
-    """Duration mode's measured jobs: position i -> the job of prompt i mod n with seed `seed + i`,
-    the same in both arms but for the ids (the first n are `plan_jobs`' measured jobs). A phase
-    run again on --resume (`attempt` > 0) gets fresh ids (`0003.1`) beside the cut one's."""
-    first = prompts[0].prompt_wav if prompts else None
-    suffix = f".{attempt}" if attempt else ""
-
-    def job(i: int) -> Job:
-        p = prompts[i % len(prompts)]
-        slot = f"{i:04d}{suffix}"
-        wav, audio = request_voice(p, f"{i:04d}", mode=voices, first=first)  # the same voice in every attempt
-        req = SynthesisRequest(
-            request_id=request_id(labels.arm, labels.tier, labels.repeat, slot),
-            text=p.text, prompt_text=p.prompt_text, prompt_wav=wav, seed=seed + i, prompt_audio=audio,
-        )
-        return Job(req, p.utt, warmup=False)
-
-    return job

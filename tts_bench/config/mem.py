@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tts_bench.limits import MAX_PROMPTS, check_range
+from tts_bench.config.limits import MAX_PROMPTS, check_range
 
 SAMPLER_CHOICES = ("auto", "nvml", "npu-smi", "torch", "rss")
 # Sampling faster than this measures the sampler: an NVML query alone takes ~1 ms, and the

@@ -24,7 +24,7 @@ from tts_bench.errors import ConfigError
 
 if TYPE_CHECKING:
     from tts_bench.backends.base import SynthesisRequest
-    from tts_bench.results import RunDir
+    from tts_bench.rundir.results import RunDir
 
 T = TypeVar("T")
 
@@ -80,7 +80,7 @@ class RequestRecord:
     # a cache hit reuses a voice's prompt setup; a miss builds it (setup_ms, device synced).
     prompt_cache_hit: bool | None = None
     prompt_setup_ms: float | None = None
-    # Duration mode (tts_bench.windows): which part of the phase the request was sent in (ramp,
+    # Duration mode (tts_bench.load.windows): which part of the phase the request was sent in (ramp,
     # window, drain; only window requests are measured, the others are flagged warmup) and the
     # audio seconds of its chunks that arrived inside the window. None in count mode.
     window: str | None = None
@@ -103,7 +103,7 @@ def read_records(run_dir: RunDir) -> list[RequestRecord]:
     It reads and parses the whole JSONL: read once per result and pass the list along. A record
     without a field every request has (a line cut or edited by hand) is a ConfigError naming
     the file and the request, not a TypeError from the dataclass."""
-    from tts_bench.results import request_key  # results is heavier; records stays import-light
+    from tts_bench.rundir.results import request_key  # results is heavier; records stays import-light
 
     required = [f.name for f in fields(RequestRecord) if f.default is MISSING]
     records = []

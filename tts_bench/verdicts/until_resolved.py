@@ -31,9 +31,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tts_bench.limits import MAX_REPEATS
-from tts_bench.results import RunDir
-from tts_bench.stats import Comparison
+from tts_bench.config.limits import MAX_REPEATS
+from tts_bench.rundir.results import RunDir
+from tts_bench.verdicts.stats import Comparison
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class UntilResolved:
 
 def progress_line(tier: str, cmp: Comparison | None, rule: UntilResolved, repeats: int) -> str:
     """One stderr line per tier after each round: the current interval and the target."""
-    from tts_bench.tables import fmt_ci, fmt_pct  # pandas and rich: only when there is progress
+    from tts_bench.report.tables import fmt_ci, fmt_pct  # pandas and rich: only when there is progress
 
     if cmp is None:
         return f"until-resolved {tier}: {repeats} repeats, no comparison yet (failures?)"

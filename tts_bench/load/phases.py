@@ -3,7 +3,7 @@
 A phase is one (arm, tier, repeat): build a fresh backend for the arm's config, `start(R)` with
 the tier's R replicas, optionally run something first on the started backend (`before`: the
 memory run's unsampled warm tier), send the warmup requests (recorded, flagged), then the
-measured requests with exactly C in flight (`tts_bench.loadgen.run_phase`), record the backend's
+measured requests with exactly C in flight (`tts_bench.load.loadgen.run_phase`), record the backend's
 `describe()` under run.json `backends.<arm>`, and `stop()` whatever happened (stop also cleans
 up after a start that failed half-way). Every finished request goes to `sink` at once (default:
 appended to the run's requests.jsonl).
@@ -12,18 +12,18 @@ Hooks: `hooks.on_phase(arm, tier, repeat, phase, backend)` is called with phase 
 `start`, before the warmup requests), "measure" (before the measured requests) and "end" (after
 them, before `stop`). A hooks object may also have `abandon()`: called when the phase raised
 after "warmup" (before `stop`), so e.g. memory samplers stop and nothing half-done is recorded.
-`tts_bench.mem.hooks.MemoryHooks` and `tts_bench.stage_work.StageWorkHooks` are the ones in the
+`tts_bench.mem.hooks.MemoryHooks` and `tts_bench.load.stage_work.StageWorkHooks` are the ones in the
 box; `HookChain` runs several.
 
     warm, measured = plan_jobs(prompts, labels, seed=cfg.bench.seed, warmup=2)
     result = asyncio.run(run_fresh_phase(cfg, Tier(4, 2), labels, (warm, measured), run_dir=run))
     result.records      # the measured requests sent by this call, in completion order
 
-Duration mode (`window`, a `tts_bench.windows.WindowPlan`): the measured jobs are a function
-from position to job (`tts_bench.prompts.cycle_jobs`) and the measured phase is ramp, window,
-drain (`tts_bench.loadwindow`); open loop: `arrivals` (`tts_bench.arrivals`). With
+Duration mode (`window`, a `tts_bench.load.windows.WindowPlan`): the measured jobs are a function
+from position to job (`tts_bench.load.plan.cycle_jobs`) and the measured phase is ramp, window,
+drain (`tts_bench.load.loadwindow`); open loop: `arrivals` (`tts_bench.load.arrivals`). With
 `phase_log=True` the phase's `PhaseRecord` (throughput in the window, sub-windows, stability,
-validity) is appended to the run's phases.jsonl (`tts_bench.windows`).
+validity) is appended to the run's phases.jsonl (`tts_bench.load.windows`).
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tts_bench.backends import make_backend
 from tts_bench.backends.base import SizesForConcurrency
-from tts_bench.loadgen import PhaseResult, Sink, run_phase
-from tts_bench.records import Job, PhaseLabels
-from tts_bench.windows import WindowPlan, append_phase
+from tts_bench.load.loadgen import PhaseResult, Sink, run_phase
+from tts_bench.rundir.records import Job, PhaseLabels
+from tts_bench.load.windows import WindowPlan, append_phase
 
 if TYPE_CHECKING:
     from tts_bench.backends.base import Backend
     from tts_bench.config import BenchConfig, Tier
-    from tts_bench.results import RunDir
+    from tts_bench.rundir.results import RunDir
 
 log = logging.getLogger(__name__)
 
