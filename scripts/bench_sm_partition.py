@@ -11,7 +11,7 @@ partition left after reserving each of `--reserve` SMs (`stages.platform.partiti
 load eager and as graphs captured on the partition; the landmine, load graphs captured on the
 primary context and replayed into partition streams; and the chain confined to the reserved SMs,
 alone and beside the graph load (the talker on SMs of its own, which the runner measured slower
-and does not do: results/h200/README.md, seventh part).
+and does not do: D-EXEC-4).
 Each case: median and p90 of `--reps` chain replays (synchronized), and the load's iterations a
 second meanwhile (the partition's cost to the replicas). CUDA only. Prints a table and one JSON
 document as the last stdout line; `--out DIR` (default `$OUT`) writes `DIR/bench_sm_partition.json`.

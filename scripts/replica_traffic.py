@@ -12,7 +12,7 @@ in one process, and reports:
 It is the in-process control for the runner's A/Bs: on an H200 (2026-12-01) it stayed
 bit-identical with voices changing and the pool growing, while the same replica inside a
 runner process hit illegal memory accesses, until a new shape's first run moved off the
-capture stream (results/h200/README.md, fourth part).
+capture stream (D-GRAPH-1).
 
     PYTHONPATH=. python3 scripts/replica_traffic.py --live 16 --slots 16 --voices
     PYTHONPATH=. python3 scripts/replica_traffic.py --live 20 --slots 4      # the pool grows twice

@@ -55,7 +55,7 @@ SCENARIOS = (
     Scenario("tiny-like", n=12, sd_request=0.25, sd_phase=0.10),
     # The setting (2x1, 8 prompts) with load bursts: heavy-tailed phase shifts.
     Scenario("bursty", n=8, sd_request=0.20, sd_phase=0.05, p_burst=0.1, burst=0.4),
-    # An H200-like position effect (the second arm of a block ~12% faster, results/h200).
+    # An H200-like position effect (the second arm of a block ~12% faster, D-AB-1).
     Scenario("position", n=16, sd_request=0.10, sd_phase=0.03, position=-0.12),
 )
 
