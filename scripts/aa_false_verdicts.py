@@ -53,6 +53,7 @@ from tts_bench.gate.calibrate import loo_false_verdicts  # noqa: E402
 from tts_bench.verdicts.holm import apply_holm  # noqa: E402
 from tts_bench.verdicts.stats import CalibratedSpread, compare  # noqa: E402
 from scripts._aa import fmt_rate, rate  # noqa: E402
+from tts_bench.rundir.atomic_json import write_json_atomic  # noqa: E402
 
 METRICS = ("audio_rtf", "audio_ttfp_ms", "audio_throughput")
 CALLED = ("faster", "slower")
@@ -181,8 +182,7 @@ def main() -> None:
                                    "one_block_false": [f, j]} for m, (s, f, j) in c.items()}
                            for t, c in cal.items()},
            "cells": cells, "wall_s": round(wall, 1)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "aa_false_verdicts.json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_json_atomic(args.out / "aa_false_verdicts.json", doc)
     md = to_markdown(doc)
     (args.out / "aa_false_verdicts.md").write_text(md)
     sys.stdout.write(md + "\n")

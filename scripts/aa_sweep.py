@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tts_bench.ab import AbRequest, run_session  # noqa: E402
+from tts_bench.rundir.atomic_json import write_json_atomic  # noqa: E402
 from tts_bench.verdicts.stats import clopper_pearson, compare  # noqa: E402
 from tts_bench.load.windows import phase_throughputs  # noqa: E402
 
@@ -99,21 +100,27 @@ def main() -> None:
                                   "throughput": _half_width(runs, "throughput_ci95_pct")},
         "stable_phases": f"{sum(r['stable_phases'] for r in runs)}/{sum(r['phases'] for r in runs)}",
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps({**summary, "runs": runs}, indent=1) + "\n")
-    lines = [f"# {summary['what']}", "",
-             f"`PYTHONPATH=. python scripts/aa_sweep.py --runs {args.runs} --tier {args.tier} --repeats {args.repeats} "
-             f"--duration {args.duration:g} --window {args.window:g} --ramp {args.ramp:g}"
-             + (f" --request-rate {args.request_rate:g} --name {args.name}" if args.request_rate else "") + "`"
-             + f" ({summary['elapsed_s']:.0f} s; {summary['invalid_runs']} invalid runs; stable phases "
-             f"{summary['stable_phases']})", "",
+    doc = {**summary, "runs": runs}
+    write_json_atomic(args.out / f"{args.name}.json", doc)
+    (args.out / f"{args.name}.md").write_text(to_markdown(doc, args.name))
+    print(json.dumps(summary))
+
+
+def to_markdown(doc: dict, name: str) -> str:
+    """The sweep's table, with the command line that made it (`name`: the files' stem)."""
+    rate = doc["request_rate"]
+    lines = [f"# {doc['what']}", "",
+             f"`PYTHONPATH=. python scripts/aa_sweep.py --runs {len(doc['runs'])} --tier {doc['tier']} "
+             f"--repeats {doc['repeats']} --duration {doc['duration_s']:g} --window {doc['window_s']:g} "
+             f"--ramp {doc['ramp_s']:g}" + (f" --request-rate {rate:g} --name {name}" if rate else "") + "`"
+             + f" ({doc['elapsed_s']:.0f} s; {doc['invalid_runs']} invalid runs; stable phases "
+             f"{doc['stable_phases']})", "",
              "| metric | false verdicts | rate | 95% CI | median CI half-width |", "| --- | --- | --- | --- | --- |"]
-    for key, r in summary["false_verdicts"].items():
-        hw = summary["median_half_width_pct"].get(key)
+    for key, r in doc["false_verdicts"].items():
+        hw = doc["median_half_width_pct"].get(key)
         lines.append(f"| {key} | {r['false']}/{r['runs']} | {r['rate_pct']:.1f}% | "
                      f"[{r['ci95_pct'][0]:.1f}%, {r['ci95_pct'][1]:.1f}%] | {'n/a' if hw is None else f'{hw:.2f}%'} |")
-    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print(json.dumps(summary))
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

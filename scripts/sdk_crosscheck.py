@@ -41,6 +41,7 @@ from tts_bench.backends.synthetic import SyntheticBackend
 from tts_bench.config import load_config
 from tts_bench.load.loadgen import run_phase
 from tts_bench.inputs.prompts import load_prompts, select_prompts
+from tts_bench.rundir.atomic_json import write_json_atomic
 from tts_bench.rundir.records import Job, PhaseLabels
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +142,7 @@ def main() -> None:
     expected_ttfp = served.synthetic.first_chunk_delay_s * 1e3
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "served.yaml"
-        config.write_text(json.dumps(SERVED))  # JSON is YAML
+        write_json_atomic(config, SERVED)  # JSON is YAML
         server = Server(config)
         try:
             runs: dict[tuple[str, str], list[dict]] = {}

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tts_bench.rundir.atomic_json import write_json_atomic  # noqa: E402
 from tts_bench.verdicts.stats import clopper_pearson, compare  # noqa: E402
 
 
@@ -149,10 +150,9 @@ def main() -> None:
                 cells.append(run_cell(sc, blocks=k, effect_pct=eff, runs=args.runs,
                                       seed=args.seed + 1000 * i + 10 * k + j))
     wall = time.perf_counter() - t0
-    args.out.mkdir(parents=True, exist_ok=True)
     doc = {"runs_per_cell": args.runs, "seed": args.seed, "scenarios": [asdict(s) for s in SCENARIOS],
            "cells": [asdict(c) for c in cells], "wall_s": round(wall, 1)}
-    (args.out / "coverage.json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_json_atomic(args.out / "coverage.json", doc)
     md = to_markdown(cells, SCENARIOS, args.runs, wall)
     (args.out / "coverage.md").write_text(md)
     sys.stdout.write(md + "\n")

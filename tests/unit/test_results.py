@@ -16,9 +16,12 @@ import pytest
 
 from tts_bench.rundir import appender as _appender
 
-from tts_bench.rundir import results
+from tts_bench.rundir import atomic_json
 from tts_bench.errors import ConfigError, TtsBenchError
-from tts_bench.rundir.results import SCHEMA_VERSION, RunDir, collect_environment, request_key
+from tts_bench.rundir.provenance import collect_environment
+from tts_bench.rundir.records import request_key
+from tts_bench.rundir.results import RunDir
+from tts_bench.rundir.run_json import SCHEMA_VERSION
 
 
 def make_run(tmp_path, **kw) -> RunDir:
@@ -58,7 +61,7 @@ def test_environment_never_imports_torch():
     code = textwrap.dedent(
         """
         import sys
-        from tts_bench.rundir.results import collect_environment
+        from tts_bench.rundir.provenance import collect_environment
         env = collect_environment()
         assert "torch" not in sys.modules, "collect_environment imported torch"
         print(env["python"])
@@ -167,7 +170,7 @@ def test_update_is_atomic_and_merges(tmp_path, monkeypatch):
     def boom(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(results.os, "replace", boom)
+    monkeypatch.setattr(atomic_json.os, "replace", boom)
     with pytest.raises(OSError):
         run.update(status="broken")
     # The old document is intact: a failed update never leaves half a run.json behind.
@@ -269,7 +272,7 @@ def test_sigkill_keeps_every_flushed_request(tmp_path):
 
 
 def test_environment_names_the_runtime_variables_that_were_set(monkeypatch, tmp_path):
-    from tts_bench.rundir.results import RUNTIME_VARIABLES
+    from tts_bench.rundir.provenance import RUNTIME_VARIABLES
 
     for name in RUNTIME_VARIABLES:
         monkeypatch.delenv(name, raising=False)

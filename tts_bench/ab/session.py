@@ -31,7 +31,8 @@ from tts_bench.verdicts.calibration import Calibration, RunConditions, find_cali
 from tts_bench.config import BenchConfig, Tier, config_hash, config_to_dict, load_arms, load_dataclass, parse_tiers
 from tts_bench.errors import ConfigError
 from tts_bench.load.phases import HookChain
-from tts_bench.rundir.results import RunDir, python_argv
+from tts_bench.rundir.provenance import python_argv
+from tts_bench.rundir.results import RunDir
 from tts_bench.config.shipped import DEFAULT_AB_CONFIG, shipped_config
 from tts_bench.load.stage_work import StageWorkHooks
 from tts_bench.verdicts.until_resolved import DEFAULT_MAX_REPEATS, UntilResolved

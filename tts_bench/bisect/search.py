@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tts_bench.rundir.versioned_json import write_json_atomic
+from tts_bench.rundir.atomic_json import write_json_atomic
 from tts_bench.bisect.workspace import Server, Worktree, commits_between, free_port, repo_root, resolve
 from tts_bench.errors import ConfigError
 
@@ -69,7 +69,7 @@ class BisectRun:
     doc: dict[str, Any]
 
     def save(self) -> None:
-        write_json_atomic(self.doc, self.path / BISECT_JSON)
+        write_json_atomic(self.path / BISECT_JSON, self.doc)
 
     @property
     def plan(self) -> dict[str, Any]:

@@ -32,10 +32,11 @@ import numpy as np
 from tts_bench.config.paths import check_writable
 from tts_bench.config.paths import resolve_profile
 from tts_bench.config.sut import sut_hash
-from tts_bench.rundir.versioned_json import VersionedJson, write_json_atomic
+from tts_bench.rundir.atomic_json import write_json_atomic
+from tts_bench.rundir.versioned_json import VersionedJson
 from tts_bench.errors import ConfigError, InvalidRunError
 from tts_bench.gate.samples import METRICS, RunSamples, center
-from tts_bench.rundir.results import load_avg
+from tts_bench.rundir.provenance import load_avg
 
 BASELINE_VERSION = 1
 BASELINE_FILE = VersionedJson(
@@ -207,7 +208,7 @@ def write_baseline(doc: dict[str, Any], path: Path | str, *, tighten_only: bool 
         if not is_faster(doc, old):
             return UpdateDecision(False, path, f"kept {path}: the new runs are not faster on "
                                                f"{PRIMARY_METRIC} in every tier")
-    write_json_atomic(doc, path)
+    write_json_atomic(path, doc)
     return UpdateDecision(True, path, f"wrote {path} ({doc['n_runs']} runs)")
 
 

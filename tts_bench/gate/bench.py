@@ -22,7 +22,8 @@ from tts_bench.load.phases import run_fresh_phase
 from tts_bench.inputs.prompts import select_bench_prompts
 from tts_bench.load.plan import cycle_jobs, plan_jobs
 from tts_bench.rundir.records import PhaseLabels
-from tts_bench.rundir.results import RunDir, python_argv
+from tts_bench.rundir.provenance import python_argv
+from tts_bench.rundir.results import RunDir
 from tts_bench.load.windows import WindowPlan
 
 log = logging.getLogger(__name__)

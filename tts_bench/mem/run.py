@@ -41,7 +41,8 @@ from tts_bench.preflight import check_memory
 from tts_bench.inputs.prompts import check_bench_prompts, load_prompts, select_bench_prompts
 from tts_bench.rundir.records import PhaseLabels, RequestRecord
 from tts_bench.report import progress
-from tts_bench.rundir.results import RunDir, python_argv
+from tts_bench.rundir.provenance import python_argv
+from tts_bench.rundir.results import RunDir
 from tts_bench.config.shipped import DEFAULT_AB_CONFIG, shipped_config
 from tts_bench.load.windows import WindowPlan
 

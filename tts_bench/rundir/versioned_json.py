@@ -1,5 +1,6 @@
 """Versioned JSON files the harness keeps between runs (baselines, calibrations): one reader
-that checks the format version and answers in our words, and one atomic writer.
+that checks the format version and answers in our words (they are written with
+`tts_bench.rundir.atomic_json.write_json_atomic`).
 
 A file's format is described once, next to the code that builds it; readers get the document
 only when it is there, parses, and carries the version this tts-bench reads. Every failure is
@@ -9,14 +10,13 @@ a ConfigError (exit 2) that names the file, the flag it came from and what to do
                              record_hint="record one with tts-bench baseline update ...",
                              stale_hint="re-record it")
     doc = BASELINE.load(path)
-    write_json_atomic({**BASELINE.stamp(), ...}, path)
+    write_json_atomic(path, {**BASELINE.stamp(), ...})
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -90,14 +90,3 @@ def _long_int_key(doc: Any, key: str = "") -> tuple[str, int] | None:
         if found is not None:
             return found
     return None
-
-
-def write_json_atomic(doc: dict[str, Any], path: Path | str) -> Path:
-    """Write `doc` (indented, newline-terminated) so a reader never sees half a file: to a
-    temporary name beside it, then renamed over it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path

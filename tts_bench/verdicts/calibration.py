@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from tts_bench.config.sut import sut_hash
+from tts_bench.rundir.provenance import load_avg
 from tts_bench.rundir.versioned_json import VersionedJson
 from tts_bench.errors import ConfigError
 from tts_bench.verdicts.stats import CalibratedSpread, mde_log, pct
@@ -80,8 +81,6 @@ class RunConditions:
 
     @classmethod
     def now(cls) -> RunConditions:
-        from tts_bench.rundir.results import load_avg
-
         load = load_avg()
         return cls(load[0] if load else None, os.cpu_count(), platform.machine() or None)
 

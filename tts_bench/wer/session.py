@@ -25,7 +25,8 @@ from typing import Any
 
 from tts_bench.config import apply_overrides, config_hash, config_to_dict, load_arms, load_config, load_dataclass
 from tts_bench.errors import ConfigError, ExitStatus
-from tts_bench.rundir.results import RunDir, python_argv
+from tts_bench.rundir.provenance import python_argv
+from tts_bench.rundir.results import RunDir
 from tts_bench.config.shipped import DEFAULT_WER_CONFIG, shipped_config
 from tts_bench.wer import runner
 from tts_bench.wer.gate import check_history_dir, read_history
