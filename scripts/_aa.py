@@ -7,7 +7,7 @@ interval, and how a table cell prints it.
 
 from __future__ import annotations
 
-from tts_bench.stats import clopper_pearson
+from tts_bench.verdicts.stats import clopper_pearson
 
 
 def rate(count: int, n: int) -> dict:

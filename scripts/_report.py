@@ -1,6 +1,7 @@
 """How the measuring scripts hand back their result: `--out DIR` (default `$OUT`, the device
-machine's output folder) gets `<name>.json`, and the same JSON is the last line on stdout (the
-device tool returns the tail of the output, so the figures survive even without the file).
+machine's output folder) gets `<name>.json` (written whole or not at all, by the harness's one
+JSON writer), and the same JSON is the last line on stdout (the device tool returns the tail of
+the output, so the figures survive even without the file).
 
     add_out(ap)
     ...
@@ -13,6 +14,8 @@ import argparse
 import json
 import os
 from pathlib import Path
+
+from tts_bench.rundir.atomic_json import json_default, write_json_atomic
 
 
 def _folder(value: str) -> str | None:
@@ -27,6 +30,5 @@ def add_out(ap: argparse.ArgumentParser) -> None:
 
 def emit(doc: dict, out: str | None, name: str) -> None:
     if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        Path(out, f"{name}.json").write_text(json.dumps(doc, indent=1))
-    print(json.dumps(doc), flush=True)
+        write_json_atomic(Path(out, f"{name}.json"), doc)
+    print(json.dumps(doc, default=json_default), flush=True)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from stages.config import StageConfig
-from tts_bench._dataclass_yaml import load_dataclass, load_yaml_file
-from tts_bench.config import TINY_STAGES
-from tts_bench.prompts import load_prompts
-from tts_bench.shipped import resolve_config_path, shipped_config
+from tts_bench.config.loader import load_dataclass, load_yaml_file
+from tts_bench.config.files import TINY_STAGES
+from tts_bench.inputs.prompts import load_prompts
+from tts_bench.config.shipped import resolve_config_path, shipped_config
 
 
 def load_stages(path: str | Path) -> StageConfig:

@@ -11,13 +11,13 @@ each arm runs one phase of n requests, second arm of the block per `phase_order`
   synthetic backend;
 - throughput per phase: audio seconds / wall seconds, moved by the phase shift (steadier than RTF).
 
-Every comparison goes through `tts_bench.stats.compare`, the code `tts-bench ab` uses, twice:
+Every comparison goes through `tts_bench.verdicts.stats.compare`, the code `tts-bench ab` uses, twice:
 
 - before: the rules as they were (no metric-resolution check, no Holm, a one-block run uses a
   calibration whatever the machine is doing);
-- after: `compare` with its resolution check, Holm over the run's family (`tts_bench.holm`), and a
+- after: `compare` with its resolution check, Holm over the run's family (`tts_bench.verdicts.holm`), and a
   one-block run uses the calibration only under its recorded conditions and <= 5 % one-block rate
-  (`tts_bench.calibration`).
+  (`tts_bench.verdicts.calibration`).
 
 For one repeat a calibration is simulated as `tts-bench calibrate` makes it (200 A/As x 2 blocks
 on a quiet machine, load scale 1); the A/As then run on a busier machine (`--load-scale`, default
@@ -46,13 +46,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tts_bench.calibration import (  # noqa: E402
+from tts_bench.verdicts.calibration import (  # noqa: E402
     MAX_ONE_BLOCK_FALSE_RATE, MIN_ONE_BLOCK_JUDGED, CalibrationConditions, RunConditions,
 )
 from tts_bench.gate.calibrate import loo_false_verdicts  # noqa: E402
-from tts_bench.holm import apply_holm  # noqa: E402
-from tts_bench.stats import CalibratedSpread, compare  # noqa: E402
+from tts_bench.verdicts.holm import apply_holm  # noqa: E402
+from tts_bench.verdicts.stats import CalibratedSpread, compare  # noqa: E402
 from scripts._aa import fmt_rate, rate  # noqa: E402
+from tts_bench.rundir.atomic_json import write_json_atomic  # noqa: E402
 
 METRICS = ("audio_rtf", "audio_ttfp_ms", "audio_throughput")
 CALLED = ("faster", "slower")
@@ -181,8 +182,7 @@ def main() -> None:
                                    "one_block_false": [f, j]} for m, (s, f, j) in c.items()}
                            for t, c in cal.items()},
            "cells": cells, "wall_s": round(wall, 1)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "aa_false_verdicts.json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_json_atomic(args.out / "aa_false_verdicts.json", doc)
     md = to_markdown(doc)
     (args.out / "aa_false_verdicts.md").write_text(md)
     sys.stdout.write(md + "\n")

@@ -3,7 +3,7 @@
 Runs N A/As (`tts_bench.ab.run_session`, both arms the same config) on the synthetic backend in
 duration mode (short windows: ramp, window, drain, a warm phase per arm) and counts the false
 verdicts on audio RTF and TTFP (the verdicts the A/B reports) and on the per-block window
-throughput (`tts_bench.windows.phase_throughputs` through `tts_bench.stats.compare`, higher is
+throughput (`tts_bench.load.windows.phase_throughputs` through `tts_bench.verdicts.stats.compare`, higher is
 better). The verdicts are 95 % ones, so about 5 % false per metric is the design rate; each
 count comes with its exact (Clopper-Pearson) interval.
 
@@ -30,8 +30,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tts_bench.ab import AbRequest, run_session  # noqa: E402
-from tts_bench.stats import clopper_pearson, compare  # noqa: E402
-from tts_bench.windows import phase_throughputs  # noqa: E402
+from tts_bench.rundir.atomic_json import write_json_atomic  # noqa: E402
+from tts_bench.verdicts.stats import clopper_pearson, compare  # noqa: E402
+from tts_bench.load.windows import phase_throughputs  # noqa: E402
 
 # One 0.1 s chunk per word, 4 ms per chunk (tests/unit/test_ab.py's synthetic case).
 SYNTH = ["backend=synthetic", "synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",
@@ -99,21 +100,27 @@ def main() -> None:
                                   "throughput": _half_width(runs, "throughput_ci95_pct")},
         "stable_phases": f"{sum(r['stable_phases'] for r in runs)}/{sum(r['phases'] for r in runs)}",
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps({**summary, "runs": runs}, indent=1) + "\n")
-    lines = [f"# {summary['what']}", "",
-             f"`PYTHONPATH=. python scripts/aa_sweep.py --runs {args.runs} --tier {args.tier} --repeats {args.repeats} "
-             f"--duration {args.duration:g} --window {args.window:g} --ramp {args.ramp:g}"
-             + (f" --request-rate {args.request_rate:g} --name {args.name}" if args.request_rate else "") + "`"
-             + f" ({summary['elapsed_s']:.0f} s; {summary['invalid_runs']} invalid runs; stable phases "
-             f"{summary['stable_phases']})", "",
+    doc = {**summary, "runs": runs}
+    write_json_atomic(args.out / f"{args.name}.json", doc)
+    (args.out / f"{args.name}.md").write_text(to_markdown(doc, args.name))
+    print(json.dumps(summary))
+
+
+def to_markdown(doc: dict, name: str) -> str:
+    """The sweep's table, with the command line that made it (`name`: the files' stem)."""
+    rate = doc["request_rate"]
+    lines = [f"# {doc['what']}", "",
+             f"`PYTHONPATH=. python scripts/aa_sweep.py --runs {len(doc['runs'])} --tier {doc['tier']} "
+             f"--repeats {doc['repeats']} --duration {doc['duration_s']:g} --window {doc['window_s']:g} "
+             f"--ramp {doc['ramp_s']:g}" + (f" --request-rate {rate:g} --name {name}" if rate else "") + "`"
+             + f" ({doc['elapsed_s']:.0f} s; {doc['invalid_runs']} invalid runs; stable phases "
+             f"{doc['stable_phases']})", "",
              "| metric | false verdicts | rate | 95% CI | median CI half-width |", "| --- | --- | --- | --- | --- |"]
-    for key, r in summary["false_verdicts"].items():
-        hw = summary["median_half_width_pct"].get(key)
+    for key, r in doc["false_verdicts"].items():
+        hw = doc["median_half_width_pct"].get(key)
         lines.append(f"| {key} | {r['false']}/{r['runs']} | {r['rate_pct']:.1f}% | "
                      f"[{r['ci95_pct'][0]:.1f}%, {r['ci95_pct'][1]:.1f}%] | {'n/a' if hw is None else f'{hw:.2f}%'} |")
-    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print(json.dumps(summary))
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

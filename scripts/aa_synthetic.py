@@ -31,12 +31,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tts_bench.ab import run_ab  # noqa: E402
-from tts_bench.ab.summary import _by_repeat  # noqa: E402
 from tts_bench.config import config_to_dict, load_config, parse_tiers  # noqa: E402
-from tts_bench.records import read_records  # noqa: E402
-from tts_bench.results import RunDir, load_avg  # noqa: E402
-from tts_bench.stats import compare  # noqa: E402
+from tts_bench.rundir.records import read_records  # noqa: E402
+from tts_bench.rundir.provenance import load_avg  # noqa: E402
+from tts_bench.rundir.results import RunDir  # noqa: E402
+from tts_bench.verdicts.stats import compare  # noqa: E402
 from scripts._aa import fmt_rate, rate  # noqa: E402
+from tts_bench.rundir.atomic_json import write_json_atomic  # noqa: E402
 
 SYNTH = ["backend=synthetic", "synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",
          "synthetic.first_chunk_delay_s=0.003", "synthetic.chunk_delay_s=0.003", "bench.warmup=1"]
@@ -45,12 +46,21 @@ METRICS = {"audio_rtf": "rtf", "audio_ttfp_ms": "ttfp", "audio_throughput": "thr
 CALLED = ("faster", "slower")
 
 
+def by_repeat(records, metric: str) -> dict[int, list[float]]:
+    """`metric` of the successful requests, per repeat (a block of the comparison)."""
+    groups: dict[int, list[float]] = {}
+    for r in records:
+        if r.ok:
+            groups.setdefault(r.repeat, []).append(getattr(r, metric))
+    return groups
+
+
 def before_verdicts(records, tier: str, min_effect_pct: float) -> dict[str, str | None]:
     """The tier's verdicts as computed before the resolution check and Holm."""
     out = {}
     per_arm = {a: [r for r in records if r.tier == tier and r.arm == a and not r.warmup] for a in ("base", "test")}
     for metric in ("audio_rtf", "audio_ttfp_ms"):
-        b, t = _by_repeat(per_arm["base"], metric), _by_repeat(per_arm["test"], metric)
+        b, t = by_repeat(per_arm["base"], metric), by_repeat(per_arm["test"], metric)
         keys = sorted(set(b) | set(t))
         out[metric] = compare([b.get(k, []) for k in keys], [t.get(k, []) for k in keys],
                               min_effect_pct=min_effect_pct, check_resolution=False).verdict
@@ -102,8 +112,7 @@ def main() -> None:
     doc = {"script": "scripts/aa_synthetic.py", "sets": SYNTH, "tiers": TIERS, "num_prompts": args.num_prompts,
            "min_effect_pct": 2.0, "cells": cells, "wall_s": round(wall, 1),
            "load_1min": {"min": min(known, default=None), "max": max(known, default=None)}}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "aa_false_verdicts_synthetic.json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_json_atomic(args.out / "aa_false_verdicts_synthetic.json", doc)
     md = to_markdown(doc)
     (args.out / "aa_false_verdicts_synthetic.md").write_text(md)
     sys.stdout.write(md + "\n")

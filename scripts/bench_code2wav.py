@@ -32,10 +32,10 @@ import torch
 from scripts._report import add_out, emit
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.token2wav import Token2Wav
-from stages.platform import deterministic_kernels, resolve_device, synchronize
+from stages.platform import deterministic_kernels, empty_cache, resolve_device, synchronize, thread_stream
 from stages.profiling.code2wav_step import prepare_streams, steady_start
 from stages.profiling.launches import count_launches
-from tts_bench.stats import block_interval, pct
+from tts_bench.verdicts.stats import block_interval, pct
 
 def _timed(t2w: Token2Wav, batch: list) -> tuple[float, list[np.ndarray]]:
     synchronize(t2w.device)
@@ -159,8 +159,7 @@ def bench_threads(base: Code2WavConfig, device: torch.device, replicas: int, row
 
     def work(t2w: Token2Wav, mine: list) -> None:
         try:
-            stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-            with torch.cuda.stream(stream) if stream is not None else _null():
+            with thread_stream(device):  # its own device stream, as a replica thread runs
                 for step in range(warm):
                     t2w.decode([s[step] for s in mine])
                 barrier.wait()
@@ -187,12 +186,6 @@ def bench_threads(base: Code2WavConfig, device: torch.device, replicas: int, row
 
 def _ci(ci: list[float] | None) -> str:
     return "n/a" if ci is None else f"{ci[0]:+.1f}% [{ci[1]:+.1f}, {ci[2]:+.1f}]"
-
-
-def _null():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def main() -> int:
@@ -255,7 +248,7 @@ def main() -> int:
             )
             print(f"tf32={mode:4s} B={b:3d}  {cols}", file=sys.stderr, flush=True)
         del arms
-        torch.cuda.empty_cache() if device.type == "cuda" else None
+        empty_cache(device)
     threads = []
     for r in [int(x) for x in args.threads.split(",") if x]:
         t = bench_threads(Code2WavConfig(extra=dict(ARMS[args.thread_arm])), device, r, args.thread_rows,
@@ -264,7 +257,7 @@ def main() -> int:
         threads.append(t)
         print(f"threads={r} rows={t['rows']}: {t['audio_s_per_s']:.2f} audio s/s "
               f"(each stream at RTF {t['rtf_if_fed']:.3f})", file=sys.stderr, flush=True)
-        torch.cuda.empty_cache() if device.type == "cuda" else None
+        empty_cache(device)
     doc = {"device": str(device), "torch": torch.__version__, "results": results, "threads": threads}
     emit(doc, args.out, "bench_code2wav")
     return 0

@@ -23,6 +23,7 @@ import sys
 import torch
 
 from scripts._report import add_out, emit
+from stages.platform import device_name, tf32_scope
 
 # (name, N, K, gelu): the DiT's linears; every one has a bias.
 SHAPES = [("qkv", 1536, 512, False), ("proj", 512, 512, False), ("fc1", 2048, 512, True),
@@ -45,8 +46,6 @@ def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _cublas(x, w, b, gelu: bool, tf32: bool):
-    from stages.platform import tf32_scope
-
     def call():
         with tf32_scope(x.device, tf32):
             y = torch.nn.functional.linear(x, w, b)
@@ -109,7 +108,7 @@ def main() -> int:
               f"{row['triton_tf32x3_unsplit_ms'] * 1e3:7.1f}u {(row['best_ms'] or 0) * 1e3:7.1f}u  {best} / "
               f"{row['cublas_fp32_err']:.1e} {row['cublas_tf32_err']:.1e} {row['triton_tf32x3_err']:.1e}",
               file=sys.stderr)
-    doc = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
+    doc = {"device": device_name(device), "torch": torch.__version__,
            "triton": __import__("triton").__version__, "results": results}
     emit(doc, args.out, "dit_gemm_bench")
     return 0

@@ -55,7 +55,17 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from scripts._report import add_out, emit
-from stages.platform import synchronize
+from stages.platform import (
+    GraphAPI,
+    cuda_available,
+    device_name,
+    graph_api,
+    is_cpu,
+    is_cuda,
+    synchronize,
+    timing_event,
+)
+from stages.platform.graphs import SideStreamCapture
 from stages.profiling.launches import count_launches
 from stages.talker import prelude
 from stages.talker.config import SamplingConfig, TalkerConfig
@@ -95,8 +105,8 @@ def resolve_device(kind: str) -> torch.device:
     if kind not in ("auto", "cuda", "cpu"):
         raise SystemExit(f"error: unknown device {kind!r} (--device); valid: auto, cuda, cpu")
     if kind == "auto":
-        kind = "cuda" if torch.cuda.is_available() else "cpu"
-    if kind == "cuda" and not torch.cuda.is_available():
+        kind = "cuda" if cuda_available() else "cpu"
+    if kind == "cuda" and not cuda_available():
         raise SystemExit("error: no CUDA device (--device cuda); use --device auto or cpu")
     return torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
 
@@ -133,14 +143,14 @@ def time_interleaved(fns: dict[str, Callable[[], object]], inner: dict[str, int]
         for _ in range(warmup):
             fns[name]()
     synchronize(device)
-    cuda = device.type == "cuda"
+    events = not is_cpu(device)  # device events on a device, the host's wall clock on CPU
     marks: dict[str, list] = {name: [] for name in names}
     for r in range(reps):
         k = r % len(names)
         for name in names[k:] + names[:k]:
             fn, n = fns[name], inner[name]
-            if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if events:
+                start, end = timing_event(device), timing_event(device)
                 start.record()
                 for _ in range(n):
                     fn()
@@ -152,7 +162,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], inner: dict[str, int]
                     fn()
                 marks[name].append((time.perf_counter_ns() - t0) / 1e3)
     synchronize(device)
-    if not cuda:
+    if not events:
         return {name: [us / inner[name] for us in marks[name]] for name in names}
     return {name: [a.elapsed_time(b) * 1e3 / inner[name] for a, b in marks[name]]
             for name in names}  # fmt: skip
@@ -191,7 +201,7 @@ def build_impls(device: torch.device, args: tuple[torch.Tensor, ...]) -> tuple[d
         empty = kernel_for(_empty_kernel, device)
         impls["empty"] = lambda: empty[(1,)](args[0])
         compiled = empty[(1,)](args[0])  # JITFunction.run returns the CompiledKernel
-        if device.type != "cpu" and callable(getattr(compiled, "__getitem__", None)):
+        if not is_cpu(device) and callable(getattr(compiled, "__getitem__", None)):
             impls["empty_direct"] = lambda: compiled[(1, 1, 1)](args[0])
             raw = direct_launch(compiled)
             impls["empty_raw"] = lambda: raw(1, 1, 1, args[0])
@@ -201,24 +211,18 @@ def build_impls(device: torch.device, args: tuple[torch.Tensor, ...]) -> tuple[d
         why = "no fused path here (CPU needs TRITON_INTERPRET=1, or triton is missing)"
         for impl in ("fused", "fused_alloc", "empty", "empty_direct", "empty_raw"):
             notes[impl] = why
-    if device.type == "cuda":
-        impls["eager_graph"] = capture_eager(device, args)
+    api = graph_api(device)
+    if api is not None:
+        impls["eager_graph"] = capture_eager(api, args)
     else:
         notes["eager_graph"] = "needs a CUDA device"
     return impls, notes
 
 
-def capture_eager(device: torch.device, args: tuple[torch.Tensor, ...]) -> Callable[[], object]:
-    """Capture the eager chain once on static inputs; the callable replays it."""
-    side = torch.cuda.Stream(device=device)
-    side.wait_stream(torch.cuda.current_stream())  # inputs were written on the default stream
-    with torch.cuda.stream(side):  # warm up off the default stream (CUDA graph rule)
-        for _ in range(3):
-            penalty_temperature_eager(*args)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        penalty_temperature_eager(*args)
+def capture_eager(api: GraphAPI, args: tuple[torch.Tensor, ...]) -> Callable[[], object]:
+    """Capture the eager chain once on static inputs, as the stages capture (warmed up on a side
+    stream that first waits for the inputs' stream); the callable replays it."""
+    graph, _ = SideStreamCapture(api).capture(lambda: penalty_temperature_eager(*args))
     return graph.replay
 
 
@@ -232,7 +236,9 @@ def check_bit_exact(impls: dict, device: torch.device, args: tuple[torch.Tensor,
     synchronize(device)
     bits = eager.view(torch.int32)
     same = all(torch.equal(x.view(torch.int32), bits) for x in (fused, fused_alloc))
-    if not same or prelude._latch_tripped:
+    # After a failed launch the process latch drops every fused call to eager: ask again.
+    still_fused = select_prelude(fused=True, device=device) is prelude.penalty_temperature_fused
+    if not same or not still_fused:
         raise SystemExit("error: fused prelude is not bit-exact with eager here (bench_prelude)")
     return True
 
@@ -241,7 +247,7 @@ def window_plan(fn: Callable[[], object], device: torch.device, opts: argparse.N
                 ) -> tuple[int, int]:
     """(inner, reps) for one impl: the options on a device; on CPU (possibly the interpreter,
     ~35 ms a call) shrunk to fit `--cpu-budget-s` per cell."""
-    if device.type != "cpu":
+    if not is_cpu(device):
         return opts.inner, opts.reps
     t0 = time.perf_counter()
     fn()
@@ -256,7 +262,7 @@ def measure_batch(impls: dict[str, Callable[[], object]], batch: int, device: to
     plans = {name: window_plan(fn, device, opts) for name, fn in impls.items()}
     reps = min(r for _, r in plans.values())
     inner = {name: i for name, (i, _) in plans.items()}
-    warmup = opts.warmup if device.type != "cpu" else min(opts.warmup, *inner.values())
+    warmup = opts.warmup if not is_cpu(device) else min(opts.warmup, *inner.values())
     samples = time_interleaved(impls, inner, device, reps=reps, warmup=warmup)
     cells = []
     for name, fn in impls.items():
@@ -295,7 +301,7 @@ def acceptance(cells: list[Cell], device: torch.device) -> dict:
             "pass": speedup >= MIN_SPEEDUP and floor_ratio <= MAX_FLOOR_RATIO
             and fused.kernels_per_call == 1.0,
         }
-    applies = device.type == "cuda" and bool(rows)
+    applies = is_cuda(device) and bool(rows)
     return {"applies": applies, "criteria": {"min_speedup": MIN_SPEEDUP,
             "max_ratio_to_empty": MAX_FLOOR_RATIO, "fused_kernels_per_call": 1},
             "per_batch": rows, "pass": all(r["pass"] for r in rows.values()) if applies else None}
@@ -311,8 +317,9 @@ def environment(device: torch.device) -> dict:
     except Exception:  # no triton: the fused rows are skipped with a note
         pass
     info["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
-    if device.type == "cuda":
-        info["device_name"] = torch.cuda.get_device_name(device)
+    name = device_name(device)
+    if name is not None:
+        info["device_name"] = name
     else:
         info["torch_threads"] = torch.get_num_threads()
     return info
@@ -363,7 +370,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
     device = resolve_device(opts.device)
-    if device.type == "cpu":
+    if is_cpu(device):
         torch.set_num_threads(opts.cpu_threads)
     batches = [int(b) for b in opts.batches.split(",")]
     env = environment(device)
@@ -387,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     print(render_table(cells, batches))
     for impl, why in sorted(notes.items()):
         print(f"note: {impl}: {why}")
-    doc = {"schema": SCHEMA, "env": env, "timer": "cuda_events" if device.type == "cuda"
+    doc = {"schema": SCHEMA, "env": env, "timer": "cuda_events" if is_cuda(device)
            else "wall_clock", "config": {k: (str(v) if isinstance(v, Path) else v)
            for k, v in vars(opts).items()}, "bit_exact": exact,
            "acceptance": acceptance(cells, device), "notes": notes,

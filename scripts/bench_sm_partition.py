@@ -11,7 +11,7 @@ partition left after reserving each of `--reserve` SMs (`stages.platform.partiti
 load eager and as graphs captured on the partition; the landmine, load graphs captured on the
 primary context and replayed into partition streams; and the chain confined to the reserved SMs,
 alone and beside the graph load (the talker on SMs of its own, which the runner measured slower
-and does not do: results/h200/README.md, seventh part).
+and does not do: D-EXEC-4).
 Each case: median and p90 of `--reps` chain replays (synchronized), and the load's iterations a
 second meanwhile (the partition's cost to the replicas). CUDA only. Prints a table and one JSON
 document as the last stdout line; `--out DIR` (default `$OUT`) writes `DIR/bench_sm_partition.json`.
@@ -26,12 +26,13 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from scripts._report import add_out, emit
-from stages.platform.device import describe_device
-from stages.platform.partition import SmSplit, split_sms
+from stages.platform import GraphAPI, cuda_available, describe_device, graph_api, synchronize
+from stages.platform.partition import SmSplit, new_cuda_stream, split_sms
 
 ROWS, DIM, BLOCKS = 64, 768, 20
 
@@ -77,23 +78,24 @@ def make_load(device: torch.device) -> tuple[Callable[[], object], tuple[torch.T
     return load, inputs
 
 
-def capture(fn: Callable[[], object], stream) -> torch.cuda.CUDAGraph:
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+def capture(api: GraphAPI, fn: Callable[[], object], stream) -> Any:
+    """`fn` as a device graph captured on `stream` (a partition's stream: the graph runs there)."""
+    stream.wait_stream(api.current_stream())
+    with api.use_stream(stream):
         fn()  # warmup off the capture's default stream (CUDA rule)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
+    synchronize(stream.device)
+    graph = api.graph()
+    with api.capture(graph, stream=stream):
         fn()
-    torch.cuda.synchronize()
+    synchronize(stream.device)
     return graph
 
 
-def time_chain(graph: torch.cuda.CUDAGraph, stream, reps: int) -> dict:
+def time_chain(api: GraphAPI, graph: Any, stream, reps: int) -> dict:
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        with torch.cuda.stream(stream):
+        with api.use_stream(stream):
             graph.replay()
         stream.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
@@ -101,12 +103,13 @@ def time_chain(graph: torch.cuda.CUDAGraph, stream, reps: int) -> dict:
     return {"median_ms": round(statistics.median(times), 3), "p90_ms": round(times[int(0.9 * (reps - 1))], 3)}
 
 
-def beside_load(chain: torch.cuda.CUDAGraph, stream, loads: list[Callable[[], object]], streams: list, reps: int) -> dict:
+def beside_load(api: GraphAPI, chain: Any, stream, loads: list[Callable[[], object]], streams: list,
+                reps: int) -> dict:
     stop, counts = threading.Event(), [0] * len(loads)
 
     def worker(i: int) -> None:
         while not stop.is_set():
-            with torch.cuda.stream(streams[i]):
+            with api.use_stream(streams[i]):
                 loads[i]()
             streams[i].synchronize()
             counts[i] += 1
@@ -116,7 +119,7 @@ def beside_load(chain: torch.cuda.CUDAGraph, stream, loads: list[Callable[[], ob
         t.start()
     time.sleep(0.5)  # the load running steadily
     done, t0 = sum(counts), time.perf_counter()
-    out = time_chain(chain, stream, reps)
+    out = time_chain(api, chain, stream, reps)
     out["load_iters_per_s"] = round((sum(counts) - done) / (time.perf_counter() - t0), 1)
     stop.set()
     for t in threads:
@@ -124,21 +127,24 @@ def beside_load(chain: torch.cuda.CUDAGraph, stream, loads: list[Callable[[], ob
     return out
 
 
-def partition_cases(split: SmSplit, chain, chain_fn, talker, load, threads: int, reps: int) -> dict:
+def partition_cases(api: GraphAPI, split: SmSplit, chain, chain_fn, talker, load, threads: int,
+                    reps: int) -> dict:
     """The load on `split.rest`, the chain on the whole device or confined to `split.held`."""
+    device = split.rest.device
     streams = [split.rest.stream() for _ in range(threads)]
-    graphs = [capture(load, s) for s in streams]
-    primary_graphs = [capture(load, torch.cuda.Stream()) for _ in range(threads)]
+    graphs = [capture(api, load, s) for s in streams]
+    primary_graphs = [capture(api, load, new_cuda_stream(device)) for _ in range(threads)]
     held = split.held.stream(priority=-1)
-    confined = capture(chain_fn, split.held.stream())
+    confined = capture(api, chain_fn, split.held.stream())
     return {
-        "load_eager": beside_load(chain, talker, [load] * threads, streams, reps),
-        "load_graphs": beside_load(chain, talker, [g.replay for g in graphs], streams, reps),
+        "load_eager": beside_load(api, chain, talker, [load] * threads, streams, reps),
+        "load_graphs": beside_load(api, chain, talker, [g.replay for g in graphs], streams, reps),
         # the landmine: graphs captured on the primary context, replayed into partition streams
-        "load_primary_graphs_into_partition": beside_load(chain, talker, [g.replay for g in primary_graphs], streams, reps),
+        "load_primary_graphs_into_partition": beside_load(api, chain, talker, [g.replay for g in primary_graphs],
+                                                          streams, reps),
         # the chain itself on the held SMs only
-        "chain_on_held_alone": time_chain(confined, held, reps),
-        "chain_on_held_load_graphs": beside_load(confined, held, [g.replay for g in graphs], streams, reps),
+        "chain_on_held_alone": time_chain(api, confined, held, reps),
+        "chain_on_held_load_graphs": beside_load(api, confined, held, [g.replay for g in graphs], streams, reps),
     }
 
 
@@ -156,23 +162,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=30)
     add_out(ap)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
+    if not cuda_available():
         raise SystemExit("error: the SM-partition benchmark needs a CUDA device")
     device = torch.device("cuda", 0)
+    api = graph_api(device)
     chain_fn, (load, _) = make_chain(device), make_load(device)
     x = torch.randn(ROWS, DIM, device=device)
-    talker = torch.cuda.Stream(device=device, priority=-1)
+    talker = new_cuda_stream(device, priority=-1)  # the primary context's SMs, high priority
     step = lambda: chain_fn(x)  # noqa: E731
-    chain = capture(step, torch.cuda.Stream(device=device))
+    chain = capture(api, step, new_cuda_stream(device))
     print(f"sm partition bench | {describe_device(device)} | chain {BLOCKS} blocks at B={ROWS}")
-    cases = {"alone": time_chain(chain, talker, args.reps),
-             "load_on_whole_device": beside_load(chain, talker, [load] * args.load_threads,
-                                                 [torch.cuda.Stream() for _ in range(args.load_threads)], args.reps)}
+    cases = {"alone": time_chain(api, chain, talker, args.reps),
+             "load_on_whole_device": beside_load(api, chain, talker, [load] * args.load_threads,
+                                                 [new_cuda_stream(device) for _ in range(args.load_threads)],
+                                                 args.reps)}
     partitions = {}
     for count in (int(c) for c in args.reserve.split(",")):
         split = split_sms(device, count)
         partitions[count] = split.describe()
-        for kind, r in partition_cases(split, chain, step, talker, load, args.load_threads, args.reps).items():
+        for kind, r in partition_cases(api, split, chain, step, talker, load, args.load_threads, args.reps).items():
             cases[f"reserve_{split.held.sms}_{kind}"] = r
     doc = {"schema": "sm-partition-bench/1", "device": describe_device(device), "reps": args.reps,
            "load_threads": args.load_threads, "partitions": partitions, "cases": cases}

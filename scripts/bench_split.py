@@ -31,6 +31,7 @@ from scripts._report import add_out, emit
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.chunk_decode import store_small_caches
 from stages.code2wav.slots import SlotPool
+from stages.platform import cuda_available, device_name, is_cpu, is_cuda, synchronize, timing_event
 from stages.profiling.launches import count_launches
 
 
@@ -81,17 +82,12 @@ def estimator_cnn_only(x: SplitInputs, batched: bool) -> None:
         dst.index_copy_(2, x.pairs[half : half + 1], x.estimator_cnn.narrow(2, half, 1))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_us(fn, device: torch.device, iters: int, warmup: int) -> float:
     for _ in range(warmup):
         fn()
-    _sync(device)
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    synchronize(device)
+    if not is_cpu(device):
+        start, end = timing_event(device), timing_event(device)
         start.record()
         for _ in range(iters):
             fn()
@@ -128,13 +124,13 @@ def run(args) -> dict:
     return {
         "bench": "code2wav_cache_split",
         "schema_version": 2,  # 2: stores into slot-pool tensors (1: split into new tensors)
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device": device_name(device) or platform.processor() or "cpu",
         "torch": torch.__version__,
         "dtype": str(dtype),
         "conformer_frames": args.conformer_frames,
         "iters": args.iters,
         "warmup": args.warmup,
-        "launch_unit": "cuda_kernels" if device.type == "cuda" else "cpu_aten_ops",
+        "launch_unit": "cuda_kernels" if is_cuda(device) else "cpu_aten_ops",
         "results": rows_out,
     }
 
@@ -157,7 +153,7 @@ def render(doc: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="cuda" if cuda_available() else "cpu")
     p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8, 16])
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)

@@ -29,20 +29,21 @@ from stages.code2wav.config import (
     HiFTConfig,
 )
 from stages.code2wav.token2wav import Token2Wav
+from stages.platform import is_cpu, memory_stats, reset_peak_memory, synchronize
 from stages.profiling.code2wav_step import prepare_streams, steady_start
 
 
 def peak_bytes(fn, device: torch.device) -> int:
-    """Peak live bytes above those live before `fn` on `device` (CUDA: the allocator's peak
-    counter; CPU: profiler memory events, where frees of blocks allocated before `fn` are not
-    seen, so the CPU figure is an upper bound by at most those blocks)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
+    """Peak live bytes above those live before `fn` on `device` (an accelerator: the allocator's
+    peak counter; CPU: profiler memory events, where frees of blocks allocated before `fn` are
+    not seen, so the CPU figure is an upper bound by at most those blocks)."""
+    if not is_cpu(device):
+        synchronize(device)
+        reset_peak_memory(device)
+        base = memory_stats(device)["allocated_bytes"]
         fn()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - base
+        synchronize(device)
+        return memory_stats(device)["peak_bytes"] - base
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]

@@ -1,7 +1,7 @@
 """GPU check of the HiFT vocoder and the CAM++ speaker paths at full size (seeded weights).
 
 Prints a header card, a small table, and one JSON document as the last stdout line; the same
-JSON is written to $OUT/hift_speaker_gpu.json when $OUT is set. Figures:
+JSON is written to `--out DIR` (default $OUT)/hift_speaker_gpu.json. Figures:
 * HiFT: CUDA vs CPU max |diff| on one 58-frame chunk with a deterministic source (NSF alpha =
   sigma = 0), streaming sample counts on CUDA (first 20160, steady 24000), and per-chunk latency
   at batch 1 and 8 (CUDA events, warmup excluded).
@@ -12,31 +12,32 @@ JSON is written to $OUT/hift_speaker_gpu.json when $OUT is set. Figures:
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import json
-import os
 import time
-from pathlib import Path
 
 import torch
 
+from scripts._report import add_out, emit
 from stages.code2wav.config import HiFTConfig, SpeakerConfig
 from stages.code2wav.hift import HiFTGenerator, HiFTStream, fold_weight_norm
 from stages.code2wav.speaker import SpeakerEmbedder
+from stages.platform import device_name, live_tf32, resolve_device, synchronize, timing_event
 
 WARMUP, ITERS = 3, 10
 
 
-def cuda_ms(fn) -> float:
+def device_ms(fn, dev: torch.device) -> float:
+    """Device time of one call (device events around ITERS calls, after WARMUP untimed ones)."""
     for _ in range(WARMUP):
         fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
+    start, end = timing_event(dev), timing_event(dev)
+    synchronize(dev)
     start.record()
     for _ in range(ITERS):
         fn()
     end.record()
-    torch.cuda.synchronize()
+    synchronize(dev)
     return start.elapsed_time(end) / ITERS
 
 
@@ -64,7 +65,7 @@ def hift_figures(dev: torch.device) -> dict:
     for rows in (1, 8):
         m = torch.randn(rows, 80, 58, device=dev)
         empty = torch.zeros(rows, 1, 0, device=dev)
-        out[f"hift_chunk58_b{rows}_ms"] = cuda_ms(lambda: gpu.inference(m, empty))
+        out[f"hift_chunk58_b{rows}_ms"] = device_ms(lambda: gpu.inference(m, empty), dev)
     return out
 
 
@@ -79,22 +80,22 @@ def speaker_figures(dev: torch.device) -> dict:
     ort_ms = (time.perf_counter() - t0) * 1000 / ITERS
     return {
         "campplus_device_vs_onnx_max_abs_diff": diff,
-        "campplus_device_ms": cuda_ms(lambda: on_dev.embed(fbank)),
+        "campplus_device_ms": device_ms(lambda: on_dev.embed(fbank), dev),
         "campplus_onnx_cpu_ms": ort_ms,
-        "tf32_conv": torch.backends.cudnn.allow_tf32,
+        "tf32_conv": live_tf32(dev).cudnn,
     }
 
 
-def main() -> None:
-    dev = torch.device("cuda")
-    print(f"# hift + speaker on {torch.cuda.get_device_name(dev)}, torch {torch.__version__}")
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_out(ap)
+    args = ap.parse_args(argv)
+    dev = resolve_device("cuda")
+    print(f"# hift + speaker on {device_name(dev)}, torch {torch.__version__}")
     result = {**hift_figures(dev), **speaker_figures(dev)}
     for key, value in result.items():
         print(f"{key:<40} {value:.6g}" if isinstance(value, float) else f"{key:<40} {value}")
-    out_dir = os.environ.get("OUT")
-    if out_dir:
-        Path(out_dir, "hift_speaker_gpu.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    emit(result, args.out, "hift_speaker_gpu")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """Harness overhead: how much RTF the load generator adds on top of what the backend takes.
 
 The synthetic backend releases chunks at known absolute deadlines, so each request has an
-exact delay-implied RTF. Running it at concurrency C through the real load generator (same code
-path as `tts-bench ab`), the measured RTF minus the implied RTF is everything the harness and the
-event loop add: task scheduling, arrival stamping, PCM hashing, record building.
+exact delay-implied RTF. Running it at concurrency C through the phase driver `tts-bench ab` uses
+(`tts_bench.load.phases.run_fresh_phase`: a fresh backend, warmup, measured requests, each record
+appended to a run directory, a throwaway one here), the measured RTF minus the implied RTF is
+everything the harness and the event loop add: task scheduling, arrival stamping, PCM hashing,
+record building and writing.
 
     PYTHONPATH=. python scripts/harness_overhead.py                 # C=32, 256 requests
     PYTHONPATH=. python scripts/harness_overhead.py --concurrency 64 --num-prompts 512
@@ -15,17 +17,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import platform
+import sys
+import tempfile
 
 import numpy as np
 
 from tts_bench.backends.base import SynthesisRequest
 from tts_bench.backends.synthetic import SyntheticBackend
-from tts_bench.config import BenchConfig, SyntheticConfig
-from tts_bench.loadgen import run_phase
-from tts_bench.prompts import load_prompts, select_prompts
-from tts_bench.records import Job, PhaseLabels
+from tts_bench.config import BenchConfig, SyntheticConfig, Tier, config_to_dict
+from tts_bench.inputs.prompts import load_prompts, select_prompts
+from tts_bench.load.phases import run_fresh_phase
+from tts_bench.rundir.records import Job, PhaseLabels
+from tts_bench.rundir.results import RunDir
 
 
 def parse_args() -> argparse.Namespace:
@@ -40,22 +46,26 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-async def measure(args: argparse.Namespace) -> dict:
+def measure(args: argparse.Namespace) -> dict:
     params = SyntheticConfig(
         chunk_seconds=args.chunk_seconds, first_chunk_delay_s=args.first_chunk_delay_s,
         chunk_delay_s=args.chunk_delay_s, seconds_per_word=args.seconds_per_word,
         sample_rate=args.sample_rate,
     )
-    backend = SyntheticBackend(BenchConfig(backend="synthetic", synthetic=params))
+    cfg = BenchConfig(backend="synthetic", synthetic=params)
+    cfg = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, timeout_s=600.0))
     prompts = select_prompts(load_prompts("builtin:seed-tts-en"), args.num_prompts, shuffle=False)
     jobs = [Job(SynthesisRequest(f"r{i:05d}", p.text), p.utt) for i, p in enumerate(prompts)]
     warm = [Job(SynthesisRequest(f"w{i:03d}", p.text), p.utt, warmup=True)
             for i, p in enumerate(prompts[: args.concurrency])]
-    labels = PhaseLabels("synthetic", f"{args.concurrency}x1", 0)
-    await backend.start(1)
-    await run_phase(backend, warm, concurrency=args.concurrency, labels=labels, timeout_s=600)
-    result = await run_phase(backend, jobs, concurrency=args.concurrency, labels=labels, timeout_s=600)
-    await backend.stop()
+    tier = Tier(args.concurrency, 1)
+    labels = PhaseLabels("synthetic", tier.label, 0)
+    with tempfile.TemporaryDirectory(prefix="harness-overhead-") as tmp:
+        run = RunDir.create(tmp, "overhead", command_line=sys.argv, configs={"synthetic": config_to_dict(cfg)})
+        with run.finishing():
+            result = asyncio.run(run_fresh_phase(cfg, tier, labels, (warm, jobs), run_dir=run))
+            run.update(status="complete")
+    backend = SyntheticBackend(cfg)  # its delays, to compute each request's implied RTF
     text = {j.request.request_id: j.request.text for j in jobs}
     measured = np.array([r.audio_rtf for r in result.records])
     implied = np.array([backend.implied_rtf(text[r.request_id]) for r in result.records])
@@ -80,7 +90,7 @@ async def measure(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     args = parse_args()
-    doc = asyncio.run(measure(args))
+    doc = measure(args)
     print(f"harness overhead | synthetic backend | C={doc['concurrency']} | {doc['requests']} requests "
           f"| python {doc['python']}")
     rows = [("mean implied RTF", f"{doc['mean_implied_rtf']:.5f}"),

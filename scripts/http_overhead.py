@@ -1,8 +1,9 @@
 """HTTP overhead: audio RTF of one config in-process vs through `tts-bench serve` + the http backend.
 
-Both arms run the same backend config, prompts, seeds and tier through the real load generator;
-they are interleaved per repeat (in-process, http, in-process, http, ...), each on a fresh
-backend. The http arm starts `tts-bench serve` as a separate process on 127.0.0.1 (as a real
+Both arms run the same backend config, prompts, seeds and tier through the phase driver
+`tts-bench ab` uses (`tts_bench.load.phases.run_fresh_phase`, recording into a throwaway run
+directory); they are interleaved per repeat (in-process, http, in-process, http, ...), each on a
+fresh backend. The http arm starts `tts-bench serve` as a separate process on 127.0.0.1 (as a real
 deployment would be: the server does not share the client's event loop or GIL) and drives it
 with the `http` backend (`http.response_format`, `http.stream` as configured, default streaming
 PCM). The difference is what HTTP adds: request/response framing, s16 encode/decode, loopback
@@ -28,20 +29,21 @@ import queue
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-from tts_bench.backends import make_backend
 from tts_bench.backends.base import SynthesisRequest
-from tts_bench.config import BenchConfig, load_arm, parse_tier
-from tts_bench.loadgen import run_phase
-from tts_bench.metrics import aggregate
-from tts_bench.prompts import load_prompts, select_prompts
-from tts_bench.records import Job, PhaseLabels, RequestRecord
-from tts_bench.stats import compare
+from tts_bench.config import BenchConfig, Tier, config_to_dict, load_arm, parse_tier
+from tts_bench.inputs.prompts import load_prompts, select_prompts
+from tts_bench.load.metrics import aggregate
+from tts_bench.load.phases import run_fresh_phase
+from tts_bench.rundir.records import Job, PhaseLabels, RequestRecord
+from tts_bench.rundir.results import RunDir
+from tts_bench.verdicts.stats import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SEED = SynthesisRequest("", "").seed  # what `tts-bench serve` uses when no seed is sent
@@ -106,17 +108,10 @@ def make_jobs(cfg: BenchConfig, n: int, warmup: int) -> tuple[list[Job], list[Jo
     return warm, [Job(req(i, f"m{i:04d}", p), p.utt) for i, p in enumerate(prompts)]
 
 
-async def run_arm(cfg: BenchConfig, arm: str, tier, repeat: int, jobs) -> list[RequestRecord]:
-    warm, measured = jobs
-    backend = make_backend(cfg)
-    await backend.start(tier.replicas)
-    try:
-        labels = PhaseLabels(arm, tier.label, repeat)
-        common = dict(concurrency=tier.concurrency, labels=labels, timeout_s=cfg.bench.timeout_s)
-        await run_phase(backend, warm, **common)
-        return (await run_phase(backend, measured, **common)).records
-    finally:
-        await backend.stop()
+def run_arm(cfg: BenchConfig, arm: str, tier: Tier, repeat: int, jobs, run: RunDir) -> list[RequestRecord]:
+    """One phase of `arm` on a fresh backend: its measured requests."""
+    labels = PhaseLabels(arm, tier.label, repeat)
+    return asyncio.run(run_fresh_phase(cfg, tier, labels, jobs, run_dir=run)).records
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -124,15 +119,19 @@ def measure(args: argparse.Namespace) -> dict:
     tier = parse_tier(args.tier)
     jobs = make_jobs(cfg, args.num_prompts, cfg.bench.warmup_for(tier.concurrency))
     records: dict[str, list[list[RequestRecord]]] = {"in-process": [], "http": []}
-    for repeat in range(args.repeats):
-        records["in-process"].append(asyncio.run(run_arm(cfg, "in-process", tier, repeat, jobs)))
-        server = ServeProcess(args.config, args.sets, tier.replicas, args.start_timeout_s)
-        try:
-            http_cfg = dataclasses.replace(cfg, backend="http",
-                                           http=dataclasses.replace(cfg.http, base_url=server.url))
-            records["http"].append(asyncio.run(run_arm(http_cfg, "http", tier, repeat, jobs)))
-        finally:
-            server.stop()
+    with tempfile.TemporaryDirectory(prefix="http-overhead-") as tmp:
+        run = RunDir.create(tmp, "overhead", command_line=sys.argv, configs={"in-process": config_to_dict(cfg)})
+        with run.finishing():
+            for repeat in range(args.repeats):
+                records["in-process"].append(run_arm(cfg, "in-process", tier, repeat, jobs, run))
+                server = ServeProcess(args.config, args.sets, tier.replicas, args.start_timeout_s)
+                try:
+                    http_cfg = dataclasses.replace(cfg, backend="http",
+                                                   http=dataclasses.replace(cfg.http, base_url=server.url))
+                    records["http"].append(run_arm(http_cfg, "http", tier, repeat, jobs, run))
+                finally:
+                    server.stop()
+            run.update(status="complete")
     return summarize(cfg, args, tier, records)
 
 
@@ -140,7 +139,7 @@ def summarize(cfg: BenchConfig, args, tier, records) -> dict:
     aggs = {arm: aggregate([r for rep in reps for r in rep]).to_dict() for arm, reps in records.items()}
     per_rep = {arm: [np.array([r.audio_rtf for r in rep if r.ok]) for rep in reps]
                for arm, reps in records.items()}
-    # Repeat k of each arm ran back to back: a block (tts_bench.stats).
+    # Repeat k of each arm ran back to back: a block (tts_bench.verdicts.stats).
     cmp = compare(per_rep["in-process"], per_rep["http"], min_effect_pct=cfg.bench.min_effect_pct)
     # Paired by prompt and repeat: the extra seconds HTTP adds to a request's last audio byte.
     excess_ms = [(h.audio_rtf - p.audio_rtf) * p.audio_seconds * 1e3

@@ -36,7 +36,7 @@ from scripts._stages import tiny_stages
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.options import tf32_scope
 from stages.code2wav.token2wav import Token2Wav
-from stages.platform import deterministic_kernels, resolve_device
+from stages.platform import deterministic_kernels, is_cuda, resolve_device
 from tts_bench.reference import fidelity as fd
 from tts_bench.reference.official import build_official, official_available
 
@@ -149,7 +149,7 @@ def main() -> int:
     ref = reference(base, codes, which)
     rows = []
     for name in args.modes.split(","):
-        if name in CUDA_ONLY and device.type != "cuda":
+        if name in CUDA_ONLY and not is_cuda(device):
             rows.append({"mode": name, "skipped": f"CUDA only (device {device.type})"})
             continue
         cfg = replace(base, extra={**base.extra, **MODES[name]})

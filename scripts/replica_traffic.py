@@ -12,7 +12,7 @@ in one process, and reports:
 It is the in-process control for the runner's A/Bs: on an H200 (2026-12-01) it stayed
 bit-identical with voices changing and the pool growing, while the same replica inside a
 runner process hit illegal memory accesses, until a new shape's first run moved off the
-capture stream (results/h200/README.md, fourth part).
+capture stream (D-GRAPH-1).
 
     PYTHONPATH=. python3 scripts/replica_traffic.py --live 16 --slots 16 --voices
     PYTHONPATH=. python3 scripts/replica_traffic.py --live 20 --slots 4      # the pool grows twice
@@ -42,7 +42,7 @@ from scripts._stages import prompt_voices
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.streaming import Chunker
 from stages.code2wav.token2wav import Token2Wav
-from stages.platform import deterministic_kernels, memory_stats, resolve_device, synchronize
+from stages.platform import deterministic_kernels, empty_cache, memory_stats, resolve_device, synchronize
 
 
 def _requests(cfg: Code2WavConfig, n: int, voices: list[bytes], seed: int) -> list[list]:
@@ -108,8 +108,8 @@ def main() -> int:
                 times[name].append((time.perf_counter() - t0) * 1e3)
         differing += sum(not np.array_equal(a.audio, b.audio) for a, b in zip(outs["graph"], outs["eager"]))
         decodes += 1
-        if args.release_cache and device.type == "cuda":
-            torch.cuda.empty_cache()
+        if args.release_cache:
+            empty_cache(device)
     graphs = twins["graph"].graphs
     report = {
         "device": str(device), "torch": torch.__version__, "args": vars(args), "decodes": decodes,

@@ -51,7 +51,7 @@ from stages.runner.fakes import FakeTalker, FakeTalkerRequest
 from stages.profiling.window import format_trace
 from stages.runner.work import format_work, work_delta
 from tts_bench.config import apply_overrides
-from tts_bench.results import runtime_variables
+from tts_bench.rundir.provenance import runtime_variables
 
 
 SENTENCES = [

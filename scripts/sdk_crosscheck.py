@@ -39,9 +39,10 @@ from tts_bench.backends.base import SynthesisRequest
 from tts_bench.backends.http import HttpBackend
 from tts_bench.backends.synthetic import SyntheticBackend
 from tts_bench.config import load_config
-from tts_bench.loadgen import run_phase
-from tts_bench.prompts import load_prompts, select_prompts
-from tts_bench.records import Job, PhaseLabels
+from tts_bench.load.loadgen import run_phase
+from tts_bench.inputs.prompts import load_prompts, select_prompts
+from tts_bench.rundir.atomic_json import write_json_atomic
+from tts_bench.rundir.records import Job, PhaseLabels
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVED = {"backend": "synthetic", "synthetic": {
@@ -141,7 +142,7 @@ def main() -> None:
     expected_ttfp = served.synthetic.first_chunk_delay_s * 1e3
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "served.yaml"
-        config.write_text(json.dumps(SERVED))  # JSON is YAML
+        write_json_atomic(config, SERVED)  # JSON is YAML
         server = Server(config)
         try:
             runs: dict[tuple[str, str], list[dict]] = {}

@@ -29,7 +29,7 @@ from stages.code2wav.mel import FbankConfig, kaldi_fbank, resample
 from stages.code2wav.prompt import TOKENIZER_RATE, normalize_reference
 from stages.code2wav.speaker import SpeakerEmbedder
 from stages.platform import resolve_device, synchronize
-from tts_bench.prompts import load_prompts
+from tts_bench.inputs.prompts import load_prompts
 
 
 def _timed(fn, device: torch.device, reps: int) -> tuple[torch.Tensor, float]:

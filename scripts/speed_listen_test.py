@@ -18,6 +18,7 @@ Prints a fixed-width table and one JSON document as the last stdout line
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import platform
@@ -70,7 +71,8 @@ def stretched(chunks: list[np.ndarray], rate: int, speed: float) -> tuple[np.nda
     return dec.feed(body), dec.sample_rate
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # --help; no options
     from tts_bench.asr import make_transcriber
     from tts_bench.asr.base import AsrOptions, resample
     from tts_bench.wer.normalize import get_normalizer

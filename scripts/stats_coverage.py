@@ -7,7 +7,7 @@ request = block shift (shared by both arms of the block: cancels in the pair)
         + ln(1 + effect) for the test arm,
 optionally with load bursts (a phase slowed by `burst` with probability `p_burst`: heavy tails)
 and a position effect (the second phase of a block runs `position` faster: counterbalancing
-cancels it at even K, and it widens the interval). Each run goes through `tts_bench.stats.compare`,
+cancels it at even K, and it widens the interval). Each run goes through `tts_bench.verdicts.stats.compare`,
 the code `tts-bench ab` uses, and we count how often the 95% interval covers the true effect, how
 often an A/A reads faster/slower, how often a known effect is called, and the mean MDE.
 
@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tts_bench.stats import clopper_pearson, compare  # noqa: E402
+from tts_bench.rundir.atomic_json import write_json_atomic  # noqa: E402
+from tts_bench.verdicts.stats import clopper_pearson, compare  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ SCENARIOS = (
     Scenario("tiny-like", n=12, sd_request=0.25, sd_phase=0.10),
     # The setting (2x1, 8 prompts) with load bursts: heavy-tailed phase shifts.
     Scenario("bursty", n=8, sd_request=0.20, sd_phase=0.05, p_burst=0.1, burst=0.4),
-    # An H200-like position effect (the second arm of a block ~12% faster, results/h200).
+    # An H200-like position effect (the second arm of a block ~12% faster, D-AB-1).
     Scenario("position", n=16, sd_request=0.10, sd_phase=0.03, position=-0.12),
 )
 
@@ -149,10 +150,9 @@ def main() -> None:
                 cells.append(run_cell(sc, blocks=k, effect_pct=eff, runs=args.runs,
                                       seed=args.seed + 1000 * i + 10 * k + j))
     wall = time.perf_counter() - t0
-    args.out.mkdir(parents=True, exist_ok=True)
     doc = {"runs_per_cell": args.runs, "seed": args.seed, "scenarios": [asdict(s) for s in SCENARIOS],
            "cells": [asdict(c) for c in cells], "wall_s": round(wall, 1)}
-    (args.out / "coverage.json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_json_atomic(args.out / "coverage.json", doc)
     md = to_markdown(cells, SCENARIOS, args.runs, wall)
     (args.out / "coverage.md").write_text(md)
     sys.stdout.write(md + "\n")

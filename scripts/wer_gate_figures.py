@@ -38,9 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tts_bench.stats import clopper_pearson, t_quantile  # noqa: E402
+from tts_bench.verdicts.stats import clopper_pearson, t_quantile  # noqa: E402
 from tts_bench.wer.gate import judge_pair  # noqa: E402
-from tts_bench.wer.params import WerParams  # noqa: E402
+from tts_bench.config.wer import WerParams  # noqa: E402
 from tts_bench.wer.score import compare_utterances, scored_wer  # noqa: E402
 
 

@@ -24,6 +24,7 @@ from stages.platform.device import (
     determinism_facts,
     deterministic_kernels,
     device_count,
+    device_name,
     dtype_from_name,
     is_cpu,
     is_cuda,
@@ -35,11 +36,18 @@ from stages.platform.device import (
     synchronize_stream,
     tf32_tensor_cores,
     thread_stream,
+    timing_event,
     triton_unavailable_reason,
     unwrapped_current_device,
 )
 from stages.platform.graphs import GraphAPI, graph_api
-from stages.platform.memory import free_memory_bytes, host_available_bytes, memory_stats
+from stages.platform.memory import (
+    empty_cache,
+    free_memory_bytes,
+    host_available_bytes,
+    memory_stats,
+    reset_peak_memory,
+)
 from stages.platform.precision import (
     FP32,
     Tf32Flags,
@@ -63,7 +71,9 @@ __all__ = [
     "determinism_facts",
     "deterministic_kernels",
     "device_count",
+    "device_name",
     "dtype_from_name",
+    "empty_cache",
     "free_memory_bytes",
     "graph_api",
     "host_available_bytes",
@@ -74,6 +84,7 @@ __all__ = [
     "npu_available",
     "platform_override",
     "precision_scope",
+    "reset_peak_memory",
     "resolve_device",
     "set_current_device",
     "strict_fp32_baseline",
@@ -83,6 +94,7 @@ __all__ = [
     "tf32_scope",
     "tf32_tensor_cores",
     "thread_stream",
+    "timing_event",
     "triton_unavailable_reason",
     "unwrapped_current_device",
 ]

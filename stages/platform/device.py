@@ -363,11 +363,19 @@ def unwrapped_current_device(get_device: Callable[[], int]) -> Callable[[], int]
     return get_device
 
 
-def describe_device(device: torch.device) -> str:
-    """A human-readable device name for run records, e.g. `cuda:0 (NVIDIA H200)`."""
+def device_name(device: torch.device) -> str | None:
+    """The accelerator's product name, e.g. `NVIDIA H200`; None for the host."""
     if device.type == "cuda":
-        return f"{device} ({torch.cuda.get_device_name(device)})"
+        return torch.cuda.get_device_name(device)
     if device.type == "npu":
         _torch_npu()
-        return f"{device} ({torch.npu.get_device_name(device)})"
+        return torch.npu.get_device_name(device)
+    return None
+
+
+def describe_device(device: torch.device) -> str:
+    """A human-readable device name for run records, e.g. `cuda:0 (NVIDIA H200)`."""
+    name = device_name(device)
+    if name is not None:
+        return f"{device} ({name})"
     return f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"

@@ -7,6 +7,8 @@ The dict keys carry units; `source` says which kind of number it is.
 
     stats = memory_stats(device)   # {"allocated_bytes": ..., "source": "cuda-allocator", ...}
     free_memory_bytes(device)      # what is free to allocate: cuda (mem_get_info) or host RAM
+    reset_peak_memory(device)      # peak_bytes counts from here (allocator; no-op on CPU)
+    empty_cache(device)            # cached, unused blocks back to the device (no-op on CPU)
 """
 
 from __future__ import annotations
@@ -61,6 +63,25 @@ def memory_stats(device: torch.device) -> dict:
         "rss_bytes": rss,
         "source": "rss",
     }
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Make the allocator's peak (`memory_stats(device)["peak_bytes"]`) start again from what is
+    allocated now, to measure one piece of work; a no-op on CPU, whose peak is the process's
+    high-water mark and cannot be reset."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    elif device.type == "npu" and _torch_npu() is not None:
+        torch.npu.reset_peak_memory_stats(device)
+
+
+def empty_cache(device: torch.device) -> None:
+    """Hand the caching allocator's unused blocks back to the device (a no-op on CPU): between
+    benchmark cases, so blocks one case cached do not decide what the next one can allocate."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    elif device.type == "npu" and _torch_npu() is not None:
+        torch.npu.empty_cache()
 
 
 def free_memory_bytes(device: torch.device) -> int | None:

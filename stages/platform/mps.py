@@ -2,10 +2,11 @@
 
 Why: as processes, the talker and R code2wav replicas are R + 1 device contexts, and the GPU
 time-slices contexts: a context's kernels run only in its slice. At 128x8 on an H200 the talker
-waited for the device 77-86 % of its busy time beside eight replica contexts (results/h200,
-nineteenth part). Under the Multi-Process Service the processes are clients of one server
-context, and their kernels share the SMs at the same time, like streams of one process, while
-each keeps its own interpreter (no GIL between replicas, unlike `execution: threads`).
+waited for the device 77-86 % of its busy time beside eight replica contexts
+(`results/h200/ab_finals_128x8.md`). Under the Multi-Process Service the processes are clients
+of one server context, and their kernels share the SMs at the same time, like streams of one
+process, while each keeps its own interpreter (no GIL between replicas, unlike `execution:
+threads`).
 
 The daemon is the runner's own: its pipe and log directories are a fresh temporary directory,
 so it does not join a system-wide daemon (where one runs, `runner.sharing: auto` starts none:
@@ -17,7 +18,7 @@ driver reads them once, at cuInit), so a stage process applies them before it to
 `CUDA_MPS_CLIENT_PRIORITY=1` (below normal) makes the server schedule a client's kernels after
 those of normal clients (the H200's driver 580 honours it: the talker's step got shorter, the
 replicas' longer; an older driver may not know the variable). MPS is a CUDA facility with no
-Ascend counterpart. Measured: results/h200, twentieth part.
+Ascend counterpart. Measured: D-EXEC-3 (mps against time-sliced, and the talker-first ranking).
 
     daemon = MpsDaemon.start()
     env = daemon.client_env(below_normal=True)   # into a child's os.environ before cuInit

@@ -2,21 +2,19 @@
 
 Why: with the talker and the code2wav replicas as threads of one process (`runner.execution:
 single`), a talker step is a chain of ~900 small dependent kernels, and each can wait for an SM
-that the replicas' chunk kernels hold; a high stream priority only orders blocks that are
-waiting, it preempts nothing. On an H200 (`scripts/bench_sm_partition.py`,
-results/h200/bench_sm_partition_r2.json) a talker-like chain of ~800 kernels took 3.0 ms alone and
-153 ms beside four replica-like streams, on a high-priority stream; with the load confined to the
-116 SMs left after reserving 16 it took 9.4 ms, and the load lost 10-11 % of its throughput. So the
-replicas run on streams of a green context that holds every SM but the reserved ones, and the
-talker keeps the primary context (all SMs, high priority).
+that the replicas' chunk kernels hold; a high stream priority only orders blocks that are waiting,
+it preempts nothing. On an H200 (`scripts/bench_sm_partition.py`, D-EXEC-4) a talker-like chain of
+~800 kernels took 3.0 ms alone and 153 ms beside four replica-like streams, on a high-priority
+stream; with the load confined to the 116 SMs left after reserving 16 it took 9.4 ms, and the load
+lost 10-11 % of its throughput. So the replicas run on streams of a green context that holds every
+SM but the reserved ones, and the talker keeps the primary context (all SMs, high priority).
 
 In the runner itself this did not shorten the talker's step at 64x4 (79 ms either way), and the
-talker confined to the reserved SMs as well was slower still (145 ms a step with 32 SMs; with 16
-it did not finish its requests in 140 s), though the synthetic chain confined to 16 SMs beside the
-load took 9.8 ms: the talker's step beside the replicas holds ~55 ms of device time against ~5.5
-ms alone, and SMs held for it do not shorten it, so what delays it is not SM occupancy
-(results/h200/README.md, sixth and seventh parts). `runner.talker_sms` is opt-in, and only the
-benchmark runs work on a split's held side.
+talker confined to the reserved SMs as well was slower still (145 ms a step with 32 SMs; with 16 it
+did not finish its requests in 140 s), though the synthetic chain confined to 16 SMs beside the
+load took 9.8 ms: the talker's step beside the replicas holds ~55 ms of device time against ~5.5 ms
+alone, and SMs held for it do not shorten it, so what delays it is not SM occupancy (D-EXEC-4).
+`runner.talker_sms` is opt-in, and only the benchmark runs work on a split's held side.
 
 How: the CUDA driver's green-context calls (CUDA >= 12.4), through ctypes, since torch's own
 wrapper (`torch.cuda.green_contexts`, beta; in torch 2.11 `create(num_sms, device_id)`) makes a

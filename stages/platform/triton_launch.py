@@ -70,7 +70,8 @@ def build_launcher(kernel, device_type: str, *, aligned: bool = False):
     # signature, not from the decorated kernel's own `do_not_specialize`: a module first
     # imported under TRITON_INTERPRET holds an InterpretedFunction, which has no such list,
     # and a compiled variant specialised on the first call's strides then read other strides
-    # wrongly (a stride of 1 became a constant; seen on an H200, results/h200 sixteenth part).
+    # wrongly (a stride of 1 became a constant; seen on an H200, and what
+    # test_a_device_launcher_specialises_on_no_runtime_argument fails on).
     return JITFunction(kernel.fn, do_not_specialize=scalars, do_not_specialize_on_alignment=[] if aligned else pointers)
 
 

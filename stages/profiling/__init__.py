@@ -13,7 +13,7 @@ the fixed workloads `tts-bench profile` and the benchmark scripts measure them o
   each device stream during it.
 
 Stage knowledge (how to build an engine, grow caches to their steady shapes, which ranges the
-decode is annotated with) lives here, beside the stages; the harness (`tts_bench.profile`) only
+decode is annotated with) lives here, beside the stages; the harness (`tts_bench.profile.run`) only
 tabulates what these functions return.
 
     place = build.placement(stages.runner)

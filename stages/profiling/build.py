@@ -7,7 +7,7 @@ RAM included. Both stages are eager (the talker's decode and prefill graphs off,
 `graphs = None`): a replayed device graph is one launch with no profiler ranges inside, and what
 a profile accounts for is the launches and the components' device time. (Under torch 2.11 the
 kernels of a talker graph replayed inside the talker's range were attached to no operator, and
-its device-ms row read 0.47 ms for a 5-9 ms step: results/h200 twenty-first part.)
+its device-ms row read 0.47 ms for a 5-9 ms step: `results/h200/profile_fused_layers_128x8.md`.)
 
     place = placement(stages.runner)   # runner.device / runner.dtype, resolved once
     talker = build_talker(stages, place, rows=8, text=profile_text(0), chunks=3)

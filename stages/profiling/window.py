@@ -2,10 +2,11 @@
 the stages run, a Chrome trace written, and what ran on each device stream meanwhile.
 
 Why: beside the code2wav replicas the talker's step takes ~74 ms with ~55 ms of device span,
-against ~5.5 ms alone (results/h200/README.md, seventh part), and neither the GIL, the hardware
-work queues nor SM occupancy explain it. A kernel trace of the stage process says whether the
-talker's kernels run long there (contention for what they share with the replicas) or wait
-between each other (queueing, launches): compare a stream's mean kernel time and its idle share.
+against ~5.5 ms alone (`results/h200/runner_smoke_span_*_64x4.json`), and neither the GIL, the
+hardware work queues nor SM occupancy (D-EXEC-4) explain it. A kernel trace of the stage
+process says whether the talker's kernels run long there (contention for what they share with
+the replicas) or wait between each other (queueing, launches): compare a stream's mean kernel
+time and its idle share.
 
 The talker loop opens a window when the client asks (`StageRunner.trace`) and closes it at the
 first step boundary after `seconds`. Each talker step inside is a `TALKER_RANGE` range, whose

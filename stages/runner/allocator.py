@@ -7,7 +7,7 @@ first device allocation, unless the user named an allocator setting (torch reads
 cache and its graphs' private pool, and one process may hold several replicas (`threads`,
 `single`). With the default segments `single` ran out of memory at 128x8 on an H200 (139.5 GiB in
 use, 108.1 GiB allocated) and finished with expandable ones; replica processes with chunk graphs
-ran 128x8 there with them too (results/h200/README.md, eleventh and twelfth parts).
+ran 128x8 there with them too (D-ALLOC-1).
 
     record = choose_allocator(os.environ)   # first thing in a stage process
 """

@@ -5,11 +5,10 @@ Each replica is a `ReplicaLoop` on its own thread, with its own device stream, s
 graphs, and its own inbox from the talker (the same messages as a replica process gets). They
 share the modules (one copy of the weights per device) and the prompt setups. Why threads: as
 processes, R replicas are R device contexts that the GPU time-slices, so one replica's small
-kernels never overlap another's; as threads on separate streams of one context they do
-(measured on an H200: README, "The embedded runner"). But threads share one interpreter: at
-128x8 eight of them fell behind (mean RTF +99 % against processes, results/h200/README.md,
-fifteenth part), and four a host freed the talker (TTFP -19 %) while their own steps grew, RTF
-within noise (sixteenth part). Which is why one replica a process is the default.
+kernels never overlap another's; as threads on separate streams of one context they do. But
+threads share one interpreter: at 128x8 eight of them fell behind (mean RTF +99 % against
+processes, D-EXEC-1), and four a host freed the talker (TTFP -19 %) while their own steps grew,
+RTF within noise (D-EXEC-2). Which is why one replica a process is the default.
 
 Each thread warms its engine's device graphs on its own stream before the process reports ready
 (`warm_replica`), one thread at a time (`WARMUP_LOCK`). The process's own inbox carries only

@@ -27,11 +27,11 @@ Env = tuple[tuple[str, str], ...]
 def resolve_sharing(runner: RunnerConfig, execution: str) -> tuple[str, str]:
     """(`runner.sharing` resolved, why) for a resolved `execution`.
 
-    `auto` is mps where it can be: an H200 A/B (results/h200, twentieth part) read mean RTF
-    -29.1 % [-32.9, -25.1] at 128x8 and -16.7 % [-27.7, -4.1] at 64x4 against time-sliced
-    contexts, 32x1 within noise, codes identical. It falls back to time-sliced with one process
-    (single), off CUDA, without the control program, or where a system-wide daemon already makes
-    every CUDA process a client (a second daemon would compete with it for the GPU)."""
+    `auto` is mps where it can be (D-EXEC-3): an H200 A/B read mean RTF -29.1 % [-32.9, -25.1] at
+    128x8 and -16.7 % [-27.7, -4.1] at 64x4 against time-sliced contexts, 32x1 within noise, codes
+    identical. It falls back to time-sliced with one process (single), off CUDA, without the
+    control program, or where a system-wide daemon already makes every CUDA process a client (a
+    second daemon would compete with it for the GPU)."""
     if runner.sharing != "auto":
         return runner.sharing, "runner.sharing"
     if execution == "single":

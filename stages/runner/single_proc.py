@@ -4,19 +4,20 @@ thread, every code2wav replica a thread beside it, each stage on its own device 
 Why: as separate processes the talker and the replicas are separate device contexts, and a GPU
 time-slices contexts. On an H200 at 64x4 the talker's step took 154 ms beside four replica
 processes (3-11 ms alone, with its decode graphs) and was busy 99 % of the tier: the talker,
-waiting for time slices, held the tier back (results/h200/README.md). In one context the kernels
-of every stage share the device at kernel granularity and the talker's stream has high priority.
+waiting for time slices, held the tier back (`results/h200/runner_smoke_work_eager_64x4.json`).
+In one context the kernels of every stage share the device at kernel granularity and the
+talker's stream has high priority.
 Measured there: the talker's step fell to 79 ms, not to its time alone: 63 % of it is the host
 read waiting for the device, and holding 16 SMs back from the replicas (`runner.talker_sms`,
 `stages.platform.partition`, which the replica threads then run on) left it at 79 ms; the talker
-confined to its own 32 SMs took 145 ms. The A/B against processes read within noise at 32x1 and
-64x4, so this is an option, not the default.
+confined to its own 32 SMs took 145 ms (D-EXEC-4). No A/B against processes resolved a gain,
+and at 128x8 its one interpreter is the bound, so this is an option, not the default (D-EXEC-1).
 The cost is one interpreter: the stages' host work shares the GIL (device graphs keep it small;
 warmups at start do not).
 
 One process holds every replica's graph pool and slot pool; like every stage process it runs
 with expandable segments unless the user set the allocator (`process.choose_allocator`: with the
-default segments this mode ran out of memory at 128x8 on an H200).
+default segments this mode ran out of memory at 128x8 on an H200; D-ALLOC-1).
 
 The messages are the other modes': the talker reads Submit / Cancel / StatsQuery / Shutdown from
 the process inbox and puts payload lists on the replicas' queues, which the replica threads read

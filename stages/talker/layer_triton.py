@@ -3,11 +3,11 @@ seven, and RoPE of q and k with the K and V cache writes in one launch for about
 
 Why: a decode step's forward replays as one device graph, but the graph still runs every kernel
 in it, and at the batch sizes served (<= 128 rows of 768 channels) each kernel is a few
-microseconds of mostly fixed cost. An H200 ran ~1,650 kernels a step (B = 128, fp32, results/h200
-twenty-first part): per layer 22 for the two deterministic cache writes (`index_put_` sorts its
-indices, checks bounds, and scatters), 10 for RoPE, 12 for two RMSNorms with their residual
-adds, and 14 for seven split-K GEMMs. Beside the code2wav replicas on the same GPU each kernel
-also waits for SMs, so the step's kernel count is what its time scales with.
+microseconds of mostly fixed cost. An H200 ran ~1,650 kernels a step (B = 128, fp32; D-TALKER-2
+has the fused count and times): per layer 22 for the two deterministic cache writes
+(`index_put_` sorts its indices, checks bounds, and scatters), 10 for RoPE, 12 for two RMSNorms
+with their residual adds, and 14 for seven split-K GEMMs. Beside the code2wav replicas on the
+same GPU each kernel also waits for SMs, so the step's kernel count is what its time scales with.
 
 * `add_rms_norm(x, delta, norm)`: `s = x + delta` (in the stored dtype, as torch adds), then
   `norm.weight * (s * rsqrt(mean(s^2) + eps)).to(dtype)` in fp32, HF Llama's order. One program

@@ -3,7 +3,7 @@
 Admitting a request runs its prefill: ~35 kernels a layer, ~700 launches, one request at a
 time. On an H200 at 128x8 that was the largest share of the talker's step (51 % of its busy time
 with `runner.execution: single`, where eight replica threads share the interpreter lock, and
-27 % as a process of its own; results/h200/README.md). A replay is one launch, and it lets go of
+27 % as a process of its own; D-GRAPH-3). A replay is one launch, and it lets go of
 the interpreter lock while it queues.
 
 Shapes are fixed per graph, so the engine pads every request's condition rows to a length

@@ -22,7 +22,7 @@ The prelude writes into rows of `SamplerState.prelude_out`, a buffer allocated o
 the step only reads it or edits it in place), and the sampler binds the prelude to the slot
 buffers once (`bind_prelude`), so a step hands it only the logits. On an H200 the fused prelude
 costs 6-11 us per step called this way and 10-17 us when it allocates its output per call
-(results/h200/bench_prelude_bound_r*.json, `fused` vs `fused_alloc`).
+(D-TALKER-1; `fused` vs `fused_alloc` in its evidence).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tts_bench.calibration import RunConditions, calibration_key, find_calibration
+from tts_bench.verdicts.calibration import RunConditions, calibration_key, find_calibration
 from tts_bench.cli import app
 from tts_bench.config import config_to_dict, load_arms
 from tts_bench.errors import ExitStatus
@@ -115,7 +115,7 @@ def test_the_automatic_lookup_skips_an_unreadable_calibration_with_one_warning(t
     (tmp_path / f"broken.{PROFILE}.calibration.json").write_text('{"calibration_version": 2, "case"')
     good = write_calibration(tmp_path, key=run_key(4))
     arm = next(iter(load_arms(CONFIG, SETS).values()))
-    with caplog.at_level("WARNING", logger="tts_bench.calibration"):
+    with caplog.at_level("WARNING", logger="tts_bench.verdicts.calibration"):
         found = find_calibration([config_to_dict(arm)], profile=PROFILE, num_prompts=4, directory=tmp_path)
     assert found is not None and found.path == str(good)
     (record,) = caplog.records
@@ -135,7 +135,7 @@ def test_a_calibration_made_at_a_lower_load_is_refused_naming_both_loads(tmp_pat
 
 
 def test_a_calibration_without_its_load_or_on_other_hardware_is_refused(tmp_path):
-    from tts_bench.calibration import load_calibration
+    from tts_bench.verdicts.calibration import load_calibration
 
     cal = load_calibration(write_calibration(tmp_path, key=run_key(4), load=None))
     configs = [config_to_dict(c) for c in load_arms(CONFIG, SETS).values()]
@@ -146,7 +146,7 @@ def test_a_calibration_without_its_load_or_on_other_hardware_is_refused(tmp_path
 
 
 def test_a_one_block_verdict_needs_the_calibrations_own_rate_at_most_five_percent(tmp_path):
-    from tts_bench.calibration import load_calibration
+    from tts_bench.verdicts.calibration import load_calibration
 
     path = write_calibration(tmp_path, key=run_key(4))
     doc = json.loads(path.read_text())

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from tts_bench.cli import app
 from tts_bench.errors import ExitStatus
-from tts_bench.results import RunDir
+from tts_bench.rundir.results import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNTH = ["--config", str(ROOT / "configs/ab/synthetic.yaml"), "--repeats", "1",
@@ -154,7 +154,7 @@ def test_sigkill_mid_tier_then_resume_matches_an_uninterrupted_run(tmp_path):
 
 
 def test_disable_shuffle_sends_prompts_in_file_order_to_both_arms(tmp_path):
-    from tts_bench.prompts import load_prompts
+    from tts_bench.inputs.prompts import load_prompts
 
     doc = json.loads(invoke(tmp_path, "--tiers", "2x1", "--num-prompts", "5", "--disable-shuffle",
                             "--format", "json").stdout)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tts_bench.calibration import calibration_key, find_calibration, load_calibration
+from tts_bench.verdicts.calibration import calibration_key, find_calibration, load_calibration
 from tts_bench.cli import app
 from tts_bench.config import config_to_dict
 from tts_bench.errors import ExitStatus
@@ -65,7 +65,7 @@ def test_calibrate_writes_the_json_and_the_markdown(calibration):
 
 
 def test_ab_with_one_repeat_uses_the_matching_calibration(calibration, tmp_path, monkeypatch):
-    from tts_bench.calibration import RunConditions
+    from tts_bench.verdicts.calibration import RunConditions
 
     # The load check has its own tests (test_ab_calibration_flag.py); here the machine is quiet.
     monkeypatch.setattr(RunConditions, "now", classmethod(lambda cls: RunConditions(0.0, None, None)))

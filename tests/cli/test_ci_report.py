@@ -14,7 +14,7 @@ import pytest
 
 from tests.cli.gate_cases import record_baseline, synthetic_case
 from tests.cli.in_process import invoke_app
-from tts_bench.ci_report import append_step_summary
+from tts_bench.report.ci import append_step_summary
 from tts_bench.cli import app
 from tts_bench.errors import ExitStatus
 

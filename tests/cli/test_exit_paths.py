@@ -19,7 +19,7 @@ from tts_bench.backends.base import RequestFailed
 from tts_bench.backends.synthetic import SyntheticBackend
 from tts_bench.cli import app
 from tts_bench.errors import BackendError, ExitStatus
-from tts_bench.results import RunDir
+from tts_bench.rundir.results import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,7 +84,7 @@ class _GoesDown(SyntheticBackend):
 
 def test_a_server_that_goes_down_mid_run_gives_the_table_and_an_invalid_record(tmp_path, monkeypatch):
     monkeypatch.setattr(_GoesDown, "starts", 0)
-    monkeypatch.setattr("tts_bench.phases.make_backend", _GoesDown)
+    monkeypatch.setattr("tts_bench.load.phases.make_backend", _GoesDown)
     result = CliRunner().invoke(app, [
         "ab", "--config", str(ROOT / "configs/ab/synthetic.yaml"), "--set", "synthetic.chunk_delay_s=0",
         "--set", "synthetic.first_chunk_delay_s=0", "--set", "bench.warmup=0", "--tiers", "2x1",

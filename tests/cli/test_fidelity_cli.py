@@ -19,7 +19,7 @@ import pytest
 
 from tests.cli.in_process import main_in_process
 from tts_bench.config import load_config
-from tts_bench.results import RunDir
+from tts_bench.rundir.results import RunDir
 from tts_bench.serve.app import running_server
 
 pytestmark = pytest.mark.slow

@@ -133,7 +133,7 @@ def test_baseline_update_refuses_failed_and_perturbed_runs(case, tmp_path):
 
 
 def test_a_regressed_wer_run_exits_accuracy_regression(case, baseline, tmp_path):
-    from tts_bench.results import RunDir
+    from tts_bench.rundir.results import RunDir
 
     wer = RunDir.create(tmp_path / "runs", "wer", command_line="tts-bench wer", configs={})
     wer.update(wer={"verdict": "regression", "exit_status": 4, "reasons": ["test vs base: ΔWER +4.10 points"]})
@@ -165,8 +165,8 @@ def test_memory_is_gated_when_the_case_samples_it(tmp_path):
 
 
 def test_a_gate_run_set_to_duration_mode_runs_duration_phases_not_a_silent_count(case, baseline, tmp_path):
-    from tts_bench.records import read_records
-    from tts_bench.results import RunDir
+    from tts_bench.rundir.records import read_records
+    from tts_bench.rundir.results import RunDir
 
     before = set((tmp_path / "runs").iterdir())
     gate(case, baseline, tmp_path, "--set", "bench.duration_s=0.3", "--set", "bench.window_s=0.1",

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from tts_bench.cli import app
 from tts_bench.errors import ConfigError, ExitStatus
-from tts_bench.results import RunDir
+from tts_bench.rundir.results import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--config", str(ROOT / "configs/ab/synthetic.yaml"), "--sampler", "rss", "--interval", "0.05",
@@ -102,7 +102,7 @@ def test_embedded_tiny_on_cuda_with_nvml_and_torch(tmp_path):
 def test_the_backend_is_sized_for_the_warm_tier_when_it_runs_more_requests_at_once(tmp_path, monkeypatch):
     # The warm tier runs first on the same replicas: a backend sized for the sampled tier alone
     # would grow its per-request state (the embedded slot pools, dropping their graphs) in it.
-    from tts_bench import phases
+    from tts_bench.load import phases
 
     told: list[int] = []
     make = phases.make_backend

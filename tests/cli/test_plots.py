@@ -12,8 +12,8 @@ from tests.cli.in_process import invoke_app
 from tests.cli.test_wer_cli import _wer, fake_world  # noqa: F401  (a fixture)
 from tts_bench.cli import app
 from tts_bench.errors import ExitStatus
-from tts_bench.plots import plot_run, pyplot, run_figures
-from tts_bench.results import RunDir
+from tts_bench.report.plots import plot_run, pyplot, run_figures
+from tts_bench.rundir.results import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNTH = str(ROOT / "configs/ab/synthetic.yaml")
@@ -111,6 +111,6 @@ def test_the_command_line_loads_without_matplotlib():
     import subprocess
     import sys
 
-    code = "import sys, tts_bench.cli, tts_bench.plots, tts_bench.bisect; print('matplotlib' in sys.modules)"
+    code = "import sys, tts_bench.cli, tts_bench.report.plots, tts_bench.bisect; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tts_bench.commands.profile import parse_rows, profile
 from tts_bench.errors import ConfigError, ExitStatus
-from tts_bench.profile import STEPS
+from tts_bench.profile.run import STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--config", str(ROOT / "configs/ab/default.yaml"), "--rows", "1,2", "--chunks", "1"]
@@ -106,7 +106,7 @@ def test_bad_tier_and_context_are_usage_errors(monkeypatch):
     with pytest.raises(ConfigError, match=r"but runner.max_seq_len is \d+ \(--talker-context / --chunks\)"):
         invoke("--talker-context", "5000")
     # Too many profiled steps is the same error, raised before any stage is built.
-    monkeypatch.setattr("tts_bench.profile.build_talker", lambda *a, **k: pytest.fail("built a talker first"))
+    monkeypatch.setattr("tts_bench.profile.run.build_talker", lambda *a, **k: pytest.fail("built a talker first"))
     with pytest.raises(ConfigError, match=r"need \d+ cache positions .*\(--talker-context / --chunks\)"):
         CliRunner().invoke(_app(), ["profile", *FAST[:4], "--chunks", "5000"], standalone_mode=False,
                            catch_exceptions=False)
@@ -115,7 +115,7 @@ def test_bad_tier_and_context_are_usage_errors(monkeypatch):
 @pytest.fixture
 def no_builds(monkeypatch):
     """Building a stage fails the test: what the checks below must stop happens before any build."""
-    import tts_bench.profile as prof
+    import tts_bench.profile.run as prof
 
     def built(*a, **k):
         raise AssertionError("stages were built")

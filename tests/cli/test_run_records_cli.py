@@ -1,7 +1,7 @@
 """Every command that reads a recorded run (`ab --resume`, `gate --current`, `wer
 --transcribe-only`, `baseline update --from`) answers a damaged run with exit 2 and one line naming
 the file, and every command that makes runs refuses an unusable `--result-dir` with exit 2; both
-come from the shared readers in tts_bench/results.py, so one real process entry point
+come from the shared readers in tts_bench/rundir/results.py, so one real process entry point
 (`tts_bench.cli.main`, in-process) per command is checked here."""
 
 from __future__ import annotations

@@ -205,7 +205,7 @@ def test_a_dead_stage_process_makes_health_and_new_requests_503():
 def test_the_default_body_limit_fits_the_longest_voice_the_stages_take():
     # 60 s (code2wav.ref_audio_limit_seconds) of 48 kHz 16-bit stereo WAV, base64 in a JSON body.
     from stages.code2wav.config import Code2WavConfig
-    from tts_bench.limits import MAX_BODY_BYTES
+    from tts_bench.config.limits import MAX_BODY_BYTES
 
     wav_bytes = 44 + int(Code2WavConfig().ref_audio_limit_seconds * 48000) * 2 * 2
     body = 4 * -(-wav_bytes // 3) + len('{"input": "", "ref_audio": "data:audio/wav;base64,"}') + 4096

@@ -125,7 +125,7 @@ def test_an_embedded_ab_refuses_a_missing_voice_before_the_run_exists(tmp_path, 
     ["--set", "bench.prompts_per_client=50000", "--tiers", "1x1,3x1"],
 ])
 def test_the_per_tier_prompt_limit_applies_to_tiers_from_the_command_line(tmp_path, monkeypatch, args):
-    from tts_bench.results import RunDir
+    from tts_bench.rundir.results import RunDir
 
     def no_run(*a, **k):  # what the limit prevents: a run of 200,000+ requests per tier
         raise AssertionError("a run directory was made")

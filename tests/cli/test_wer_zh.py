@@ -14,7 +14,7 @@ from tts_bench.errors import ConfigError, InvalidRunError
 from tts_bench.wer import runner
 from tts_bench.wer.advice import prompt_advice
 from tts_bench.wer.gate import HistoryEntry, find_reference, load_history, write_history
-from tts_bench.wer.params import WerParams
+from tts_bench.config.wer import WerParams
 from tts_bench.wer.testing import TextCodeBackend, TextCodeTranscriber, fake_provenance
 
 TEXTS = ["清晨的雾气慢慢散去。", "请把窗户关好，好吗？", "吃葡萄不吐葡萄皮。", "大家早上好！"]

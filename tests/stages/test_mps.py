@@ -3,7 +3,7 @@
 A fake `nvidia-cuda-mps-control` on PATH stands in for the driver's: `-d` starts a detached
 sleeper and writes its pid file (as the real daemon does in its pipe directory), `quit` on stdin
 ends it. So start, client variables, stop, the failure paths and the stage processes' environment
-are asserted on any CPU; what MPS does to a GPU is measured on the H200 (results/h200).
+are asserted on any CPU; what MPS does to a GPU is measured on the H200 (D-EXEC-3).
 """
 
 from __future__ import annotations

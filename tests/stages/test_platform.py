@@ -285,3 +285,31 @@ def test_tf32_tensor_cores_follows_the_compute_capability():
     from stages.platform import tf32_tensor_cores
 
     assert tf32_tensor_cores(torch.device("cuda")) == (torch.cuda.get_device_capability() >= (8, 0))
+
+
+def test_the_host_has_no_device_name_and_its_allocator_calls_are_no_ops():
+    from stages.platform import describe_device, device_name, empty_cache, reset_peak_memory, timing_event
+
+    cpu = torch.device("cpu")
+    assert device_name(cpu) is None and describe_device(cpu).startswith("cpu (")
+    assert timing_event(cpu) is None
+    reset_peak_memory(cpu)
+    empty_cache(cpu)
+    assert memory_stats(cpu)["source"] == "rss"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_peak_memory_restarts_from_what_is_allocated_and_the_cache_empties():
+    from stages.platform import describe_device, device_name, empty_cache, reset_peak_memory
+
+    device = resolve_device("cuda")
+    assert device_name(device) == torch.cuda.get_device_name(device)
+    assert describe_device(device) == f"{device} ({device_name(device)})"
+    big = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)
+    del big
+    reset_peak_memory(device)
+    stats = memory_stats(device)
+    assert stats["peak_bytes"] == stats["allocated_bytes"]
+    empty_cache(device)
+    assert memory_stats(device)["reserved_bytes"] <= stats["reserved_bytes"]

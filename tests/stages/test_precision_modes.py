@@ -20,7 +20,7 @@ from stages.precision import FIDELITY, LOSSY_BELOW_DB, TALKER_TF32, code2wav_pre
 
 CPU = torch.device("cpu")
 T, F = True, False
-# (matmul, cudnn) in the flow and in HiFT, per mode: what the README's table says.
+# (matmul, cudnn) in the flow and in HiFT, per mode: what docs/runner.md's precision table says.
 EXPECTED = {
     "off": ((F, F), (F, F)),
     "conv": ((F, T), (F, T)),

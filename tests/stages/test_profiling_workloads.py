@@ -22,7 +22,7 @@ from stages.profiling.talker_step import (
 from stages.talker.engine import TalkerEngine
 from stages.talker.tokenizer import WordHashTokenizer
 from tests.stages.code2wav_tiny import single_thread, tiny_config  # noqa: F401
-from tts_bench._dataclass_yaml import load_dataclass, load_yaml_file
+from tts_bench.config.loader import load_dataclass, load_yaml_file
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -18,7 +18,7 @@ from stages.runner import ChunkReady, RequestError, RunnerRequest, StageRunner
 from stages.talker.config import TalkerConfig
 from stages.talker.engine import TalkerEngine, TalkerRequest, TalkerRequestError
 from stages.talker.length import cache_positions
-from tts_bench._dataclass_yaml import load_dataclass, load_yaml_file
+from tts_bench.config.loader import load_dataclass, load_yaml_file
 
 TINY = Path(__file__).resolve().parents[2] / "configs/stages/minicpmo45-tiny.yaml"
 TEXT = "A small boat drifted slowly across the calm grey lake."

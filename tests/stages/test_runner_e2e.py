@@ -22,7 +22,7 @@ import pytest
 
 from stages.config import StageConfig
 from stages.runner import ChunkReady, RequestError, RunnerRequest, StageRunner
-from tts_bench._dataclass_yaml import load_dataclass, load_yaml_file
+from tts_bench.config.loader import load_dataclass, load_yaml_file
 
 TINY = Path(__file__).resolve().parents[2] / "configs/stages/minicpmo45-tiny.yaml"
 TEXTS = {

@@ -10,7 +10,7 @@ import pytest
 from stages.config import RunnerConfig, StageConfig
 from tts_bench.config import load_config
 from tts_bench.errors import ConfigError
-from tts_bench._dataclass_yaml import load_dataclass, load_yaml_file
+from tts_bench.config.loader import load_dataclass, load_yaml_file
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = ROOT / "configs/stages/minicpmo45.yaml"

@@ -11,7 +11,7 @@ import pytest
 from tts_bench.ab import plan_from_run, run_ab
 from tts_bench.config import config_to_dict, load_arms, load_config, parse_tiers
 from tts_bench.errors import ConfigError, ExitStatus
-from tts_bench.results import RunDir
+from tts_bench.rundir.results import RunDir
 
 # One 0.1 s chunk per word, 4 ms per chunk: every request has the same implied RTF (0.04), so
 # the spread the bootstrap sees is timing jitter, not prompt length; 12-160 ms per request.
@@ -156,7 +156,7 @@ def test_plan_round_trips_through_the_run_record(tmp_path):
 
 def test_a_tier_with_too_many_failures_has_verdict_invalid_not_a_speed_call():
     from tts_bench.ab import TierResult
-    from tts_bench.stats import compare
+    from tts_bench.verdicts.stats import compare
 
     slower = compare([[1.0, 1.01, 0.99] * 10, [1.0, 1.02, 0.98] * 10],
                      [[1.5, 1.51, 1.49] * 10, [1.5, 1.52, 1.48] * 10], min_effect_pct=2.0)
@@ -170,7 +170,7 @@ def test_a_tier_with_too_many_failures_has_verdict_invalid_not_a_speed_call():
 def test_the_calibrated_spread_of_the_tier_reaches_a_one_block_comparison(monkeypatch):
     import tts_bench.ab.summary as ab_mod
     from tts_bench.config import BenchParams
-    from tts_bench.stats import CalibratedSpread
+    from tts_bench.verdicts.stats import CalibratedSpread
 
     class Cal:
         def spread(self, tier, metric):
@@ -189,7 +189,7 @@ def test_the_calibrated_spread_of_the_tier_reaches_a_one_block_comparison(monkey
 
 
 def _record(arm: str, utt: str, **hashes):
-    from tts_bench.records import RequestRecord
+    from tts_bench.rundir.records import RequestRecord
 
     return RequestRecord(arm=arm, tier="2x1", repeat=0, request_id=f"{arm}:2x1:r0:{utt}", utt=utt, warmup=False,
                          phase_id="p", t_send_s=0.0, t_end_s=1.0, audio_rtf=0.5, audio_seconds=2.0, **hashes)

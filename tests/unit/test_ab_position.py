@@ -8,7 +8,7 @@ import pytest
 
 from tts_bench.ab import AbRequest, run_session
 from tts_bench.ab.position import odd_repeats_warning, position_means
-from tts_bench.records import RequestRecord
+from tts_bench.rundir.records import RequestRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 SETS = ["backend=synthetic", "synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",

@@ -7,7 +7,7 @@ import pytest
 from tts_bench.ab.summary import summarize_ab
 from tts_bench.ab.throughput import block_throughputs
 from tts_bench.config import load_config, parse_tiers
-from tts_bench.records import RequestRecord
+from tts_bench.rundir.records import RequestRecord
 
 SYNTH = ["backend=synthetic", "bench.min_effect_pct=2"]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from tts_bench.ab import AbRequest, run_session
 from tts_bench.commands.ab import render_result
-from tts_bench.records import read_records
-from tts_bench.results import RunDir
-from tts_bench.windows import PHASES_FILE, phase_throughputs, read_phases
+from tts_bench.rundir.records import read_records
+from tts_bench.rundir.results import RunDir
+from tts_bench.load.windows import PHASES_FILE, phase_throughputs, read_phases
 
 SYNTH = ["backend=synthetic", "synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",
          "synthetic.first_chunk_delay_s=0.004", "synthetic.chunk_delay_s=0.004"]

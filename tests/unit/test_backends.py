@@ -15,8 +15,8 @@ from tts_bench.backends import BACKEND_NAMES, make_backend
 from tts_bench.backends.base import Backend, SynthesisRequest
 from tts_bench.config import BenchConfig, PiperConfig, SyntheticConfig
 from tts_bench.errors import ConfigError
-from tts_bench.loadgen import run_phase
-from tts_bench.records import Job, PhaseLabels
+from tts_bench.load.loadgen import run_phase
+from tts_bench.rundir.records import Job, PhaseLabels
 
 LABELS = PhaseLabels("base", "1x1", 0)
 TEXT = "The quiet river runs past the old mill. Birds sing in the tall green trees."

@@ -59,7 +59,7 @@ def test_the_full_default_kv_cache_on_a_cpu_is_what_the_oom_killer_saw():
 
 
 def test_full_size_128x8_fits_an_h200_as_measured():
-    # results/h200/README.md, twelfth part: the default (replica processes, chunk graphs,
+    # D-BUDGET-1: the default (replica processes, chunk graphs,
     # expandable segments) ran 128x8 there; torch-allocated peak summed over the 9 processes
     # 102.6 GiB, reserved 115.0 GiB plus 9 device contexts, of 139.8 GiB. The estimate must sit
     # above the allocated peak and below what a fresh H200 has free.
@@ -163,7 +163,7 @@ def test_ab_over_budget_exits_2_before_the_run_directory_exists(tmp_path):
 
 
 def test_code2wav_device_graphs_count_their_pool_on_a_gpu_only():
-    # results/h200/README.md, twelfth part: with expandable segments each replica held 1.90-2.09 GB
+    # D-BUDGET-1: with expandable segments each replica held 1.90-2.09 GB
     # reserved beyond its allocated memory at 8 rows a decode (graph pool and eager transient);
     # the two estimates together must cover that, and the graphs are 0.25 of a request's state a row.
     cfg_on = stages(FULL, "code2wav.extra.code2wav_device_graph=true")

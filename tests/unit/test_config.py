@@ -23,7 +23,7 @@ from tts_bench.config import (
     parse_tier,
     parse_tiers,
 )
-from tts_bench._dataclass_yaml import load_yaml_file
+from tts_bench.config.loader import load_yaml_file
 from tts_bench.errors import ConfigError, ExitStatus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -292,7 +292,7 @@ def test_committed_bench_configs_load(path):
 
 
 def test_overrides_work_on_any_section_dataclass():
-    from tts_bench.wer.params import WerParams
+    from tts_bench.config.wer import WerParams
 
     params = apply_overrides(WerParams(), ["beam_size=3", "vad=false"])
     assert (params.beam_size, params.vad) == (3, False)

@@ -12,7 +12,8 @@ from tts_bench.errors import ConfigError, ExitStatus, InvalidRunError
 from tts_bench.gate.baseline import build_baseline, is_faster, load_baseline, write_baseline
 from tts_bench.gate.case import CaseThresholds
 from tts_bench.gate.judge import compare_metric, judge, mark_for
-from tts_bench.gate.samples import Provenance, RunSamples, TierSamples, sut_hash
+from tts_bench.config.sut import sut_hash
+from tts_bench.gate.samples import Provenance, RunSamples, TierSamples
 
 THR = CaseThresholds(audio_rtf=10.0, audio_ttfp_ms=20.0, audio_throughput=10.0)
 

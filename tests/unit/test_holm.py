@@ -8,9 +8,9 @@ from scipy import stats as sps
 
 from tts_bench.ab.summary import summarize_ab
 from tts_bench.config import load_config, parse_tiers
-from tts_bench.holm import holm_adjust
-from tts_bench.records import RequestRecord
-from tts_bench.stats import compare
+from tts_bench.verdicts.holm import holm_adjust
+from tts_bench.rundir.records import RequestRecord
+from tts_bench.verdicts.stats import compare
 
 
 def test_holm_adjust_matches_a_hand_computation():

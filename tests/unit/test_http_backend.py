@@ -23,8 +23,8 @@ from tts_bench.backends.http import HttpBackend, api_root
 from tts_bench.backends.synthetic import SyntheticBackend
 from tts_bench.config import BenchConfig, HttpConfig, SyntheticConfig, load_config
 from tts_bench.errors import BackendError, ConfigError
-from tts_bench.loadgen import run_phase
-from tts_bench.records import Job, PhaseLabels
+from tts_bench.load.loadgen import run_phase
+from tts_bench.rundir.records import Job, PhaseLabels
 from tts_bench.serve.app import SpeechServer, running_server
 
 TEXT = "one two three four five six seven"

@@ -114,6 +114,81 @@ def test_decoding_a_voice_does_not_load_torch():
     assert out.stdout.strip() == "False"
 
 
+# scripts/ measure the library, so they use it as the library uses itself: public names only (a
+# private name may change under them without notice) and every platform question through
+# stages.platform (a script that asks torch.cuda is CUDA-only by accident, and its numbers skip
+# what the stages do on that device). The scripts' own helpers (`scripts._report`) are theirs.
+# What genuinely must stay is listed with why; an entry that no longer matches anything fails too.
+SCRIPTS = sorted((ROOT / "scripts").glob("*.py"))
+SCRIPT_ALLOWANCES = {
+    ("scripts/bench_prelude.py", "stages.talker.prelude_triton._empty_kernel"):
+        "the launch floor the fused prelude is judged against: an empty Triton kernel compiled beside "
+        "it, which nothing but this benchmark launches",
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.endswith("__")  # `_x`, not `__future__`
+
+
+def _script_leaks(path: Path) -> list[str]:
+    """Private imports, torch_npu and the library's platform leaks of a script, as `line: what`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    leaks = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules = [(a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules = [(node.module, a.name) for a in node.names]
+        else:
+            continue
+        for module, name in modules:
+            parts = module.split(".")
+            if parts[0] != "scripts" and any(_private(p) for p in parts):
+                leaks.append(f"{node.lineno}: {module}")
+            elif name is not None and _private(name):
+                leaks.append(f"{node.lineno}: {module}.{name}")
+            if parts[0] == "torch_npu":
+                leaks.append(f"{node.lineno}: {module}")
+    return sorted(set(leaks) | set(_platform_leaks(path)), key=lambda leak: int(leak.split(":")[0]))
+
+
+def _unallowed(path: Path) -> list[str]:
+    rel = str(path.relative_to(ROOT))
+    return [leak for leak in _script_leaks(path) if (rel, leak.split(": ", 1)[1]) not in SCRIPT_ALLOWANCES]
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_scripts_import_public_names_and_ask_the_platform_layer(path):
+    assert _unallowed(path) == []
+
+
+def test_every_script_allowance_still_matches_what_it_allows():
+    for (rel, what), why in SCRIPT_ALLOWANCES.items():
+        assert why and what in [leak.split(": ", 1)[1] for leak in _script_leaks(ROOT / rel)], rel
+
+
+def test_the_scripts_rule_sees_what_it_forbids(tmp_path):
+    leaky = tmp_path / "leaky.py"
+    leaky.write_text(
+        "from __future__ import annotations\n"
+        "from tts_bench.ab.summary import _by_repeat, summarize_ab\n"
+        "import tts_bench._private\n"
+        "from stages.talker._kernels import launch\n"
+        "from scripts._report import emit\n"
+        "import torch_npu\n"
+        "torch.cuda.synchronize()\n"
+        "def f(device):\n"
+        "    from stages.talker.prelude_triton import _empty_kernel\n"
+        "    return device.type == 'cuda'\n"
+    )
+    assert _script_leaks(leaky) == [
+        "2: tts_bench.ab.summary._by_repeat", "3: tts_bench._private", "4: stages.talker._kernels",
+        "6: torch_npu", "7: torch.cuda", "9: stages.talker.prelude_triton._empty_kernel",
+        "10: device.type == 'cuda'",
+    ]
+
+
 # Model files hold nn.Modules and tensor math only: which kernels run is decided outside them
 # (stages/code2wav/kernels.py, stages/talker/kernels.py) and handed in (`use_kernels`), so a
 # model file asks no device what it is. Model files are found, not listed: every stages module

@@ -7,12 +7,12 @@ import asyncio
 import numpy as np
 import pytest
 
-from tts_bench import loadgen
+from tts_bench.load import loadgen
 from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.backends.synthetic import SyntheticBackend
 from tts_bench.config import BenchConfig, SyntheticConfig
-from tts_bench.loadgen import run_phase, run_request
-from tts_bench.records import Job, PhaseLabels, RequestRecord
+from tts_bench.load.loadgen import run_phase, run_request
+from tts_bench.rundir.records import Job, PhaseLabels, RequestRecord
 
 LABELS = PhaseLabels("base", "4x1", 0)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata
 
-from tts_bench.stats import mann_whitney_p
+from tts_bench.verdicts.stats import mann_whitney_p
 
 
 def textbook_p(x, y) -> float:

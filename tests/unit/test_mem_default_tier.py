@@ -8,8 +8,8 @@ import pytest
 from tts_bench.config import load_arms, load_config
 from tts_bench.errors import ConfigError
 from tts_bench.mem import run as mem_run
-from tts_bench.mem.params import MemParams
-from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
+from tts_bench.config.mem import MemParams
+from tts_bench.config.shipped import DEFAULT_AB_CONFIG, shipped_config
 
 
 def test_the_default_tier_is_the_configs_first_bench_tier():

@@ -9,7 +9,7 @@ import pytest
 from tts_bench.ab import run_ab
 from tts_bench.config import config_to_dict, load_arms, parse_tiers
 from tts_bench.mem.hooks import MemoryHooks, make_ab_hooks
-from tts_bench.results import RunDir
+from tts_bench.rundir.results import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 SETS = ["backend=synthetic", "synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",

@@ -13,7 +13,7 @@ import pytest
 
 from tts_bench.errors import ConfigError
 from tts_bench.mem import samplers as mod
-from tts_bench.mem.params import MemParams
+from tts_bench.config.mem import MemParams
 from tts_bench.mem.samplers import (
     RssSampler,
     SamplerError,

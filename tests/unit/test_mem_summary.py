@@ -10,7 +10,7 @@ from tts_bench.mem.npu_smi import MIB
 from tts_bench.mem.plot import write_timeline
 from tts_bench.mem.recorder import MemSample, MemSeries
 from tts_bench.mem.summary import MEM_COLUMNS, mem_table, summarize, table_title
-from tts_bench.tables import render
+from tts_bench.report.tables import render
 
 TOTAL = 65536
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tts_bench.records import RequestRecord
-from tts_bench.metrics import aggregate, measured_wall_s
+from tts_bench.rundir.records import RequestRecord
+from tts_bench.load.metrics import aggregate, measured_wall_s
 
 
 def rec(i, *, rtf=None, ttfp=None, seconds=0.0, kind=None, warmup=False, phase="p0", t=(0.0, 1.0)):

@@ -8,9 +8,10 @@ import pytest
 
 from tts_bench.backends.synthetic import SyntheticBackend
 from tts_bench.config import Tier, load_config
-from tts_bench.prompts import Prompt, plan_jobs
-from tts_bench.records import PhaseLabels
-from tts_bench.results import RunDir
+from tts_bench.inputs.prompts import Prompt
+from tts_bench.load.plan import plan_jobs
+from tts_bench.rundir.records import PhaseLabels
+from tts_bench.rundir.results import RunDir
 
 SETS = ["backend=synthetic", "synthetic.chunk_delay_s=0", "synthetic.first_chunk_delay_s=0"]
 PROMPTS = [Prompt(f"en_{i}", "", None, "one two three") for i in range(4)]
@@ -38,7 +39,7 @@ class Tracked(SyntheticBackend):
 
 
 def _run(tmp_path, monkeypatch, hooks, before=None):
-    from tts_bench import phases
+    from tts_bench.load import phases
 
     monkeypatch.setattr(Tracked, "stops", 0)
     monkeypatch.setattr(phases, "make_backend", Tracked)
@@ -82,7 +83,7 @@ class Sized(Tracked):
 
 
 def test_a_backend_that_sizes_state_is_told_the_tiers_concurrency_before_it_starts(tmp_path, monkeypatch):
-    from tts_bench import phases
+    from tts_bench.load import phases
 
     monkeypatch.setattr(Sized, "expected", [])
     monkeypatch.setattr(phases, "make_backend", Sized)
@@ -100,7 +101,7 @@ def test_a_backend_that_sizes_state_is_told_the_tiers_concurrency_before_it_star
 
 @pytest.mark.parametrize("size_for, told", [(8, 8), (2, 3), (None, 3)])
 def test_a_larger_size_for_wins_over_the_tiers_concurrency(tmp_path, monkeypatch, size_for, told):
-    from tts_bench import phases
+    from tts_bench.load import phases
 
     monkeypatch.setattr(Sized, "expected", [])
     monkeypatch.setattr(phases, "make_backend", Sized)
@@ -113,7 +114,7 @@ def test_a_larger_size_for_wins_over_the_tiers_concurrency(tmp_path, monkeypatch
 
 
 def test_the_hook_chain_calls_every_hook_in_order_and_abandons_those_that_can():
-    from tts_bench.phases import HookChain
+    from tts_bench.load.phases import HookChain
 
     first, second = Hooks(), Hooks()
     plain = type("Plain", (), {"on_phase": lambda self, *a: None})()  # no abandon(): skipped

@@ -11,10 +11,10 @@ import pytest
 from stages.config import StageConfig
 from stages.profiling.cache_split import with_split
 from tests.stages.code2wav_tiny import single_thread  # noqa: F401
-from tts_bench._dataclass_yaml import load_dataclass, load_yaml_file
+from tts_bench.config.loader import load_dataclass, load_yaml_file
 from tts_bench.config import BenchConfig
 from tts_bench.errors import ConfigError
-from tts_bench.profile import profile_arms
+from tts_bench.profile.run import profile_arms
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -51,7 +51,7 @@ def test_profile_arms_rejects_bad_workloads_before_building(rows, chunks):
 
 def test_device_tables_show_memcpy_launches_beside_the_kernels():
     from stages.profiling.launches import LaunchCount
-    from tts_bench.profile import STEPS, ArmProfile, ProfileResult
+    from tts_bench.profile.run import STEPS, ArmProfile, ProfileResult
 
     def counts(kernels: float, copies: float) -> dict:
         return {step: LaunchCount("kernels", kernels, copies, 2) for step in STEPS}

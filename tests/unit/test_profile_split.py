@@ -6,7 +6,7 @@ import pytest
 
 from stages.code2wav.config import Code2WavConfig
 from tts_bench.config import Tier
-from tts_bench.profile_split import TierPlan
+from tts_bench.profile.split import TierPlan
 
 
 @pytest.mark.parametrize(

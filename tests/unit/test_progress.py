@@ -9,7 +9,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from tts_bench import progress
+from tts_bench.report import progress
 from tts_bench.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]

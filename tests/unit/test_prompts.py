@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tts_bench.errors import ConfigError
-from tts_bench.prompts import Prompt, builtin_sets, load_prompts, parse_meta, resolve_meta, select_prompts
+from tts_bench.inputs.prompts import Prompt, builtin_sets, load_prompts, parse_meta, resolve_meta, select_prompts
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -193,7 +193,7 @@ def test_builtin_prompt_texts_match_the_reference_script(builtin):
 
 
 def test_every_prompt_wav_is_checked_before_generating_and_errors_name_the_line(tmp_path):
-    from tts_bench.prompts import check_prompt_wavs
+    from tts_bench.inputs.prompts import check_prompt_wavs
 
     good = Path(__file__).resolve().parents[2] / "tts_bench/data/seed-tts-en/prompts/ref_0.wav"
     (tmp_path / "good.wav").write_bytes(good.read_bytes())
@@ -214,7 +214,7 @@ def test_a_prompt_wav_of_nan_samples_is_refused_before_generating(tmp_path):
     # the run had started (exit 5). The check now refuses it as the stages would.
     import soundfile as sf
 
-    from tts_bench.prompts import check_prompt_wavs
+    from tts_bench.inputs.prompts import check_prompt_wavs
 
     sf.write(tmp_path / "nan.wav", np.full(48000, np.nan, dtype=np.float32), 24000, subtype="FLOAT")
     sf.write(tmp_path / "ok.wav", np.zeros(48000, dtype=np.float32), 24000, subtype="FLOAT")
@@ -277,7 +277,7 @@ def _wav(path: Path, seconds: float, channels: int = 1, rate: int = 24000, width
 
 
 def test_with_a_stage_limit_the_check_applies_the_stages_voice_rules(tmp_path):
-    from tts_bench.prompts import check_prompt_wavs
+    from tts_bench.inputs.prompts import check_prompt_wavs
 
     _wav(tmp_path / "long.wav", 61.0)
     _wav(tmp_path / "nine.wav", 1.0, channels=9)
@@ -303,7 +303,7 @@ def _arm(backend: str, voices: str, limit: float = 60.0):
 
 
 def test_bench_voices_are_checked_for_the_backends_that_send_them(tmp_path):
-    from tts_bench.prompts import check_bench_prompts
+    from tts_bench.inputs.prompts import check_bench_prompts
 
     meta = tmp_path / "meta.lst"
     meta.write_text("a|t|gone.wav|One.\n")
@@ -317,7 +317,7 @@ def test_bench_voices_are_checked_for_the_backends_that_send_them(tmp_path):
 
 
 def test_distinct_voices_need_16_bit_wavs_before_the_run(tmp_path):
-    from tts_bench.prompts import check_bench_prompts
+    from tts_bench.inputs.prompts import check_bench_prompts
 
     _wav(tmp_path / "u8.wav", 1.0, width=1)
     _wav(tmp_path / "ok.wav", 1.0)
@@ -334,7 +334,7 @@ def test_texts_too_long_for_an_embedded_talker_are_refused_before_the_run(tmp_pa
 
     from stages.talker.config import TalkerConfig
     from stages.talker.length import cache_positions
-    from tts_bench.prompts import check_text_lengths
+    from tts_bench.inputs.prompts import check_text_lengths
 
     meta = tmp_path / "meta.lst"
     meta.write_text("a|t|a.wav|Hello there.\nb|t|a.wav|" + "word " * 300 + "\n")

@@ -14,9 +14,14 @@ import time
 
 import pytest
 
-from tts_bench import _appender, results
+from tts_bench.rundir import appender as _appender
+
+from tts_bench.rundir import atomic_json
 from tts_bench.errors import ConfigError, TtsBenchError
-from tts_bench.results import SCHEMA_VERSION, RunDir, collect_environment, request_key
+from tts_bench.rundir.provenance import collect_environment
+from tts_bench.rundir.records import request_key
+from tts_bench.rundir.results import RunDir
+from tts_bench.rundir.run_json import SCHEMA_VERSION
 
 
 def make_run(tmp_path, **kw) -> RunDir:
@@ -56,7 +61,7 @@ def test_environment_never_imports_torch():
     code = textwrap.dedent(
         """
         import sys
-        from tts_bench.results import collect_environment
+        from tts_bench.rundir.provenance import collect_environment
         env = collect_environment()
         assert "torch" not in sys.modules, "collect_environment imported torch"
         print(env["python"])
@@ -165,7 +170,7 @@ def test_update_is_atomic_and_merges(tmp_path, monkeypatch):
     def boom(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(results.os, "replace", boom)
+    monkeypatch.setattr(atomic_json.os, "replace", boom)
     with pytest.raises(OSError):
         run.update(status="broken")
     # The old document is intact: a failed update never leaves half a run.json behind.
@@ -247,7 +252,7 @@ def test_sigkill_keeps_every_flushed_request(tmp_path):
     code = textwrap.dedent(
         f"""
         import sys, time
-        from tts_bench.results import RunDir
+        from tts_bench.rundir.results import RunDir
         run = RunDir.create({str(tmp_path)!r}, "ab", command_line=["x"], configs={{}})
         for i in range(30):
             run.append_request({{"arm": "base", "tier": "2x1", "repeat": 0, "request_id": f"r{{i}}"}})
@@ -267,7 +272,7 @@ def test_sigkill_keeps_every_flushed_request(tmp_path):
 
 
 def test_environment_names_the_runtime_variables_that_were_set(monkeypatch, tmp_path):
-    from tts_bench.results import RUNTIME_VARIABLES
+    from tts_bench.rundir.provenance import RUNTIME_VARIABLES
 
     for name in RUNTIME_VARIABLES:
         monkeypatch.delenv(name, raising=False)

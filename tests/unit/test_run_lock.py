@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tts_bench import _runlock
-from tts_bench._runlock import LOCK_NAME, RunLock, RunLockedError
-from tts_bench.results import RunDir
+from tts_bench.rundir import lock as _runlock
+from tts_bench.rundir.lock import LOCK_NAME, RunLock, RunLockedError
+from tts_bench.rundir.results import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
@@ -39,7 +39,7 @@ def hold_in_child(run_dir: Path) -> subprocess.Popen:
     """A child process that takes the run's lock, says so, and sleeps."""
     code = textwrap.dedent(f"""
         import sys, time
-        from tts_bench.results import RunDir
+        from tts_bench.rundir.results import RunDir
         run = RunDir.open({str(run_dir)!r}, lock=True)
         print("held", flush=True)
         time.sleep(60)
@@ -78,7 +78,7 @@ def test_the_lock_of_a_killed_writer_is_taken_over(tmp_path):
 
 def test_a_created_run_is_locked_until_released(tmp_path):
     run = make_run(tmp_path)
-    code = f"from tts_bench.results import RunDir; RunDir.open({str(run.path)!r}, lock=True)"
+    code = f"from tts_bench.rundir.results import RunDir; RunDir.open({str(run.path)!r}, lock=True)"
     busy = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True)
     assert busy.returncode != 0 and "RunLockedError" in busy.stderr and f"pid {os.getpid()}" in busy.stderr
     run.release()

@@ -12,8 +12,8 @@ import pytest
 
 from tts_bench.ab.session import plan_from_run
 from tts_bench.errors import ConfigError, ExitStatus
-from tts_bench.records import read_records
-from tts_bench.results import RunDir
+from tts_bench.rundir.records import read_records
+from tts_bench.rundir.results import RunDir
 
 
 def make_run(root: Path, **kw) -> RunDir:

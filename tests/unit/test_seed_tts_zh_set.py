@@ -10,7 +10,7 @@ import pytest
 from stages.talker.length import codec_budget, count_units
 from stages.talker.tokenizer import WordHashTokenizer
 from tts_bench.config import load_config
-from tts_bench.prompts import builtin_sets, check_prompt_wavs, check_text_lengths, load_prompts
+from tts_bench.inputs.prompts import builtin_sets, check_prompt_wavs, check_text_lengths, load_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 CJK = re.compile(r"[\u4e00-\u9fff]")

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from tts_bench.cli import app
 from tts_bench.config import config_to_dict, load_arms, load_config
 from tts_bench.errors import ConfigError
-from tts_bench.shipped import resolve_config_path, shipped_config, shipped_dir, shipped_names
+from tts_bench.config.shipped import resolve_config_path, shipped_config, shipped_dir, shipped_names
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Stage work over a phase (tts_bench.stage_work): hooks, pooling of replicas, the table."""
+"""Stage work over a phase (tts_bench.load.stage_work): hooks, pooling of replicas, the table."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tts_bench.results import RunDir
-from tts_bench.stage_work import StageWorkHooks, pooled, work_table
+from tts_bench.rundir.results import RunDir
+from tts_bench.load.stage_work import StageWorkHooks, pooled, work_table
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tts_bench.errors import InvalidRunError
-from tts_bench.stats import (
+from tts_bench.verdicts.stats import (
     UNRESOLVED,
     CalibratedSpread,
     clopper_pearson,
@@ -202,7 +202,7 @@ def test_summarize_with_name_uses_vllm_keys_and_empty_is_none():
 
 
 def test_an_mde_from_two_blocks_is_flagged_rough_in_the_comparison_and_the_table():
-    from tts_bench.tables import ab_table
+    from tts_bench.report.tables import ab_table
 
     base = [np.full(4, 1.0), np.full(4, 1.0)]
     two = compare(base, [np.full(4, 1.003), np.full(4, 0.998)], min_effect_pct=2.0)

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from tts_bench.config import Tier
-from tts_bench.tables import (
+from tts_bench.report.tables import (
     AB_COLUMNS,
     ab_table,
     default_format,

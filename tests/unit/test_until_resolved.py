@@ -10,9 +10,9 @@ import pytest
 from tts_bench.ab import plan_from_run, run_ab
 from tts_bench.config import config_to_dict, load_config, parse_tiers
 from tts_bench.errors import ConfigError
-from tts_bench.results import RunDir
-from tts_bench.stats import compare
-from tts_bench.until_resolved import UntilResolved
+from tts_bench.rundir.results import RunDir
+from tts_bench.verdicts.stats import compare
+from tts_bench.verdicts.until_resolved import UntilResolved
 
 SYNTH = ["backend=synthetic", "synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",
          "synthetic.first_chunk_delay_s=0.003", "synthetic.chunk_delay_s=0.003", "bench.warmup=1"]
@@ -103,7 +103,7 @@ def test_a_loose_target_is_resolved_after_the_minimum_blocks(tmp_path):
 def test_an_unreachable_target_stops_at_max_repeats_in_pairs(tmp_path, caplog):
     a = arms("bench.min_effect_pct=0.0001")
     rule = UntilResolved(0.00005, max_repeats=5)
-    with caplog.at_level("INFO", logger="tts_bench.until_resolved"):
+    with caplog.at_level("INFO", logger="tts_bench.verdicts.until_resolved"):
         result = run_ab(a, parse_tiers("2x1"), repeats=1, num_prompts=4, run_dir=new_run(tmp_path, a, rule),
                         until=rule)
     assert result.until_resolved["stopped_by"] == "max repeats"

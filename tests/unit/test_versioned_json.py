@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tts_bench.calibration import CALIBRATION_FILE, load_calibration
+from tts_bench.verdicts.calibration import CALIBRATION_FILE, load_calibration
 from tts_bench.errors import ConfigError
 from tts_bench.gate.baseline import BASELINE_FILE, load_baseline, write_baseline
 

@@ -17,9 +17,9 @@ from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.backends.embedded import EmbeddedBackend, _runner_request
 from tts_bench.backends.http import HttpBackend
 from tts_bench.config import BenchConfig, HttpConfig, load_config
-from tts_bench.loadgen import run_phase
-from tts_bench.metrics import aggregate
-from tts_bench.records import Job, PhaseLabels
+from tts_bench.load.loadgen import run_phase
+from tts_bench.load.metrics import aggregate
+from tts_bench.rundir.records import Job, PhaseLabels
 from tts_bench.serve.request import BadRequest, parse_ref_audio, parse_speech_body
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,13 +132,13 @@ def test_metrics_exposition_carries_the_voices_a_stage_holds():
 
 
 def _prompts():
-    from tts_bench.prompts import load_prompts
+    from tts_bench.inputs.prompts import load_prompts
 
     return load_prompts("builtin:seed-tts-en")[:4]
 
 
 def test_voice_modes_give_each_request_its_file_one_voice_a_unique_voice_or_none():
-    from tts_bench.prompts import plan_jobs
+    from tts_bench.load.plan import plan_jobs
 
     prompts = _prompts()
     labels = PhaseLabels("a", "2x1", 0)
@@ -165,8 +165,8 @@ def test_voice_modes_give_each_request_its_file_one_voice_a_unique_voice_or_none
 def test_the_ab_view_over_voice_cache_misses_keeps_only_those_requests(tmp_path):
     from tts_bench.ab import voice_cache_view
     from tts_bench.config import parse_tiers
-    from tts_bench.records import RequestRecord
-    from tts_bench.results import RunDir
+    from tts_bench.rundir.records import RequestRecord
+    from tts_bench.rundir.results import RunDir
 
     arms = {"base": BenchConfig(), "test": BenchConfig()}
     run = RunDir.create(tmp_path, "ab", command_line=["x"], configs={a: {} for a in arms})

@@ -12,12 +12,12 @@ import pytest
 
 from tts_bench.asr.base import AsrOptions
 from tts_bench.errors import ExitStatus, InvalidRunError
-from tts_bench.prompts import Prompt
-from tts_bench.results import RunDir
+from tts_bench.inputs.prompts import Prompt
+from tts_bench.rundir.results import RunDir
 from tts_bench.wer import runner
 from tts_bench.wer.gate import judge
 from tts_bench.wer.generate import generate_arm
-from tts_bench.wer.params import WerParams
+from tts_bench.config.wer import WerParams
 from tts_bench.wer.testing import TextCodeBackend, TextCodeTranscriber, fake_provenance
 from tts_bench.wer.transcribe import AsrSession, TranscriptCache, transcribe_records
 

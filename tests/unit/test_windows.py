@@ -1,5 +1,5 @@
-"""Duration-mode phases (`tts_bench.windows`, `tts_bench.loadwindow`): attribution to the window,
-invalid phases, stability, and the open-loop arrival times (`tts_bench.arrivals`)."""
+"""Duration-mode phases (`tts_bench.load.windows`, `tts_bench.load.loadwindow`): attribution to the window,
+invalid phases, stability, and the open-loop arrival times (`tts_bench.load.arrivals`)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ import time
 import numpy as np
 import pytest
 
-from tts_bench.arrivals import Arrivals, OpenLoop, first_times
+from tts_bench.load.arrivals import Arrivals, OpenLoop, first_times
 from tts_bench.backends.base import AudioChunk, RequestFailed
 from tts_bench.backends.synthetic import SyntheticBackend
 from tts_bench.config import Tier, load_config
-from tts_bench.loadgen import run_phase
-from tts_bench.loadwindow import _label, _Live
-from tts_bench.prompts import Prompt, cycle_jobs
-from tts_bench.records import PhaseLabels, RequestRecord
-from tts_bench.windows import WindowPlan, agree, sub_window_bounds
+from tts_bench.load.loadgen import run_phase
+from tts_bench.load.loadwindow import _label, _Live
+from tts_bench.inputs.prompts import Prompt
+from tts_bench.load.plan import cycle_jobs
+from tts_bench.rundir.records import PhaseLabels, RequestRecord
+from tts_bench.load.windows import WindowPlan, agree, sub_window_bounds
 
 LABELS = PhaseLabels("base", "2x1", 0)
 PROMPTS = [Prompt(f"en_{i}", "", None, "one two three four") for i in range(3)]

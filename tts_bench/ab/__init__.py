@@ -1,7 +1,7 @@
 """Same-day A/B of audio RTF (`tts-bench ab`): two arms interleaved per tier on fresh backends.
 
 - `run`: the interleaving (`run_ab`: counterbalanced blocks per tier, each phase on a fresh
-  backend through `tts_bench.phases`, `--until-resolved` rounds, `--resume`);
+  backend through `tts_bench.load.phases`, `--until-resolved` rounds, `--resume`);
 - `summary`: the result from the recorded requests (`summarize_ab`: aggregates, paired-block
   comparisons and verdicts, duration and identity flags, validity; the voice-cache view);
 - `session`: one `tts-bench ab` as a library call (`run_session`: plan or reopen the run, run

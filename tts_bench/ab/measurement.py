@@ -1,7 +1,7 @@
 """What an A/B measured, phase by phase: the mode, the windows, throughput and stability.
 
 The A/B result (`tts_bench.ab.summary`) compares requests; this module reads the run's phase
-records (phases.jsonl, `tts_bench.windows`) beside it:
+records (phases.jsonl, `tts_bench.load.windows`) beside it:
 - `with_phase_validity`: a phase that measured nothing honest (its C never filled, no request
   in its window) makes its tier and the run invalid, with the phase's reason;
 - `measurement_doc`: the JSON under result `measurement`: `mode` (count | duration), the
@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from tts_bench.windows import measured_phases, phase_throughputs, read_phases, warmup_phase_on
+from tts_bench.load.windows import measured_phases, phase_throughputs, read_phases, warmup_phase_on
 
 
 def with_phase_validity(result: Any, run_dir: Any) -> Any:

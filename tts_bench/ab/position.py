@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tts_bench.records import RequestRecord
+from tts_bench.rundir.records import RequestRecord
 
 
 def odd_repeats_warning(repeats: int) -> str | None:

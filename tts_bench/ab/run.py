@@ -3,31 +3,31 @@
 For each tier `CxR`, for each of K repeats, each arm gets a fresh backend, in counterbalanced
 order (`phase_order`: A B, then B A, then A B ...: with an even K each arm runs first as often as
 second, so a drift within the session, e.g. the first phase on a cold machine running slower,
-cannot pose as an effect of either arm). Each phase is `tts_bench.phases.run_fresh_phase`:
+cannot pose as an effect of either arm). Each phase is `tts_bench.load.phases.run_fresh_phase`:
 `start(R)`, `max(2, C)` warmup requests (recorded, flagged, excluded from stats), the measured
 requests with exactly C in flight, `stop()`. Both arms send the same prompts in the same order
-with the same per-request seeds (`tts_bench.prompts.plan_jobs`). The result is computed from the
+with the same per-request seeds (`tts_bench.load.plan.plan_jobs`). The result is computed from the
 record by `tts_bench.ab.summary.summarize_ab` (aggregates, paired-block comparisons, verdicts,
 flags). A one-repeat run has no interval of its own: its verdict is `unresolved` unless a
-calibration of this case and hardware profile is given (`tts_bench.calibration`). With
+calibration of this case and hardware profile is given (`tts_bench.verdicts.calibration`). With
 `until=UntilResolved(...)` blocks are added in counterbalanced pairs until every tier's interval
-is narrow enough (`tts_bench.until_resolved`).
+is narrow enough (`tts_bench.verdicts.until_resolved`).
 
 Every finished request is appended to the run's JSONL at once; the result is computed from
 the JSONL, so `resume=True` finishes a killed run without repeating completed requests (a phase
 with measured work left gets a fresh backend and its warmup again; warmup records already on
 disk are not written twice).
 
-Duration mode (`bench.duration_s`, `tts_bench.windows`): each phase is ramp, measured window,
-drain, with the prompt set cycling (`tts_bench.prompts.cycle_jobs`); a phase is complete when
+Duration mode (`bench.duration_s`, `tts_bench.load.windows`): each phase is ramp, measured window,
+drain, with the prompt set cycling (`tts_bench.load.plan.cycle_jobs`); a phase is complete when
 its record is in phases.jsonl, and --resume runs a cut phase again whole (its partial records
 are left out of the result). Before the first block of a tier each arm runs one discarded warm
 phase on a fresh backend (`bench.warmup_phase`, default on in duration mode; repeat -1, every
 record flagged warmup), so no measured block pays for cold caches. Open loop (`open_loop`,
-`tts_bench.arrivals`): arrival times drawn per tier and repeat from bench.seed, the same in
+`tts_bench.load.arrivals`): arrival times drawn per tier and repeat from bench.seed, the same in
 both arms.
 
-Hooks: pass `hooks` (`tts_bench.phases.PhaseHooks`: `on_phase(arm, tier, repeat, phase,
+Hooks: pass `hooks` (`tts_bench.load.phases.PhaseHooks`: `on_phase(arm, tier, repeat, phase,
 backend)`); it is called with phase "warmup" after `start`, "measure" before the measured
 requests, and "end" after them (before `stop`). The memory sampler (`tts-bench ab --mem`,
 `tts_bench.mem.hooks`) plugs in here.
@@ -47,16 +47,17 @@ from typing import Any, Protocol
 
 from tts_bench.ab.measurement import with_phase_validity
 from tts_bench.ab.summary import AbResult, summarize_ab
-from tts_bench.arrivals import OpenLoop
-from tts_bench.calibration import Calibration
+from tts_bench.load.arrivals import OpenLoop
+from tts_bench.load.plan import cycle_jobs, plan_jobs
+from tts_bench.verdicts.calibration import Calibration
 from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import BackendError
-from tts_bench.phases import PhaseHooks, run_fresh_phase
-from tts_bench.prompts import cycle_jobs, plan_jobs, select_bench_prompts
-from tts_bench.records import Job, PhaseLabels, RequestRecord, read_records
-from tts_bench.results import RunDir, request_key
-from tts_bench.windows import WindowPlan, complete_phase_ids, measured_phases, warmup_phase_on
-from tts_bench.until_resolved import UntilResolved, drive
+from tts_bench.load.phases import PhaseHooks, run_fresh_phase
+from tts_bench.inputs.prompts import select_bench_prompts
+from tts_bench.rundir.records import Job, PhaseLabels, RequestRecord, read_records
+from tts_bench.rundir.results import RunDir, request_key
+from tts_bench.load.windows import WindowPlan, complete_phase_ids, measured_phases, warmup_phase_on
+from tts_bench.verdicts.until_resolved import UntilResolved, drive
 
 log = logging.getLogger(__name__)
 
@@ -191,13 +192,13 @@ def run_ab(
 ) -> AbResult:
     """Run the A/B (`arms` ordered base, test) and compute the result from the run's JSONL.
 
-    `until`: add block pairs until resolved (`tts_bench.until_resolved`) instead of exactly
+    `until`: add block pairs until resolved (`tts_bench.verdicts.until_resolved`) instead of exactly
     `repeats` blocks; `calibration`: the case's A/A calibration (one-block intervals, MDE)."""
     if len(arms) != 2:
         raise ValueError(f"run_ab needs exactly two arms (base, test), got {list(arms)}")
     done = run_dir.completed_keys() if resume else set()
     if progress is None:  # calibrate's and gate's A/Bs: the command's reporter, if one is open
-        from tts_bench.progress import current
+        from tts_bench.report.progress import current
 
         progress = current()
     runner = _Runner(arms, num_prompts, run_dir, done, progress, hooks, open_loop,

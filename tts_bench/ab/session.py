@@ -24,16 +24,18 @@ from typing import Any
 from tts_bench.ab.measurement import measurement_doc
 from tts_bench.ab.position import odd_repeats_warning
 from tts_bench.ab.run import AbProgress, run_ab
-from tts_bench.arrivals import OpenLoop
+from tts_bench.config.paths import resolve_profile
+from tts_bench.load.arrivals import OpenLoop
 from tts_bench.ab.summary import AbResult, check_voice_cache, voice_cache_view
-from tts_bench.calibration import Calibration, RunConditions, find_calibration, load_calibration
+from tts_bench.verdicts.calibration import Calibration, RunConditions, find_calibration, load_calibration
 from tts_bench.config import BenchConfig, Tier, config_hash, config_to_dict, load_arms, load_dataclass, parse_tiers
 from tts_bench.errors import ConfigError
-from tts_bench.phases import HookChain
-from tts_bench.results import RunDir, python_argv
-from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
-from tts_bench.stage_work import StageWorkHooks
-from tts_bench.until_resolved import DEFAULT_MAX_REPEATS, UntilResolved
+from tts_bench.load.phases import HookChain
+from tts_bench.rundir.provenance import python_argv
+from tts_bench.rundir.results import RunDir
+from tts_bench.config.shipped import DEFAULT_AB_CONFIG, shipped_config
+from tts_bench.load.stage_work import StageWorkHooks
+from tts_bench.verdicts.until_resolved import DEFAULT_MAX_REPEATS, UntilResolved
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +125,7 @@ class AbSession:
     run_dir: RunDir
     mem: Any = None  # tts_bench.mem.hooks.MemoryHooks
     voice_cache: tuple[str, int, int] | None = None
-    work: list[dict] = field(default_factory=list)  # stage work per phase (tts_bench.stage_work)
+    work: list[dict] = field(default_factory=list)  # stage work per phase (tts_bench.load.stage_work)
     measurement: dict[str, Any] = field(default_factory=dict)  # mode, windows (tts_bench.ab.measurement)
 
 
@@ -157,9 +159,8 @@ def run_session(request: AbRequest, *, progress: AbProgress | None = None) -> Ab
 def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
     """Load both arms, fix the plan (options over the config's bench section), make the run;
     with the calibration the plan names (read once, here)."""
-    from tts_bench.gate.case import resolve_profile
     from tts_bench.preflight import check_arms
-    from tts_bench.prompts import check_bench_prompts, load_prompts
+    from tts_bench.inputs.prompts import check_bench_prompts, load_prompts
 
     profile = resolve_profile(request.profile)  # the rule of gate, calibrate and baseline
     arms = load_arms(request.config or shipped_config(DEFAULT_AB_CONFIG), request.sets, request.base_sets,
@@ -294,7 +295,7 @@ def open_plan(path: Path) -> tuple[RunDir, AbPlan]:
 
 
 def _mem_hooks(plan: AbPlan, run: RunDir) -> Any:
-    # The memory sampler (tts_bench.mem) provides the hooks; see tts_bench.phases for the protocol.
+    # The memory sampler (tts_bench.mem) provides the hooks; see tts_bench.load.phases for the protocol.
     try:
         from tts_bench.mem.hooks import make_ab_hooks
     except ImportError:

@@ -2,8 +2,8 @@
 
 Computed from the run's recorded requests (`summarize_ab`), never from what is in memory, so a
 resumed run and a finished one summarize alike. Per tier: both arms' aggregates
-(`tts_bench.metrics`), a paired-block comparison of per-request `audio_rtf` (each repeat is a
-block: `tts_bench.stats.compare`, a t interval over the blocks, the MDE and the verdict; the same
+(`tts_bench.load.metrics`), a paired-block comparison of per-request `audio_rtf` (each repeat is a
+block: `tts_bench.verdicts.stats.compare`, a t interval over the blocks, the MDE and the verdict; the same
 for `audio_ttfp_ms`, and for each block's throughput, `tts_bench.ab.throughput`, higher is better;
 the run's verdicts Holm-adjusted as one family), the mean RTF by position in the block
 (`tts_bench.ab.position`), a duration-mismatch flag (RTF moves with output length), an
@@ -27,15 +27,15 @@ from typing import Any
 
 from tts_bench.ab.position import position_means
 from tts_bench.ab.throughput import block_throughputs
-from tts_bench.calibration import Calibration
+from tts_bench.verdicts.calibration import Calibration
 from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import ConfigError, ExitStatus, InvalidRunError
-from tts_bench.holm import apply_holm
-from tts_bench.metrics import Aggregates, aggregate
-from tts_bench.records import RequestRecord, read_records
-from tts_bench.results import RunDir
-from tts_bench.stats import ALPHA, Comparison, compare
-from tts_bench.windows import window_throughputs
+from tts_bench.verdicts.holm import apply_holm
+from tts_bench.load.metrics import Aggregates, aggregate
+from tts_bench.rundir.records import RequestRecord, read_records
+from tts_bench.rundir.results import RunDir
+from tts_bench.verdicts.stats import ALPHA, Comparison, compare
+from tts_bench.load.windows import window_throughputs
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ _VERDICT_METRICS = ("rtf", "ttfp", "throughput")
 
 
 def _holm(results: list[TierResult]) -> tuple[list[TierResult], dict[str, Any]]:
-    """Holm over every verdict of the valid tiers (`tts_bench.holm`); the family as JSON."""
+    """Holm over every verdict of the valid tiers (`tts_bench.verdicts.holm`); the family as JSON."""
     cmps = {(i, m): getattr(t, m) for i, t in enumerate(results) if not t.invalid_reasons
             for m in _VERDICT_METRICS}
     adjusted = apply_holm(cmps)

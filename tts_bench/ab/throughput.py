@@ -10,7 +10,7 @@ Every per-block throughput comes from `block_throughputs`, the only place that d
 
 - count mode (today): Σ audio seconds of the phase's successful measured requests / (last end −
   first send) over all its measured requests (a resumed phase has several `phase_id`s: their
-  spans add up, as in `tts_bench.metrics.measured_wall_s`);
+  spans add up, as in `tts_bench.load.metrics.measured_wall_s`);
 - duration mode: pass `windows`, a phase's figure from its measurement window (audio attributed
   by chunk arrival time), keyed `(tier, arm, repeat)`; a phase found there is taken from it,
   so windows win over the count-mode span wherever they exist.
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from tts_bench.records import RequestRecord
+from tts_bench.rundir.records import RequestRecord
 
 PhaseKey = tuple[str, str, int]  # (tier, arm, repeat)
 

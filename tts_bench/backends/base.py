@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from tts_bench.voices import voice_file
+from tts_bench.inputs.voices import voice_file
 
 # Failure kinds recorded per request (metric `failed` counts them; tables break them down).
 # http_error: the server answered with an HTTP error status; connection_error: it could not be
@@ -52,7 +52,7 @@ class SynthesisRequest:
 
     def voice(self) -> bytes | None:
         """The reference voice's encoded bytes, or None for the default voice. A prompt wav is
-        read once per path (`tts_bench.voices.voice_file`); one that cannot be read is the
+        read once per path (`tts_bench.inputs.voices.voice_file`); one that cannot be read is the
         request's fault: RequestFailed("bad_prompt")."""
         if self.prompt_audio is not None:
             return self.prompt_audio

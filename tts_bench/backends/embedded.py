@@ -20,7 +20,7 @@ client (timeout, cancellation) is cancelled in the runner so its codes stop bein
     async for chunk in backend.synthesize(SynthesisRequest("r1", "Hello there.")):
         ...
     backend.memory_snapshot()   # allocator stats of every stage process (the `torch` sampler)
-    backend.work_snapshot()     # every stage's loop counters (tts_bench.stage_work)
+    backend.work_snapshot()     # every stage's loop counters (tts_bench.load.stage_work)
     await backend.stop()
 """
 
@@ -178,7 +178,7 @@ class EmbeddedBackend:
         return self._runner.memory_snapshot() if self._runner is not None else []
 
     def work_snapshot(self) -> list[dict]:
-        """Every stage's loop counters (stages.runner.work), for tts_bench.stage_work."""
+        """Every stage's loop counters (stages.runner.work), for tts_bench.load.stage_work."""
         return self._runner.work_snapshot() if self._runner is not None else []
 
 

@@ -72,7 +72,7 @@ import numpy as np
 
 from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.errors import BackendError
-from tts_bench.voices import VOICE_FILES_CACHED, voice_file
+from tts_bench.inputs.voices import VOICE_FILES_CACHED, voice_file
 from tts_bench.wire import exposition
 from tts_bench.wire.audio import PcmDecoder, SseDecoder, WavDecoder, WireError
 from tts_bench.wire.decode import COMPRESSED, CONTENT_TYPE_FORMATS, CompressedDecoder

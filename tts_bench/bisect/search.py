@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tts_bench._versioned_json import write_json_atomic
+from tts_bench.rundir.atomic_json import write_json_atomic
 from tts_bench.bisect.workspace import Server, Worktree, commits_between, free_port, repo_root, resolve
 from tts_bench.errors import ConfigError
 
@@ -69,7 +69,7 @@ class BisectRun:
     doc: dict[str, Any]
 
     def save(self) -> None:
-        write_json_atomic(self.doc, self.path / BISECT_JSON)
+        write_json_atomic(self.path / BISECT_JSON, self.doc)
 
     @property
     def plan(self) -> dict[str, Any]:
@@ -265,7 +265,7 @@ def _ab(run: BisectRun, step: dict[str, Any], good_tree: Path, tree: Path) -> di
 
 def _summary(result: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
     """The step's row: the chosen metric's delta, interval, MDE, blocks and the decision."""
-    from tts_bench.ci_report import verdict_text
+    from tts_bench.report.ci import verdict_text
 
     tier = next((t for t in result.get("tiers", []) if t.get("tier") == plan["tier"]), None)
     if tier is None:

@@ -16,7 +16,7 @@ FORMATS = ("md", "table", "csv", "json")
 def check_format(fmt: str | None) -> str:
     """The `--format` value, validated; None -> `table` on a terminal, `md` when piped."""
     if fmt is None:
-        from tts_bench.tables import default_format
+        from tts_bench.report.tables import default_format
 
         return default_format(sys.stdout)
     if fmt not in FORMATS:

@@ -29,7 +29,7 @@ import typer
 
 from tts_bench.commands._common import check_format, flag_sets, result_dir_option
 from tts_bench.errors import ExitStatus
-from tts_bench.limits import MAX_PROMPTS, MAX_REPEATS
+from tts_bench.config.limits import MAX_PROMPTS, MAX_REPEATS
 
 
 def ab(
@@ -56,7 +56,7 @@ def ab(
     until_stable: bool = typer.Option(False, "--until-stable", help="Duration mode: extend an unstable window by sub-windows up to bench.max_duration_s."),
     request_rate: Optional[float] = typer.Option(None, "--request-rate", help="Open loop: requests/s (Poisson; the same arrival times in both arms); the tier's C caps requests in flight."),
     burstiness: Optional[float] = typer.Option(None, "--burstiness", help="With --request-rate: gamma shape of the gaps (1 = Poisson, < 1 burstier)."),
-    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML here: one test case per tier x metric (tts_bench.ci_report)."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML here: one test case per tier x metric (tts_bench.report.ci)."),
     fail_on_slower: bool = typer.Option(False, "--fail-on-slower", help="A `slower` verdict is a JUnit failure and exits 3 (default: ab reports, exit 0)."),
     plot: bool = typer.Option(False, "--plot", help="Draw the run's plots and report.html into its run directory (tts-bench plot)."),
 ) -> ExitStatus:
@@ -74,7 +74,7 @@ def ab(
         until_resolved=until_resolved, max_repeats=max_repeats, budget_min=budget, profile=profile,
         calibration=calibration, voice_cache=voice_cache, request_rate=request_rate, burstiness=burstiness,
     )
-    from tts_bench.progress import current, reporting
+    from tts_bench.report.progress import current, reporting
 
     with reporting("ab"):
         session = run_session(request, progress=current())
@@ -90,13 +90,13 @@ def ab(
 
 def _ci_outputs(session, *, junit: Path | None, fail_on_slower: bool, plot: bool) -> ExitStatus:
     """--junit, GITHUB_STEP_SUMMARY, --plot; exit 3 for a slower verdict with --fail-on-slower."""
-    from tts_bench.ci_report import ab_suite, publish
+    from tts_bench.report.ci import ab_suite, publish
 
     suite = ab_suite(session.result.to_dict(), fail_on_slower=fail_on_slower)
     publish(suite, render_result(session.result, "md", mem=session.mem, work=session.work,
                                  measurement=session.measurement), junit=junit)
     if plot:
-        from tts_bench.plots import plot_run
+        from tts_bench.report.plots import plot_run
 
         typer.echo(f"report: {plot_run(session.run_dir.path).html}", err=True)
     status = session.result.exit_status
@@ -104,7 +104,7 @@ def _ci_outputs(session, *, junit: Path | None, fail_on_slower: bool, plot: bool
 
 
 # Measured: a fused-prelude A/B at 128x8 on an H200 read "slower, +8.9% [+4.4%, +13.7%]" with one
-# repeat and "+0.2% [-4.2%, +5.0%], within noise" with two (results/h200/README.md).
+# repeat and "+0.2% [-4.2%, +5.0%], within noise" with two (D-AB-1).
 SINGLE_REPEAT_NOTE = (
     "note: 1 repeat: one block has no run-to-run spread to build an interval from, so the verdict "
     "is unresolved; rerun with --repeats 2 or more (order A B, B A) or --until-resolved, or record "
@@ -117,7 +117,7 @@ def render_result(result, fmt: str, *, mem=None, work=None, measurement=None) ->
     window table, with --mem one memory table per tier and sampler, and with the embedded
     runner the stage-work table) or one JSON doc."""
     from tts_bench.ab.measurement import mode_line, window_table
-    from tts_bench.tables import ab_table, render
+    from tts_bench.report.tables import ab_table, render
 
     doc = result.to_dict()
     if measurement:
@@ -149,7 +149,7 @@ def render_result(result, fmt: str, *, mem=None, work=None, measurement=None) ->
 
         text += "".join(render(mem_table(s), fmt, title=table_title(s)) + "\n" for s in mem.summaries())
     if work:
-        from tts_bench.stage_work import WORK_TITLE, work_table
+        from tts_bench.load.stage_work import WORK_TITLE, work_table
 
         text += render(work_table(work), fmt, title=WORK_TITLE) + "\n"
     return text + f"run: {doc['run_dir']}\n"
@@ -157,7 +157,7 @@ def render_result(result, fmt: str, *, mem=None, work=None, measurement=None) ->
 
 def notes(result, doc: dict) -> list[str]:
     """Lines under the tables: how the intervals were made and what stopped --until-resolved."""
-    from tts_bench.tables import fmt_pct
+    from tts_bench.report.tables import fmt_pct
 
     out = []
     calibrated = [t for t in result.tiers if t.rtf is not None and t.rtf.interval == "calibrated"]

@@ -25,7 +25,7 @@ import typer
 
 from tts_bench.commands._common import check_format, result_dir_option
 from tts_bench.errors import ConfigError, ExitStatus
-from tts_bench.limits import MAX_PROMPTS, MAX_REPEATS
+from tts_bench.config.limits import MAX_PROMPTS, MAX_REPEATS
 
 
 def bisect(
@@ -66,7 +66,7 @@ def render_bisect(doc: dict, fmt: str, *, run_path: Path) -> str:
     """The step table and the outcome line, or the bisect document as JSON."""
     import pandas as pd
 
-    from tts_bench.tables import render
+    from tts_bench.report.tables import render
 
     if fmt == "json":
         return json.dumps({**doc, "bisect_dir": str(run_path)}, indent=2) + "\n"

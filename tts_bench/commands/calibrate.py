@@ -24,7 +24,7 @@ import typer
 
 from tts_bench.commands._common import result_dir_option
 from tts_bench.errors import ConfigError, ExitStatus
-from tts_bench.limits import MAX_CALIBRATION_RUNS, MAX_REPEATS
+from tts_bench.config.limits import MAX_CALIBRATION_RUNS, MAX_REPEATS
 
 def calibrate(
     case: str = typer.Argument(..., help="A case file, or a case name under configs/cases/."),
@@ -46,7 +46,7 @@ def calibrate(
         raise ConfigError(f"error: unknown format {fmt!r} (--format); valid: md, json")
     if runs < 1 or repeats < 1:
         raise ConfigError(f"error: --runs and --repeats must be >= 1, got {runs} and {repeats} (tts-bench calibrate)")
-    from tts_bench.progress import reporting
+    from tts_bench.report.progress import reporting
 
     with reporting("calibrate"):
         done = calibrate_case(case, runs=runs, repeats=repeats, profile=profile, sets=sets, test_sets=test_sets,
@@ -63,7 +63,7 @@ def calibrate(
 
 
 def _row_line(i: int, runs: int, row: dict) -> str:
-    from tts_bench.tables import fmt_ci, fmt_pct
+    from tts_bench.report.tables import fmt_ci, fmt_pct
 
     tiers = "; ".join(f"{t} {fmt_pct(d['delta_pct'])} {fmt_ci(d['ci95_pct'])} {d['verdict']}"
                       for t, d in row["tiers"].items())

@@ -40,7 +40,7 @@ def gate(
     report_only: bool = typer.Option(False, "--report-only", "--no-fail-on-perf", help="Report perf verdicts, exit 0 on them (still 4/5)."),
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
     result_dir: Optional[str] = typer.Option(None, "--result-dir", callback=result_dir_option, help="Where --run-case makes its run directory (default: results/runs)."),
-    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML here: one test case per tier x metric, failures = worse rows (tts_bench.ci_report)."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML here: one test case per tier x metric, failures = worse rows (tts_bench.report.ci)."),
     plot: bool = typer.Option(False, "--plot", help="Draw the gated run's plots and report.html into its run directory (tts-bench plot)."),
 ) -> ExitStatus:
     """Gate a run against a baseline: per metric Δ%, threshold, Mann-Whitney p, mark."""
@@ -49,7 +49,7 @@ def gate(
     fmt = check_format(fmt)
     request = GateRequest(run_case=run_case, current=current, baseline=baseline, case=case, profile=profile,
                           arm=arm, sets=sets, wer_run=wer_run, report_only=report_only, result_dir=result_dir)
-    from tts_bench.progress import reporting
+    from tts_bench.report.progress import reporting
 
     with reporting("gate"):
         session = run_session(request, notify=lambda line: typer.echo(line, err=True))
@@ -65,19 +65,19 @@ def gate(
 
 def _ci_outputs(report, *, junit: Path | None, plot: bool, report_only: bool, baseline: str) -> None:
     """--junit, GITHUB_STEP_SUMMARY (the md report, only when set), --plot of the gated run."""
-    from tts_bench.ci_report import gate_suite, publish
+    from tts_bench.report.ci import gate_suite, publish
 
     publish(gate_suite(report.to_dict(report_only=report_only)),
             render_report(report, "md", report_only=report_only, baseline=baseline), junit=junit)
     if plot and report.current:
-        from tts_bench.plots import plot_run
+        from tts_bench.report.plots import plot_run
 
         typer.echo(f"report: {plot_run(Path(report.current)).html}", err=True)
 
 
 def render_report(report, fmt: str, *, report_only: bool, baseline: str) -> str:
     from tts_bench.gate.judge import gate_table
-    from tts_bench.tables import render
+    from tts_bench.report.tables import render
 
     if fmt == "json":
         return json.dumps({**report.to_dict(report_only=report_only), "baseline_file": baseline}, indent=2) + "\n"

@@ -25,7 +25,7 @@ import typer
 
 from tts_bench.commands._common import Yaml, check_format, flag_sets, result_dir_option
 from tts_bench.errors import ExitStatus
-from tts_bench.limits import MAX_PROMPTS
+from tts_bench.config.limits import MAX_PROMPTS
 
 
 def mem(
@@ -51,7 +51,7 @@ def mem(
     fmt = check_format(fmt)
     flag_sets = _flag_sets(tier=tier, warm_tier=warm_tier, interval=interval, sampler=sampler,
                            device_index=device_index, disable_shuffle=disable_shuffle, duration=duration)
-    from tts_bench.progress import reporting
+    from tts_bench.report.progress import reporting
 
     with reporting("mem"):
         result = measure_memory(config, sets=[*sets, *flag_sets], base_sets=base_sets, test_sets=test_sets,
@@ -60,7 +60,7 @@ def mem(
     for reason in result.invalid_reasons:
         typer.echo(f"error: invalid run: {reason}", err=True)
     if plot:
-        from tts_bench.plots import plot_run
+        from tts_bench.report.plots import plot_run
 
         typer.echo(f"report: {plot_run(Path(result.run_dir)).html}", err=True)
     return result.exit_status
@@ -79,7 +79,7 @@ def _flag_sets(*, tier, warm_tier, interval, sampler, device_index, disable_shuf
 def render_result(result, fmt: str) -> str:
     """One table per sampler (primary first) + timeline and run paths, or one JSON document."""
     from tts_bench.mem.summary import mem_table, table_title
-    from tts_bench.tables import render
+    from tts_bench.report.tables import render
 
     if fmt == "json":
         return json.dumps(result.to_dict(), indent=2) + "\n"

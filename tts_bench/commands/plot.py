@@ -6,7 +6,7 @@
 Per tier and arm: RTF and TTFP ECDFs, the per-block deltas with their interval and MDE (A/B
 runs), audio throughput over the measured phase, and the memory timeline where the run drew
 one; PNGs and a self-contained report.html go into each run directory, whose report path is
-printed on stdout. The library call is `tts_bench.plots.plot_run`; `--plot` on ab, wer, mem and
+printed on stdout. The library call is `tts_bench.report.plots.plot_run`; `--plot` on ab, wer, mem and
 gate calls it for the run they just made.
 """
 
@@ -23,7 +23,7 @@ def plot(
     run_dirs: list[Path] = typer.Argument(..., help="Run directories (each holds run.json and requests.jsonl)."),
 ) -> ExitStatus:
     """Draw a run's plots (PNGs) and report.html into its run directory."""
-    from tts_bench.plots import plot_run
+    from tts_bench.report.plots import plot_run
 
     for run_dir in run_dirs:
         typer.echo(str(plot_run(run_dir).html))

@@ -3,7 +3,7 @@ and with `--tier CxR` the split of device time over talker / flow encoder / CFM 
 
 Builds both arms' stages in this process (seeded random weights, no runner processes) and counts
 device kernels (CUDA) or top-level non-view operators (CPU) with the torch profiler on a fixed
-small workload; see `tts_bench.profile` for what each step is. Arms and overrides work as in
+small workload; see `tts_bench.profile.run` for what each step is. Arms and overrides work as in
 `tts-bench ab`. `--tier 128x8` also profiles the talker at B = 128 and code2wav at
 B = min(max_num_seqs, ceil(128 / 8)) = 8 and prints the time each component takes per second of
 audio for all streams (device ms on CUDA, host cpu_ms on CPU).
@@ -15,7 +15,7 @@ audio for all streams (device ms on CUDA, host cpu_ms on CPU).
 
 The tables go to stdout (`--format md|table|csv|json`; json is one document with the raw
 counts and times); logs, with each phase's wall time, to stderr. The library call behind it is
-`tts_bench.profile.profile_arms`.
+`tts_bench.profile.run.profile_arms`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import typer
 
 from tts_bench.commands._common import check_format
 from tts_bench.errors import ConfigError, ExitStatus
-from tts_bench.limits import MAX_PROFILE_ROWS
-from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
+from tts_bench.config.limits import MAX_PROFILE_ROWS
+from tts_bench.config.shipped import DEFAULT_AB_CONFIG, shipped_config
 
 
 def profile(
@@ -46,13 +46,13 @@ def profile(
 ) -> ExitStatus:
     """Count kernel launches (CUDA) or operators (CPU) per step for both arms, with the delta."""
     from tts_bench.config import load_arms
-    from tts_bench.profile import profile_arms
+    from tts_bench.profile.run import profile_arms
 
     fmt = check_format(fmt)
     if config is None:
         config = shipped_config(DEFAULT_AB_CONFIG)
     arms = load_arms(config, sets, base_sets, test_sets)
-    from tts_bench.progress import reporting
+    from tts_bench.report.progress import reporting
 
     with reporting("profile"):
         result = profile_arms(
@@ -89,7 +89,7 @@ def render_profile(result, fmt: str) -> str:
     """The launch table in `fmt`, then the tier split if any; json is one document: the launch
     table (`columns`, `table`), the split table (`split_title`, `split_columns`, `split_table`)
     and the raw per-arm counts and times (see `ProfileResult.to_dict`)."""
-    from tts_bench.tables import render
+    from tts_bench.report.tables import render
 
     title, split = result.title(), result.split
     if fmt != "json":

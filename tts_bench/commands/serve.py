@@ -28,7 +28,7 @@ from typing import Optional
 import typer
 
 from tts_bench.errors import ConfigError, ExitStatus
-from tts_bench.limits import MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_INPUT_CHARS, MAX_REPLICAS
+from tts_bench.config.limits import MAX_BODY_BYTES, MAX_CONCURRENCY, MAX_INPUT_CHARS, MAX_REPLICAS
 
 
 def serve(

@@ -22,7 +22,7 @@ import typer
 
 from tts_bench.commands._common import check_format, flag_sets, result_dir_option
 from tts_bench.errors import ConfigError, ExitStatus
-from tts_bench.limits import MAX_PROMPTS
+from tts_bench.config.limits import MAX_PROMPTS
 
 
 def wer(
@@ -63,7 +63,7 @@ def wer(
         base_sets=base_sets, test_sets=test_sets, disable_shuffle=disable_shuffle, generate_only=generate_only,
         transcribe_only=transcribe_only, accept=accept, result_dir=result_dir,
     )
-    from tts_bench.progress import reporting
+    from tts_bench.report.progress import reporting
 
     with reporting("wer"):
         session = run_session(request, notify=lambda line: typer.echo(line, err=True))
@@ -77,7 +77,7 @@ def wer(
     sys.stdout.write(render_report(session.report, fmt))
     typer.echo(f"run: {session.run_path}", err=True)
     if plot:
-        from tts_bench.plots import plot_run
+        from tts_bench.report.plots import plot_run
 
         typer.echo(f"report: {plot_run(session.run_path).html}", err=True)
     return session.exit_status

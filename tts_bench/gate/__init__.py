@@ -7,7 +7,7 @@
 
 Modules: `case` (case YAML), `bench` (run a case), `samples` (read a run: samples + provenance),
 `baseline` (build / write baselines), `judge` (marks and exit code; the U test is scipy's, through
-`tts_bench.stats.mann_whitney_p`),
+`tts_bench.verdicts.stats.mann_whitney_p`),
 `calibrate` (A/A runs of a case: false-verdict rate and run-to-run variance, read back through
-`tts_bench.calibration`).
+`tts_bench.verdicts.calibration`).
 """

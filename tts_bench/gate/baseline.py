@@ -29,11 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from tts_bench._paths import check_writable
-from tts_bench._versioned_json import VersionedJson, write_json_atomic
+from tts_bench.config.paths import check_writable
+from tts_bench.config.paths import resolve_profile
+from tts_bench.config.sut import sut_hash
+from tts_bench.rundir.atomic_json import write_json_atomic
+from tts_bench.rundir.versioned_json import VersionedJson
 from tts_bench.errors import ConfigError, InvalidRunError
 from tts_bench.gate.samples import METRICS, RunSamples, center
-from tts_bench.results import load_avg
+from tts_bench.rundir.provenance import load_avg
 
 BASELINE_VERSION = 1
 BASELINE_FILE = VersionedJson(
@@ -205,7 +208,7 @@ def write_baseline(doc: dict[str, Any], path: Path | str, *, tighten_only: bool 
         if not is_faster(doc, old):
             return UpdateDecision(False, path, f"kept {path}: the new runs are not faster on "
                                                f"{PRIMARY_METRIC} in every tier")
-    write_json_atomic(doc, path)
+    write_json_atomic(path, doc)
     return UpdateDecision(True, path, f"wrote {path} ({doc['n_runs']} runs)")
 
 
@@ -220,10 +223,10 @@ def update_baseline(
     from tts_bench.config import config_to_dict
     from tts_bench.gate import case as cases
     from tts_bench.gate.bench import run_case
-    from tts_bench.gate.samples import read_run, sut_hash
+    from tts_bench.gate.samples import read_run
 
     loaded = cases.load_case(case)
-    profile = cases.resolve_profile(profile)
+    profile = resolve_profile(profile)
     if not runs_from and run < 1:
         raise ConfigError("error: no runs given (baseline update --from); pass run directories made by "
                           "tts-bench gate --run-case, or --run N")

@@ -16,13 +16,15 @@ import logging
 from pathlib import Path
 
 from tts_bench.config import BenchConfig, Tier, config_hash, config_to_dict, parse_tiers
+from tts_bench.config.sut import sut_hash
 from tts_bench.gate.case import ResolvedCase
-from tts_bench.gate.samples import sut_hash
-from tts_bench.phases import run_fresh_phase
-from tts_bench.prompts import cycle_jobs, plan_jobs, select_bench_prompts
-from tts_bench.records import PhaseLabels
-from tts_bench.results import RunDir, python_argv
-from tts_bench.windows import WindowPlan
+from tts_bench.load.phases import run_fresh_phase
+from tts_bench.inputs.prompts import select_bench_prompts
+from tts_bench.load.plan import cycle_jobs, plan_jobs
+from tts_bench.rundir.records import PhaseLabels
+from tts_bench.rundir.provenance import python_argv
+from tts_bench.rundir.results import RunDir
+from tts_bench.load.windows import WindowPlan
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ def preflight_arms(arms: dict[str, BenchConfig]) -> tuple[Tier, ...]:
     the tiers (each once), the prompts each arm will send and whether its stages fit. Without
     them a case that cannot run leaves a `failed` run directory behind. Returns the tiers."""
     from tts_bench.preflight import check_arms
-    from tts_bench.prompts import check_bench_prompts, load_prompts
+    from tts_bench.inputs.prompts import check_bench_prompts, load_prompts
 
     base = next(iter(arms.values()))
     tiers = parse_tiers(base.bench.tiers)  # bench.tier_list would run a tier listed twice twice

@@ -15,7 +15,7 @@ against itself, K blocks per tier (default 2) in counterbalanced order. Over N A
 
     doc = run_calibration(load_case("configs/cases/synthetic.yaml"), runs=200, repeats=2,
                           profile="cpu-2core", result_dir=Path("/tmp/aa"))
-    write_json_atomic(doc, calibration_path("synthetic", "cpu-2core"))
+    write_json_atomic(calibration_path("synthetic", "cpu-2core"), doc)
     calibrate_case("synthetic", runs=200, profile="cpu-2core")          # the command: both, and the .md
 """
 
@@ -36,20 +36,24 @@ from typing import Any
 
 import numpy as np
 
-from tts_bench._paths import check_writable
-from tts_bench._versioned_json import write_json_atomic
+from tts_bench.config.paths import check_writable
+from tts_bench.config.paths import resolve_profile
+from tts_bench.config.sut import sut_hash
+from tts_bench.rundir.atomic_json import write_json_atomic
 from tts_bench.ab import run_ab
 from tts_bench.ab.throughput import block_throughputs
-from tts_bench.calibration import CALIBRATION_FILE, DEFAULT_DIR, calibration_key, calibration_path
-from tts_bench.config import apply_overrides, check_shared_sections, config_to_dict
+from tts_bench.verdicts.calibration import CALIBRATION_FILE, DEFAULT_DIR, calibration_key, calibration_path
+from tts_bench.config import apply_overrides, config_to_dict
+from tts_bench.config.files import check_shared_sections
 from tts_bench.errors import ExitStatus, InvalidRunError
 from tts_bench.gate.bench import preflight_arms
-from tts_bench.gate.case import LoadedCase, case_path, load_case, resolve_case, resolve_profile
-from tts_bench.gate.samples import METRICS, center, sut_hash
-from tts_bench.metrics import aggregate
-from tts_bench.records import RequestRecord, read_records
-from tts_bench.results import RunDir, load_avg, python_argv
-from tts_bench.stats import ALPHA, clopper_pearson, mde_log, pct, repeats_needed, t_quantile
+from tts_bench.gate.case import LoadedCase, case_path, load_case, resolve_case
+from tts_bench.gate.samples import METRICS, center
+from tts_bench.load.metrics import aggregate
+from tts_bench.rundir.records import RequestRecord, read_records
+from tts_bench.rundir.provenance import load_avg, python_argv
+from tts_bench.rundir.results import RunDir
+from tts_bench.verdicts.stats import ALPHA, clopper_pearson, mde_log, pct, repeats_needed, t_quantile
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +232,7 @@ def _document(loaded, rc, *, profile, repeats, rows, obs, test_sets, wall_s) -> 
         "environment": {"cpu_count": os.cpu_count(), "load_1min_min": min(loads, default=None),
                         "load_1min_max": max(loads, default=None),
                         "load_1min_mean": round(float(np.mean(loads)), 2) if loads else None},
-        # What a run must match to use this calibration (tts_bench.calibration: refused otherwise).
+        # What a run must match to use this calibration (tts_bench.verdicts.calibration: refused otherwise).
         "conditions": {"load_1min_max": max(loads, default=None), "cpu_count": os.cpu_count(),
                        "machine": platform.machine() or None, "profile": profile,
                        "tiers": list(bench.tiers), "num_prompts": bench.num_prompts},
@@ -314,6 +318,6 @@ def calibrate_case(
     md = to_markdown(doc)
     if not write:
         return Calibrated(doc, md, None)
-    path = write_json_atomic(doc, calibration_path(doc["case"], profile, out))
+    path = write_json_atomic(calibration_path(doc["case"], profile, out), doc)
     path.with_suffix(".md").write_text(md, encoding="utf-8")  # <case>.<profile>.calibration.md
     return Calibrated(doc, md, path)

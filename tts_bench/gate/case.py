@@ -21,16 +21,14 @@ it in `results/baselines/<name>.<profile>.json`, one per hardware profile (`cpu-
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tts_bench.config import BenchConfig, apply_overrides, load_dataclass, load_yaml_file
-from tts_bench._paths import FILE_NAME_WORD_RULE, is_file_name_word
 from tts_bench.errors import ConfigError
-from tts_bench.shipped import resolve_config_path
+from tts_bench.config.shipped import resolve_config_path
 
 DEFAULT_BASELINE_DIR = Path("results/baselines")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -162,21 +160,6 @@ CASES_DIR = Path("configs/cases")
 
 def baseline_path(case: Case, profile: str, directory: Path = DEFAULT_BASELINE_DIR) -> Path:
     return Path(directory) / f"{case.name}.{profile}.json"
-
-
-def default_profile() -> str:
-    """`cpu-<N>core` from the CPU count; GPU hosts name theirs (`--profile h200`)."""
-    return f"cpu-{os.cpu_count() or 1}core"
-
-
-def resolve_profile(profile: str | None) -> str:
-    """`--profile` checked as a file-name-safe word, or the default when not given."""
-    if profile is None:
-        return default_profile()
-    if not is_file_name_word(profile):  # it names `<case>.<profile>.json` in results/baselines
-        raise ConfigError(f"error: bad profile {profile!r} (--profile); it names baseline and calibration files: "
-                          f"write {FILE_NAME_WORD_RULE}, e.g. cpu-2core or h200")
-    return profile
 
 
 def case_path(case: str | Path, cases_dir: Path = CASES_DIR) -> Path:

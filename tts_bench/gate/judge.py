@@ -45,8 +45,8 @@ import pandas as pd
 
 from tts_bench.errors import ExitStatus
 from tts_bench.gate.samples import METRICS, RunSamples, center
-from tts_bench.stats import mann_whitney_p, two_sided_p
-from tts_bench.tables import fmt_pct
+from tts_bench.verdicts.stats import mann_whitney_p, two_sided_p
+from tts_bench.report.tables import fmt_pct
 
 Mark = Literal["worse", "better", "~", "=", "not gated"]
 GATE_COLUMNS = ("tier", "metric", "baseline", "current", "delta", "threshold", "p-value", "mark")
@@ -190,7 +190,7 @@ def judge(baseline: dict[str, Any], cur: RunSamples, thresholds: Any, *, alpha: 
           min_samples: int = 8, max_failure_fraction: float = 0.0,
           wer_doc: dict[str, Any] | None = None, calibration: Any = None) -> GateReport:
     """Gate `cur` against `baseline` (see the module docstring). `thresholds.get(metric)`;
-    `calibration`: a `tts_bench.calibration.Calibration` of the case on this profile, or None."""
+    `calibration`: a `tts_bench.verdicts.calibration.Calibration` of the case on this profile, or None."""
     invalid = [f"provenance: {x}" for x in provenance_problems(baseline, cur)]
     notes = []
     if calibration is not None:

@@ -23,8 +23,6 @@ new config field (with its default) is added to the schema.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -34,9 +32,10 @@ from typing import Any, Literal
 import numpy as np
 
 from tts_bench.config import parse_tier
+from tts_bench.config.sut import sut_hash
 from tts_bench.errors import ConfigError
-from tts_bench.records import RequestRecord, read_records
-from tts_bench.results import RunDir
+from tts_bench.rundir.records import RequestRecord, read_records
+from tts_bench.rundir.results import RunDir
 
 Direction = Literal["lower", "higher"]
 
@@ -60,36 +59,11 @@ METRICS: dict[str, MetricSpec] = {
     )
 }
 
-# Bench keys that only change how results are judged, not what is measured.
-_JUDGING_KEYS = ("min_effect_pct", "bootstrap_resamples", "bootstrap", "duration_mismatch_pct",
-                 "max_failure_fraction", "until_resolved_min_repeats")
-_NOT_SUT = ("wer", "mem")
 
 
 def center(values: np.ndarray | list[float], how: str) -> float:
     arr = np.asarray(values, dtype=np.float64)
     return float(np.median(arr) if how == "median" else arr.mean())
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict):
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out or {prefix.rstrip("."): {}}
-    return {prefix.rstrip("."): d}
-
-
-def sut_hash(config: dict[str, Any]) -> str:
-    """12 hex chars over the non-default, measurement-relevant values of a config dict."""
-    from tts_bench.config import BenchConfig, config_to_dict
-
-    defaults = _flatten(config_to_dict(BenchConfig()))
-    flat = _flatten({k: v for k, v in config.items() if k not in _NOT_SUT})
-    kept = {k: v for k, v in flat.items()
-            if defaults.get(k, object()) != v and k.removeprefix("bench.") not in _JUDGING_KEYS}
-    blob = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)

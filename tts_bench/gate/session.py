@@ -22,16 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tts_bench._paths import check_writable
-from tts_bench.calibration import Calibration, calibration_path, load_calibration
+from tts_bench.config.paths import check_writable
+from tts_bench.config.paths import resolve_profile
+from tts_bench.verdicts.calibration import Calibration, calibration_path, load_calibration
 from tts_bench.config import parse_tiers
 from tts_bench.errors import ConfigError, InvalidRunError
-from tts_bench.shipped import resolve_config_path
+from tts_bench.config.shipped import resolve_config_path
 from tts_bench.gate import case as cases
 from tts_bench.gate.baseline import load_baseline
 from tts_bench.gate.judge import GateReport, judge
 from tts_bench.gate.samples import read_run
-from tts_bench.results import RunDir
+from tts_bench.rundir.results import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def _target(request: GateRequest, notify: Callable[[str], None]) -> _Target:
     """--run-case: load the baseline and check the case against it first (nothing that fails
     there runs the bench), then run. --current: the case from --case, else the run's recorded
     case, else the baseline's."""
-    profile = cases.resolve_profile(request.profile)
+    profile = resolve_profile(request.profile)
     if request.run_case is not None:
         loaded = cases.load_case(request.run_case)
         base_path = request.baseline or cases.baseline_path(loaded.case, profile)

@@ -1,4 +1,4 @@
-"""Memory sampling during a phase: the hooks `tts_bench.phases.run_fresh_phase` calls.
+"""Memory sampling during a phase: the hooks `tts_bench.load.phases.run_fresh_phase` calls.
 
 `run_fresh_phase(..., hooks=MemoryHooks(...))` (inside `tts-bench ab --mem`, `tts-bench mem` and
 a case with `bench.mem`) calls `on_phase(arm, tier, repeat, phase, backend)` with phase "warmup"
@@ -40,7 +40,7 @@ class MemoryHooks:
         self.arms_per_tier = arms_per_tier
         self.interval_s = interval_s
         self.device_index = device_index
-        self.run_dir = run_dir  # a tts_bench.results.RunDir, or None to keep results in memory
+        self.run_dir = run_dir  # a tts_bench.rundir.results.RunDir, or None to keep results in memory
         self._active: list[MemoryRecorder] = []
         # (tier, repeat, sampler) -> arm -> series, in the order arms ran
         self._series: dict[tuple[str, int, str], dict[str, MemSeries]] = defaultdict(dict)

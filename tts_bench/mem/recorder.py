@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tts_bench.records import from_known_fields
+from tts_bench.rundir.records import from_known_fields
 from tts_bench.mem.samplers import MemorySampler
 
 log = logging.getLogger(__name__)

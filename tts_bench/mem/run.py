@@ -5,7 +5,7 @@ and `start(R)` with the measured tier's R; send the warm tier (concurrency C_w, 
 R is the backend's, since a started service does not change its replica count); start the
 samplers; send the tier's warmup requests (phase "warmup"), then the measured requests (phase
 "measure") with exactly C in flight; stop the samplers; stop the backend. That is one
-`tts_bench.phases.run_fresh_phase` (the phase `tts-bench ab` runs) with the warm tier as its
+`tts_bench.load.phases.run_fresh_phase` (the phase `tts-bench ab` runs) with the warm tier as its
 `before` step and `tts_bench.mem.hooks.MemoryHooks` starting and stopping the samplers. Every
 request is appended to the run's JSONL as it finishes; the samples, summaries and timeline PNG
 paths go into run.json under `mem`.
@@ -29,20 +29,22 @@ from typing import Any
 from tts_bench.backends import make_backend
 from tts_bench.config import BenchConfig, Tier, config_hash, config_to_dict, load_arms, parse_tier
 from tts_bench.errors import ConfigError, ExitStatus
-from tts_bench.loadgen import run_phase
+from tts_bench.load.loadgen import run_phase
+from tts_bench.load.plan import cycle_jobs, plan_jobs
 from tts_bench.mem.hooks import MemoryHooks
 from tts_bench.mem.plot import preload, write_timeline
 from tts_bench.mem.recorder import MemSeries
 from tts_bench.mem.samplers import parse_sampler_names, resolve_names
 from tts_bench.mem.summary import MemSummary, summarize
-from tts_bench.phases import run_fresh_phase
+from tts_bench.load.phases import run_fresh_phase
 from tts_bench.preflight import check_memory
-from tts_bench.prompts import check_bench_prompts, cycle_jobs, load_prompts, plan_jobs, select_bench_prompts
-from tts_bench.records import PhaseLabels, RequestRecord
-from tts_bench import progress
-from tts_bench.results import RunDir, python_argv
-from tts_bench.shipped import DEFAULT_AB_CONFIG, shipped_config
-from tts_bench.windows import WindowPlan
+from tts_bench.inputs.prompts import check_bench_prompts, load_prompts, select_bench_prompts
+from tts_bench.rundir.records import PhaseLabels, RequestRecord
+from tts_bench.report import progress
+from tts_bench.rundir.provenance import python_argv
+from tts_bench.rundir.results import RunDir
+from tts_bench.config.shipped import DEFAULT_AB_CONFIG, shipped_config
+from tts_bench.load.windows import WindowPlan
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +126,7 @@ async def _run_arm(arm: str, cfg: BenchConfig, plan: MemPlan, prompts: list, run
     labels = PhaseLabels(arm, plan.tier.label, 0)
     jobs = plan_jobs(prompts, labels, seed=cfg.bench.seed, warmup=cfg.bench.warmup_for(plan.tier.concurrency),
                      voices=cfg.prompts.voices)
-    window = WindowPlan.from_bench(cfg.bench)  # --duration: ramp, window, drain (tts_bench.windows)
+    window = WindowPlan.from_bench(cfg.bench)  # --duration: ramp, window, drain (tts_bench.load.windows)
     if window is not None:
         jobs = (jobs[0], cycle_jobs(prompts, labels, seed=cfg.bench.seed, voices=cfg.prompts.voices))
     # The warm tier runs on the same replicas first: size them for it too, or a warm tier above

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from tts_bench.errors import ConfigError
 from tts_bench.mem.capped_run import OutputTooLarge, run_capped
 from tts_bench.mem.npu_smi import MIB, NpuSmiParseError, parse_info_table, parse_usages
-from tts_bench.mem.params import SAMPLER_CHOICES
+from tts_bench.config.mem import SAMPLER_CHOICES
 
 log = logging.getLogger(__name__)
 

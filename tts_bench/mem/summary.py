@@ -24,7 +24,7 @@ import pandas as pd
 
 from tts_bench.mem.npu_smi import MIB
 from tts_bench.mem.recorder import MemSample, MemSeries
-from tts_bench.tables import fmt_pct
+from tts_bench.report.tables import fmt_pct
 
 MEM_COLUMNS = ("arm", "steady-state median MiB", "peak MiB", "delta (steady)", "headroom MiB", "samples")
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tts_bench.limits import MAX_BODY_BYTES, MAX_INPUT_CHARS
+from tts_bench.config.limits import MAX_BODY_BYTES, MAX_INPUT_CHARS
 from tts_bench.wire.encode import FORMATS, SPEED_RANGE
 
 log = logging.getLogger(__name__)

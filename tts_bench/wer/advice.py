@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tts_bench.stats import ALPHA, POWER, mde_log, samples_needed
+from tts_bench.verdicts.stats import ALPHA, POWER, mde_log, samples_needed
 from tts_bench.wer.gate import HistoryEntry, read_history
 from tts_bench.wer.language import METRIC
-from tts_bench.wer.params import WerParams
+from tts_bench.config.wer import WerParams
 from tts_bench.wer.score import paired_rows, scored_wer
 
 # SD of per-utterance ΔWER (points), pooled over 24 piper A/As at its default noise (noise_scale

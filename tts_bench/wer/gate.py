@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tts_bench._paths import check_writable
+from tts_bench.config.paths import check_writable
 from tts_bench.errors import ExitStatus, InvalidRunError
 from tts_bench.wer.language import METRIC
-from tts_bench.wer.params import WerParams
+from tts_bench.config.wer import WerParams
 from tts_bench.wer.score import ArmScore, Paired, compare_utterances
 
 HISTORY_VERSION = 1

@@ -1,7 +1,7 @@
 """Phase 1 of the WER gate: synthesize every prompt with every arm, keep the audio as WAV files.
 
 The arm's backend is started (1 replica by default), every prompt is sent through the shared
-load generator (`tts_bench.loadgen.run_phase`, C requests in flight) and stopped again before
+load generator (`tts_bench.load.loadgen.run_phase`, C requests in flight) and stopped again before
 the next arm starts — and before any ASR runs (phase 2), so the system under test never competes
 with the recognizer for the CPU.
 
@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from tts_bench.backends.base import AudioChunk, Backend, SynthesisRequest
-from tts_bench.loadgen import run_phase
-from tts_bench.records import Job, PhaseLabels, RequestRecord, from_known_fields
+from tts_bench.load.loadgen import run_phase
+from tts_bench.rundir.records import Job, PhaseLabels, RequestRecord, from_known_fields
 from tts_bench.wire.audio import write_wav
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ async def generate_arm(
 ) -> list[GenRecord]:
     """Start `backend`, synthesize every prompt, stop it; one GenRecord per prompt, in order.
 
-    `prompts` are `tts_bench.prompts.Prompt`s (anything with request_id, text, prompt_text,
+    `prompts` are `tts_bench.inputs.prompts.Prompt`s (anything with request_id, text, prompt_text,
     prompt_wav)."""
     done: dict[str, GenRecord] = {}
 

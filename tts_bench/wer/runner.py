@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tts_bench import progress
+from tts_bench.report import progress
 from tts_bench.asr import (
     AsrOptions, AsrProvenance, Transcriber, backend_parallelism, describe_asr, make_transcriber,
 )
 from tts_bench.asr.models import cache_root
 from tts_bench.backends.base import Backend
 from tts_bench.errors import ConfigError, InvalidRunError
-from tts_bench.results import RunDir
+from tts_bench.rundir.results import RunDir
 from tts_bench.wer.gate import (
     GateResult,
     HistoryCheck,
@@ -41,7 +41,7 @@ from tts_bench.wer.gate import (
 )
 from tts_bench.wer.generate import WER_TIER, GenRecord, generate_arm
 from tts_bench.wer.language import get_scorer
-from tts_bench.wer.params import WerParams
+from tts_bench.config.wer import WerParams
 from tts_bench.wer.references import check_reference_texts
 from tts_bench.wer.score import ArmScore, Paired, compare_utterances, score_arm
 from tts_bench.wer.transcribe import AsrSession, TranscriptCache, setup_key, transcribe_records
@@ -65,7 +65,7 @@ def select_wer_prompts(prompts: Sequence, num_prompts: int, *, shuffle: bool, se
     """The prompts of a WER run: each utterance of the set at most once. `num_prompts` caps the
     count; a set smaller than that is used whole (cycling would score the same utterance twice
     and pretend to more evidence than there is)."""
-    from tts_bench.prompts import select_prompts
+    from tts_bench.inputs.prompts import select_prompts
 
     n = min(num_prompts, len(prompts))
     if n < num_prompts:

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 import jiwer
 import numpy as np
 
-from tts_bench.stats import ALPHA, BlockInterval, block_interval
+from tts_bench.verdicts.stats import ALPHA, BlockInterval, block_interval
 from tts_bench.wer.language import Scorer, as_scorer
 from tts_bench.wer.references import has_words
 from tts_bench.wer.transcribe import UttTranscript

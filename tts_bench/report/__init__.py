@@ -1,0 +1,1 @@
+"""How results leave the run: tables (markdown, rich, CSV, JSON), plots, CI summaries, progress."""
