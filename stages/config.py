@@ -51,9 +51,9 @@ class RunnerConfig:
     # each (stages.runner.replica_host), so R replicas are ceil(R / k) device contexts instead
     # of R. Why: the GPU time-slices contexts, and at 128x8 the talker waited for the device
     # 81 % of its busy time beside eight replica contexts, while eight replica threads in one
-    # interpreter fell behind on the host (README, "The embedded runner"). 1: a process each.
+    # interpreter fell behind on the host (D-EXEC-1). 1: a process each.
     # A host keeps to one device: with runner.devices its replicas are those of one device.
-    # Measured on an H200 (results/h200, sixteenth part): TTFP -8 % (64x4, k=2) and -19 % (128x8,
+    # Measured on an H200 (D-EXEC-2): TTFP -8 % (64x4, k=2) and -19 % (128x8,
     # k=4), mean RTF within noise, starts ~2x longer; so 1 stays the default.
     replicas_per_process: int = 1
     # How the stage processes share a CUDA device: "time-sliced" (each its own context, the
@@ -61,8 +61,8 @@ class RunnerConfig:
     # and quits: their kernels run side by side), "mps-talker-first" (as mps, the replicas
     # below-normal clients, so the talker's ready kernels are scheduled first), or "auto": mps
     # on CUDA where nvidia-cuda-mps-control is on PATH and no system-wide daemon runs, else
-    # time-sliced (stages.runner.sharing.resolve_sharing). Measured on an H200 (results/h200,
-    # twentieth part, 3 repeats each), mps against time-sliced: 128x8 -29.1 % mean RTF, 64x4
+    # time-sliced (stages.runner.sharing.resolve_sharing). Measured on an H200 (D-EXEC-3,
+    # 3 repeats each), mps against time-sliced: 128x8 -29.1 % mean RTF, 64x4
     # -16.7 % (both resolved), 32x1 within noise; talker-first against mps at 128x8: +21.2 %
     # (slower, resolved). stages.platform.mps.
     # Explicit mps* need several stage processes (not execution single) and a CUDA device.
@@ -178,9 +178,7 @@ def replica_groups(execution: str, replicas: int, per_process: int = 1,
 def resolve_execution(runner: RunnerConfig) -> str:
     """`processes`, `threads` or `single` for `runner.execution`.
 
-    `auto` is processes everywhere for now. On an H200 threads scaled code2wav alone 1.5x over
-    one replica (8 threads x 8 rows: 121 vs 81 audio s/s), but no runner-level A/B resolved a
-    gain: `single` with code2wav graphs against today's processes read -2.2 % [-26.4, +30.0] at
-    64x4 and +18.3 % [-18.0, +70.5] at 32x1 (3 repeats each, results/h200/README.md, fifth
-    part), so the measured topology stays the default until an A/B says otherwise."""
+    `auto` is processes (D-EXEC-1): replica threads read mean RTF +99 % [+56, +154] at 128x8
+    against processes, `single` is bound by its one interpreter there, and no A/B against
+    processes with chunk graphs resolved a gain for either."""
     return "processes" if runner.execution == "auto" else runner.execution

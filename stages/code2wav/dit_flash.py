@@ -3,7 +3,7 @@
 For chunks of few requests `Attention` runs softmax(q k^T / sqrt(D)) v as two batched cuBLAS
 GEMMs and a softmax (`dit.attention_by_matmul`, chosen over the fused SDPA kernel because a
 one-request chunk gives a fused kernel 16 blocks on 132 SMs). On an H200 those GEMMs were still
-CUDA-core fp32 kernels: 4.4 of 27.5 device ms of a B = 1 chunk (results/h200, seventeenth part),
+CUDA-core fp32 kernels: 4.4 of 27.5 device ms of a B = 1 chunk (results/h200/code2wav_bench_tf32x3_kernels_b1.json),
 plus q's scaled copy, the softmax and the output's transposing copy: five launches a block-step.
 `attention(q, kv, frames)` is one launch: one program per (row, head, block of 16 queries) walks
 the K|V cache in blocks with a running max and sum (flash attention's online softmax), its dots

@@ -2,13 +2,13 @@
 
 At the row counts code2wav serves (2 x rows x ~50 frames: 100 rows for one request) cuBLAS runs
 the DiT's fp32 linears on CUDA cores (FFMA), a skinny split-K kernel of four launches for the
-2,048-deep fc2; on an H200 those GEMMs were 18.9 of a 35.0 ms B = 1 chunk (results/h200,
-fifteenth part). TF32 (`token2wav_allow_tf32`) is faster but rounds every input to 10 mantissa
+2,048-deep fc2; on an H200 those GEMMs were 18.9 of a 35.0 ms B = 1 chunk
+(results/h200/code2wav_bench_frames_first_kernels_b1.json). TF32 (`token2wav_allow_tf32`) is faster but rounds every input to 10 mantissa
 bits. 3xTF32 splits each fp32 operand into a TF32 "big" part and a TF32 remainder and sums
 big*big + big*small + small*big on tensor cores with an fp32 accumulator: the dropped term is
 below fp32's own rounding. Measured on an H200 against fp64 (`scripts/bench_dit_gemm.py`): 2-4e-7
 of the output's range, cuBLAS fp32 0.3-2e-6, one-pass TF32 3e-4; per chunk, the mel moved 0.0001
-dB from cuBLAS fp32 against 10.7 dB between two noise seeds (`scripts/precision_drift.py`).
+dB from cuBLAS fp32 against 10.7 dB between two noise seeds (`scripts/precision_drift.py`; D-DIT-5).
 
 `linear(x, weight, bias, gelu=False)` = `x @ weight.T + bias` (then GELU-tanh when asked): the
 bias and the activation are the GEMM's epilogue, so one launch replaces cuBLAS's one to four.
@@ -58,8 +58,8 @@ class Tile:
 
 # (most rows, tile) in row order; the last bound is open. Each tile is the one with the least
 # summed time over the block's four linears (q|k|v, proj, fc1, fc2) at 100 / 400 / 1,600 / 6,400
-# rows in a sweep of 20 tiles on an H200 (`scripts/bench_dit_gemm.py`, results/h200/
-# dit_gemm_bench.json, seventeenth part): few rows, thin tiles, so that enough programs fill
+# rows in a sweep of 20 tiles on an H200 (`scripts/bench_dit_gemm.py`, D-DIT-5,
+# results/h200/dit_gemm_bench.json): few rows, thin tiles, so that enough programs fill
 # 132 SMs without a split k-sum; many rows, larger tiles for reuse. One table serves every DiT
 # shape: at each row count its summed time is within 9 % of every shape's own best tile, summed.
 TILES: tuple[tuple[int | None, Tile], ...] = (

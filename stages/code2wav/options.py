@@ -59,16 +59,19 @@ _TF32_TOKENS: dict[str, Tf32Mode] = {
 # standing decision (results/decisions.md) behind the default. Booleans first, in parse order.
 BOOL_OPTIONS: tuple[Option, ...] = (
     Option("code2wav_batched_cache_split", "batched_cache_split", True,
-           "a B-row chunk's flow caches stored by 3 batched copies instead of 3B per-row ones"),
+           "a B-row chunk's flow caches stored by 3 batched copies instead of 3B per-row ones",
+           decision="D-C2W-1"),
     # Consumed by the prompt builder (speaker-embedding placement), parsed here with the others.
     Option("token2wav_device_spk", "device_spk", True,
-           f"CAM++ speaker embedding on the device; false: CPU onnxruntime (env {DEVICE_SPK_ENV}=0 too)"),
+           f"CAM++ speaker embedding on the device; false: CPU onnxruntime (env {DEVICE_SPK_ENV}=0 too)",
+           decision="D-C2W-2"),
     # Replay whole chunks as device graphs on CUDA/NPU (no effect on CPU). On since replicas warm
     # their shapes up before serving: with replica processes on an H200, 3 repeats, mean RTF
     # -9.8 % [-18.4, -0.4] at 64x4 and -25.2 % [-39.5, -7.5] at 32x1, codes identical in every
-    # paired request (results/h200/README.md, twelfth part; before the warmup, the fourth part's
-    # A/B read +27.2 % [-9.4, +78.6] at 64x4, within noise).
-    Option("code2wav_device_graph", "device_graph", True, "whole chunks replayed as device graphs (CUDA/NPU)"),
+    # paired request (D-GRAPH-1; before the warmup, results/h200/ab_graphs_64x4.md read +27.2 %
+    # [-9.4, +78.6] at 64x4, within noise).
+    Option("code2wav_device_graph", "device_graph", True, "whole chunks replayed as device graphs (CUDA/NPU)",
+           decision="D-GRAPH-1"),
     # With device graphs on: a replica decodes synthetic streams of 1..max_num_seqs rows before
     # it reports ready, so every steady shape is captured before the first request (otherwise
     # each new shape's first chunk pays an eager run plus a capture while serving).
@@ -77,45 +80,44 @@ BOOL_OPTIONS: tuple[Option, ...] = (
     # With device graphs and their warmup: one-row final chunks whose caches have settled replay
     # graphs too, one per count of new codes (0..codec_chunk_frames-1), chosen at warmup; other
     # final chunks stay eager (a final chunk's shape varies with its length: too many shapes).
-    # Every request ends with one. Off: it adds codec_chunk_frames captures to each replica's
-    # start (warmup ~200 s at 128x8 on an H200), and its gain is one reading: at 128x8 with
-    # `single` it read 3.31 against 2.97 while the talker's admissions bounded that tier, 2.17
-    # against 2.50 once prefill graphs lifted them (one reading each, no A/B; results/h200/
-    # README.md, thirteenth and fourteenth parts). Not measured with replica processes.
+    # Every request ends with one. Off (D-GRAPH-2): in the default execution it turned 43-72 % of
+    # the eager groups into replays, but mean RTF was within noise at 32x1, 64x4 and 128x8, for
+    # ~2.5 GiB more device memory and codec_chunk_frames more captures at each replica's start.
     Option("code2wav_final_chunk_graphs", "final_chunk_graphs", False,
-           "with graphs and their warmup: settled one-row final chunks replay graphs captured at warmup"),
+           "with graphs and their warmup: settled one-row final chunks replay graphs captured at warmup",
+           decision="D-GRAPH-2"),
     # The DiT's residual add + LayerNorm + adaLN modulation as one Triton launch instead of three
     # (stages/code2wav/dit_triton.py) on CUDA/NPU; the CPU keeps the eager chain.
-    Option("code2wav_fused_norm", "fused_norm", True, "the DiT's norm steps as Triton launches (CUDA/NPU)"),
+    Option("code2wav_fused_norm", "fused_norm", True, "the DiT's norm steps as Triton launches (CUDA/NPU)",
+           decision="D-DIT-1"),
     # The DiT's causal convs frames-first on CUDA: 2-D convs over the [B, T, C] activations as
     # a channels-last image, so cuDNN runs no layout transforms around them (two a conv, ~800-1,100
     # kernels a chunk); the CPU and an NPU keep the checkpoint's channels-first convs. On an H200
     # a steady chunk took 37.8 against 43.3 ms at 1 request, 419 against 437 at 64 (fp32; bf16
-    # 20.5 against 26.3 at 1; results/h200/README.md, fifteenth part).
+    # 20.5 against 26.3 at 1; D-DIT-4).
     Option("code2wav_frames_first_conv", "frames_first_conv", True,
-           "the DiT's causal convs without cuDNN layout transforms (CUDA)"),
+           "the DiT's causal convs without cuDNN layout transforms (CUDA)", decision="D-DIT-4"),
     # The DiT's fp32 linears as Triton GEMMs with 3xTF32 products on CUDA (stages/code2wav/
     # dit_gemm.py): tensor cores at fp32 accuracy (max error 2-4e-7 of the output's range against
     # fp64, cuBLAS fp32 0.3-2e-6), bias and GELU fused. Acts on CUDA with an fp32 DiT only, and
     # not with TF32 for the flow. On an H200: the block's four linears 0.54-0.62x cuBLAS fp32's
     # time, a steady chunk -21 % at 1 request and -19 % at 64, mean RTF -20.4 % [-28.7, -11.2] at
-    # 64x4 over 3 repeats, the mel 0.0001 dB from cuBLAS fp32 (results/h200/README.md,
-    # seventeenth part).
+    # 64x4 over 3 repeats, the mel 0.0001 dB from cuBLAS fp32 (D-DIT-5).
     Option("code2wav_dit_tf32x3", "dit_tf32x3", True,
-           "the DiT's fp32 linears as Triton 3xTF32 GEMMs (CUDA, fp32 DiT, no TF32 flow)"),
+           "the DiT's fp32 linears as Triton 3xTF32 GEMMs (CUDA, fp32 DiT, no TF32 flow)", decision="D-DIT-5"),
     # Chunks small enough for attention as GEMMs (code2wav_matmul_attention_requests) run it as
     # one Triton kernel instead (stages/code2wav/dit_flash.py: online softmax, 3xTF32 dots; fp32
     # DiT, CUDA): one launch for five a block-step; on an H200 a steady chunk -3.4 % at 1 request,
-    # -2.7 % at 4 (results/h200/README.md, eighteenth part). Larger chunks keep the fused SDPA
-    # kernel, which the Triton one did not beat at 8-32 requests. False keeps the GEMMs.
+    # -2.7 % at 4 (D-DIT-3). Larger chunks keep the fused SDPA kernel, which the Triton one did
+    # not beat at 8-32 requests. False keeps the GEMMs.
     Option("code2wav_triton_attention", "triton_attention", True,
-           "small chunks' attention as one Triton kernel (CUDA, fp32 DiT)"),
+           "small chunks' attention as one Triton kernel (CUDA, fp32 DiT)", decision="D-DIT-3"),
 )
 # Chunks of up to this many requests run the DiT's attention as batched GEMMs on CUDA/NPU
 # (`dit.attention_by_matmul`, fp32 DiT only), larger ones through scaled_dot_product_attention;
 # 0 = always the latter. Small chunks leave a fused attention kernel most of the GPU idle: on an H200 one
 # steady chunk read -8.8 % at 1 request, -4.4 % at 4, +0.4 % at 8 and +1.8 % at 16
-# (results/h200/README.md, eleventh part), hence 4.
+# (D-DIT-2), hence 4.
 MATMUL_ATTENTION_KEY = "code2wav_matmul_attention_requests"
 MATMUL_ATTENTION_DEFAULT = 4
 _MAX_REQUESTS = 4096
@@ -129,9 +131,11 @@ OPTIONS: tuple[Option, ...] = (
            f"off (no TF32, cuDNN too) | conv | flow | all (stages/precision.py); null: env {TF32_ENV}, the alias",
            decision="D-PREC-1"),
     Option(TF32_ALIAS, None, None, f"the older name of {TF32_KEY}, read after the environment"),
-    Option(DIT_DTYPE_KEY, "dit_dtype", "float32", "the CFM estimator and its caches: float32 | bfloat16"),
+    Option(DIT_DTYPE_KEY, "dit_dtype", "float32", "the CFM estimator and its caches: float32 | bfloat16",
+           decision="D-DIT-6"),
     Option(MATMUL_ATTENTION_KEY, "matmul_attention_requests", MATMUL_ATTENTION_DEFAULT,
-           "chunks of up to this many requests: attention as GEMMs (CUDA/NPU, fp32 DiT); 0 = never"),
+           "chunks of up to this many requests: attention as GEMMs (CUDA/NPU, fp32 DiT); 0 = never",
+           decision="D-DIT-2"),
     Option(PROMPT_WAV_KEY, "prompt_wav", None,
            "the default voice's reference audio; null: the packaged voice (the official one with runner.weights)"),
 )

@@ -31,20 +31,23 @@ OPTIONS: tuple[Option, ...] = (
     # triage). Env opt-out TALKER_CODEC_FUSED_PRELUDE=0, read once at import of
     # stages.talker.prelude and checked at config load (`check_env`).
     Option(FUSED_PRELUDE_FLAG, "fused_prelude", True,
-           "fused Triton repetition penalty + temperature; false forces the eager chain"),
-    # Capture the decode forward in device graphs (CUDA/NPU; eager on a CPU). Measured on an
-    # H200: results/h200/README.md.
-    Option(DECODE_GRAPH_FLAG, "decode_graph", True, "the decode forward replayed as device graphs (CUDA/NPU)"),
+           "fused Triton repetition penalty + temperature; false forces the eager chain", decision="D-TALKER-1"),
+    # Capture the decode forward in device graphs (CUDA/NPU; eager on a CPU). The forward only;
+    # sampling stays outside the graph (D-GRAPH-4).
+    Option(DECODE_GRAPH_FLAG, "decode_graph", True, "the decode forward replayed as device graphs (CUDA/NPU)",
+           decision="D-GRAPH-4"),
     # Capture the prefill forward of an admitted request in device graphs, one per length bucket
     # (CUDA/NPU; eager on a CPU). Off or on, prefills run at the bucket length, so codes are the
     # same.
     Option(PREFILL_GRAPH_FLAG, "prefill_graph", True,
-           "each admission's prefill replayed as a device graph per length bucket (CUDA/NPU)"),
+           "each admission's prefill replayed as a device graph per length bucket (CUDA/NPU)",
+           decision="D-GRAPH-3"),
     # Decode through fused layers where Triton runs (CUDA/NPU): one q|k|v and one gate|up GEMM,
     # Triton residual + RMSNorm and RoPE + cache write (~10 kernels a layer for ~65); false keeps
     # the modules' ops. Same function to fp32 rounding, so codes may differ between the two.
     Option(FUSED_LAYERS_FLAG, "fused_layers", True,
-           "decode layers as fused GEMMs + Triton norm/RoPE/cache-write kernels (CUDA/NPU)"),
+           "decode layers as fused GEMMs + Triton norm/RoPE/cache-write kernels (CUDA/NPU)",
+           decision="D-TALKER-2"),
 )
 KNOWN_KEYS = frozenset(row.key for row in OPTIONS)
 _DEFAULTS = defaults(OPTIONS)
