@@ -76,7 +76,8 @@ BOOL_OPTIONS: tuple[Option, ...] = (
     # it reports ready, so every steady shape is captured before the first request (otherwise
     # each new shape's first chunk pays an eager run plus a capture while serving).
     Option("code2wav_graph_warmup", "graph_warmup", True,
-           "with device graphs: every steady shape captured before the replica reports ready"),
+           "with device graphs: every steady shape captured before the replica reports ready",
+           decision="D-GRAPH-1"),
     # With device graphs and their warmup: one-row final chunks whose caches have settled replay
     # graphs too, one per count of new codes (0..codec_chunk_frames-1), chosen at warmup; other
     # final chunks stay eager (a final chunk's shape varies with its length: too many shapes).

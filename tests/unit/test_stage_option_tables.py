@@ -114,3 +114,50 @@ def _extras(node, where=()):
 @pytest.mark.parametrize("path", OTHER_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_other_configs_change_flags_only_as_arms(path):
     assert list(_extras(yaml.safe_load(path.read_text()))) == []
+
+
+def _doc_flag_rows(text: str) -> dict[str, tuple[str, str]]:
+    """{`stage.extra.key`: (default cell, decision cell)} of docs/runner.md's flag table."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and re.fullmatch(r"`(talker|code2wav)\.extra\.\w+`", cells[0]):
+            rows[cells[0].strip("`")] = (cells[1], cells[3])
+    return rows
+
+
+def _doc_problems(table_rows: dict[str, tuple[str, str]]) -> list[str]:
+    problems = []
+    for stage, table in TABLES.items():
+        for row in table:
+            if row.field is None:  # an alias: documented beside its key
+                continue
+            name = f"{stage}.extra.{row.key}"
+            if name not in table_rows:
+                problems.append(f"{name}: no row")
+                continue
+            default_cell, decision_cell = table_rows.pop(name)
+            shown = "null" if row.default is None else str(row.default).lower()
+            if shown not in default_cell.lower():
+                problems.append(f"{name}: default {default_cell!r}, the table says {shown}")
+            if row.decision and row.decision not in decision_cell:
+                problems.append(f"{name}: decision {decision_cell!r}, the table says {row.decision}")
+    problems += [f"{name}: no such option" for name in table_rows]
+    return problems
+
+
+def test_the_runner_docs_flag_table_is_the_option_tables():
+    rows = _doc_flag_rows((ROOT / "docs" / "runner.md").read_text())
+    assert len(rows) >= 10, "docs/runner.md's flag table was not found"
+    assert _doc_problems(rows) == []
+
+
+def test_the_docs_rule_sees_a_wrong_default_a_missing_row_and_an_unknown_flag():
+    rows = _doc_flag_rows((ROOT / "docs" / "runner.md").read_text())
+    rows["code2wav.extra.code2wav_device_graph"] = ("false", "D-GRAPH-1")
+    del rows["talker.extra.talker_fused_layers"]
+    rows["code2wav.extra.code2wav_no_such_flag"] = ("true", "—")
+    problems = _doc_problems(rows)
+    assert any("code2wav_device_graph: default" in p for p in problems)
+    assert any("talker_fused_layers: no row" in p for p in problems)
+    assert any("code2wav_no_such_flag: no such option" in p for p in problems)
