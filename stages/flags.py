@@ -14,7 +14,10 @@ Each stage's options are one table of `Option` rows (`stages.talker.options.OPTI
 what it does and the standing decision behind the default; the options dataclasses take their
 defaults from it, and tests hold the shipped stage YAMLs to it.
 
-Dependency-free on purpose: both stages and the harness import it.
+Dependency-free on purpose: both stages and the harness import it. Public for the harness
+(tests/unit/test_layering.py): its own boolean settings (`TTS_BENCH_SKIP_MEMORY_CHECK`) are read
+by the same rule as the stage flags, so true/false mean the same everywhere, and its config
+loader tells an environment flag's error (`EnvFlagError`) from the config file's.
 """
 
 from __future__ import annotations

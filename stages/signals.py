@@ -15,8 +15,9 @@ looked to the parent like crashes. So:
 
 The parent stops its children on its way out (sentinel, join, then SIGKILL for one that outlives
 the stop: SIGTERM would be ignored); a child whose parent died notices and exits on its own
-(`stages.runner.process.drain`). Dependency-free, like `stages.flags`, so the harness's own
-worker pools can use it without importing torch.
+(`stages.runner.process.drain`). Dependency-free, like `stages.flags`, and public for the
+harness (tests/unit/test_layering.py): its own worker pools (the piper backend's processes) keep
+the same contract without importing torch.
 
     with interrupts_blocked():
         process.start()

@@ -64,6 +64,8 @@ def check_memory(cfg: BenchConfig, *, replicas: int, concurrency: int, label: st
     `embedded` run no stages here: nothing to check."""
     if cfg.backend != "embedded":
         return
+    # lazy: stages.platform and stages.runner load torch, which only an embedded arm needs (piper,
+    # http and every command's planning import this module)
     from stages.platform import (
         PlatformError,
         device_count,
@@ -72,9 +74,7 @@ def check_memory(cfg: BenchConfig, *, replicas: int, concurrency: int, label: st
         is_cpu,
         resolve_device,
     )
-    from stages.runner.allocator import runs_expandable_segments
-    from stages.runner.budget import estimate_stage_memory
-    from stages.runner.placement import resolve_devices
+    from stages.runner import estimate_stage_memory, resolve_devices, runs_expandable_segments  # lazy: as above
 
     runner = cfg.stages.runner
     try:

@@ -1,6 +1,6 @@
 """Prompt setup inputs from a reference voice: speech tokens, flow mel, speaker embedding.
 
-Spec §4.2. A reference voice (any format `audio.decode_audio` reads, any rate, up to 8
+Spec §4.2. A reference voice (any format `stages.audio.decode_audio` reads, any rate, up to 8
 channels) is normalised once — mono, 24 kHz, truncated or zero-padded to `ref_audio_max_seconds`
 so every request shares one cache origin — then:
   tokens   [Tp]       25 Hz speech tokens from 16 kHz audio (S3 tokenizer or stand-in, below)
@@ -15,7 +15,8 @@ documented deterministic stand-in: each 40 ms (4 log-mel frames) mean is project
 flow real-shaped, audio-dependent, reproducible prompt tokens.
 
 Results are cached per (path, content hash) — or per waveform hash for in-memory audio — in a
-small LRU. Voices are decoded by `stages.code2wav.audio` (libsndfile: WAV, FLAC, OGG, MP3).
+small LRU. Voices are decoded by `stages.audio` (libsndfile: WAV, FLAC, OGG, MP3) and held to
+`stages.admission.voice_problem`'s rules.
 
     builder = PromptBuilder(cfg, device=torch.device("cpu"), dtype=torch.float32, weights_dir=None)
     prompt = builder.build(None)          # the packaged default voice
@@ -33,7 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stages.code2wav.audio import decode_audio, reference_problem
+from stages.admission import voice_problem
+from stages.audio import PromptError, decode_audio
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.mel import (
     FbankConfig,
@@ -45,7 +47,6 @@ from stages.code2wav.mel import (
     whisper_log_mel,
 )
 from stages.code2wav.speaker import SpeakerEmbedder, onnx_session
-from stages.code2wav.streaming import PromptError
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 DEFAULT_REF_WAV = ASSETS / "default_ref.wav"
@@ -81,7 +82,7 @@ def normalize_reference(wav: torch.Tensor, sample_rate: int, cfg: Code2WavConfig
         wav = wav[None]
     if wav.dim() != 2:
         raise PromptError(f"error: malformed reference audio {tuple(wav.shape)} ({where}); give 1-8 channels of audio")
-    problem = reference_problem(wav.shape[0], wav.shape[-1], sample_rate, cfg.ref_audio_limit_seconds)
+    problem = voice_problem(wav.shape[0], wav.shape[-1], sample_rate, cfg.ref_audio_limit_seconds)
     if problem is not None:
         raise PromptError(f"error: reference audio {problem} ({where})")
     if not torch.isfinite(wav).all():

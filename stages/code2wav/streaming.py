@@ -21,10 +21,6 @@ from stages.code2wav.config import Code2WavConfig
 DEFAULT_PROMPT_ID = "default"
 
 
-class PromptError(ValueError):
-    """The reference audio cannot be used as a prompt (the request's fault: bad_prompt)."""
-
-
 class Code2WavPayloadError(ValueError):
     """A payload breaks the streaming contract; the message names the request."""
 

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from stages.audio import PromptError
 from stages.code2wav.config import Code2WavConfig
-from stages.code2wav.streaming import PromptError
 from stages.runner.factories import StageFactories
 from stages.talker.config import TalkerConfig
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from stages.code2wav.streaming import PromptError
+from stages.audio import PromptError
 from stages.runner.budget import pool_slots
 from stages.runner.messages import BAD_PROMPT, STAGE_ERROR, ChunkReady, Drop, RequestError, StatsQuery
 from stages.runner.process import ProcessSpec, StageContext, drain, run_stage_process, short_error

@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from stages.admission import MAX_SEED
 from stages.platform.device import host_to_device, timing_event
 from stages.platform.graphs import graph_api
 from stages.platform.precision import precision_scope
@@ -91,10 +92,6 @@ class TalkerRequestError(ValueError):
 
     request_fault = True
 
-
-# Per-request sampling generators take a seed below 2**63 on every device (a larger one
-# overflows inside `manual_seed`).
-MAX_SEED = 2**63
 
 
 @dataclass(frozen=True)

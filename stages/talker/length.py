@@ -42,21 +42,8 @@ def codec_budget(text: str, cfg: TalkerConfig) -> int:
 def cache_positions(text: str, cfg: TalkerConfig) -> int:
     """Talker cache positions a request needs with random weights (the stand-in tokenizer and
     the length model): its condition rows (text tokens + text_eos + audio_bos) and one per code,
-    at least one. The engine refuses a request above `runner.max_seq_len`; the harness checks
-    this first so a client gets a 400, torch-free and before any stage sees the request."""
+    at least one. The engine refuses a request above `runner.max_seq_len`;
+    `stages.admission.text_problem` asks the same before any stage sees the request."""
     tokens = len(WordHashTokenizer(cfg.standin_text_vocab).encode(text))
     return tokens + 2 + max(codec_budget(text, cfg), 1)
 
-
-def cache_problem(text: str, stages) -> str | None:
-    """Why `text` cannot run on the stages of `stages` (a StageConfig), or None: with random
-    weights (the stand-in tokenizer and length model) its cache positions (text tokens + codes)
-    must fit runner.max_seq_len; with real weights the length is the model's, not known here.
-    The harness checks prompt sets with it before a run, the embedded backend each request."""
-    runner = stages.runner
-    if runner.weights is not None:
-        return None
-    needed = cache_positions(text, stages.talker)
-    if needed <= runner.max_seq_len:
-        return None
-    return f"needs {needed} talker cache positions, runner.max_seq_len is {runner.max_seq_len}"

@@ -1,4 +1,4 @@
-"""Decoding reference voices (`stages.code2wav.audio`, libsndfile through soundfile): the same
+"""Decoding reference voices (`stages.audio`, libsndfile through soundfile): the same
 floats as the stdlib reader it replaced on real speech, every PCM width, other formats, and
 PromptErrors that say what and where."""
 
@@ -14,10 +14,9 @@ import pytest
 import soundfile
 import torch
 
-from stages.code2wav.audio import decode_audio
+from stages.audio import PromptError, decode_audio
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.prompt import DEFAULT_REF_WAV, PromptBuilder
-from stages.code2wav.streaming import PromptError
 
 REPO = Path(__file__).resolve().parents[2]
 SPEECH = sorted((REPO / "tts_bench/data/seed-tts-en/prompts").glob("*.wav")) + [DEFAULT_REF_WAV]

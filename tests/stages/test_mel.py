@@ -104,7 +104,7 @@ def test_kaldi_fbank_matches_torchaudio_on_real_speech(path):
     # Measured on the three builtin prompts: max |diff| 2.3e-4 to 2.6e-4 of log energies spanning
     # about +-13 (in the quietest bands, float32 rounding), mean 2.5e-6.
     kaldi = _torchaudio_kaldi()
-    from stages.code2wav.audio import decode_audio
+    from stages.audio import decode_audio
 
     wav, rate = decode_audio(path)
     wav16 = resample(torch.from_numpy(wav).mean(0), rate, 16000)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from stages.code2wav.audio import decode_audio
+from stages.audio import decode_audio
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.mel import resample, whisper_log_mel
 from stages.code2wav.prompt import (

@@ -309,7 +309,7 @@ def test_rows_of_different_voices_decode_in_one_batch_like_alone():
 
 def test_bad_and_over_long_voices_are_prompt_errors_and_the_lru_keeps_registered_voices():
     from stages.code2wav.prompt import prompt_id_of
-    from stages.code2wav.streaming import PromptError
+    from stages.audio import PromptError
 
     t2w = _t2w(prompt_cache_size=2, ref_audio_limit_seconds=6.5)
     t2w.prompt_setup()  # the default voice, as a replica builds it at start

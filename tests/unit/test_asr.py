@@ -9,11 +9,11 @@ import wave
 import numpy as np
 import pytest
 
+from stages.audio import write_wav16
 from tts_bench.asr.base import AsrOptions, AudioDecodeError, load_wav_16k, read_wav, resample
 from tts_bench.asr.ct2_convert import Ct2Model, ct2_to_openai_state, read_ct2_model
 from tts_bench.asr.models import resolve_ct2_model, weights_sha256
 from tts_bench.errors import ConfigError
-from tts_bench.wire.audio import write_wav
 
 HAS_WHISPER = importlib.util.find_spec("whisper") is not None
 
@@ -25,7 +25,7 @@ def _tone(rate: int, seconds: float = 1.0, hz: float = 440.0) -> np.ndarray:
 
 def test_wav_round_trip_is_exact_at_int16(tmp_path):
     x = _tone(22050)
-    write_wav(tmp_path / "a.wav", x, 22050)
+    write_wav16(tmp_path / "a.wav", x, 22050)
     y, rate = read_wav(tmp_path / "a.wav")
     assert rate == 22050 and y.dtype == np.float32 and len(y) == len(x)
     assert np.max(np.abs(y - x)) < 1.0 / 32767
@@ -116,7 +116,7 @@ def test_openai_whisper_on_converted_weights_matches_faster_whisper_fp32(tmp_pat
     voice = piper.PiperVoice.load(voice_pkg.model_path(), config_path=voice_pkg.config_path())
     cfg = piper.SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
     chunks = list(voice.synthesize("She carried a basket of ripe peaches up the hill.", syn_config=cfg))
-    write_wav(tmp_path / "s.wav", np.concatenate([c.audio_float_array for c in chunks]), chunks[0].sample_rate)
+    write_wav16(tmp_path / "s.wav", np.concatenate([c.audio_float_array for c in chunks]), chunks[0].sample_rate)
     audio = load_wav_16k(tmp_path / "s.wav")
     fast = make_transcriber(AsrOptions(compute_type="float32", cpu_threads=2)).transcribe(audio)
     ref = make_transcriber(AsrOptions(backend="openai-whisper", cpu_threads=2)).transcribe(audio)

@@ -8,17 +8,9 @@ import struct
 import numpy as np
 import pytest
 
+from stages.audio import to_pcm16, wav_header, write_wav16
 from tts_bench.wire import exposition
-from tts_bench.wire.audio import (
-    PcmDecoder,
-    SseDecoder,
-    WavDecoder,
-    WireError,
-    encode_pcm16,
-    pcm16,
-    sse_audio_event,
-    wav_header,
-)
+from tts_bench.wire.audio import PcmDecoder, SseDecoder, WavDecoder, WireError, encode_pcm16, sse_audio_event
 
 
 def _audio(n: int = 1001, seed: int = 0) -> np.ndarray:
@@ -46,7 +38,7 @@ def test_pcm16_round_trip_hashes_like_in_process_audio():
     # The load generator hashes round(x * 32767); decoding must invert that exactly.
     audio = _audio(5000, seed=3)
     decoded = PcmDecoder(24000).feed(encode_pcm16(audio))
-    assert np.array_equal(pcm16(decoded), pcm16(audio))
+    assert np.array_equal(to_pcm16(decoded), to_pcm16(audio))
 
 
 def test_pcm_keeps_a_trailing_odd_byte_pending():
@@ -72,7 +64,7 @@ def test_wav_skips_odd_sized_extra_chunks_and_reads_concatenated_files():
     dec = WavDecoder()
     got = _feed_in_pieces(dec, first + second)
     assert len(got) == 21 and dec.sample_rate == 16000
-    assert np.array_equal(pcm16(got), pcm16(np.concatenate([a, b])))
+    assert np.array_equal(to_pcm16(got), to_pcm16(np.concatenate([a, b])))
 
 
 def test_float32_stereo_wav_is_mixed_to_mono():
@@ -161,13 +153,11 @@ def test_a_wav_file_is_the_servers_header_and_pcm_and_what_stdlib_wave_writes(tm
     # not depend on which writer made them.
     import wave
 
-    from tts_bench.wire.audio import write_wav
-
     x = _audio(2001) * 1.2  # some samples clip
-    write_wav(tmp_path / "a.wav", x, 24000)
+    write_wav16(tmp_path / "a.wav", x, 24000)
     with wave.open(str(tmp_path / "b.wav"), "wb") as w:
         w.setnchannels(1), w.setsampwidth(2), w.setframerate(24000)
-        w.writeframes(pcm16(x).astype("<i2").tobytes())
+        w.writeframes(to_pcm16(x).astype("<i2").tobytes())
     data = (tmp_path / "a.wav").read_bytes()
     assert data == (tmp_path / "b.wav").read_bytes()
     assert data == wav_header(24000, 2 * len(x)) + encode_pcm16(x)

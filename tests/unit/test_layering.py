@@ -107,9 +107,10 @@ def test_the_platform_rule_sees_what_it_forbids(tmp_path):
 
 
 def test_decoding_a_voice_does_not_load_torch():
-    # The harness checks prompt lists and `ref_audio` fields with the stages' decoder; that must
-    # stay cheap for the piper and http backends, which never load torch otherwise.
-    code = "import sys, stages.code2wav.audio; print('torch' in sys.modules)"
+    # The harness checks prompt lists and `ref_audio` fields with the stages' decoder and their
+    # admission rules; that must stay cheap for the piper and http backends, which never load
+    # torch otherwise.
+    code = "import sys, stages.audio, stages.admission; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"
 
@@ -267,3 +268,67 @@ def test_the_model_file_rule_sees_what_it_forbids(tmp_path):
     assert _defines_a_module(ast.parse(leaky.read_text()))
     lines = sorted(int(hit.split(":")[0]) for hit in _device_predicates(leaky))
     assert lines == [2, 2, 5, 5, 5, 6, 6, 7, 7]  # nothing on line 8
+
+
+# The harness uses the system under test through its public surface only: the runner, the stage
+# config, the profiling workloads, the platform layer, audio at the stages' edge (`stages.audio`)
+# and what they admit (`stages.admission`), plus the dependency-free flag and signal rules both
+# sides follow. The talker's and code2wav's modules are theirs to change without the harness
+# noticing. tts_bench/reference/ is the one exception: it compares the stages' modules with the
+# official ones, module by module, so it imports their internals by design.
+STAGES_PUBLIC = frozenset({"stages.runner", "stages.config", "stages.platform", "stages.audio",
+                           "stages.admission", "stages.flags", "stages.signals"})
+STAGES_PUBLIC_PACKAGES = ("stages.profiling",)  # a toolkit: each of its modules is public
+HARNESS = sorted(p for p in (ROOT / "tts_bench").rglob("*.py") if p.relative_to(ROOT).parts[:2] != ("tts_bench", "reference"))
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _stage_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every `stages` module `path` imports; `from stages.x import y` names
+    stages.x.y when y is a module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "stages"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] == "stages":
+            subs = [f"{node.module}.{a.name}" for a in node.names if _is_module(f"{node.module}.{a.name}")]
+            found += [(node.lineno, m) for m in subs or [node.module]]
+    return found
+
+
+def _private_stage_imports(path: Path) -> list[str]:
+    def public(module: str) -> bool:
+        return module in STAGES_PUBLIC or any(module == p or module.startswith(p + ".") for p in STAGES_PUBLIC_PACKAGES)
+
+    return [f"{line}: {module}" for line, module in _stage_modules(path) if not public(module)]
+
+
+@pytest.mark.parametrize("path", HARNESS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_harness_imports_only_the_stages_public_surface(path):
+    assert _private_stage_imports(path) == []
+
+
+def test_the_public_surface_rule_sees_what_it_forbids(tmp_path):
+    harness = tmp_path / "harness.py"
+    harness.write_text(
+        "import stages.talker.length\n"
+        "from stages.code2wav.audio import decode_audio\n"
+        "from stages.runner.work import per_step\n"
+        "from stages.runner import work\n"
+        "from stages import precision\n"
+        "from stages.audio import to_pcm16\n"
+        "from stages.admission import text_problem\n"
+        "from stages.runner import StageRunner\n"
+        "from stages.profiling.launches import RangeTimes\n"
+        "import stages.platform\n"
+        "def f():\n"
+        "    from stages.code2wav import dit\n"
+    )
+    assert _private_stage_imports(harness) == [
+        "1: stages.talker.length", "2: stages.code2wav.audio", "3: stages.runner.work", "4: stages.runner.work",
+        "5: stages.precision", "12: stages.code2wav.dit"]

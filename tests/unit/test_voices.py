@@ -106,7 +106,7 @@ def test_serve_takes_a_flac_voice_and_refuses_an_empty_one_as_the_stages_would()
 
     import soundfile
 
-    from stages.code2wav.audio import decode_audio
+    from stages.audio import decode_audio
 
     wav, rate = decode_audio(VOICE)
     buf = io.BytesIO()
@@ -152,7 +152,7 @@ def test_voice_modes_give_each_request_its_file_one_voice_a_unique_voice_or_none
     assert voices("default") == [(None, None)] * 4
     distinct = [audio for _, audio in voices("distinct")]
     assert len(set(distinct)) == 4 and voices("distinct", arm="b") == voices("distinct")  # arms agree
-    from stages.code2wav.audio import decode_audio
+    from stages.audio import decode_audio
 
     nudged, rate = decode_audio(distinct[0])
     original, _ = decode_audio(prompts[0].prompt_wav)

@@ -269,14 +269,14 @@ def test_parallel_transcription_keeps_record_order_and_loads_the_model_once(tmp_
                 active[0] -= 1
             return f"len {len(audio)}"
 
-    from tts_bench.wire.audio import write_wav
+    from stages.audio import write_wav16
     import numpy as np
 
     records = []
     for i in range(6):
         rel = f"wavs/u{i}.wav"
         (tmp_path / "wavs").mkdir(exist_ok=True)
-        write_wav(tmp_path / rel, np.zeros(1600 * (i + 1), np.float32), 16000)
+        write_wav16(tmp_path / rel, np.zeros(1600 * (i + 1), np.float32), 16000)
         records.append(GenRecord(arm="base", request_id=f"u{i}", text="x", wav=rel))
     opts = AsrOptions(workers=2)
     session = AsrSession(opts, fake_provenance(opts), SlowByLength, TranscriptCache(None, "k"), parallel=2)

@@ -13,10 +13,11 @@ digital silence without it).
     audio = load_wav_16k(Path("run/wavs/base/en_0001.wav"))   # [n] float32, 16 kHz
     text = transcriber.transcribe(audio)
 
-Audio is read with the stages' decoder (`stages.code2wav.audio.read_audio`, libsndfile: the
-generator writes 16-bit PCM WAV, `tts_bench.wire.audio.write_wav`; integer PCM scaled by
-2^(bits-1)) and resampled with an FFT (the method of `scipy.signal.resample`, which
-seed-tts-eval uses), so no ffmpeg is needed.
+Audio is read with libsndfile (`soundfile`: the generator writes 16-bit PCM WAV,
+`stages.audio.write_wav16`; integer PCM scaled by 2^(bits-1)) and resampled with an FFT (the
+method of `scipy.signal.resample`, which seed-tts-eval uses), so no ffmpeg is needed. The reader
+is the gate's own, not the system under test's voice decoder: what scores the audio must not
+change when the stages do.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+import soundfile
 
 WHISPER_SAMPLE_RATE = 16_000  # every Whisper model's input rate (its mel front end is fixed)
 ASR_BACKENDS = ("faster-whisper", "openai-whisper")
@@ -96,20 +98,18 @@ class Transcriber(Protocol):
 
 
 def read_wav(path: Path) -> tuple[np.ndarray, int]:
-    """An audio file (16-bit PCM WAV as the generator writes it, or anything the stages decode)
+    """An audio file (16-bit PCM WAV as the generator writes it, or anything libsndfile reads)
     as [n] float32 mono in [-1, 1] and its sample rate; zero samples come back empty."""
-    from stages.code2wav.audio import read_audio
-    from stages.code2wav.streaming import PromptError
-
     path = Path(path)
     if not path.is_file():
         raise AudioDecodeError(f"no such file: {path}")
     try:
-        wav, rate = read_audio(path, where=str(path))  # [C, N]
-    except PromptError as exc:
-        raise AudioDecodeError(f"cannot decode {path}: {str(exc).removeprefix('error: ')}") from None
-    samples = wav[0] if wav.shape[0] == 1 else wav.mean(axis=0)
-    return samples.astype(np.float32), rate
+        frames, rate = soundfile.read(path, dtype="float32", always_2d=True)  # [N, C]
+    except (RuntimeError, ValueError, TypeError, OSError) as exc:  # LibsndfileError is a RuntimeError
+        reason = exc.error_string if isinstance(exc, soundfile.LibsndfileError) else exc
+        raise AudioDecodeError(f"cannot decode {path}: {reason}") from None
+    samples = frames[:, 0] if frames.shape[1] == 1 else frames.mean(axis=1)
+    return np.ascontiguousarray(samples, dtype=np.float32), int(rate)
 
 
 def resample(samples: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:

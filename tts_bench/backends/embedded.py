@@ -31,8 +31,11 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from stages.admission import MAX_SEED, text_problem
 from stages.platform import PlatformError
 from stages.runner import (
+    BAD_PROMPT,
+    INVALID_REQUEST,
     ChunkReady,
     RequestError,
     RunnerError,
@@ -41,15 +44,11 @@ from stages.runner import (
     StageFactories,
     StageRunner,
 )
-from stages.runner.messages import BAD_PROMPT, INVALID_REQUEST
-from stages.talker.length import cache_problem
 from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.errors import BackendError
 
 if TYPE_CHECKING:
     from tts_bench.config import BenchConfig
-
-MAX_SEED = 2**63  # a talker sampling generator's seed (stages.talker.engine.MAX_SEED)
 
 
 class EmbeddedBackend:
@@ -101,10 +100,10 @@ class EmbeddedBackend:
 
     def check_request(self, request: SynthesisRequest) -> None:
         """Refuse what the stages would refuse as the request's own fault, before any stage
-        sees it: RequestFailed("invalid_request")."""
+        sees it (`stages.admission`): RequestFailed("invalid_request")."""
         if not 0 <= request.seed < MAX_SEED:
             raise RequestFailed("invalid_request", f"seed must be in [0, 2**63), got {request.seed}")
-        problem = cache_problem(request.text, self.stages)
+        problem = text_problem(request.text, self.stages)
         if problem is not None:
             raise RequestFailed("invalid_request", f"the input {problem}; shorten the input")
 

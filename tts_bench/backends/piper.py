@@ -8,8 +8,9 @@ to the event loop with `loop.call_soon_threadsafe`, into the request's own `asyn
 the load generator stamps arrival times in its own coroutine.
 
 Landmines:
-- piper's output is int16 at the voice's rate (22,050 Hz for joe); we convert with /32767, the
-  inverse of piper's own float -> int16, so the loadgen's PCM hash equals piper's int16 bytes.
+- piper's output is int16 at the voice's rate (22,050 Hz for joe); we convert with /32767
+  (`stages.audio.PCM16_SCALE`), the inverse of piper's own float -> int16 and of
+  `stages.audio.to_pcm16`, so the loadgen's PCM hash equals piper's int16 bytes.
 - Default VITS noise makes every run different; `noise_scale = noise_w_scale = 0` (our default)
   makes synthesis bit-reproducible.
 - Each worker's onnxruntime session gets cpu_count // R intra-op threads (at least 1).
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stages.audio import PCM16_SCALE
 from stages.signals import ignore_interrupts, interrupts_blocked
 from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.errors import BackendError
@@ -47,7 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_INT16_SCALE = 32767.0
 _READY_TIMEOUT_S = 120.0
 _JOIN_TIMEOUT_S = 5.0
 _POLL_S = 0.2
@@ -251,7 +252,7 @@ class PiperBackend:
                 if kind == "error":
                     raise RequestFailed("backend_error", payload)
                 pcm = np.frombuffer(payload, dtype=np.int16)
-                yield AudioChunk(pcm.astype(np.float32) / _INT16_SCALE, self.sample_rate)
+                yield AudioChunk(pcm.astype(np.float32) / PCM16_SCALE, self.sample_rate)
         finally:
             self._streams.pop(token, None)
             worker.in_flight.discard(token)

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from stages.admission import text_problem, voice_file_problem
 from tts_bench.inputs.text import read_utf8
 from tts_bench.errors import ConfigError
 
@@ -176,16 +177,14 @@ def check_prompt_wavs(prompts: Sequence[Prompt], *, source: str | Path = "prompt
     """Every selected prompt's reference wav exists and decodes to finite audio; else a
     ConfigError (exit 2) naming the meta.lst line. With `limit_seconds` (an embedded arm's
     code2wav.ref_audio_limit_seconds) also the stage's channel and length rules. Each file is
-    read once, however many lines share it."""
-    from stages.code2wav.audio import decode_audio  # what the stages accept as a voice
-    from stages.code2wav.streaming import PromptError
-
+    read once, however many lines share it (`stages.admission.voice_file_problem`: what the
+    stages accept as a voice)."""
     checked: dict[Path, str | None] = {}
     for p in prompts:
         if p.prompt_wav is None:
             continue
         if p.prompt_wav not in checked:
-            checked[p.prompt_wav] = _wav_problem(p.prompt_wav, decode_audio, PromptError, limit_seconds)
+            checked[p.prompt_wav] = voice_file_problem(p.prompt_wav, limit_seconds=limit_seconds)
         problem = checked[p.prompt_wav]
         if problem:
             where = f"{source}:{p.line}" if p.line else str(source)
@@ -217,36 +216,18 @@ def check_text_lengths(arms: Sequence, prompts: Sequence[Prompt], *, source: str
     """Every text fits the talker cache of each embedded arm with random weights (what its
     backend refuses per request, `EmbeddedBackend.check_request`): a ConfigError naming the
     lines, instead of requests failed as `invalid_request` after the run has started."""
-    from stages.talker.length import cache_problem
-
     too_long: dict[str, None] = {}  # ordered, once per line even when both arms refuse it
     for cfg in arms:
         if cfg.backend != "embedded":
             continue
         for p in prompts:
-            problem = cache_problem(p.text, cfg.stages)
+            problem = text_problem(p.text, cfg.stages)
             if problem is not None:
                 too_long[f"{source}:{p.line}: {p.utt!r} {problem}"] = None
     if too_long:
         shown = "\n  ".join(list(too_long)[:_MAX_REPORTED])
         raise ConfigError(f"error: {len(too_long)} text(s) are too long for the talker:\n  {shown}\n"
                           "shorten them, or raise runner.max_seq_len (the memory check counts it)")
-
-
-def _wav_problem(path: Path, decode, error, limit_seconds: float | None = None) -> str | None:
-    if not path.is_file():
-        return "does not exist"
-    try:
-        wav, rate = decode(path)  # empty audio is an error too
-    except error as exc:
-        return f"cannot be read as audio: {str(exc).removeprefix('error: ')}"
-    if not np.isfinite(wav).all():  # float files can hold them; the stages refuse such a voice
-        return "has NaN/inf samples"
-    if limit_seconds is not None:
-        from stages.code2wav.audio import reference_problem
-
-        return reference_problem(wav.shape[0], wav.shape[1], rate, limit_seconds)
-    return None
 
 
 def embedded_voice_limit(arms: Sequence) -> float | None:

@@ -9,7 +9,7 @@ Per request (a `tts_bench.rundir.records.RequestRecord`, handed to `sink` as soo
 everything already measured):
 - `audio_ttfp_ms` = first chunk arrival − send, `audio_rtf` = (last chunk arrival − send) /
   audio seconds, `audio_seconds`, `num_chunks`, `num_codes`;
-- `audio_sha256` = sha256 of the audio as int16 PCM (`tts_bench.wire.audio.pcm16`: float32 ×
+- `audio_sha256` = sha256 of the audio as int16 PCM (`stages.audio.to_pcm16`: float32 ×
   32767, rounded, clipped, the rounding the server and the WAV writer use too), and
   `codes_sha256` over the codec tokens (int32) and `mel_sha256` over the chunks' mel digests
   (code2wav's flow output) when the backend reports them — equal hashes across arms mean
@@ -40,10 +40,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stages.audio import to_pcm16
 from tts_bench.backends.base import Backend, RequestFailed, SynthesisRequest
 from tts_bench.rundir.records import Job, PhaseLabels, RequestRecord
 from tts_bench.load.windows import PhaseRecord, WindowPlan
-from tts_bench.wire.audio import pcm16
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class _Collector:
         self.sample_rate = chunk.sample_rate
         if self.arrivals is not None:
             self.arrivals.append((arrival, len(chunk.samples) / chunk.sample_rate))
-        self.audio_hash.update(pcm16(np.asarray(chunk.samples, dtype=np.float32)).tobytes())
+        self.audio_hash.update(to_pcm16(np.asarray(chunk.samples, dtype=np.float32)).tobytes())
         if chunk.codes:
             self.codes += len(chunk.codes)
             self.codes_hash.update(np.asarray(chunk.codes, dtype=np.int32).tobytes())

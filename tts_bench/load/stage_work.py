@@ -2,7 +2,7 @@
 
 The phase hooks (`tts_bench.load.phases`) take a snapshot of every stage's loop counters when the
 measured requests start and another when they end (`backend.work_snapshot()`, the embedded
-runner's `stages.runner.work`); the difference says, per stage, how busy it was (share of the
+runner's `stages.runner.work_delta`); the difference says, per stage, how busy it was (share of the
 phase's wall time inside steps), how long a step took and how many rows it carried, and how much
 work waited. A talker busy ~100 % holds the tier back; replicas busy ~100 % with a backlog mean
 code2wav does. Backends without counters (piper, http, synthetic) record nothing.
@@ -41,9 +41,10 @@ class StageWorkHooks:
         if phase == "measure":
             self._before = snapshot() or None  # no answer (a broken runner): nothing to compare
         elif phase == "end" and self._before is not None:
-            # Imported here: only a backend with counters (the embedded runner, which has
-            # imported the stages already) gets this far; the harness alone never loads them.
-            from stages.runner.work import work_delta
+            # lazy: stages.runner loads torch. Only a backend with counters (the embedded
+            # runner, which has loaded it already) gets this far: piper, http and synthetic
+            # runs record no stage work and never load the stages for it.
+            from stages.runner import work_delta
 
             stages = work_delta(self._before, snapshot())
             self._before = None
@@ -60,7 +61,7 @@ class StageWorkHooks:
 def pooled(stages: list[dict]) -> list[dict]:
     """The talker as it is, and the code2wav replicas pooled into one row: busy is their mean,
     per-step figures are over all their steps, counters are summed."""
-    from stages.runner.work import per_step  # here: see on_phase
+    from stages.runner import per_step  # lazy: see on_phase
 
     talker = [s for s in stages if not s["stage"].startswith("code2wav")]
     replicas = [s for s in stages if s["stage"].startswith("code2wav")]
@@ -119,7 +120,7 @@ def _num(value: float | None, digits: int, missing: str = "n/a") -> str:
 
 
 def _graphs(seen: list[dict]) -> str:
-    from stages.runner.work import eager_groups  # here: see on_phase
+    from stages.runner import eager_groups  # lazy: see on_phase
 
     if not any("graph_captures" in s for s in seen):
         return ""

@@ -54,9 +54,8 @@ from tts_bench.report import progress
 from tts_bench.profile.split import TierPlan, TierSplit
 
 if TYPE_CHECKING:
-    from stages.code2wav.token2wav import Token2Wav
     from stages.config import StageConfig
-    from stages.talker.engine import TalkerEngine
+    from stages.profiling.build import TalkerEngine, Token2Wav  # what the builds return
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from stages.profiling.ranges import COMPONENT_RANGES, DECODE_RANGE, TALKER_RANGE
 from tts_bench.config import Tier
 
 if TYPE_CHECKING:
-    from stages.code2wav.config import Code2WavConfig
+    from stages.config import Code2WavConfig
 
 
 class _Timing(Protocol):  # tts_bench.profile.run.StageTiming (not imported: it imports this module)

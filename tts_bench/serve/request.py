@@ -34,6 +34,8 @@ from typing import Any
 
 from aiohttp import web
 
+from stages.admission import MAX_SEED
+from stages.audio import PromptError, probe_audio
 from tts_bench.config.limits import MAX_BODY_BYTES, MAX_INPUT_CHARS
 from tts_bench.wire.encode import FORMATS, SPEED_RANGE
 
@@ -41,7 +43,6 @@ log = logging.getLogger(__name__)
 
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # OpenAI's names: the SDK's defaults
 STREAM_FORMATS = ("audio", "sse")
-MAX_SEED = 2**63  # per-request seeds seed torch generators (stages.talker.engine.MAX_SEED)
 DEFAULT_MAX_INPUT_CHARS = MAX_INPUT_CHARS  # the OpenAI speech API's limit (--max-input-chars)
 DEFAULT_MAX_BODY_BYTES = MAX_BODY_BYTES  # --max-body-bytes
 
@@ -77,7 +78,7 @@ class SpeechSpec:
 def parse_ref_audio(value: Any, *, limit_seconds: float | None = None) -> bytes | None:
     """`ref_audio` as vllm-omni takes it: base64, or a `data:<mime>;base64,<data>` URL, of an
     audio file. Only the cheap checks run here, on the event loop: decodable base64, an audio
-    header with samples, and no longer than `limit_seconds` (the served
+    header with samples (`stages.audio.probe_audio`, the stages' own reader), and no longer than `limit_seconds` (the served
     `code2wav.ref_audio_limit_seconds`; None: no check). Decoding is the stages' work: a voice
     that only decoding finds bad comes back as their bad_prompt, which the server answers with
     a 400 too. Checking the header here still refuses a non-audio voice for backends that ignore
@@ -93,9 +94,6 @@ def parse_ref_audio(value: Any, *, limit_seconds: float | None = None) -> bytes 
         audio = base64.b64decode(data, validate=True)
     except (ValueError, binascii.Error):
         raise BadRequest(400, "'ref_audio' is not valid base64", "ref_audio") from None
-    from stages.code2wav.audio import probe_audio  # the stages' own reader: what they accept
-    from stages.code2wav.streaming import PromptError
-
     try:
         frames, rate = probe_audio(audio, where="ref_audio")  # empty audio is a PromptError too
     except PromptError as exc:

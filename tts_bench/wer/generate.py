@@ -14,7 +14,7 @@ run's requests.jsonl as it finishes. Failures keep their cause:
 | `no_audio` | the request finished with zero samples | `empty_audio` |
 
 Audio is written as 16-bit mono WAV (`wavs/<arm>/<request_id>.wav`,
-`tts_bench.wire.audio.write_wav`); its `audio_sha256` is the sha256 of the WAV *file*, the same
+`stages.audio.write_wav16`); its `audio_sha256` is the sha256 of the WAV *file*, the same
 hash the transcript cache and the output-identity line use.
 
     records = asyncio.run(generate_arm("base", backend, prompts, run, concurrency=4))
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
+from stages.audio import write_wav16
 from tts_bench.backends.base import AudioChunk, Backend, SynthesisRequest
 from tts_bench.load.loadgen import run_phase
 from tts_bench.rundir.records import Job, PhaseLabels, RequestRecord, from_known_fields
-from tts_bench.wire.audio import write_wav
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def _finish(arm: str, prompt, rec: RequestRecord, tee: _TeeBackend, run_path: Pa
     rate = tee.rate[prompt.request_id]
     rel = Path("wavs") / arm / f"{prompt.request_id}.wav"
     (run_path / rel).parent.mkdir(parents=True, exist_ok=True)
-    write_wav(run_path / rel, samples, rate)
+    write_wav16(run_path / rel, samples, rate)
     return GenRecord(arm, prompt.request_id, prompt.text, wav=str(rel),
                      audio_sha256=file_sha256(run_path / rel),
                      audio_seconds=len(samples) / rate, sample_rate=rate)

@@ -1,8 +1,9 @@
 """Audio as bytes: int16 PCM (hashes, WAV files) and the wire formats of `/v1/audio/speech`,
 encoded whole and decoded incrementally.
 
-Float -> int16 is `stages.code2wav.pcm.to_pcm16` everywhere (`pcm16` here): the load
-generator hashes it, the server sends it, the WER gate writes it to WAV files (`write_wav`).
+Float -> int16 is `stages.audio.to_pcm16` everywhere, under that one name: the load generator
+hashes it, the server sends it (`encode_pcm16`), the WER gate writes it to WAV files
+(`stages.audio.write_wav16`).
 
 Servers answer in one of three shapes, and a benchmark client must decode each *as bytes arrive*
 (the arrival of the first samples is the TTFP):
@@ -19,7 +20,7 @@ Servers answer in one of three shapes, and a benchmark client must decode each *
   keys or a bare base64 payload), ended by `[DONE]` or `speech.audio.done`. `SseDecoder` returns
   the audio bytes, which then go through the PCM or WAV decoder.
 
-Landmine: s16 samples are scaled by 1/32767, the inverse of `pcm16` (`round(x * 32767)`), so
+Landmine: s16 samples are scaled by 1/32767, the inverse of `to_pcm16` (`round(x * 32767)`), so
 audio that crossed HTTP hashes exactly like audio produced in-process.
 
     dec = WavDecoder()
@@ -37,12 +38,8 @@ import struct
 
 import numpy as np
 
-from stages.code2wav.pcm import PCM16_SCALE, to_pcm16, wav_header, write_wav16
+from stages.audio import PCM16_SCALE, to_pcm16
 
-pcm16 = to_pcm16  # float32 [-1, 1] -> int16: the form audio hashes are taken over
-write_wav = write_wav16  # float32 [-1, 1] -> a mono 16-bit PCM WAV file (the same int16 values)
-__all__ = ["PCM16_SCALE", "PcmDecoder", "SseDecoder", "WavDecoder", "WireError", "encode_pcm16", "pcm16",
-           "sse_audio_event", "sse_event", "wav_header", "write_wav"]
 _UNKNOWN_SIZES = (0, 0xFFFFFFFF)  # data sizes a streaming WAV writer uses for "until the end"
 _WAVE_FORMAT_PCM, _WAVE_FORMAT_FLOAT, _WAVE_FORMAT_EXTENSIBLE = 1, 3, 0xFFFE
 _AUDIO_KEYS = ("audio", "delta", "data", "chunk", "b64_json")

@@ -17,6 +17,9 @@ come out of `finish()`.
     for piece in network_reads:
         samples = dec.feed(piece)       # float32 mono, possibly empty
     tail = dec.finish()
+
+PyAV is imported by the decoder that needs it (a tenth of a second): an answer in pcm or wav, the
+usual case, never loads it.
 """
 
 from __future__ import annotations

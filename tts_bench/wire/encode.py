@@ -30,6 +30,10 @@ At speed 1 with the backend's own rate, `pcm` and `wav` are exactly `encode_pcm1
     for chunk in chunks:
         out.write(enc.feed(chunk))       # bytes, possibly empty
     out.write(enc.finish())
+
+PyAV is imported where a codec, the resampler or the time-stretch runs (a tenth of a second):
+`pcm` and `wav` at the backend's rate and speed 1 never load it, nor does importing this module
+(the server's request parsing reads FORMATS from it).
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from tts_bench.wire.audio import encode_pcm16, wav_header
+from stages.audio import wav_header
+from tts_bench.wire.audio import encode_pcm16
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 PCM_RATE = 24000  # the OpenAI speech API's raw PCM rate
