@@ -11,7 +11,8 @@ from tts_bench.load import loadgen
 from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.backends.synthetic import SyntheticBackend
 from tts_bench.config import BenchConfig, SyntheticConfig
-from tts_bench.load.loadgen import run_phase, run_request
+from tts_bench.load.loadgen import run_phase
+from tts_bench.load.send import run_request
 from tts_bench.rundir.records import Job, PhaseLabels, RequestRecord
 
 LABELS = PhaseLabels("base", "4x1", 0)

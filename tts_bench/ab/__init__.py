@@ -12,7 +12,8 @@
                     repeats=2, num_prompts=8, run_dir=RunDir.create(...))
 """
 
-from tts_bench.ab.run import phase_order, run_ab
+from tts_bench.ab.position import phase_order
+from tts_bench.ab.run import run_ab
 from tts_bench.ab.session import AbPlan, AbRequest, AbSession, plan_from_run, run_session
 from tts_bench.ab.summary import VOICE_CACHE, AbResult, TierResult, summarize_ab, voice_cache_view
 

@@ -1,6 +1,6 @@
 """The position effect inside a block: is the first phase of a block slower than the second?
 
-Blocks run counterbalanced (`tts_bench.ab.run.phase_order`: A B, then B A), so over an even
+Blocks run counterbalanced (`phase_order`: A B, then B A), so over an even
 number of blocks each arm runs first as often as second and a position effect cancels in the
 delta. With an odd count above one, one A B block has no B A partner and part of the effect
 stays in the delta: on an H200 both arms' first block read 1.34-1.39 mean RTF against 1.28-1.33
@@ -20,6 +20,14 @@ from typing import Any
 from tts_bench.rundir.records import RequestRecord
 
 
+def phase_order(arms: Sequence[str], repeat: int) -> list[str]:
+    """The arms' order within one repeat: as given on even repeats, reversed on odd ones (A B B A).
+
+    Why: on an H200 the second of two arms ran 12-15% faster at 32x1 in two unrelated A/Bs with
+    one repeat each; with plain A B A B that position effect always favours the test arm."""
+    return list(arms) if repeat % 2 == 0 else list(arms)[::-1]
+
+
 def odd_repeats_warning(repeats: int) -> str | None:
     """One line for an odd repeat count above one (None otherwise), naming the fix."""
     if repeats <= 1 or repeats % 2 == 0:
@@ -32,8 +40,6 @@ def position_means(records: Iterable[RequestRecord], arms: Sequence[str],
                    metric: str = "audio_rtf") -> dict[str, dict[str, Any]]:
     """Per tier: the mean over phases of each phase's mean `metric`, by the phase's position in
     its block (first, second), and the second relative to the first in percent."""
-    from tts_bench.ab.run import phase_order  # run imports the summary, which imports this
-
     phases: dict[tuple[str, str, int], list[float]] = defaultdict(list)
     for r in records:
         if not r.warmup and r.ok and getattr(r, metric) is not None:

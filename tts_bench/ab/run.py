@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from tts_bench.ab.measurement import with_phase_validity
+from tts_bench.ab.position import phase_order
 from tts_bench.ab.summary import AbResult, summarize_ab
 from tts_bench.load.arrivals import OpenLoop
 from tts_bench.load.plan import cycle_jobs, plan_jobs
@@ -57,6 +58,7 @@ from tts_bench.inputs.prompts import select_bench_prompts
 from tts_bench.rundir.records import Job, PhaseLabels, RequestRecord, read_records
 from tts_bench.rundir.results import RunDir, request_key
 from tts_bench.load.windows import WindowPlan, complete_phase_ids, measured_phases, warmup_phase_on
+from tts_bench.report.progress import current
 from tts_bench.verdicts.until_resolved import UntilResolved, drive
 
 log = logging.getLogger(__name__)
@@ -168,14 +170,6 @@ def _key_dict(labels: PhaseLabels, job: Job) -> dict[str, Any]:
             "request_id": job.request.request_id}
 
 
-def phase_order(arms: Sequence[str], repeat: int) -> list[str]:
-    """The arms' order within one repeat: as given on even repeats, reversed on odd ones (A B B A).
-
-    Why: on an H200 the second of two arms ran 12-15% faster at 32x1 in two unrelated A/Bs with
-    one repeat each; with plain A B A B that position effect always favours the test arm."""
-    return list(arms) if repeat % 2 == 0 else list(arms)[::-1]
-
-
 def run_ab(
     arms: dict[str, BenchConfig],
     tiers: Sequence[Tier],
@@ -198,8 +192,6 @@ def run_ab(
         raise ValueError(f"run_ab needs exactly two arms (base, test), got {list(arms)}")
     done = run_dir.completed_keys() if resume else set()
     if progress is None:  # calibrate's and gate's A/Bs: the command's reporter, if one is open
-        from tts_bench.report.progress import current
-
         progress = current()
     runner = _Runner(arms, num_prompts, run_dir, done, progress, hooks, open_loop,
                      _cut_phases(run_dir) if resume else {})

@@ -195,7 +195,7 @@ def ct2_to_openai_state(model: Ct2Model) -> tuple[dict[str, int], dict[str, np.n
 
 def convert_ct2_to_openai(model_dir: Path) -> dict:
     """An openai-whisper checkpoint dict ({"dims", "model_state_dict"}) as torch tensors."""
-    import torch
+    import torch  # lazy: reading and renaming the weights (tests, the gate's provenance) needs none
 
     dims, state = ct2_to_openai_state(read_ct2_model(Path(model_dir) / "model.bin"))
     # .copy(): frombuffer arrays are read-only views of the file bytes.

@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from tts_bench.asr.base import AsrOptions, AsrProvenance
-from tts_bench.asr.models import resolve_ct2_model
+from tts_bench.asr.models import describe_asr, resolve_ct2_model
 from tts_bench.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,6 @@ class FasterWhisperTranscriber:
         )
 
     def provenance(self) -> AsrProvenance:
-        from tts_bench.asr import describe_asr
-
         return describe_asr(self.options)
 
     def transcribe(self, audio: np.ndarray) -> str:

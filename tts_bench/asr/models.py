@@ -14,7 +14,8 @@ Assembly writes into a temporary sibling directory, checks the byte count and re
 place, so a killed or concurrent assembly never leaves a half-written model behind.
 
     model_dir = resolve_ct2_model("base")          # Path(".../tts-bench/whisper-base")
-    weights_sha256(model_dir / "model.bin")        # provenance
+    weights_sha256(model_dir / "model.bin")        # its hash
+    describe_asr(AsrOptions(model="base"))         # the provenance a WER record carries
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import importlib.metadata
 import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from tts_bench.asr.base import AsrOptions, AsrProvenance
 from tts_bench.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -135,3 +138,38 @@ def weights_sha256(path: Path) -> str:
     """First 16 hex of the weights file's sha256 (memoized per path, size and mtime)."""
     st = path.stat()
     return _sha256_cached(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+def _versions(*dists: str) -> dict[str, str]:
+    out = {}
+    for dist in dists:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "absent"
+    return out
+
+
+def describe_asr(options: AsrOptions) -> AsrProvenance:
+    """Provenance of `options` without loading the model (hashes the weights file once).
+
+    For openai-whisper on a converted model the hash is the CTranslate2 source's: conversion is
+    lossless and deterministic, so the source identifies the weights."""
+    o = options
+    if o.backend == "openai-whisper" and Path(o.model).suffix == ".pt":
+        weights = Path(o.model).expanduser()
+        if not weights.is_file():
+            raise ConfigError(f"error: checkpoint {weights} not found (--asr-model); check the path")
+    else:
+        weights = resolve_ct2_model(o.model) / "model.bin"
+    if o.backend == "faster-whisper":
+        compute, versions = o.compute_type, _versions("faster-whisper", "ctranslate2")
+    else:
+        compute, versions = "float32", _versions("openai-whisper", "torch")
+    name = o.model if o.model in BUILTIN_MODELS else (
+        weights.name if weights.suffix == ".pt" else weights.parent.name)
+    return AsrProvenance(
+        backend=o.backend, model=name, model_sha256=weights_sha256(weights), compute_type=compute,
+        beam_size=o.beam_size, vad=o.vad, language=o.language, temperature=o.temperature,
+        library_versions=versions,
+    )

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from tts_bench.asr.base import AsrOptions, AsrProvenance
-from tts_bench.asr.models import BUILTIN_MODELS, cache_root, resolve_ct2_model, weights_sha256
+from tts_bench.asr.ct2_convert import convert_ct2_to_openai
+from tts_bench.asr.models import BUILTIN_MODELS, cache_root, describe_asr, resolve_ct2_model, weights_sha256
 from tts_bench.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,7 @@ def _import_whisper():
 
 def converted_checkpoint(model: str) -> Path:
     """The cached openai-whisper checkpoint converted from CTranslate2 model `model` (made once)."""
-    import torch
-
-    from tts_bench.asr.ct2_convert import convert_ct2_to_openai
+    import torch  # lazy: optional ([asr-reference]) and heavy
 
     model_dir = resolve_ct2_model(model)
     sha = weights_sha256(model_dir / "model.bin")
@@ -95,8 +94,6 @@ class OpenAIWhisperTranscriber:
         self._model = whisper.load_model(str(self.checkpoint), device="cpu")
 
     def provenance(self) -> AsrProvenance:
-        from tts_bench.asr import describe_asr
-
         return describe_asr(self.options)
 
     def transcribe(self, audio: np.ndarray) -> str:

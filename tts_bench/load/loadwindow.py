@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, replace
 
 from tts_bench.backends.base import Backend
 from tts_bench.rundir.records import Job, PhaseLabels, RequestRecord
+from tts_bench.load.send import PhaseResult, run_request, send_on_schedule
 from tts_bench.load.windows import PhaseRecord, WindowPlan, audio_between, is_stable, sub_windows
 
 log = logging.getLogger(__name__)
@@ -60,10 +61,8 @@ class _Live:
 async def run_timed_phase(
     backend: Backend, job_at: Callable[[int], Job], *, concurrency: int, labels: PhaseLabels,
     timeout_s: float, plan: WindowPlan, sink=None, progress=None, arrivals: Iterator[float] | None = None,
-):
-    """One duration-mode phase (see the module docstring); returns a loadgen.PhaseResult."""
-    from tts_bench.load.loadgen import PhaseResult, run_request
-
+) -> PhaseResult:
+    """One duration-mode phase (see the module docstring)."""
     live = _Live(time.perf_counter(), concurrency)
     phase_id = uuid.uuid4().hex[:12]
 
@@ -112,9 +111,7 @@ async def run_timed_phase(
 
 async def _dispatch(live: _Live, job_at, positions, arrivals, send) -> None:
     """Open loop: each arrival waits for a slot (at most C in flight), then is sent, until the
-    phase stops sending (`loadgen.send_on_schedule`)."""
-    from tts_bench.load.loadgen import send_on_schedule  # loadgen imports this module when it runs a window
-
+    phase stops sending (`send_on_schedule`)."""
     async def wait_until(t: float) -> None:  # the next arrival, unless the phase stops sending first
         delay = t - time.perf_counter()
         if delay > 0:

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tts_bench.backends import make_backend
 from tts_bench.backends.base import SizesForConcurrency
-from tts_bench.load.loadgen import PhaseResult, Sink, run_phase
+from tts_bench.load.loadgen import run_phase
+from tts_bench.load.send import PhaseResult, Sink
 from tts_bench.rundir.records import Job, PhaseLabels
 from tts_bench.load.windows import WindowPlan, append_phase
 
