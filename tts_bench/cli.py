@@ -17,6 +17,7 @@ import threading
 
 import typer
 
+from tts_bench.commands import ab, baseline, bisect, calibrate, gate, mem, plot, profile, serve, wer
 from tts_bench.commands._flags import render_flags_as_flags
 from tts_bench.errors import ExitStatus, TtsBenchError
 
@@ -63,8 +64,6 @@ def _root(
 def _register() -> None:
     # Each subcommand lives in its own module; registering here keeps this file the single
     # entry point and the exception boundary.
-    from tts_bench.commands import ab, baseline, bisect, calibrate, gate, mem, plot, profile, serve, wer
-
     app.command("ab")(ab.ab)
     app.command("mem")(mem.mem)
     app.command("wer")(wer.wer)

@@ -332,3 +332,84 @@ def test_the_public_surface_rule_sees_what_it_forbids(tmp_path):
     assert _private_stage_imports(harness) == [
         "1: stages.talker.length", "2: stages.code2wav.audio", "3: stages.runner.work", "4: stages.runner.work",
         "5: stages.precision", "12: stages.code2wav.dit"]
+
+
+# Imports sit at the top of a module, where a reader looks for what it depends on. The typer
+# commands are the exception: each imports its library in its body, so `tts-bench --help` stays
+# light (tts_bench/commands/__init__.py). Anywhere else a function-level import of the harness or
+# of the stages says what waiting saves with a `# lazy:` comment, on its lines or in the comment
+# right above it. Third-party imports are not held to this: an optional dependency (whisper,
+# piper, zhconv) or a slow one (PyAV, matplotlib, scipy.stats) is imported where it is used.
+LAZY_ALLOWED = (("tts_bench", "commands"), ("tts_bench", "cli.py"))
+HARNESS_MODULES = sorted(p for p in (ROOT / "tts_bench").rglob("*.py") if p.relative_to(ROOT).parts[:2] not in LAZY_ALLOWED)
+
+
+def _marked_lazy(lines: list[str], node: ast.stmt) -> bool:
+    """A `# lazy:` comment on the statement's lines or in the comment lines right above it."""
+    if any("# lazy:" in line for line in lines[node.lineno - 1 : node.end_lineno]):
+        return True
+    above = node.lineno - 2
+    while above >= 0 and lines[above].strip().startswith("#"):
+        if "# lazy:" in lines[above]:
+            return True
+        above -= 1
+    return False
+
+
+def _unmarked_function_imports(path: Path) -> list[str]:
+    """Imports of `tts_bench` or `stages` (relative ones too) inside a function body without a
+    `# lazy:` reason, as `line: module`."""
+    source = path.read_text()
+    lines = source.splitlines()
+    found = []
+
+    def ours(node: ast.stmt) -> str | None:
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.split(".")[0] in ("tts_bench", "stages")]
+            return names[0] if names else None
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                return "." * node.level + (node.module or "")
+            return node.module if node.module.split(".")[0] in ("tts_bench", "stages") else None
+        return None
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            module = ours(child) if in_function else None
+            if module and not _marked_lazy(lines, child):
+                found.append(f"{child.lineno}: {module}")
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(source, filename=str(path)), False)
+    return found
+
+
+@pytest.mark.parametrize("path", HARNESS_MODULES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_harness_imports_itself_and_the_stages_at_the_top_of_its_modules(path):
+    assert _unmarked_function_imports(path) == []
+
+
+def test_the_top_level_import_rule_sees_what_it_forbids(tmp_path):
+    module = tmp_path / "module.py"
+    module.write_text(
+        "import json\n"
+        "from tts_bench.errors import ConfigError\n"
+        "def f():\n"
+        "    from tts_bench.config import load_config\n"
+        "    import tts_bench.ab\n"
+        "    from . import sibling\n"
+        "    import numpy, json\n"
+        "    from stages.runner import per_step  # lazy: stages.runner loads torch\n"
+        "    # lazy: stages.platform loads torch,\n"
+        "    # which only an embedded arm needs\n"
+        "    from stages.platform import (\n"
+        "        is_cpu,\n"
+        "    )\n"
+        "    x = 1  # lazy: not an import\n"
+        "    from stages.audio import to_pcm16\n"
+        "class C:\n"
+        "    async def g(self):\n"
+        "        from tts_bench.wire import audio\n"
+    )
+    assert _unmarked_function_imports(module) == [
+        "4: tts_bench.config", "5: tts_bench.ab", "6: .", "15: stages.audio", "18: tts_bench.wire"]

@@ -30,7 +30,10 @@ from tts_bench.ab.summary import AbResult, check_voice_cache, voice_cache_view
 from tts_bench.verdicts.calibration import Calibration, RunConditions, find_calibration, load_calibration
 from tts_bench.config import BenchConfig, Tier, config_hash, config_to_dict, load_arms, load_dataclass, parse_tiers
 from tts_bench.errors import ConfigError
+from tts_bench.inputs.prompts import check_bench_prompts, load_prompts
 from tts_bench.load.phases import HookChain
+from tts_bench.mem.hooks import make_ab_hooks
+from tts_bench.preflight import check_arms
 from tts_bench.rundir.provenance import python_argv
 from tts_bench.rundir.results import RunDir
 from tts_bench.config.shipped import DEFAULT_AB_CONFIG, shipped_config
@@ -159,9 +162,6 @@ def run_session(request: AbRequest, *, progress: AbProgress | None = None) -> Ab
 def new_plan(request: AbRequest) -> tuple[RunDir, AbPlan, Calibration | None]:
     """Load both arms, fix the plan (options over the config's bench section), make the run;
     with the calibration the plan names (read once, here)."""
-    from tts_bench.preflight import check_arms
-    from tts_bench.inputs.prompts import check_bench_prompts, load_prompts
-
     profile = resolve_profile(request.profile)  # the rule of gate, calibrate and baseline
     arms = load_arms(request.config or shipped_config(DEFAULT_AB_CONFIG), request.sets, request.base_sets,
                      request.test_sets)
@@ -281,8 +281,6 @@ def _calibration(given: Path | None, arms: dict[str, BenchConfig], profile: str,
 
 def open_plan(path: Path) -> tuple[RunDir, AbPlan]:
     """Reopen a recorded A/B; its run.json fixes the arms and the plan."""
-    from tts_bench.preflight import check_arms
-
     run = RunDir.open(path, lock=True)  # a second writer of the same run exits 2 here
     try:
         plan = plan_from_run(run)
@@ -296,8 +294,4 @@ def open_plan(path: Path) -> tuple[RunDir, AbPlan]:
 
 def _mem_hooks(plan: AbPlan, run: RunDir) -> Any:
     # The memory sampler (tts_bench.mem) provides the hooks; see tts_bench.load.phases for the protocol.
-    try:
-        from tts_bench.mem.hooks import make_ab_hooks
-    except ImportError:
-        raise ConfigError("error: --mem is not available in this build (tts-bench ab); run without --mem") from None
     return make_ab_hooks(next(iter(plan.arms.values())), run)

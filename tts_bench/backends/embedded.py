@@ -46,6 +46,7 @@ from stages.runner import (
 )
 from tts_bench.backends.base import AudioChunk, RequestFailed, SynthesisRequest
 from tts_bench.errors import BackendError
+from tts_bench.preflight import check_memory
 
 if TYPE_CHECKING:
     from tts_bench.config import BenchConfig
@@ -71,8 +72,6 @@ class EmbeddedBackend:
         if self._runner is not None:
             raise BackendError("error: embedded backend started twice (start); call stop() first")
         if self.factories is None:  # the real engines: will their memory fit? (exit 2 if not)
-            from tts_bench.preflight import check_memory
-
             check_memory(self.cfg, replicas=replicas, concurrency=self.concurrency or 1,
                          label=f"the embedded backend with {replicas} replica(s)")
         runner = StageRunner(self.stages, replicas, factories=self.factories, concurrency=self.concurrency)

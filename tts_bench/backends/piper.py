@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -86,8 +87,6 @@ def _chunked(pieces, chunk_samples: int | None):
 def _load_voice(spec: dict[str, Any]):
     """PiperVoice.load, but with onnxruntime's intra-op threads capped: R workers that each
     spin up one thread per core would oversubscribe the CPU and measure contention instead."""
-    import json
-
     import onnxruntime
     from piper import PiperConfig, PiperVoice
 

@@ -28,6 +28,7 @@ recorded) the step that was cut short.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,8 +36,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tts_bench.rundir.atomic_json import write_json_atomic
+from tts_bench.ab import AbRequest, run_session
 from tts_bench.bisect.workspace import Server, Worktree, commits_between, free_port, repo_root, resolve
+from tts_bench.config import load_config, parse_tiers
 from tts_bench.errors import ConfigError
+from tts_bench.report.ci import verdict_text
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +115,6 @@ def start_bisect(request: BisectRequest) -> BisectRun:
 
 
 def open_bisect(path: Path) -> BisectRun:
-    import json
-
     try:
         doc = json.loads((Path(path) / BISECT_JSON).read_text())
         missing = [k for k in ("plan", "steps") if k not in doc] or [k for k in ("commits", "good", "repo", "config", "tier")
@@ -229,9 +231,6 @@ def _step(run: BisectRun, position: int, good_tree: Path, notify: Callable[[str]
 def _ab(run: BisectRun, step: dict[str, Any], good_tree: Path, tree: Path) -> dict[str, Any]:
     """The step's A/B through `tts_bench.ab.run_session`: base = a server from the good commit,
     test = a server from the step's commit, both started fresh for this step."""
-    from tts_bench.ab import AbRequest, run_session
-    from tts_bench.config import parse_tiers
-
     plan = run.plan
     concurrency = parse_tiers(plan["tier"])[0].concurrency
     logs = run.path / "servers"
@@ -265,8 +264,6 @@ def _ab(run: BisectRun, step: dict[str, Any], good_tree: Path, tree: Path) -> di
 
 def _summary(result: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
     """The step's row: the chosen metric's delta, interval, MDE, blocks and the decision."""
-    from tts_bench.report.ci import verdict_text
-
     tier = next((t for t in result.get("tiers", []) if t.get("tier") == plan["tier"]), None)
     if tier is None:
         return {"decision": "unresolved", "verdict": "missing", "verdict_text": f"no result for tier {plan['tier']}"}
@@ -282,8 +279,6 @@ def _summary(result: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, An
 
 def _min_effect(good_tree: Path, plan: Mapping[str, Any]) -> float:
     """bench.min_effect_pct of the config the A/Bs run (the good commit's)."""
-    from tts_bench.config import load_config
-
     config = Path(plan["config"])
     return float(load_config(config if config.is_absolute() else good_tree / config).bench.min_effect_pct)
 

@@ -8,6 +8,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import typer
+
+from tts_bench.config import FlagOverride
 from tts_bench.errors import ConfigError
 
 FORMATS = ("md", "table", "csv", "json")
@@ -16,7 +19,7 @@ FORMATS = ("md", "table", "csv", "json")
 def check_format(fmt: str | None) -> str:
     """The `--format` value, validated; None -> `table` on a terminal, `md` when piped."""
     if fmt is None:
-        from tts_bench.report.tables import default_format
+        from tts_bench.report.tables import default_format  # lazy: pandas and rich
 
         return default_format(sys.stdout)
     if fmt not in FORMATS:
@@ -30,8 +33,6 @@ def result_dir_option(value: str | None) -> Path | None:
     if value is None:
         return None
     if not value.strip():
-        import typer
-
         raise typer.BadParameter("is empty; pass a directory for the run directories, or leave it out "
                                  "for the default results/runs")
     return Path(value)
@@ -47,8 +48,6 @@ def flag_sets(triples: Iterable[tuple[str, Any, str]]) -> list[str]:
     names its option (`FlagOverride`). A None value is a flag not given (left out); a string is
     written as a JSON string, a YAML double-quoted one whatever it holds (quotes, colons, `#`),
     so `--asr-model "a: b"` stays a string; a bool as true/false; Yaml as it is."""
-    from tts_bench.config import FlagOverride
-
     return [FlagOverride(f"{key}={_yaml_value(value)}", flag) for key, value, flag in triples if value is not None]
 
 

@@ -11,11 +11,14 @@ it changes nothing.
 
 from __future__ import annotations
 
+try:
+    from typer.core import TyperOption
+except ImportError:  # pragma: no cover - typer without its own option class
+    TyperOption = None
+
 
 def render_flags_as_flags() -> None:
-    try:
-        from typer.core import TyperOption
-    except ImportError:  # pragma: no cover - typer without its own option class
+    if TyperOption is None:  # pragma: no cover
         return
     original = getattr(TyperOption, "display_type_rich", None)
     if original is None or getattr(original, "flags_as_flags", False):

@@ -28,6 +28,7 @@ from typing import Optional
 import typer
 
 from tts_bench.commands._common import check_format
+from tts_bench.config import load_arms, parse_tier
 from tts_bench.errors import ConfigError, ExitStatus
 from tts_bench.config.limits import MAX_PROFILE_ROWS
 from tts_bench.config.shipped import DEFAULT_AB_CONFIG, shipped_config
@@ -45,7 +46,6 @@ def profile(
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
 ) -> ExitStatus:
     """Count kernel launches (CUDA) or operators (CPU) per step for both arms, with the delta."""
-    from tts_bench.config import load_arms
     from tts_bench.profile.run import profile_arms
 
     fmt = check_format(fmt)
@@ -80,8 +80,6 @@ def parse_rows(text: str) -> tuple[int, ...]:
 
 def parse_profile_tier(text: str):
     """"128x8" -> Tier(128, 8); raises ConfigError naming --tier on anything else."""
-    from tts_bench.config import parse_tier
-
     return parse_tier(text, where="--tier")
 
 

@@ -52,7 +52,7 @@ def with_default_stages(raw: dict[str, Any]) -> dict[str, Any]:
     """
     if "stages" in raw or raw.get("backend", "embedded") != "embedded":
         return raw
-    from stages.platform import accelerator_available
+    from stages.platform import accelerator_available  # lazy: loads torch; `tts-bench --help` loads config
 
     if accelerator_available():
         return raw

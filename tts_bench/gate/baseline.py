@@ -34,8 +34,11 @@ from tts_bench.config.paths import resolve_profile
 from tts_bench.config.sut import sut_hash
 from tts_bench.rundir.atomic_json import write_json_atomic
 from tts_bench.rundir.versioned_json import VersionedJson
+from tts_bench.config import config_to_dict
 from tts_bench.errors import ConfigError, InvalidRunError
-from tts_bench.gate.samples import METRICS, RunSamples, center
+from tts_bench.gate import case as cases
+from tts_bench.gate.bench import run_case
+from tts_bench.gate.samples import METRICS, RunSamples, center, read_run
 from tts_bench.rundir.provenance import load_avg
 
 BASELINE_VERSION = 1
@@ -220,11 +223,6 @@ def update_baseline(
     """`tts-bench baseline update` as one call: run the case `run` times (each run directory is
     passed to `on_run(i, path)` as it finishes), add `runs_from`, build the baseline from all of
     them and write it (default: results/baselines/<case>.<profile>.json)."""
-    from tts_bench.config import config_to_dict
-    from tts_bench.gate import case as cases
-    from tts_bench.gate.bench import run_case
-    from tts_bench.gate.samples import read_run
-
     loaded = cases.load_case(case)
     profile = resolve_profile(profile)
     if not runs_from and run < 1:

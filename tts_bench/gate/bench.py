@@ -19,12 +19,14 @@ from tts_bench.config import BenchConfig, Tier, config_hash, config_to_dict, par
 from tts_bench.config.sut import sut_hash
 from tts_bench.gate.case import ResolvedCase
 from tts_bench.load.phases import run_fresh_phase
-from tts_bench.inputs.prompts import select_bench_prompts
+from tts_bench.inputs.prompts import check_bench_prompts, load_prompts, select_bench_prompts
 from tts_bench.load.plan import cycle_jobs, plan_jobs
 from tts_bench.rundir.records import PhaseLabels
 from tts_bench.rundir.provenance import python_argv
 from tts_bench.rundir.results import RunDir
 from tts_bench.load.windows import WindowPlan
+from tts_bench.mem.hooks import make_ab_hooks
+from tts_bench.preflight import check_arms
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +48,6 @@ def _create_run(rc: ResolvedCase, profile: str, result_dir: Path) -> RunDir:
 def _mem_hooks(rc: ResolvedCase, run: RunDir):
     if not rc.loaded.case.bench.mem:
         return None
-    from tts_bench.mem.hooks import make_ab_hooks
-
     return make_ab_hooks(rc.config, run, arms_per_tier=1)
 
 
@@ -61,9 +61,6 @@ def preflight_arms(arms: dict[str, BenchConfig]) -> tuple[Tier, ...]:
     """The checks `tts-bench ab` makes before its run directory exists (`ab.session.new_plan`):
     the tiers (each once), the prompts each arm will send and whether its stages fit. Without
     them a case that cannot run leaves a `failed` run directory behind. Returns the tiers."""
-    from tts_bench.preflight import check_arms
-    from tts_bench.inputs.prompts import check_bench_prompts, load_prompts
-
     base = next(iter(arms.values()))
     tiers = parse_tiers(base.bench.tiers)  # bench.tier_list would run a tier listed twice twice
     check_bench_prompts(arms, load_prompts(base.prompts.meta))

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tts_bench.config import BenchConfig, apply_overrides, load_dataclass, load_yaml_file
+from tts_bench.config import BenchConfig, apply_overrides, load_arms, load_dataclass, load_yaml_file
 from tts_bench.errors import ConfigError
 from tts_bench.config.shipped import resolve_config_path
 
@@ -138,8 +138,6 @@ def _bench_sets(bench: CaseBench) -> list[str]:
 
 def resolve_case(loaded: LoadedCase, extra_sets: Sequence[str] = ()) -> ResolvedCase:
     """Config file -> its arm -> case overrides -> case bench shape (-> extra sets)."""
-    from tts_bench.config import load_arms
-
     case = loaded.case
     if not loaded.config_path.is_file():
         raise ConfigError(f"error: config {case.config!r} not found ({loaded.path}: config); "

@@ -30,6 +30,7 @@ from tts_bench.errors import ConfigError, InvalidRunError
 from tts_bench.config.shipped import resolve_config_path
 from tts_bench.gate import case as cases
 from tts_bench.gate.baseline import load_baseline
+from tts_bench.gate.bench import run_case
 from tts_bench.gate.judge import GateReport, judge
 from tts_bench.gate.samples import read_run
 from tts_bench.rundir.results import RunDir
@@ -172,8 +173,6 @@ def _check_tiers(rc: cases.ResolvedCase, base_doc: dict, base_path: Path) -> Non
 
 
 def _run(rc: cases.ResolvedCase, request: GateRequest, profile: str, notify: Callable[[str], None]) -> RunDir:
-    from tts_bench.gate.bench import run_case
-
     result_dir = request.result_dir or DEFAULT_RESULT_DIR
     check_writable(result_dir, flag="--result-dir", directory=True)
     run = run_case(rc, profile=profile, result_dir=result_dir)

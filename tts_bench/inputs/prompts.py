@@ -41,6 +41,7 @@ import numpy as np
 
 from stages.admission import text_problem, voice_file_problem
 from tts_bench.inputs.text import read_utf8
+from tts_bench.inputs.voices import check_distinct_voices
 from tts_bench.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -202,8 +203,6 @@ def check_bench_prompts(arms: dict, prompts: Sequence[Prompt]) -> None:
     text must fit an embedded arm's talker (`check_text_lengths`); every prompt wav must decode
     when an arm's backend sends voices, and be 16-bit PCM WAV when an arm makes `distinct`
     voices of it; else a ConfigError (exit 2) instead of an invalid run later."""
-    from tts_bench.inputs.voices import check_distinct_voices
-
     base = next(iter(arms.values()))
     check_text_lengths(list(arms.values()), prompts, source=base.prompts.meta)
     if any(c.backend in VOICE_BACKENDS and c.prompts.voices != "default" for c in arms.values()):

@@ -32,6 +32,8 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import psutil
+
 from tts_bench.errors import ConfigError
 from tts_bench.mem.capped_run import OutputTooLarge, run_capped
 from tts_bench.mem.npu_smi import MIB, NpuSmiParseError, parse_info_table, parse_usages
@@ -235,8 +237,6 @@ class RssSampler:
     name = "rss"
 
     def __init__(self, pid: int | None = None) -> None:
-        import psutil
-
         self._psutil = psutil
         self.root = psutil.Process(pid or os.getpid())
         self.total_bytes = int(psutil.virtual_memory().total)

@@ -50,6 +50,7 @@ from stages.profiling.launches import LaunchCount, RangeTimes
 from stages.profiling.talker_step import measure_talker_step, profile_text, talker_cache_len, talker_positions
 from tts_bench.config import BenchConfig, Tier
 from tts_bench.errors import ConfigError
+from tts_bench.preflight import check_memory
 from tts_bench.report import progress
 from tts_bench.profile.split import TierPlan, TierSplit
 
@@ -220,8 +221,6 @@ def check_profile_memory(arms: Mapping[str, BenchConfig], rows: Sequence[int], c
     """The memory preflight of `ab` and `serve` (`tts_bench.preflight.check_memory`) for what a
     profile builds in this process: one talker with a slot per profiled row and a cache of the
     positions the workload needs, one code2wav decoding the largest B (no replica processes)."""
-    from tts_bench.preflight import check_memory
-
     positions = talker_positions(profile_text(talker_context), chunks)
     for name, cfg in arms.items():
         runner = cfg.stages.runner

@@ -51,7 +51,14 @@ from typing import Literal
 import torch
 from torch import nn
 
+from stages.code2wav import cfm as cfm_mod
+from stages.code2wav import dit as dit_mod
+from stages.code2wav import flow_encoder as enc_mod
+from stages.code2wav import hift as hift_mod
 from stages.code2wav.config import Code2WavConfig
+from stages.code2wav.hift import fold_weight_norm
+from stages.code2wav.streaming import Chunker
+from stages.code2wav.token2wav import Token2Wav
 from stages.platform import is_cpu
 
 DISTRIBUTION = "minicpmo-utils"
@@ -259,8 +266,6 @@ class OfficialDecoder:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """codes -> (mel [80, T], audio [T*480]): streamed in the project's payloads (25 new + 3
         left-context codes, then the final flush), the whole mel vocoded once with `seed`."""
-        from stages.code2wav.streaming import Chunker
-
         chunker = Chunker(self.cfg, "official")
         payloads = [*chunker.push(codes), chunker.finish()]
         mels = self.stream_mels(prompt_tokens, prompt_mel, spk_embedding, [(p.codes, p.last_chunk) for p in payloads])
@@ -313,8 +318,6 @@ def build_official(cfg: Code2WavConfig, *, init: Init = "official", seed: int = 
 
 
 def _project_token2wav(cfg: Code2WavConfig, seed: int):
-    from stages.code2wav.token2wav import Token2Wav
-
     return Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=seed)
 
 
@@ -322,8 +325,6 @@ def _project_token2wav(cfg: Code2WavConfig, seed: int):
 def copy_project_weights(dec: OfficialDecoder, project) -> None:
     """Load the project's flow and HiFT weights (and CFM noise) into the official modules,
     strictly: every key present on both sides with the same shape."""
-    from stages.code2wav.hift import fold_weight_norm
-
     dec.flow.load_state_dict(project.flow.state_dict(), strict=True)
     noise = project.flow.decoder.noise
     if noise is not None:
@@ -367,11 +368,6 @@ def upstream_formulation(cfm: nn.Module) -> Iterator[None]:
       another order at full width, 2.4e-6 apart).
     With all six, the tiny and full flow mel and HiFT audio equal the official bit for bit on
     the CPU (tests/stages/test_official_reference.py; results/cpu/official_deviation_*.json)."""
-    from stages.code2wav import cfm as cfm_mod
-    from stages.code2wav import dit as dit_mod
-    from stages.code2wav import flow_encoder as enc_mod
-    from stages.code2wav import hift as hift_mod
-
     def step_modulation(self, t: float, like: torch.Tensor):
         rows = self._modulation(self.t_embedder(like.new_full((2,), t)).unsqueeze(1))
         return dit_mod.StepModulation(tuple(tuple(r[:1] for r in b) for b in rows.blocks),

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tts_bench.report.ci import ab_comparisons, verdict_text
 from tts_bench.rundir.results import RunDir
 
 METRICS = (("audio_rtf", "audio RTF (lower is faster)"), ("audio_ttfp_ms", "audio TTFP (ms)"))
@@ -143,8 +144,6 @@ def block_delta_figure(records, tiers: Sequence[str], arms: Sequence[str], resul
                        metric: str = "audio_rtf", label: str = "audio RTF"):
     """A/B: per tier, the block deltas of the metric's mean (dots), their mean (line), the
     verdict's 95% interval (band) and ±MDE (dashed), from the run's result where it has them."""
-    from tts_bench.report.ci import ab_comparisons
-
     plt = pyplot()
     fig, axes = _panels(plt, len(tiers))
     by_tier = {t.get("tier"): dict(ab_comparisons(t)) for t in (result or {}).get("tiers", [])
@@ -241,8 +240,6 @@ def plot_run(path: Path | str) -> PlotSet:
 
 def verdict_lines(doc: Mapping[str, Any]) -> list[str]:
     """One line per tier and metric of an A/B result, or the gate/wer verdict, where recorded."""
-    from tts_bench.report.ci import ab_comparisons, verdict_text
-
     result = doc.get("result") or {}
     lines = []
     for tier in result.get("tiers", []) if isinstance(result, Mapping) else []:

@@ -27,6 +27,11 @@ import time
 from collections.abc import Iterator
 from typing import TextIO
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+)
+
 DEFAULT_INTERVAL_S = 30.0
 _ENV = "TTS_BENCH_PROGRESS_S"
 
@@ -86,11 +91,6 @@ class _RichReporter(_Reporter):
 
     def __init__(self, command: str, *, stream: TextIO, interval_s: float) -> None:
         super().__init__(command, stream=stream, interval_s=interval_s)
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
-        )
-
         self._bars = Progress(TextColumn(f"{command} {{task.description}}"), BarColumn(), MofNCompleteColumn(),
                               TextColumn("ETA"), TimeRemainingColumn(), TimeElapsedColumn(),
                               console=Console(file=stream), transient=False)

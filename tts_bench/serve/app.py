@@ -55,21 +55,25 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import socket
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import psutil
 from aiohttp import web
 
+from tts_bench import preflight
 from tts_bench.backends import make_backend
 from tts_bench.backends.base import (
     AudioChunk, ReportsHealth, ReportsMemory, RequestFailed, SizesForConcurrency, SynthesisRequest,
 )
+from tts_bench.config import BenchConfig, load_arm
 from tts_bench.errors import BackendError, ConfigError
 from tts_bench.serve.protocol import JsonErrorRunner
 from tts_bench.serve.request import (
@@ -87,8 +91,6 @@ from tts_bench.wire import exposition
 from tts_bench.wire.audio import sse_audio_event, sse_event
 from tts_bench.wire.encode import AudioEncoder
 
-if TYPE_CHECKING:
-    from tts_bench.config import BenchConfig
 
 log = logging.getLogger(__name__)
 
@@ -222,8 +224,6 @@ class SpeechServer:
                                  dumps=lambda d: json.dumps(d, default=str))
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        import psutil
-
         rows: list[dict] = []
         if isinstance(self.backend, ReportsMemory):  # the embedded runner asks its processes
             rows = await asyncio.to_thread(self.backend.memory_snapshot)
@@ -348,15 +348,12 @@ def serve_config(config: Path, *, sets: Sequence[str] = (), arm: str | None = No
     """`tts-bench serve` as one call: one arm of `config` (`tts_bench.config.load_arm`), refused
     when its backend is itself `http`, its memory checked at `concurrency` (default: the
     talker's admission limit), then served until SIGINT/SIGTERM (`serve_until_signalled`)."""
-    from tts_bench.config import load_arm
-    from tts_bench.preflight import check_memory
-
     cfg = load_arm(config, sets, arm)
     if cfg.backend == "http":
         raise ConfigError(f"error: the config's backend is http ({config}: backend); serve a local "
                           "backend (embedded, piper, synthetic), not another server")
     # Clients decide the concurrency; unless told, the most the talker admits at once.
-    check_memory(cfg, replicas=replicas, concurrency=concurrency or cfg.stages.runner.talker_max_batch,
+    preflight.check_memory(cfg, replicas=replicas, concurrency=concurrency or cfg.stages.runner.talker_max_batch,
                  label=f"tts-bench serve --replicas {replicas}")
     asyncio.run(serve_until_signalled(cfg, replicas=replicas, host=host, port=port,
                                       concurrency=concurrency, **limits))
@@ -366,8 +363,6 @@ async def serve_until_signalled(cfg: BenchConfig, *, replicas: int, host: str, p
                                 concurrency: int | None = None, **limits: int) -> None:
     """`tts-bench serve`: start, log the URL, serve until SIGINT/SIGTERM, stop the backend.
     `limits`: max_input_chars, max_body_bytes (SpeechServer)."""
-    import signal
-
     server = SpeechServer(cfg, replicas=replicas, host=host, port=port, concurrency=concurrency, **limits)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tts_bench.config.limits import MAX_REPEATS
+from tts_bench.report.tables import fmt_ci, fmt_pct
 from tts_bench.rundir.results import RunDir
 from tts_bench.verdicts.stats import Comparison
 
@@ -102,8 +103,6 @@ class UntilResolved:
 
 def progress_line(tier: str, cmp: Comparison | None, rule: UntilResolved, repeats: int) -> str:
     """One stderr line per tier after each round: the current interval and the target."""
-    from tts_bench.report.tables import fmt_ci, fmt_pct  # pandas and rich: only when there is progress
-
     if cmp is None:
         return f"until-resolved {tier}: {repeats} repeats, no comparison yet (failures?)"
     hw = cmp.half_width_pct

@@ -19,6 +19,7 @@ import unicodedata
 from collections.abc import Iterable
 
 from tts_bench.errors import ConfigError
+from tts_bench.wer.language import get_scorer
 
 _MAX_REPORTED = 10
 # Letters of Latin-1 that carry no script name of their own.
@@ -48,8 +49,6 @@ def check_reference_texts(items: Iterable[tuple[str, str, str]], normalizer: str
     """`items`: (utterance id, target text, where it comes from). A ConfigError (exit 2) lists
     the texts the gate cannot score in `language`, with why; nothing happens when all can be
     scored. Resolves the normalizer (and its language pairing) too: a bad one is exit 2 here."""
-    from tts_bench.wer.language import get_scorer
-
     normalize = get_scorer(language, normalizer).reference
     problems: list[str] = []
     for utt, text, where in items:

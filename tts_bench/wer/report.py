@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from tts_bench.report.tables import render
 from tts_bench.wer.score import ArmScore, Paired
 
 if TYPE_CHECKING:
@@ -153,8 +154,6 @@ def render_report(report: WerReport, fmt: str, *, width: int = 120) -> str:
     """The whole result in one of md | table | csv | json."""
     if fmt == "json":
         return json.dumps(report_doc(report), indent=2, ensure_ascii=False) + "\n"
-    from tts_bench.report.tables import render
-
     title = f"seed-tts {report_metric(report)}" + (f" ({report.arms[0].language})" if report.arms else "")
     table = render(wer_table(report), fmt, title=title, width=width)
     if fmt == "csv":

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tts_bench import backends
 from tts_bench.report import progress
 from tts_bench.asr import (
     AsrOptions, AsrProvenance, Transcriber, backend_parallelism, describe_asr, make_transcriber,
@@ -27,6 +28,7 @@ from tts_bench.asr import (
 from tts_bench.asr.models import cache_root
 from tts_bench.backends.base import Backend
 from tts_bench.errors import ConfigError, InvalidRunError
+from tts_bench.inputs.prompts import select_prompts
 from tts_bench.rundir.results import RunDir
 from tts_bench.wer.gate import (
     GateResult,
@@ -43,6 +45,7 @@ from tts_bench.wer.generate import WER_TIER, GenRecord, generate_arm
 from tts_bench.wer.language import get_scorer
 from tts_bench.config.wer import WerParams
 from tts_bench.wer.references import check_reference_texts
+from tts_bench.wer.report import report_doc
 from tts_bench.wer.score import ArmScore, Paired, compare_utterances, score_arm
 from tts_bench.wer.transcribe import AsrSession, TranscriptCache, setup_key, transcribe_records
 
@@ -65,8 +68,6 @@ def select_wer_prompts(prompts: Sequence, num_prompts: int, *, shuffle: bool, se
     """The prompts of a WER run: each utterance of the set at most once. `num_prompts` caps the
     count; a set smaller than that is used whole (cycling would score the same utterance twice
     and pretend to more evidence than there is)."""
-    from tts_bench.inputs.prompts import select_prompts
-
     n = min(num_prompts, len(prompts))
     if n < num_prompts:
         log.warning("the prompt set has %d utterances, fewer than wer.num_prompts=%d: each is "
@@ -85,8 +86,7 @@ async def generate(
     backend_factory: Callable[[Any], Backend] | None = None, timeout_s: float = 120.0,
 ) -> dict[str, list[GenRecord]]:
     """Phase 1: every arm's audio, one arm at a time; each backend is stopped before the next."""
-    if backend_factory is None:
-        from tts_bench.backends import make_backend as backend_factory
+    backend_factory = backend_factory or backends.make_backend  # looked up now: tests replace it
     out, described = {}, {}
     for arm in arms:
         t0 = time.perf_counter()
@@ -231,7 +231,5 @@ def evaluate(
                                     config_hashes=run.doc.get("config_hashes", {})))
     report = WerReport(run.path, arms, paired, checks, session.provenance, params.normalizer, gate,
                        session.load_seconds, asr_wall, written)
-    from tts_bench.wer.report import report_doc
-
     run.update(status="done", wer=report_doc(report, include_utterances=True))
     return report

@@ -25,12 +25,16 @@ from typing import Any
 
 from tts_bench.config import apply_overrides, config_hash, config_to_dict, load_arms, load_config, load_dataclass
 from tts_bench.errors import ConfigError, ExitStatus
+from tts_bench.inputs.prompts import check_prompt_wavs, check_text_lengths, embedded_voice_limit, load_prompts
+from tts_bench.preflight import check_memory
 from tts_bench.rundir.provenance import python_argv
 from tts_bench.rundir.results import RunDir
 from tts_bench.config.shipped import DEFAULT_WER_CONFIG, shipped_config
 from tts_bench.wer import runner
+from tts_bench.wer.advice import prompt_advice
 from tts_bench.wer.gate import check_history_dir, read_history
 from tts_bench.config.wer import WerParams, history_dir_for
+from tts_bench.wer.references import check_reference_texts
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +110,6 @@ def load_wer_arms(config: Path | None, arm_names: str, sets: Sequence[str] = (),
 
 def _plan(request: WerRequest, notify: Callable[[str], None]):
     """Arms, prompts and checks; then the run directory and phase 1 as a coroutine factory."""
-    from tts_bench.inputs.prompts import load_prompts
-    from tts_bench.wer.advice import prompt_advice
-
     arms = load_wer_arms(request.config, request.arms, request.sets, request.base_sets, request.test_sets)
     first = next(iter(arms.values()))
     params = replace(first.wer, history_dir=history_dir_for(first.wer, request.result_dir))
@@ -146,10 +147,6 @@ def check_before_generating(arms: dict, params: WerParams, prompts: Sequence) ->
     the ASR backend, model and normalizer, target texts the gate cannot score
     (`tts_bench.wer.references`) or an embedded talker cannot hold, every selected prompt's
     reference wav, and whether each embedded arm's stages fit in memory."""
-    from tts_bench.preflight import check_memory
-    from tts_bench.inputs.prompts import check_prompt_wavs, check_text_lengths, embedded_voice_limit
-    from tts_bench.wer.references import check_reference_texts
-
     module = _ASR_MODULES.get(params.asr)
     if module is not None and importlib.util.find_spec(module) is None:
         raise ConfigError(f"error: ASR backend {params.asr!r} is not installed (--asr / wer.asr); "
