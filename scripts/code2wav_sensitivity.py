@@ -36,7 +36,7 @@ import torch
 
 from scripts._report import add_out, emit
 from scripts._stages import load_stages, prompt_wav_paths, tiny_stages
-from stages.code2wav.pcm import to_pcm16
+from stages.audio import to_pcm16
 from stages.code2wav.streaming import DEFAULT_PROMPT_ID
 from stages.code2wav.token2wav import Token2Wav
 

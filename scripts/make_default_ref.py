@@ -19,7 +19,7 @@ import torch
 
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.mel import resample
-from stages.code2wav.pcm import write_wav16
+from stages.audio import write_wav16
 from stages.code2wav.prompt import ASSETS
 
 PEAK = 0.9

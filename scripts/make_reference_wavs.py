@@ -83,7 +83,7 @@ def to_reference(audio: np.ndarray, rate: int) -> np.ndarray:
             f"(REFERENCES); pick a shorter sentence"
         )
     y = np.concatenate([y, np.zeros(n - len(y))])
-    # Landmine: not `stages.code2wav.pcm.to_pcm16`. That rule rounds the float32 copy; these wavs
+    # Landmine: not `stages.audio.to_pcm16`. That rule rounds the float32 copy; these wavs
     # were rounded in float64, and the library's rule moves 6-13 samples of each by one step
     # (measured 2026-12-05), which would change every prompt voice and what was measured with it.
     return np.clip(np.round(y * 32767.0), -32768, 32767).astype(np.int16)

@@ -23,7 +23,7 @@ import time
 import torch
 
 from scripts._report import add_out, emit
-from stages.code2wav.audio import decode_audio
+from stages.audio import decode_audio
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.mel import FbankConfig, kaldi_fbank, resample
 from stages.code2wav.prompt import TOKENIZER_RATE, normalize_reference
