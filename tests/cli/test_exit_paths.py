@@ -99,6 +99,14 @@ def test_a_server_that_goes_down_mid_run_gives_the_table_and_an_invalid_record(t
     assert run["status"] == "invalid"
 
 
+def _as_from_a_terminal() -> None:
+    """SIGINT as a shell's foreground job has it. A non-interactive shell starts background jobs
+    (`pytest ... &`) with SIGINT ignored, the child inherits that, and a Python started so never
+    raises KeyboardInterrupt: the run went on to the end and exited 0, as if the Ctrl-C had come
+    after it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(("sig", "code", "line"), [
     (signal.SIGINT, 130, "error: interrupted (Ctrl-C)"),  # a terminal's Ctrl-C
     (signal.SIGTERM, 143, "error: terminated (SIGTERM)"),  # `timeout`, a CI job's time limit
@@ -110,7 +118,8 @@ def test_an_interrupt_prints_one_line_no_child_tracebacks_and_leaves_interrupted
     proc = subprocess.Popen(
         [sys.executable, "-m", "tts_bench.cli", "ab", "--tiers", "2x1", "--num-prompts", "40",
          "--result-dir", str(tmp_path)],
-        cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=_as_from_a_terminal)
     try:
         seen = []
         deadline = time.monotonic() + 120
@@ -127,7 +136,7 @@ def test_an_interrupt_prints_one_line_no_child_tracebacks_and_leaves_interrupted
             time.sleep(0.05)
         os.killpg(proc.pid, sig)
         rest = proc.stderr.read()
-        assert proc.wait(timeout=60) == code
+        assert proc.wait(timeout=60) == code, rest
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
