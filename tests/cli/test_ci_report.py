@@ -14,6 +14,7 @@ import pytest
 
 from tests.cli.gate_cases import record_baseline, synthetic_case
 from tests.cli.in_process import invoke_app
+from tests.cli.virtual_clock import virtual_clock  # noqa: F401 - a fixture
 from tts_bench.report.ci import append_step_summary
 from tts_bench.cli import app
 from tts_bench.errors import ExitStatus
@@ -59,7 +60,7 @@ def run_ab(tmp_path: Path, *extra: str):
                       "--format", "md", "--result-dir", str(tmp_path / "runs"), *extra)
 
 
-def test_ab_junit_has_one_case_per_tier_and_metric_and_slower_passes_by_default(tmp_path, monkeypatch):
+def test_ab_junit_has_one_case_per_tier_and_metric_and_slower_passes_by_default(tmp_path, monkeypatch, virtual_clock):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     junit = tmp_path / "ab.xml"
     result, status = run_ab(tmp_path, "--junit", str(junit), "--test-set", "synthetic.delay_scale=1.5")
@@ -71,7 +72,7 @@ def test_ab_junit_has_one_case_per_tier_and_metric_and_slower_passes_by_default(
     assert rtf.find("failure") is None and rtf.findtext("system-out").startswith("slower: +")
 
 
-def test_ab_fail_on_slower_makes_a_failure_with_the_verdict_text_and_exit_3(tmp_path, monkeypatch):
+def test_ab_fail_on_slower_makes_a_failure_with_the_verdict_text_and_exit_3(tmp_path, monkeypatch, virtual_clock):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     junit = tmp_path / "ab.xml"
     result, status = run_ab(tmp_path, "--junit", str(junit), "--fail-on-slower",
@@ -104,7 +105,8 @@ def test_step_summary_helper_ignores_an_empty_variable(tmp_path):
 
 
 @pytest.fixture
-def case(tmp_path: Path) -> Path:
+def case(tmp_path: Path, virtual_clock) -> Path:
+    """On virtual time (tests/cli/virtual_clock.py): the 1.5x arm is 1.5x, however loaded the machine."""
     return synthetic_case(tmp_path / "synth.yaml", bench="{tiers: [4x1], num_prompts: 16, repeats: 1, warmup: 2}",
                           extra="thresholds: {audio_rtf: 10, audio_ttfp_ms: 20, audio_throughput: 10}\n"
                                 "alpha: 0.01\nmin_samples: 8\n")

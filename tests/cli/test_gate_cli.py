@@ -14,6 +14,7 @@ import typer
 from tts_bench.errors import ExitStatus
 from tests.cli.gate_cases import record_baseline, synthetic_case
 from tests.cli.in_process import invoke_app
+from tests.cli.virtual_clock import virtual_clock  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +39,9 @@ def invoke(*args: str):
 
 
 @pytest.fixture
-def case(tmp_path: Path) -> Path:
+def case(tmp_path: Path, virtual_clock) -> Path:
+    """A synthetic case on virtual time: its TTFP and RTF are what its delays imply, however
+    loaded the machine (a loaded one once pushed an unchanged run's TTFP past the 20 %)."""
     return synthetic_case(tmp_path / "synth.yaml", bench="{tiers: [4x1], num_prompts: 16, repeats: 1, warmup: 2}",
                           extra="thresholds: {audio_rtf: 10, audio_ttfp_ms: 20, audio_throughput: 10}\n"
                                 "alpha: 0.01\nmin_samples: 8\n")
