@@ -7,28 +7,33 @@ import multiprocessing as mp
 import os
 import signal
 import threading
-import time
 
 from stages.signals import ignore_interrupts, interrupts_blocked
 
 
-def _child(started, survived) -> None:
+HANG_S = 60.0  # hang guards only
+
+
+def _child(started, signalled, survived) -> None:
     ignore_interrupts()
     started.set()
-    time.sleep(0.5)
-    survived.set()
+    # Alive until the parent has sent both signals (an event, not a sleep that a loaded machine
+    # could outlast before they arrive); a signal is handled before the wait returns.
+    if signalled.wait(HANG_S):
+        survived.set()
 
 
 def test_a_child_that_ignores_interrupts_survives_ctrl_c_and_sigterm():
     ctx = mp.get_context("spawn")
-    started, survived = ctx.Event(), ctx.Event()
-    proc = ctx.Process(target=_child, args=(started, survived))
+    started, signalled, survived = ctx.Event(), ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_child, args=(started, signalled, survived))
     with interrupts_blocked():
         proc.start()
-    assert started.wait(30)
+    assert started.wait(HANG_S)
     os.kill(proc.pid, signal.SIGINT)
     os.kill(proc.pid, signal.SIGTERM)
-    proc.join(30)
+    signalled.set()
+    proc.join(HANG_S)
     assert proc.exitcode == 0 and survived.is_set()
 
 
