@@ -11,7 +11,7 @@ import threading
 from stages.signals import ignore_interrupts, interrupts_blocked
 
 
-HANG_S = 60.0  # hang guards only
+HANG_S = 120.0  # hang guards only (a loaded 2-core box once took 30 s to spawn the child)
 
 
 def _child(started, signalled, survived) -> None:
