@@ -17,9 +17,11 @@ backend that waits on threads or sockets would see its timeouts come early.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import selectors
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -82,16 +84,29 @@ class _VirtualPolicy(asyncio.DefaultEventLoopPolicy):
         return _VirtualLoop(self._clock)
 
 
-@pytest.fixture
-def virtual_clock(monkeypatch) -> VirtualClock:
+@contextlib.contextmanager
+def on_virtual_time(clock: VirtualClock | None = None) -> Iterator[VirtualClock]:
+    """Every `asyncio.run` inside, and the load generator's clock, on `clock` (a new one by
+    default); both restored on the way out. For module-scoped fixtures; tests take the fixture."""
     from tts_bench.load import loadgen, loadwindow
 
-    clock = VirtualClock()
+    clock = clock or VirtualClock()
     fake_time = SimpleNamespace(**{k: getattr(time, k) for k in dir(time) if not k.startswith("__")})
     fake_time.perf_counter = clock
-    for module in (loadgen, loadwindow):
-        monkeypatch.setattr(module, "time", fake_time)
-    before = asyncio.get_event_loop_policy()
+    modules = (loadgen, loadwindow)
+    before = [m.time for m in modules], asyncio.get_event_loop_policy()
+    for m in modules:
+        m.time = fake_time
     asyncio.set_event_loop_policy(_VirtualPolicy(clock))
-    yield clock
-    asyncio.set_event_loop_policy(before)
+    try:
+        yield clock
+    finally:
+        for m, t in zip(modules, before[0]):
+            m.time = t
+        asyncio.set_event_loop_policy(before[1])
+
+
+@pytest.fixture
+def virtual_clock() -> Iterator[VirtualClock]:
+    with on_virtual_time() as clock:
+        yield clock
