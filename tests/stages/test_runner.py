@@ -108,10 +108,16 @@ def shared(request, tmp_path_factory):
     """One talker + 2 replicas (max_num_seqs 3) with a slow-ish fake decoder, for several tests;
     once with the replicas as processes, once as threads of one process, once with the talker
     and the replicas as threads of one process, once as threads of a replica host process."""
+    from stages.runner.allocator import ALLOC_CONF, GENERIC_ALLOC_CONF
+
     log_dir, meet_dir = tmp_path_factory.mktemp("decode-log"), tmp_path_factory.mktemp("meet")
     runner = StageRunner(cpu_config(max_num_seqs=3, execution=request.param), replicas=2,
                          factories=meeting_factories(meet_dir, decode_s=0.15, log_dir=str(log_dir)))
-    runner.start()
+    with pytest.MonkeyPatch.context() as env:  # no allocator setting of the user's: the runner sets it
+        env.delenv(ALLOC_CONF, raising=False)
+        env.delenv(GENERIC_ALLOC_CONF, raising=False)
+        runner.start()
+        runner.alloc_conf_after_start = os.environ.get(ALLOC_CONF)
     runner.meet_dir = meet_dir  # requests named meet-* rendezvous there (tests/stages/runner_fakes.py)
     yield runner, log_dir
     runner.stop()
@@ -578,12 +584,16 @@ def test_stop_waits_for_at_most_one_decode_however_long_the_replicas_backlog(tmp
     assert len(decode_log(tmp_path, "r")) - begun <= 1, f"decoded on after the stop ({took:.1f} s)"
 
 
-@pytest.mark.parametrize("execution", ["processes", "single", "hosts"])
-def test_replicas_size_their_slot_pools_for_the_concurrency_the_runner_expects(execution):
+@pytest.mark.parametrize(("execution", "talker_max_batch"), [("processes", None), ("single", None), ("hosts", 4)],
+                         ids=["processes", "single", "hosts-capped-talker"])
+def test_replicas_size_their_slot_pools_for_the_concurrency_the_runner_expects(execution, talker_max_batch):
     # 9 requests in flight over 2 replicas: at most 5 a replica (the least-loaded one gets the
     # next), so each pool starts with 5 slots, past the 2 batches of 2 rows, and none is idle
-    # (a pool that grew later would drop its graphs).
-    runner = StageRunner(cpu_config(max_num_seqs=2, execution=execution), replicas=2,
+    # (a pool that grew later would drop its graphs). With a talker that admits 4 at once (more
+    # clients than it takes): requests still decoding stay on their replica after the talker is
+    # done with them, so the share comes from C = 9 all the same.
+    capped = {} if talker_max_batch is None else {"talker_max_batch": talker_max_batch}
+    runner = StageRunner(cpu_config(max_num_seqs=2, execution=execution, **capped), replicas=2,
                          factories=fake_factories(), concurrency=9)
     runner.start()
     try:
@@ -591,23 +601,13 @@ def test_replicas_size_their_slot_pools_for_the_concurrency_the_runner_expects(e
         assert [infos[f"code2wav-{r}"]["code2wav"]["slots"] for r in (0, 1)] == [5, 5]
     finally:
         runner.stop()
-    # More clients than the talker admits at once: requests still decoding stay on their
-    # replica after the talker is done with them, so the share comes from C = 9 all the same.
-    capped = StageRunner(cpu_config(max_num_seqs=2, talker_max_batch=4), replicas=2, factories=fake_factories(),
-                         concurrency=9)
-    capped.start()
-    try:
-        assert capped.info["code2wav-0"]["code2wav"]["slots"] == 5
-    finally:
-        capped.stop()
-    unknown = StageRunner(cpu_config(max_num_seqs=2), replicas=2, factories=fake_factories())
-    unknown.start()
-    try:
-        assert unknown.info["code2wav-0"]["code2wav"]["slots"] == 4  # 2 x max_num_seqs
-    finally:
-        unknown.stop()
     with pytest.raises(ValueError, match="concurrency"):
         StageRunner(cpu_config(), replicas=1, concurrency=0)
+
+
+def test_without_a_concurrency_each_pool_starts_with_two_batches(shared):
+    runner, _ = shared  # max_num_seqs 3, no concurrency given
+    assert [i["code2wav"]["slots"] for i in runner.replica_info().values()] == [6, 6]  # 2 x max_num_seqs
 
 
 def test_the_allocator_choice_leaves_a_users_setting_alone():
@@ -629,26 +629,38 @@ def test_the_allocator_choice_leaves_a_users_setting_alone():
     assert runs_expandable_segments({ALLOC_CONF: "max_split_size_mb:64, expandable_segments: True"})
 
 
+def test_each_stage_process_sets_its_allocator_when_the_user_did_not(shared):
+    # `shared` started with neither allocator variable set; the user's setting is the next test.
+    from stages.runner.allocator import ALLOC_CONF
+
+    runner, _ = shared
+    names = {"single": ["stages"], "threads": ["talker", "code2wav"],
+             "processes": ["talker", "code2wav-0", "code2wav-1"]}.get(runner.execution, ["talker", "code2wav-0"])
+    if runner.cfg.runner.replicas_per_process == 2:
+        names = ["talker", "code2wav-host-0"]
+    for name in names:  # each process records its own choice (no effect on a CPU)
+        record = runner.info[name]["allocator"]
+        assert "set by the stage runner" in record and record.endswith("this process runs on cpu"), (name, record)
+    assert runner.alloc_conf_after_start is None  # the parent's environment is left alone
+
+
 @pytest.mark.parametrize("execution", EXECUTIONS)
-def test_each_stage_process_chooses_its_allocator_for_itself(monkeypatch, execution):
+def test_each_stage_process_keeps_a_users_allocator_setting(monkeypatch, execution):
     from stages.runner.allocator import ALLOC_CONF, GENERIC_ALLOC_CONF
 
     names = {"single": ["stages"], "threads": ["talker", "code2wav"], "processes": ["talker", "code2wav-0"],
              "hosts": ["talker", "code2wav-host-0"]}
-    monkeypatch.delenv(ALLOC_CONF, raising=False)
     monkeypatch.delenv(GENERIC_ALLOC_CONF, raising=False)
-    for user, expected in ((None, "set by the stage runner"), ("roundup_power2_divisions:4", "from the environment")):
-        if user is not None:
-            monkeypatch.setenv(ALLOC_CONF, user)
-        runner = StageRunner(cpu_config(execution=execution), replicas=1, factories=fake_factories())
-        runner.start()
-        try:
-            for name in names[execution]:  # each process records its own choice (no effect on a CPU)
-                record = runner.info[name]["allocator"]
-                assert expected in record and record.endswith("this process runs on cpu"), (name, record)
-            assert os.environ.get(ALLOC_CONF) == user  # the parent's environment is left alone
-        finally:
-            runner.stop()
+    monkeypatch.setenv(ALLOC_CONF, "roundup_power2_divisions:4")
+    runner = StageRunner(cpu_config(execution=execution), replicas=1, factories=fake_factories())
+    runner.start()
+    try:
+        for name in names[execution]:  # each process records its own choice (no effect on a CPU)
+            record = runner.info[name]["allocator"]
+            assert "from the environment" in record and record.endswith("this process runs on cpu"), (name, record)
+        assert os.environ.get(ALLOC_CONF) == "roundup_power2_divisions:4"  # the parent's is left alone
+    finally:
+        runner.stop()
 
 
 def test_replica_hosts_group_consecutive_replicas_and_serve_each_on_its_own_thread(tmp_path):
