@@ -150,8 +150,14 @@ def test_graph_warmup_captures_before_ready_so_a_request_only_replays(execution,
 
         replica = runner.submit(RunnerRequest("warm-0", TEXTS["e2e-0"][0], seed=7), on_event)
         assert done.wait(120)
-        time.sleep(0.5)  # the replica counts its last decode after sending it
-        work = {w["stage"]: w for w in work_delta(before, runner.work_snapshot())}
+        # The replica counts its last decode after sending it: until it has counted every chunk
+        # (a condition; a 0.5 s sleep could end first on a loaded machine).
+        deadline = time.monotonic() + 120
+        while True:
+            work = {w["stage"]: w for w in work_delta(before, runner.work_snapshot())}
+            if work[f"code2wav-{replica}"]["rows"] >= len(events) or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
     finally:
         runner.stop()
     assert all(isinstance(e, ChunkReady) for e in events), events[-1]
