@@ -63,3 +63,13 @@ def pytest_collection_modifyitems(config, items):
                 has_npu = _has_npu()
             if not has_npu:
                 item.add_marker(pytest.mark.skip(reason="requires an Ascend NPU with torch_npu"))
+
+
+@pytest.fixture
+def virtual_clock():
+    """Synthetic-backend runs of this test on virtual time (tests/virtual_clock.py): what they
+    measure is what their delays imply, however loaded the machine."""
+    from tests.virtual_clock import on_virtual_time
+
+    with on_virtual_time() as clock:
+        yield clock

@@ -15,7 +15,6 @@ from tts_bench.config import config_to_dict
 from tts_bench.errors import ExitStatus
 from tts_bench.gate.calibrate import loo_false_verdicts
 from tests.cli.in_process import invoke_app
-from tests.cli.virtual_clock import virtual_clock  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 # A small synthetic case: 3 ms per chunk, 8 prompts, one tier; an A/A takes a second or two.
@@ -29,7 +28,7 @@ def invoke(*args: str):
 
 @pytest.fixture
 def case(tmp_path: Path, virtual_clock) -> Path:
-    """On virtual time (tests/cli/virtual_clock.py): the A/As' spread is the same on any load."""
+    """On virtual time (tests/virtual_clock.py): the A/As' spread is the same on any load."""
     path = tmp_path / "synth.yaml"
     path.write_text(
         f"name: synth\nconfig: {ROOT / 'configs/ab/synthetic.yaml'}\n"

@@ -14,7 +14,6 @@ import pytest
 
 from tests.cli.gate_cases import record_baseline, synthetic_case
 from tests.cli.in_process import invoke_app
-from tests.cli.virtual_clock import virtual_clock  # noqa: F401 - a fixture
 from tts_bench.report.ci import append_step_summary
 from tts_bench.cli import app
 from tts_bench.errors import ExitStatus
@@ -106,7 +105,7 @@ def test_step_summary_helper_ignores_an_empty_variable(tmp_path):
 
 @pytest.fixture
 def case(tmp_path: Path, virtual_clock) -> Path:
-    """On virtual time (tests/cli/virtual_clock.py): the 1.5x arm is 1.5x, however loaded the machine."""
+    """On virtual time (tests/virtual_clock.py): the 1.5x arm is 1.5x, however loaded the machine."""
     return synthetic_case(tmp_path / "synth.yaml", bench="{tiers: [4x1], num_prompts: 16, repeats: 1, warmup: 2}",
                           extra="thresholds: {audio_rtf: 10, audio_ttfp_ms: 20, audio_throughput: 10}\n"
                                 "alpha: 0.01\nmin_samples: 8\n")

@@ -14,7 +14,6 @@ import typer
 from tts_bench.errors import ExitStatus
 from tests.cli.gate_cases import record_baseline, synthetic_case
 from tests.cli.in_process import invoke_app
-from tests.cli.virtual_clock import virtual_clock  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.cli.in_process import invoke_app
 from tests.cli.test_wer_cli import _wer, fake_world  # noqa: F401  (a fixture)
-from tests.cli.virtual_clock import on_virtual_time
+from tests.virtual_clock import on_virtual_time
 from tts_bench.cli import app
 from tts_bench.errors import ExitStatus
 from tts_bench.report.plots import plot_run, pyplot, run_figures
@@ -24,7 +24,7 @@ AB_PNGS = ("ecdf_audio_rtf.png", "ecdf_audio_ttfp_ms.png", "block_deltas_audio_r
 
 @pytest.fixture(scope="module")
 def ab_run(tmp_path_factory) -> Path:
-    """On virtual time (tests/cli/virtual_clock.py): the 1.5x arm reads "slower" on any machine
+    """On virtual time (tests/virtual_clock.py): the 1.5x arm reads "slower" on any machine
     load (a loaded box made it "within noise")."""
     out = tmp_path_factory.mktemp("plots")
     with on_virtual_time():

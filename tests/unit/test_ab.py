@@ -17,6 +17,9 @@ from tts_bench.rundir.results import RunDir
 # the spread the bootstrap sees is timing jitter, not prompt length; 12-160 ms per request.
 SYNTH = ["backend=synthetic", "synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",
          "synthetic.first_chunk_delay_s=0.004", "synthetic.chunk_delay_s=0.004", "bench.warmup=2"]
+# Every run here on virtual time (tests/virtual_clock.py): the verdicts see the delays' own
+# spread, never a load burst on a shared machine.
+pytestmark = pytest.mark.usefixtures("virtual_clock")
 
 
 def arms(base=(), test=()):

@@ -7,6 +7,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 from tts_bench.ab import AbRequest, run_session
 from tts_bench.commands.ab import render_result
 from tts_bench.rundir.records import read_records
@@ -16,6 +18,9 @@ from tts_bench.load.windows import PHASES_FILE, phase_throughputs, read_phases
 SYNTH = ["backend=synthetic", "synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",
          "synthetic.first_chunk_delay_s=0.004", "synthetic.chunk_delay_s=0.004"]
 WINDOW = ["bench.duration_s=0.3", "bench.window_s=0.1", "bench.ramp_s=0.05"]
+# Every run here on virtual time (tests/virtual_clock.py): windows, open-loop send times and the
+# throughput they count are what the delays imply, on any machine load.
+pytestmark = pytest.mark.usefixtures("virtual_clock")
 
 
 def _session(tmp_path: Path, *sets: str, **kw):

@@ -8,7 +8,8 @@ to the next timer instead of sleeping, and the load generator reads the same clo
 TTFP and RTF are then what its delays imply plus a seeded lateness of at most 2 ms a timer, the
 same on an idle machine or a loaded one, and a "slower" arm is slower by its `delay_scale`.
 
-    def test_x(virtual_clock): ...         # after `from tests.cli.virtual_clock import virtual_clock`
+    def test_x(virtual_clock): ...         # the fixture (tests/conftest.py)
+    with on_virtual_time(): ...            # a module-scoped fixture's run
 
 Only for process-free backends (synthetic): the clock jumps ahead while a thread works, so a
 backend that waits on threads or sockets would see its timeouts come early.
@@ -23,8 +24,6 @@ import selectors
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
-
-import pytest
 
 
 class VirtualClock:
@@ -104,9 +103,3 @@ def on_virtual_time(clock: VirtualClock | None = None) -> Iterator[VirtualClock]
         for m, t in zip(modules, before[0]):
             m.time = t
         asyncio.set_event_loop_policy(before[1])
-
-
-@pytest.fixture
-def virtual_clock() -> Iterator[VirtualClock]:
-    with on_virtual_time() as clock:
-        yield clock
