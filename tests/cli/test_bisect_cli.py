@@ -24,6 +24,11 @@ BENCH = ("backend: synthetic\n"
          "bench: {{tiers: [4x1], num_prompts: 8, repeats: 2, warmup: 2, timeout_s: 30, min_effect_pct: 4}}\n")
 
 
+# The end-to-end bisects serve every step with real `tts-bench serve` processes and decide on real
+# timing: over a minute on 2 quiet cores, so they run in CI's second (slow) step.
+SERVED = pytest.mark.slow
+
+
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
 
@@ -61,6 +66,7 @@ def found(repo, tmp_path_factory):
     return result, status, time.monotonic() - t0, next(out.iterdir())
 
 
+@SERVED
 def test_bisect_names_the_commit_that_made_the_backend_10pct_slower_in_under_3_minutes(repo, found):
     path, shas = repo
     result, status, elapsed, bisect_dir = found
@@ -76,6 +82,7 @@ def test_bisect_names_the_commit_that_made_the_backend_10pct_slower_in_under_3_m
     assert "| step | commit" in result.stdout
 
 
+@SERVED
 def test_bisect_leaves_the_users_checkout_and_worktree_list_alone(repo, found):
     path, shas = repo
     assert _git(path, "rev-parse", "HEAD") == shas[-1]
@@ -83,6 +90,7 @@ def test_bisect_leaves_the_users_checkout_and_worktree_list_alone(repo, found):
     assert len(_git(path, "worktree", "list").splitlines()) == 1
 
 
+@SERVED
 def test_resume_replays_decided_steps_and_finishes_the_cut_short_one(repo, found):
     path, shas = repo
     bisect_dir = found[3]
@@ -101,6 +109,7 @@ def test_resume_replays_decided_steps_and_finishes_the_cut_short_one(repo, found
     assert "bisect step 1" not in result.stderr and "bisect step 3" in result.stderr
 
 
+@SERVED
 def test_a_range_where_nothing_changed_reports_no_regression_resolved_with_the_mde(repo, tmp_path):
     """Served by a --setup command (here tts-bench serve spelled out, as another server's would be)."""
     path, shas = repo
