@@ -39,6 +39,13 @@ WAIT_S = 120.0
 EXECUTIONS = ["processes", "threads", "single", "hosts"]
 
 
+def executions(*names: str) -> list:
+    """Test parameters: the default execution ("processes") in the quick suite, the others in CI's
+    slow step. Each variant starts its own stage processes (seconds apiece on 2 cores), and the
+    whole matrix adds up to minutes; the shared runner still serves every execution quickly."""
+    return [n if n == "processes" else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
 def cpu_config(**runner) -> StageConfig:
     if runner.get("execution") == "hosts":
         runner.update(execution="processes", replicas_per_process=2)
@@ -228,7 +235,7 @@ def test_work_snapshots_count_every_step_row_and_decode_second_of_an_interval(sh
         assert r["wall_s"] >= r["busy_s"]
 
 
-@pytest.mark.parametrize("execution", ["processes", "threads", "single"])
+@pytest.mark.parametrize("execution", executions("processes", "threads", "single"))
 def test_a_trace_window_profiles_the_talkers_steps_while_it_serves(execution, tmp_path):
     # 10 ms talker steps and 100 codes a request: the window opens while they run
     runner = StageRunner(cpu_config(execution=execution), replicas=2, factories=fake_factories(step_s=0.01))
@@ -341,7 +348,7 @@ def test_failures_of_one_request_leave_the_others_running():
         runner.stop()
 
 
-@pytest.mark.parametrize("execution", EXECUTIONS)
+@pytest.mark.parametrize("execution", executions(*EXECUTIONS))
 def test_stop_after_work_ends_every_stage_process_cleanly(execution):
     runner = StageRunner(cpu_config(execution=execution), replicas=2, factories=fake_factories(decode_s=0.02))
     runner.start()
@@ -354,7 +361,7 @@ def test_stop_after_work_ends_every_stage_process_cleanly(execution):
     assert [c.process.exitcode for c in runner._children] == [0] * len(runner._children)
 
 
-@pytest.mark.parametrize("execution", EXECUTIONS)
+@pytest.mark.parametrize("execution", executions(*EXECUTIONS))
 def test_a_child_that_fails_at_startup_makes_start_raise_with_its_message(execution):
     runner = StageRunner(cpu_config(execution=execution), replicas=2,
                          factories=fake_factories(fail_start="no such weights: flow.pt"))
@@ -375,7 +382,7 @@ def test_an_sm_reservation_off_cuda_makes_start_raise_with_the_setting_to_change
     assert runner.alive() == []
 
 
-@pytest.mark.parametrize("execution", EXECUTIONS)
+@pytest.mark.parametrize("execution", executions(*EXECUTIONS))
 def test_a_child_that_crashes_fails_in_flight_requests_and_ends_the_run(execution):
     runner = StageRunner(cpu_config(execution=execution), replicas=2,
                          factories=fake_factories(decode_s=0.05, crash_after_decodes=2))
@@ -584,8 +591,10 @@ def test_stop_waits_for_at_most_one_decode_however_long_the_replicas_backlog(tmp
     assert len(decode_log(tmp_path, "r")) - begun <= 1, f"decoded on after the stop ({took:.1f} s)"
 
 
-@pytest.mark.parametrize(("execution", "talker_max_batch"), [("processes", None), ("single", None), ("hosts", 4)],
-                         ids=["processes", "single", "hosts-capped-talker"])
+@pytest.mark.parametrize(("execution", "talker_max_batch"), [
+    pytest.param("processes", 4, id="processes-capped-talker"),
+    pytest.param("single", None, id="single", marks=pytest.mark.slow),
+    pytest.param("hosts", None, id="hosts", marks=pytest.mark.slow)])
 def test_replicas_size_their_slot_pools_for_the_concurrency_the_runner_expects(execution, talker_max_batch):
     # 9 requests in flight over 2 replicas: at most 5 a replica (the least-loaded one gets the
     # next), so each pool starts with 5 slots, past the 2 batches of 2 rows, and none is idle
@@ -644,7 +653,7 @@ def test_each_stage_process_sets_its_allocator_when_the_user_did_not(shared):
     assert runner.alloc_conf_after_start is None  # the parent's environment is left alone
 
 
-@pytest.mark.parametrize("execution", EXECUTIONS)
+@pytest.mark.parametrize("execution", executions(*EXECUTIONS))
 def test_each_stage_process_keeps_a_users_allocator_setting(monkeypatch, execution):
     from stages.runner.allocator import ALLOC_CONF, GENERIC_ALLOC_CONF
 
