@@ -106,21 +106,24 @@ def test_append_and_read_back_in_order(tmp_path):
 def test_appends_are_fsynced_off_the_callers_thread(tmp_path, monkeypatch):
     # A slow disk must not stall the load generator's event loop: append returns at once, the
     # background writer fsyncs, and flush waits for it.
-    calls = []
+    # The disk is held (an event, not a clock): the appends must return while the first fsync
+    # is still waiting, which an append that fsyncs on the caller's thread cannot.
+    calls, held_too_long, release = [], [], threading.Event()
     real = os.fsync
 
     def slow_fsync(fd):
-        time.sleep(0.2)
+        if not release.wait(10):  # a hang guard: only an append waiting on this fsync gets here
+            held_too_long.append(fd)
         calls.append(threading.current_thread().name)
         real(fd)
 
     run = make_run(tmp_path)
     monkeypatch.setattr(_appender.os, "fsync", slow_fsync)
-    start = time.perf_counter()
     for i in range(5):
         run.append_request(rec("base", "2x1", 0, f"r{i}"))
-    assert time.perf_counter() - start < 0.1
+    release.set()
     run.flush()
+    assert held_too_long == [], "append waited for the fsync"
     assert calls and all(name.startswith("appender:") for name in calls)
     assert len(calls) < 5  # group commit: queued lines share an fsync
     assert len(run.requests_path.read_text().splitlines()) == 5

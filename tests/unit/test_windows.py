@@ -4,7 +4,6 @@ invalid phases, stability, and the open-loop arrival times (`tts_bench.load.arri
 from __future__ import annotations
 
 import asyncio
-import time
 
 import numpy as np
 import pytest
@@ -24,6 +23,9 @@ LABELS = PhaseLabels("base", "2x1", 0)
 PROMPTS = [Prompt(f"en_{i}", "", None, "one two three four") for i in range(3)]
 STEADY = ["backend=synthetic", "synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",
           "synthetic.first_chunk_delay_s=0.01", "synthetic.chunk_delay_s=0.01"]
+# Phases on the synthetic backend run on virtual time (the `virtual_clock` fixture,
+# tests/virtual_clock.py): windows, sub-window throughputs and their stability are what the delays
+# imply, and a load burst cannot make a steady backend unstable.
 
 
 def _rec(send: float, end: float, rtf: float = 0.5) -> RequestRecord:
@@ -71,7 +73,7 @@ def _run(backend, plan, *, concurrency=2, arrivals=None):
     return asyncio.run(go())
 
 
-def test_closed_loop_phase_measures_its_window_and_keeps_the_prompt_order_and_seeds():
+def test_closed_loop_phase_measures_its_window_and_keeps_the_prompt_order_and_seeds(virtual_clock):
     backend = SyntheticBackend(load_config(None, STEADY))
     sunk = []
 
@@ -109,11 +111,11 @@ def test_a_phase_whose_concurrency_never_fills_is_invalid_and_says_so():
     assert result.phase.throughput is None and result.records == []
 
 
-def test_a_window_with_no_request_sent_in_it_is_invalid():
+def test_a_window_with_no_request_sent_in_it_is_invalid(virtual_clock):
     slow = OpenLoop(0.01).times(seed=0, tier=Tier(2, 1), repeat=0)  # one at t=0, the next ~100 s later
-    t = time.perf_counter()
+    t = virtual_clock.now
     result = _run(SyntheticBackend(load_config(None, STEADY)), WindowPlan(0.2, ramp_s=0.1), arrivals=slow)
-    assert time.perf_counter() - t < 5  # the pending arrival does not hold the phase
+    assert virtual_clock.now - t < 5  # the pending arrival does not hold the phase (virtual seconds)
     assert "no request was sent inside the 0.20 s window" in result.phase.invalid_reason
 
 
@@ -132,7 +134,7 @@ class _Ramping(SyntheticBackend):
         await super().start(replicas)
 
 
-def test_stable_on_a_steady_backend_and_unstable_when_its_delay_ramps():
+def test_stable_on_a_steady_backend_and_unstable_when_its_delay_ramps(virtual_clock):
     plan = WindowPlan(0.6, window_s=0.2, stability_pct=20)
     steady = _run(SyntheticBackend(load_config(None, STEADY)), plan).phase
     ramping = _run(_Ramping(load_config(None, STEADY)), plan).phase
@@ -140,7 +142,7 @@ def test_stable_on_a_steady_backend_and_unstable_when_its_delay_ramps():
     assert ramping.stable is False
 
 
-def test_until_stable_extends_an_unstable_window_up_to_the_cap():
+def test_until_stable_extends_an_unstable_window_up_to_the_cap(virtual_clock):
     plan = WindowPlan(0.3, window_s=0.1, until_stable=True, max_duration_s=0.5)
     phase = _run(_Ramping(load_config(None, STEADY)), plan).phase
     assert phase.window_s == pytest.approx(0.5) and phase.stable is False
@@ -163,7 +165,7 @@ def test_gaps_have_mean_one_over_rate_and_the_gamma_shapes_cv(shape):
     assert gaps.std() / gaps.mean() == pytest.approx(1 / np.sqrt(shape), rel=0.05)
 
 
-def test_open_loop_caps_requests_in_flight_at_c():
+def test_open_loop_caps_requests_in_flight_at_c(virtual_clock):
     backend = SyntheticBackend(load_config(None, STEADY))
     fast = OpenLoop(500.0).times(seed=0, tier=Tier(2, 1), repeat=0)
     phase = _run(backend, WindowPlan(0.3), arrivals=fast).phase
