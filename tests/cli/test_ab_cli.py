@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.cli.held_cli import HELD_CLI
 from tts_bench.cli import app
 from tts_bench.errors import ExitStatus
 from tts_bench.rundir.results import RunDir
@@ -109,7 +110,7 @@ def test_resume_via_the_cli_completes_a_truncated_run(tmp_path):
     assert len(ids) == len(lines) and max(Counter(ids).values()) == 1
 
 
-def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:  # a hang guard
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
     return subprocess.run([sys.executable, "-m", "tts_bench.cli", "ab", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -126,20 +127,22 @@ def test_unknown_set_key_exits_2_and_names_the_key(tmp_path):
 def test_sigkill_mid_tier_then_resume_matches_an_uninterrupted_run(tmp_path):
     args = [*SYNTH, "--set", "synthetic.first_chunk_delay_s=0.02", "--tiers", "2x1,4x1",
             "--num-prompts", "12", "--format", "json", "--result-dir", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "tts_bench.cli", "ab", *args], cwd=ROOT, env=env,
+    # The 21st request of 56 (the first tier's second arm) is held until the kill: the kill lands
+    # mid-tier by an event, however slow the machine (a clock here raced the run's end).
+    marker = tmp_path / "held"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "HOLD_AFTER": "20", "HOLD_MARKER": str(marker)}
+    proc = subprocess.Popen([sys.executable, HELD_CLI, "ab", *args], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    jsonl = None
-    while time.monotonic() < deadline:  # kill once the first tier is well under way
-        found = list(tmp_path.glob("*/requests.jsonl"))
-        if found and len(found[0].read_text().splitlines()) >= 20:
-            jsonl = found[0]
-            break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert jsonl is not None, "the run never got going"
+    try:
+        deadline = time.monotonic() + 120  # a hang guard only
+        while not marker.exists():
+            assert proc.poll() is None, f"the run ended ({proc.returncode}) before its 21st request"
+            assert time.monotonic() < deadline, "the run never got going"
+            time.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    (jsonl,) = tmp_path.glob("*/requests.jsonl")
     partial = len(jsonl.read_text().splitlines())
     done = _cli("--resume", str(jsonl.parent), "--format", "json")
     assert done.returncode == 0, done.stderr

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.cli.held_cli import HELD_CLI
 from tts_bench.backends.base import RequestFailed
 from tts_bench.backends.synthetic import SyntheticBackend
 from tts_bench.cli import app
@@ -114,26 +115,28 @@ def _as_from_a_terminal() -> None:
 def test_an_interrupt_prints_one_line_no_child_tracebacks_and_leaves_interrupted(tmp_path, sig, code, line):
     """The signal goes to the whole process group while the tiny stages decode, as a terminal
     and `timeout` send it: the stage processes ignore it and are stopped in order."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
+    # Events, not a clock: the third request is held from the moment it would be sent, so a
+    # request has gone through both stage processes, the second is in them, and the run cannot
+    # end before the signal comes (tests/cli/held_cli.py).
+    marker = tmp_path / "held"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "HOLD_AFTER": "2", "HOLD_MARKER": str(marker)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tts_bench.cli", "ab", "--tiers", "2x1", "--num-prompts", "40",
-         "--result-dir", str(tmp_path)],
+        [sys.executable, HELD_CLI, "ab", "--tiers", "2x1", "--num-prompts", "40", "--result-dir", str(tmp_path)],
         cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True,
         preexec_fn=_as_from_a_terminal)
     try:
         seen = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        while True:  # stderr until the runner is up (readline returns "" at EOF: a dead run)
             out = proc.stderr.readline()
             seen.append(out)
             if "runner ready" in out or not out:
                 break
         assert "runner ready" in seen[-1], "".join(seen)
-        # An event, not a fixed sleep: the first finished request is on disk, so audio has
-        # gone through both stage processes and the next requests are in flight in them.
-        while not any(p.stat().st_size for p in tmp_path.glob("*/requests.jsonl")):
-            assert time.monotonic() < deadline and proc.poll() is None, "no request finished"
-            time.sleep(0.05)
+        deadline = time.monotonic() + 120  # a hang guard only
+        while not marker.exists():
+            assert proc.poll() is None, "the run ended before its third request"
+            assert time.monotonic() < deadline, "no request finished"
+            time.sleep(0.02)
         os.killpg(proc.pid, sig)
         rest = proc.stderr.read()
         assert proc.wait(timeout=60) == code, rest
