@@ -4,6 +4,7 @@ answers 500 forever while /health says ok."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -21,10 +22,12 @@ import pytest
 from stages.runner.fakes import fake_factories
 from tts_bench.backends.base import RequestFailed
 from tts_bench.backends.embedded import EmbeddedBackend
+from tts_bench.backends.synthetic import SyntheticBackend
 from tts_bench.config import load_config
 from tts_bench.serve.app import running_server
 
 ROOT = Path(__file__).resolve().parents[2]
+HANG_S = 60.0  # hang guards only
 VOICE = ROOT / "tts_bench/data/seed-tts-en/prompts/ref_0.wav"
 SYNTH = load_config(ROOT / "configs/ab/synthetic.yaml", [
     "synthetic.chunk_seconds=0.1", "synthetic.seconds_per_word=0.1",
@@ -151,17 +154,41 @@ def test_unknown_paths_and_methods_are_json_too(url):
     assert error_of(call(url + "/v1/audio/speech", method="GET"))["status"] == 405
 
 
-def test_a_duplicate_request_id_in_flight_is_a_409(url):
-    slow = {"input": " ".join(["word"] * 40), "stream": True}  # 40 chunks of 10 ms
-    first: dict = {}
-    thread = threading.Thread(target=lambda: first.update(r=speech(url, slow, headers={"X-Request-Id": "dup"})))
-    thread.start()
-    time.sleep(0.15)
-    err = error_of(speech(url, {"input": "hi"}, headers={"X-Request-Id": "dup"}))
-    thread.join()
-    assert err["status"] == 409 and err["code"] == "duplicate_request_id"
-    assert first["r"][0] == 200
-    assert speech(url, {"input": "hi"}, headers={"X-Request-Id": "dup"})[0] == 200  # free again
+class _Held(SyntheticBackend):
+    """Holds a request whose text starts with "hold" before its first chunk until `release`."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.holding, self.release = threading.Event(), threading.Event()
+
+    async def synthesize(self, request):
+        if request.text.startswith("hold"):
+            self.holding.set()
+            await asyncio.get_running_loop().run_in_executor(None, self.release.wait, HANG_S)
+        async for chunk in super().synthesize(request):
+            yield chunk
+
+
+def test_a_duplicate_request_id_in_flight_is_a_409():
+    # Events, not a 0.15 s sleep: the second request is sent while the first is held in flight.
+    backend, dup = _Held(SYNTH), {"X-Request-Id": "dup"}
+    with running_server(SYNTH, backend=backend) as server:
+        first: dict = {}
+        held = {"input": "hold these words", "stream": True}
+        thread = threading.Thread(target=lambda: first.update(r=speech(server.url, held, headers=dup)))
+        thread.start()
+        try:
+            assert backend.holding.wait(HANG_S)
+            err = error_of(speech(server.url, {"input": "hi"}, headers=dup))
+        finally:
+            backend.release.set()
+            thread.join(HANG_S)
+        assert err["status"] == 409 and err["code"] == "duplicate_request_id"
+        assert first["r"][0] == 200
+        deadline = time.monotonic() + HANG_S  # until the server has let the first go (a condition)
+        while server.counters["requests_in_flight"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert speech(server.url, {"input": "hi"}, headers=dup)[0] == 200  # free again
 
 
 def test_health_is_json_ok(url):
@@ -193,7 +220,7 @@ def test_a_dead_stage_process_makes_health_and_new_requests_503():
     with running_server(cfg, backend=backend) as server:
         assert speech(server.url, {"input": "good morning"})[0] == 200
         os.kill(backend._runner.pids()["talker"], signal.SIGKILL)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + HANG_S  # until /health notices (a condition)
         while call(server.url + "/health")[0] != 503 and time.monotonic() < deadline:
             time.sleep(0.05)
         health = error_of(call(server.url + "/health"))
@@ -268,16 +295,24 @@ def raw_exchange(url: str, data: bytes) -> bytes:
 @pytest.mark.parametrize("name", list(MALFORMED))
 def test_malformed_http_gets_openai_json_and_one_log_line_without_a_traceback(url, name, caplog):
     caplog.clear()
+    def served() -> list:
+        return [r for r in caplog.records if r.name.startswith(("aiohttp", "tts_bench.serve"))]
+
     with caplog.at_level(logging.DEBUG):
         answer = raw_exchange(url, MALFORMED[name])
-        time.sleep(0.2)  # the server thread logs as it answers; let it finish
+        # The server thread logs as it answers: until its line is there (a condition; a fixed
+        # 0.2 s could end first on a loaded box), then a moment for any second line to show.
+        deadline = time.monotonic() + HANG_S
+        while not served() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.split(b"\r\n")[0].endswith(b" 400 Bad Request"), answer[:300]
     assert b"content-type: application/json" in head.lower(), head
     doc = json.loads(body)
     assert set(doc["error"]) == {"message", "type", "param", "code"}
     assert doc["error"]["code"] == "bad_http_request" and doc["error"]["message"].startswith("malformed HTTP request: ")
-    records = [r for r in caplog.records if r.name.startswith(("aiohttp", "tts_bench.serve"))]
+    records = served()
     assert len(records) == 1 and records[0].exc_info is None, [(r.name, r.getMessage()) for r in records]
     assert "refused a malformed HTTP request from 127.0.0.1: " in records[0].getMessage()
     assert "\n" not in records[0].getMessage()
