@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import pkgutil
 import random
 import selectors
 import time
 from collections.abc import Iterator
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 
 class VirtualClock:
@@ -87,16 +89,28 @@ class _VirtualPolicy(asyncio.DefaultEventLoopPolicy):
         return _VirtualLoop(self._clock)
 
 
+def load_generator_modules(name: str, value: object) -> list[ModuleType]:
+    """The modules of `tts_bench.load` whose global `name` is `value` (wherever sending and
+    timing live after a move); at least one, or the helpers here would silently do nothing."""
+    import tts_bench.load as package
+
+    found = []
+    for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        module = importlib.import_module(info.name)
+        if getattr(module, name, None) is value:
+            found.append(module)
+    assert found, f"no tts_bench.load module has {name} = {value!r}"
+    return found
+
+
 @contextlib.contextmanager
 def on_virtual_time(clock: VirtualClock | None = None) -> Iterator[VirtualClock]:
     """Every `asyncio.run` inside, and the load generator's clock, on `clock` (a new one by
     default); both restored on the way out. For module-scoped fixtures; tests take the fixture."""
-    from tts_bench.load import loadgen, loadwindow
-
     clock = clock or VirtualClock()
     fake_time = SimpleNamespace(**{k: getattr(time, k) for k in dir(time) if not k.startswith("__")})
     fake_time.perf_counter = clock
-    modules = (loadgen, loadwindow)
+    modules = load_generator_modules("time", time)
     before = [m.time for m in modules], asyncio.get_event_loop_policy()
     for m in modules:
         m.time = fake_time

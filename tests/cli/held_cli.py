@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
 
 HELD_CLI = str(Path(__file__).resolve())
 
 
 def hold_one_request(after: int, marker: Path) -> None:
-    from tts_bench.load import loadgen
+    from tests.virtual_clock import load_generator_modules
+    from tts_bench.load.send import run_request as real
 
-    real = loadgen.run_request
     sent = 0
 
     async def run_request(*args, **kwargs):
@@ -33,10 +34,12 @@ def hold_one_request(after: int, marker: Path) -> None:
             await asyncio.Event().wait()  # held: only a kill or a cancellation ends it
         return await real(*args, **kwargs)
 
-    loadgen.run_request = run_request
+    for module in load_generator_modules("run_request", real):  # every phase driver that sends
+        module.run_request = run_request
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for `tests.` (PYTHONPATH has it too)
     hold_one_request(int(os.environ["HOLD_AFTER"]), Path(os.environ["HOLD_MARKER"]))
     from tts_bench.cli import main
 
