@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import importlib
 
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_prelude.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_prelude", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("scripts.bench_prelude")  # scripts/ is importable from the repository root
 
 
 def test_windows_rotate_through_the_impls_and_keep_one_sample_per_window():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 import wave
 from pathlib import Path
@@ -182,11 +183,7 @@ def test_builtin_reference_wavs_exist_and_are_six_seconds_24k_mono(builtin):
 
 
 def test_builtin_prompt_texts_match_the_reference_script(builtin):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_reference_wavs", REPO / "scripts/make_reference_wavs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("scripts.make_reference_wavs")
     for p in builtin:
         k = int(re.fullmatch(r"ref_(\d+)\.wav", p.prompt_wav.name).group(1))
         assert p.prompt_text == module.REFERENCES[k]

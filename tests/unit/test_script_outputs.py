@@ -4,9 +4,8 @@ its own document, so rerunning a script changes figures, never the shape of the 
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,11 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"scripts.{name}")  # scripts/ is importable from the repository root
 
 
 def committed(stem: str) -> tuple[dict, str]:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,15 +20,10 @@ from tts_bench.verdicts.stats import (
     t_quantile,
 )
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "stats_coverage.py"
 
 
 def coverage_script():
-    spec = importlib.util.spec_from_file_location("stats_coverage", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("scripts.stats_coverage")  # scripts/ is importable from the repository root
 
 
 def normal_blocks(mean: float, *, sd: float, n: int, blocks: int, seed: int) -> list[np.ndarray]:
