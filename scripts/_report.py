@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from pathlib import Path
 
@@ -28,7 +29,20 @@ def add_out(ap: argparse.ArgumentParser) -> None:
                     help="folder for the result JSON (default: $OUT; none: stdout only)")
 
 
+def json_ready(obj):
+    """`obj` with every infinite or NaN float as the string "inf" / "-inf" / "nan": strict JSON
+    has no such numbers, and equal outputs have an infinite SNR or an undefined ratio."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(v) for v in obj]
+    return obj
+
+
 def emit(doc: dict, out: str | None, name: str) -> None:
+    doc = json_ready(doc)
     if out:
         write_json_atomic(Path(out, f"{name}.json"), doc)
     print(json.dumps(doc, default=json_default), flush=True)

@@ -110,7 +110,7 @@ def main() -> None:
     wall = time.perf_counter() - t0
     known = [x for x in loads if x is not None]
     doc = {"script": "scripts/aa_synthetic.py", "sets": SYNTH, "tiers": TIERS, "num_prompts": args.num_prompts,
-           "min_effect_pct": 2.0, "cells": cells, "wall_s": round(wall, 1),
+           "min_effect_pct": load_config(None, SYNTH).bench.min_effect_pct, "cells": cells, "wall_s": round(wall, 1),
            "load_1min": {"min": min(known, default=None), "max": max(known, default=None)}}
     write_json_atomic(args.out / "aa_false_verdicts_synthetic.json", doc)
     md = to_markdown(doc)

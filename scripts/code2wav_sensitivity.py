@@ -41,7 +41,6 @@ from stages.code2wav.streaming import DEFAULT_PROMPT_ID
 from stages.code2wav.token2wav import Token2Wav
 
 FULL = "configs/stages/minicpmo45.yaml"
-INT16_STEP = 1.0 / 32768.0
 
 
 def compare(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> dict:

@@ -133,7 +133,7 @@ def main() -> int:
         print(f"{key:22s} max|d| {doc[key]['max_abs']:.3g}  equal {doc[key]['equal']}", file=sys.stderr)
     for key, row in doc["with_upstream_formulation"].items():
         print(f"upstream formulation {key:9s} max|d| {row['max_abs']:.3g}  equal {row['equal']}", file=sys.stderr)
-    emit(fd.json_ready(doc), args.out, f"official_deviation_{doc['dims']}" + (f"_seed{args.seed}" if args.seed else ""))
+    emit(doc, args.out, f"official_deviation_{doc['dims']}" + (f"_seed{args.seed}" if args.seed else ""))
     return 0
 
 

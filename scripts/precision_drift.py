@@ -171,7 +171,7 @@ def main() -> int:
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, f"{name}.md").write_text("\n".join(lines) + "\n")
-    emit(fd.json_ready(doc), args.out, name)
+    emit(doc, args.out, name)
     return 0
 
 

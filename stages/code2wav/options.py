@@ -124,7 +124,6 @@ MATMUL_ATTENTION_DEFAULT = 4
 _MAX_REQUESTS = 4096
 # The CFM estimator's (DiT's) precision, with its caches: float32 (default) or bfloat16.
 DIT_DTYPE_KEY = "code2wav_dit_dtype"
-DIT_DTYPES = ("float32", "bfloat16")
 PROMPT_WAV_KEY = "prompt_wav"
 OPTIONS: tuple[Option, ...] = (
     *BOOL_OPTIONS,
@@ -140,7 +139,6 @@ OPTIONS: tuple[Option, ...] = (
     Option(PROMPT_WAV_KEY, "prompt_wav", None,
            "the default voice's reference audio; null: the packaged voice (the official one with runner.weights)"),
 )
-BOOL_FLAGS: dict[str, bool] = {row.key: row.default for row in BOOL_OPTIONS}
 KNOWN_KEYS = frozenset(row.key for row in OPTIONS)
 _DEFAULTS = defaults(OPTIONS)
 

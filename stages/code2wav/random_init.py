@@ -42,7 +42,6 @@ F0_MEAN_HZ = 120.0  # the f0 predictor's output centre: a speaking voice's range
 F0_STD_HZ = 60.0
 LOG_MAGNITUDE_BIAS = -2.0  # conv_post's magnitude rows: exp(N(-2, ~1)) keeps the audio near rms 0.1
 CONV_POST_GAIN = 0.4  # the stream reaches conv_post ~2.5x its input scale (three residual stages)
-HIFT_LEAKY_SLOPE = 0.1  # the slope before HiFT's up-layers (HiFTConfig.lrelu_slope's default)
 RESIDUAL_BRANCH_GAIN = 0.5
 
 _WEIGHTED = (nn.Linear, nn.Conv1d, nn.ConvTranspose1d)
@@ -87,7 +86,7 @@ def init_hift_(hift: nn.Module, *, seed: int) -> nn.Module:
     """HiFT (folded: no weight-norm parametrizations) with scale-keeping weights; see the module
     docstring for the per-layer choices."""
     gen = torch.Generator().manual_seed(seed)
-    slope_gain = math.sqrt(2.0 / (1.0 + HIFT_LEAKY_SLOPE**2))
+    slope_gain = math.sqrt(2.0 / (1.0 + hift.cfg.lrelu_slope**2))
     gains = {f"ups.{i}": slope_gain for i in range(len(hift.ups))} | {"conv_post": CONV_POST_GAIN}
     for prefix in ("resblocks", "source_resblocks"):
         for i, block in enumerate(getattr(hift, prefix)):

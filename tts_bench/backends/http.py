@@ -126,8 +126,7 @@ class _AudioStream:
     def finish(self) -> np.ndarray:
         tail = self._concat([self.audio.feed(b) for b in self.sse.finish()]) if self.sse else (
             np.zeros(0, dtype=np.float32))
-        if isinstance(self.audio, CompressedDecoder):  # the codec's last frame
-            tail = self._concat([tail, self.audio.finish()])
+        tail = self._concat([tail, self.audio.finish()])  # a codec's last frame; nothing for PCM/WAV
         if self.audio.pending_bytes:
             log.warning("dropped %d trailing bytes that do not make a whole sample",
                         self.audio.pending_bytes)

@@ -94,18 +94,6 @@ def deviation(ref_mel: torch.Tensor, mel: torch.Tensor, ref_wav: torch.Tensor, w
     )
 
 
-def json_ready(obj):
-    """`obj` with every infinite or NaN float as the string "inf" / "-inf" / "nan" (strict JSON
-    has no such numbers; equal outputs have an infinite SNR)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: json_ready(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_ready(v) for v in obj]
-    return obj
-
-
 # ---- runs ------------------------------------------------------------------------------------
 
 

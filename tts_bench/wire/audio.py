@@ -98,6 +98,10 @@ class PcmDecoder:
         mono = frames[:, 0] if self.channels == 1 else frames.mean(axis=1)
         return np.ascontiguousarray(mono, dtype=np.float32)
 
+    def finish(self) -> np.ndarray:
+        """Nothing is held back but a partial frame (`pending_bytes`): no samples are left."""
+        return np.zeros(0, dtype=np.float32)
+
 
 class WavDecoder:
     """RIFF/WAVE (int16 or float32, any channel count -> mono), one file or several in a row."""
@@ -123,6 +127,10 @@ class WavDecoder:
         while self._step(out):
             pass
         return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+
+    def finish(self) -> np.ndarray:
+        """As `PcmDecoder.finish`: every whole sample was returned by `feed`."""
+        return np.zeros(0, dtype=np.float32)
 
     def _step(self, out: list[np.ndarray]) -> bool:
         """Consume what the buffer allows in the current state; False when it needs more bytes."""

@@ -236,8 +236,3 @@ class AudioEncoder:
             return self._sink.getvalue() if flush else b""
         return self._sink.drain()
 
-
-def encode_whole(fmt: str, samples: np.ndarray, in_rate: int, *, speed: float = 1.0) -> tuple[bytes, str]:
-    """A whole answer (non-streamed): the bytes and their content type."""
-    enc = AudioEncoder(fmt, in_rate, speed=speed, streaming=False)
-    return enc.feed(samples) + enc.finish(), enc.content_type
