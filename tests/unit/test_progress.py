@@ -74,3 +74,13 @@ def test_ab_and_mem_report_progress_per_request_off_a_terminal(tmp_path):
     mem = _stderr_lines(["mem", *SYNTH, "--sampler", "rss", "--interval", "0.05", "--tier", "2x1",
                          "--warm-tier", "none", "--num-prompts", "4"], tmp_path)
     assert {m.group(2) for m in mem} == {"base 2x1", "test 2x1"} and mem[-1].group(3, 5) == ("4", "0")
+
+
+def test_a_duration_phase_without_a_count_reports_what_is_done_instead_of_failing():
+    out, clock = io.StringIO(), _Clock()
+    reporter = progress._Reporter("ab", stream=out, interval_s=10, clock=clock)
+    reporter.task("2x1 base r0", total=None)  # what run_ab starts for a duration-mode phase
+    for _ in range(4):
+        clock.now += 3
+        reporter.advance()
+    assert out.getvalue().splitlines() == ["progress: ab 2x1 base r0: 4 done, until the window ends (elapsed 12 s)"]

@@ -65,7 +65,7 @@ class _Reporter:
     def __exit__(self, *exc) -> None:
         return None
 
-    def task(self, description: str, total: int) -> None:
+    def task(self, description: str, total: int | None) -> None:
         with self._lock:
             self.description, self.total, self.done, self.task_t0 = description, total, 0, self.clock()
 
@@ -79,6 +79,9 @@ class _Reporter:
                 self.stream.flush()
 
     def line(self, now: float) -> str:
+        if self.total is None:  # a duration-mode phase: it ends with its window, not at a count
+            return (f"progress: {self.command} {self.description}: {self.done} done, until the window ends "
+                    f"(elapsed {_duration(now - self.t0)})")
         left = max(0, self.total - self.done)
         rate = self.done / (now - self.task_t0) if now > self.task_t0 and self.done else 0.0
         eta = _duration(left / rate) if rate else "unknown"
@@ -103,7 +106,7 @@ class _RichReporter(_Reporter):
     def __exit__(self, *exc) -> None:
         self._bars.__exit__(*exc)
 
-    def task(self, description: str, total: int) -> None:
+    def task(self, description: str, total: int | None) -> None:
         super().task(description, total)
         self._task = self._bars.add_task(description, total=total)
 
@@ -139,7 +142,7 @@ def reporting(command: str, *, stream: TextIO | None = None, tty: bool | None = 
         _current = previous
 
 
-def task(description: str, total: int) -> None:
+def task(description: str, total: int | None) -> None:
     """Start a task of the open reporter (none open: nothing)."""
     if _current is not None:
         _current.task(description, total)
@@ -154,7 +157,7 @@ def advance(n: int = 1) -> None:
 class Tasks:
     """The A/B runner's progress protocol (`start`, `advance`) over the open reporter."""
 
-    def start(self, description: str, total: int) -> None:
+    def start(self, description: str, total: int | None) -> None:
         task(description, total)
 
     def advance(self) -> None:
