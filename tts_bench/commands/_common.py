@@ -10,7 +10,6 @@ from typing import Any
 
 import typer
 
-from tts_bench.config import FlagOverride
 from tts_bench.errors import ConfigError
 
 FORMATS = ("md", "table", "csv", "json")
@@ -48,6 +47,8 @@ def flag_sets(triples: Iterable[tuple[str, Any, str]]) -> list[str]:
     names its option (`FlagOverride`). A None value is a flag not given (left out); a string is
     written as a JSON string, a YAML double-quoted one whatever it holds (quotes, colons, `#`),
     so `--asr-model "a: b"` stays a string; a bool as true/false; Yaml as it is."""
+    from tts_bench.config.files import FlagOverride
+
     return [FlagOverride(f"{key}={_yaml_value(value)}", flag) for key, value, flag in triples if value is not None]
 
 

@@ -28,7 +28,6 @@ from typing import Optional
 import typer
 
 from tts_bench.commands._common import check_format
-from tts_bench.config import load_arms, parse_tier
 from tts_bench.errors import ConfigError, ExitStatus
 from tts_bench.config.limits import MAX_PROFILE_ROWS
 from tts_bench.config.shipped import DEFAULT_AB_CONFIG, shipped_config
@@ -51,6 +50,8 @@ def profile(
     fmt = check_format(fmt)
     if config is None:
         config = shipped_config(DEFAULT_AB_CONFIG)
+    from tts_bench.config import load_arms
+
     arms = load_arms(config, sets, base_sets, test_sets)
     from tts_bench.report.progress import reporting
 
@@ -80,6 +81,8 @@ def parse_rows(text: str) -> tuple[int, ...]:
 
 def parse_profile_tier(text: str):
     """"128x8" -> Tier(128, 8); raises ConfigError naming --tier on anything else."""
+    from tts_bench.config import parse_tier
+
     return parse_tier(text, where="--tier")
 
 

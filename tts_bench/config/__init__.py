@@ -40,49 +40,23 @@ without applying `arms:` (what both arms share):
     cfg = load_arm(Path("configs/ab/default.yaml"), arm="test")
 """
 
-from tts_bench.config.files import (
-    DEFAULT_ARMS,
-    FlagOverride,
-    apply_overrides,
-    config_hash,
-    config_to_dict,
-    load_arm,
-    load_arms,
-    load_config,
-    with_default_stages,
-)
-from tts_bench.config.loader import load_dataclass, load_yaml_file
-from tts_bench.config.schema import (
-    BenchConfig,
-    BenchParams,
-    HttpConfig,
-    PiperConfig,
-    PromptsConfig,
-    SyntheticConfig,
-    Tier,
-    parse_tier,
-    parse_tiers,
-)
+import importlib
+from typing import Any
 
-__all__ = [
-    "DEFAULT_ARMS",
-    "BenchConfig",
-    "BenchParams",
-    "FlagOverride",
-    "HttpConfig",
-    "PiperConfig",
-    "PromptsConfig",
-    "SyntheticConfig",
-    "Tier",
-    "apply_overrides",
-    "config_hash",
-    "config_to_dict",
-    "load_arm",
-    "load_arms",
-    "load_config",
-    "load_dataclass",
-    "load_yaml_file",
-    "parse_tier",
-    "parse_tiers",
-    "with_default_stages",
-]
+# The package's names, each from the module that defines it. They load on first use (PEP 562):
+# `from tts_bench.config.limits import MAX_PROMPTS` in a command module must not pull pydantic and
+# the stage configs into `tts-bench --help`.
+_EXPORTS = {
+    **dict.fromkeys(("FlagOverride", "apply_overrides", "config_hash", "config_to_dict", "load_arm", "load_arms",
+                     "load_config"), "files"),
+    **dict.fromkeys(("load_dataclass", "load_yaml_file"), "loader"),
+    **dict.fromkeys(("BenchConfig", "BenchParams", "HttpConfig", "PiperConfig", "PromptsConfig", "SyntheticConfig",
+                     "Tier", "parse_tier", "parse_tiers"), "schema"),
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
