@@ -24,18 +24,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
+from tts_bench.load.metrics import measured_wall_s
 from tts_bench.rundir.records import RequestRecord
 
 PhaseKey = tuple[str, str, int]  # (tier, arm, repeat)
 
 
 def _phase_throughput(records: list[RequestRecord]) -> float | None:
-    """Σ audio seconds of the ok requests / Σ over phase ids of (last end − first send)."""
-    spans: dict[str, list[float]] = defaultdict(lambda: [float("inf"), float("-inf")])
-    for r in records:
-        span = spans[r.phase_id]
-        span[0], span[1] = min(span[0], r.t_send_s), max(span[1], r.t_end_s)
-    wall = sum(hi - lo for lo, hi in spans.values())
+    """Σ audio seconds of the ok requests / the phase's measured wall time (`measured_wall_s`)."""
+    wall = measured_wall_s(records)
     audio = sum(r.audio_seconds for r in records if r.ok)
     return audio / wall if wall > 0 and audio > 0 else None
 

@@ -41,7 +41,6 @@ from tts_bench.config.paths import resolve_profile
 from tts_bench.config.sut import sut_hash
 from tts_bench.rundir.atomic_json import write_json_atomic
 from tts_bench.ab import run_ab
-from tts_bench.ab.throughput import block_throughputs
 from tts_bench.verdicts.calibration import CALIBRATION_FILE, DEFAULT_DIR, calibration_key, calibration_path
 from tts_bench.config import apply_overrides, config_to_dict
 from tts_bench.config.files import check_shared_sections
@@ -49,7 +48,6 @@ from tts_bench.errors import ExitStatus, InvalidRunError
 from tts_bench.gate.bench import preflight_arms
 from tts_bench.gate.case import LoadedCase, case_path, load_case, resolve_case
 from tts_bench.gate.samples import METRICS, center
-from tts_bench.load.metrics import aggregate
 from tts_bench.rundir.records import RequestRecord, read_records
 from tts_bench.rundir.provenance import load_avg, python_argv
 from tts_bench.rundir.results import RunDir
@@ -73,10 +71,12 @@ def _phases(records: Sequence[RequestRecord]) -> dict[tuple[str, int, str], list
     return out
 
 
-def run_observations(records: Sequence[RequestRecord], tier: str) -> dict[str, Any]:
-    """Per block log ratios (mean and median, per metric) and per phase log centers of one tier."""
+def run_observations(records: Sequence[RequestRecord], tier: str,
+                     per_block: dict[str, dict[int, float]]) -> dict[str, Any]:
+    """Per block log ratios (mean and median, per metric) and per phase log centers of one tier.
+    `per_block`: the tier's throughput per arm and repeat as its verdict used them
+    (`TierResult.block_throughputs`: measurement windows in duration mode)."""
     phases = _phases(records)
-    per_block = block_throughputs(records).get(tier, {})
     repeats = sorted({k for (t, k, _) in phases if t == tier})
     blocks: dict[str, dict[str, list[float]]] = {m: {"mean": [], "median": []} for m in BLOCK_METRICS}
     centers: dict[str, list[float]] = {m: [] for m in ("audio_rtf", "audio_ttfp_ms", "audio_throughput")}
@@ -92,10 +92,10 @@ def run_observations(records: Sequence[RequestRecord], tier: str) -> dict[str, A
             d = math.log(per_block["test"][k] / per_block["base"][k])
             blocks["audio_throughput"]["mean"].append(d)
             blocks["audio_throughput"]["median"].append(d)
-        for recs in (b, t):
+        for arm, recs in (("base", b), ("test", t)):
             for m in ("audio_rtf", "audio_ttfp_ms"):
                 centers[m].append(math.log(center([getattr(r, m) for r in recs], METRICS[m].center)))
-            thr = aggregate(recs).audio_throughput  # recs: one phase, measured and ok
+            thr = per_block.get(arm, {}).get(k)
             if thr:
                 centers["audio_throughput"].append(math.log(thr))
     return {"blocks": blocks, "centers": centers}
@@ -190,7 +190,7 @@ def run_calibration(
         for t in result.tiers:
             if t.invalid_reasons or t.rtf is None or t.ttfp is None:
                 continue
-            obs[t.tier].append({**run_observations(records, t.tier),
+            obs[t.tier].append({**run_observations(records, t.tier, t.block_throughputs),
                                 "verdicts": {"audio_rtf": t.rtf.verdict, "audio_ttfp_ms": t.ttfp.verdict,
                                              "audio_throughput": t.throughput.verdict if t.throughput else None}})
         row = {"run": i, "dir": run.path.name, "valid": result.valid, "wall_s": round(time.perf_counter() - t_run, 2),
