@@ -23,24 +23,26 @@ def request_id(arm: str, tier: str, repeat: int, slot: str) -> str:
     return f"{arm}:{tier}:r{repeat}:{slot}"
 
 
+def _job(prompts: Sequence[Prompt], labels: PhaseLabels, i: int, *, slot: str, voice_slot: str, seed: int,
+         voices: str, warmup: bool) -> Job:
+    """The request of prompt i mod n with seed `seed + i`, its id naming `slot` and its voice chosen
+    by `voice_slot` (tts_bench.inputs.voices, `prompts.voices`)."""
+    p = prompts[i % len(prompts)]
+    wav, audio = request_voice(p, voice_slot, mode=voices, first=prompts[0].prompt_wav)
+    req = SynthesisRequest(
+        request_id=request_id(labels.arm, labels.tier, labels.repeat, slot),
+        text=p.text, prompt_text=p.prompt_text, prompt_wav=wav, seed=seed + i, prompt_audio=audio,
+    )
+    return Job(req, p.utt, warmup=warmup)
+
+
 def plan_jobs(
     prompts: Sequence[Prompt], labels: PhaseLabels, *, seed: int, warmup: int, voices: str = "file"
 ) -> tuple[list[Job], list[Job]]:
-    """(warmup jobs, measured jobs) for one phase; identical across arms but for the ids.
-    `voices`: which reference voice each request gets (tts_bench.inputs.voices, `prompts.voices`)."""
-    first = prompts[0].prompt_wav if prompts else None
-
-    def job(i: int, slot: str, is_warmup: bool) -> Job:
-        p = prompts[i % len(prompts)]
-        wav, audio = request_voice(p, slot, mode=voices, first=first)
-        req = SynthesisRequest(
-            request_id=request_id(labels.arm, labels.tier, labels.repeat, slot),
-            text=p.text, prompt_text=p.prompt_text, prompt_wav=wav, seed=seed + i, prompt_audio=audio,
-        )
-        return Job(req, p.utt, warmup=is_warmup)
-
-    warm = [job(i, f"w{i:02d}", True) for i in range(warmup)]
-    measured = [job(i, f"{i:04d}", False) for i in range(len(prompts))]
+    """(warmup jobs, measured jobs) for one phase; identical across arms but for the ids."""
+    warm = [_job(prompts, labels, i, slot=f"w{i:02d}", voice_slot=f"w{i:02d}", seed=seed, voices=voices, warmup=True)
+            for i in range(warmup)]
+    measured = [cycle_jobs(prompts, labels, seed=seed, voices=voices)(i) for i in range(len(prompts))]
     return warm, measured
 
 
@@ -49,18 +51,12 @@ def cycle_jobs(
 ) -> Callable[[int], Job]:
     """Duration mode's measured jobs: position i -> the job of prompt i mod n with seed `seed + i`,
     the same in both arms but for the ids (the first n are `plan_jobs`' measured jobs). A phase
-    run again on --resume (`attempt` > 0) gets fresh ids (`0003.1`) beside the cut one's."""
-    first = prompts[0].prompt_wav if prompts else None
+    run again on --resume (`attempt` > 0) gets fresh ids (`0003.1`) beside the cut one's, and the
+    same voice in every attempt."""
     suffix = f".{attempt}" if attempt else ""
 
     def job(i: int) -> Job:
-        p = prompts[i % len(prompts)]
-        slot = f"{i:04d}{suffix}"
-        wav, audio = request_voice(p, f"{i:04d}", mode=voices, first=first)  # the same voice in every attempt
-        req = SynthesisRequest(
-            request_id=request_id(labels.arm, labels.tier, labels.repeat, slot),
-            text=p.text, prompt_text=p.prompt_text, prompt_wav=wav, seed=seed + i, prompt_audio=audio,
-        )
-        return Job(req, p.utt, warmup=False)
+        return _job(prompts, labels, i, slot=f"{i:04d}{suffix}", voice_slot=f"{i:04d}", seed=seed, voices=voices,
+                    warmup=False)
 
     return job
