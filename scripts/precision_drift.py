@@ -34,7 +34,7 @@ import torch
 from scripts._report import add_out, emit
 from scripts._stages import tiny_stages
 from stages.code2wav.config import Code2WavConfig
-from stages.code2wav.options import tf32_scope
+from stages.precision import region_scope
 from stages.code2wav.token2wav import Token2Wav
 from stages.platform import deterministic_kernels, is_cuda, resolve_device
 from tts_bench.reference import fidelity as fd
@@ -97,7 +97,7 @@ def run_mode(cfg: Code2WavConfig, device: torch.device, codes: list[list[int]], 
     t2w = Token2Wav(cfg, device=device, dtype=torch.float32, init_seed=0, keep_mel=True, slots=len(codes))
     streams = [fd.stream_payloads(cfg, c, f"mode-{r}", seed=r) for r, c in enumerate(codes)]
     mels = fd.project_mels(t2w, streams)
-    with tf32_scope(t2w.options.tf32_mode, device, region="hift"):
+    with region_scope(t2w.options.tf32_mode, device, region="hift"):
         wavs = [fd.vocode_project(t2w.hift, m, s) for m, s in zip(mels, ref["sources"])]
     dev = fd.deviation(torch.cat(ref["mels"], dim=1), torch.cat(mels, dim=1),
                        torch.cat(ref["wavs"]), torch.cat(wavs))

@@ -26,6 +26,7 @@ source; a mode below `LOSSY_BELOW_DB` is labelled lossy in the run record (`fide
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,15 @@ CODE2WAV_MODES: dict[str, CodecMode] = {
     "flow": CodecMode(_ALL, _CONV, "TF32 cuDNN convs, TF32 GEMMs in the flow, fp32 GEMMs in HiFT"),
     "all": CodecMode(_ALL, _ALL, "TF32 cuDNN convs and GEMMs everywhere"),
 }
+
+
+def region_scope(mode: str, device: torch.device, *, region: str) -> contextlib.AbstractContextManager[None]:
+    """Both TF32 flags for code2wav's `region` ("flow" / "hift") as `mode`'s row of CODE2WAV_MODES
+    says, restored after (CUDA only: `precision_scope`, whose lease lets regions that want the same
+    flags run side by side on threads of one process, the talker's included)."""
+    return precision_scope(device, CODE2WAV_MODES[mode].flags(region))
+
+
 TALKER_TF32 = FP32  # the talker's GEMMs never round to TF32 (it runs no convolution)
 
 # Mel SNR against the official fp32 decoder. Source: issue 44's H200 table (2026-12-04): the
@@ -133,11 +143,9 @@ def code2wav_precision(device: torch.device, options: Any, estimator: Any) -> di
     """Each code2wav component's precision, from the TF32 flags torch holds inside the scopes the
     flow and HiFT run in (not from the mode's name), and the setup's fidelity. `options`: the
     stage's Code2WavOptions; `estimator`: its DiT (which GEMM and attention kernels it chose)."""
-    from stages.code2wav.options import tf32_scope
-
     live = {}
     for region in ("flow", "hift"):
-        with tf32_scope(options.tf32_mode, device, region=region):
+        with region_scope(options.tf32_mode, device, region=region):
             live[region] = live_tf32(device)
     dtype = options.dit_dtype
     return {

@@ -35,9 +35,10 @@ from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.flow import FlowModel
 from stages.code2wav.flow_cache import AttKeep, trim_conformer_att
 from stages.code2wav.hift import HiFTGenerator, NoiseKeys, crossfade_window
-from stages.code2wav.options import Code2WavOptions, tf32_scope
+from stages.code2wav.options import Code2WavOptions
 from stages.code2wav.slots import SlotPool
 from stages.platform.indexing import index_copy_span
+from stages.precision import region_scope
 
 META_EXTRA = 3  # columns after the codes: slot, vocoder seed, chunk number
 
@@ -150,7 +151,7 @@ class ChunkDecoder:
         device, tf32 = pool.device, self.options.tf32_mode
         # Profiler ranges (read by `tts-bench profile`: keep the names). With no profiler running
         # they record nothing and sync nothing, eager or under capture.
-        with tf32_scope(tf32, device, region="flow"):
+        with region_scope(tf32, device, region="flow"):
             with record_function("code2wav.flow_encoder"):
                 enc = self.flow.encode_chunk(
                     tokens,
@@ -168,7 +169,7 @@ class ChunkDecoder:
                 if not shape.last:
                     self._store_flow(slots, pairs, enc, solved.cnn_cache)
         mel = solved.mel.float()
-        with tf32_scope(tf32, device, region="hift"), record_function("code2wav.hift"):
+        with region_scope(tf32, device, region="hift"), record_function("code2wav.hift"):
             audio = self._vocode(mel, slots, NoiseKeys(noise.row_keys(seeds, chunks)), shape)
         return ChunkOut(audio, mel)
 

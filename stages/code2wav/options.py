@@ -16,7 +16,7 @@ raises), and the TF32 mode is resolved once:
 * else "off".
 Values: "off" / "conv" / "flow" / "all", booleans (true = "all"), and the tokens in `_TF32_TOKENS`;
 every value present is parsed (a typo in an unused alias still fails). The mode is applied
-only on CUDA, by `tf32_scope`, from the resolved value — never re-read per forward. What each
+only on CUDA, by `stages.precision.region_scope`, from the resolved value — never re-read per forward. What each
 mode runs in TF32 is the table in `stages.precision` (CODE2WAV_MODES): "off" is no TF32
 anywhere, cuDNN's convolutions included (torch leaves `torch.backends.cudnn.allow_tf32` on;
 each region sets it off); "conv" keeps cuDNN's TF32 convolutions with fp32 GEMMs (what "off"
@@ -24,23 +24,19 @@ ran before); "flow" adds TF32 GEMMs in the flow, "all" everywhere. The request-c
 (`code2wav_matmul_attention_requests`) are whole numbers, 0..4096, refused otherwise.
 
     opts = Code2WavOptions.from_extra({"code2wav_batched_cache_split": "false"})
-    with tf32_scope(opts.tf32_mode, device, region="flow"):
+    with region_scope(opts.tf32_mode, device, region="flow"):  # stages.precision
         ...
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from stages import flags
 from stages.flags import EnvFlagError, FlagError, Option, defaults, read_bool_flag, read_env_opt_out
-
-if TYPE_CHECKING:  # torch only for annotations: config loading (harness) parses these flags
-    import torch
 
 Tf32Mode = Literal["off", "conv", "flow", "all"]
 TF32_ENV = "MINICPMO_CODE2WAV_TF32"
@@ -276,15 +272,3 @@ def tf32_gemms_in_flow(mode: Tf32Mode) -> bool:
     """Whether `mode` runs the flow's fp32 GEMMs in TF32 (then the DiT keeps cuBLAS's TF32)."""
     return mode in ("flow", "all")
 
-
-def tf32_scope(
-    mode: Tf32Mode, device: torch.device, *, region: Literal["flow", "hift"]
-) -> contextlib.AbstractContextManager[None]:
-    """Both TF32 flags for `region` as the mode's row of `stages.precision.CODE2WAV_MODES` says,
-    restored after (CUDA only: `stages.platform.precision_scope`, whose lease lets regions that
-    want the same flags run side by side on threads of one process, the talker's included)."""
-    # Imported here: the harness parses these flags when loading configs, without torch.
-    from stages.platform.precision import precision_scope
-    from stages.precision import CODE2WAV_MODES
-
-    return precision_scope(device, CODE2WAV_MODES[mode].flags(region))

@@ -48,7 +48,6 @@ from stages.code2wav.flow_cache import FlowCache
 from stages.code2wav.graph_warmup import warm_graphs
 from stages.code2wav.modules import build_flow, build_hift
 from stages.code2wav.kernels import DiTKernels, resolve
-from stages.code2wav.options import tf32_scope
 from stages.code2wav.prompt import PromptBuilder, PromptFeatures
 from stages.code2wav.slots import SlotPool
 from stages.code2wav.streaming import (
@@ -59,6 +58,7 @@ from stages.code2wav.streaming import (
 )
 from stages.platform.device import host_to_device, synchronize_stream
 from stages.platform.graphs import graph_api
+from stages.precision import region_scope
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ class Token2Wav:
         """A voice's setup (speaker embedding, prompt mel, setup solve) under the flow's TF32
         flags: unscoped, its convolutions would run with whatever another replica thread's
         scope holds at that moment."""
-        return tf32_scope(self.options.tf32_mode, self.device, region="flow")
+        return region_scope(self.options.tf32_mode, self.device, region="flow")
 
     @torch.inference_mode()
     def _build_setup(self, pf: PromptFeatures) -> PromptSetup:
@@ -306,7 +306,7 @@ class Token2Wav:
         lookahead = torch.full((self.cfg.flow.pre_lookahead_len,), self.cfg.silence_code)
         tokens = torch.cat([pf.tokens.cpu(), lookahead]).to(self.device).unsqueeze(0)
         mel = pf.mel.to(device=self.device, dtype=self.dtype).t().unsqueeze(0)  # [1, 80, 2Tp]
-        with tf32_scope(self.options.tf32_mode, self.device, region="flow"):
+        with region_scope(self.options.tf32_mode, self.device, region="flow"):
             enc = self.flow.encode_chunk(tokens, None, None, last_chunk=False)
             solved = self.flow.decoder.solve(enc.mu, spk, mel, cnn_cache=None, att_cache=None)
         cache = FlowCache(enc.cnn_cache, enc.att_cache, solved.cnn_cache, solved.att_cache)

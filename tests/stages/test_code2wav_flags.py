@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.code2wav.options import Code2WavOptions, resolve_tf32_mode, tf32_scope
+from stages.code2wav.options import Code2WavOptions, resolve_tf32_mode
+from stages.precision import region_scope
 from stages.code2wav.token2wav import Token2Wav
 from stages.flags import FlagError
 from tests.stages.code2wav_tiny import single_thread, tiny_config  # noqa: F401
@@ -76,21 +77,21 @@ def test_mode_is_resolved_once_at_construction(monkeypatch):
     assert t2w.options.batched_cache_split is True
 
 
-def test_tf32_scope_is_a_no_op_off_cuda():
+def test_region_scope_is_a_no_op_off_cuda():
     before = torch.backends.cuda.matmul.allow_tf32
-    with tf32_scope("all", torch.device("cpu"), region="flow"):
+    with region_scope("all", torch.device("cpu"), region="flow"):
         assert torch.backends.cuda.matmul.allow_tf32 == before
 
 
 @pytest.mark.gpu
-def test_tf32_scope_sets_and_restores_on_cuda():
+def test_region_scope_sets_and_restores_on_cuda():
     dev = torch.device("cuda")
     before = torch.backends.cuda.matmul.allow_tf32
-    with tf32_scope("flow", dev, region="flow"):
+    with region_scope("flow", dev, region="flow"):
         assert torch.backends.cuda.matmul.allow_tf32 is True
-    with tf32_scope("flow", dev, region="hift"):
+    with region_scope("flow", dev, region="hift"):
         assert torch.backends.cuda.matmul.allow_tf32 is False
         assert torch.backends.cudnn.allow_tf32 is True  # "flow" keeps cuDNN's TF32 convolutions
-    with tf32_scope("off", dev, region="hift"):
+    with region_scope("off", dev, region="hift"):
         assert torch.backends.cudnn.allow_tf32 is False
     assert torch.backends.cuda.matmul.allow_tf32 == before

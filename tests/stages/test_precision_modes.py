@@ -13,10 +13,10 @@ import threading
 import pytest
 import torch
 
-from stages.code2wav.options import Code2WavOptions, resolve_tf32_mode, tf32_scope
+from stages.code2wav.options import Code2WavOptions, resolve_tf32_mode
 from stages.flags import FlagError
 from stages.platform import FP32, Tf32Flags, platform_override, precision_scope, strict_fp32_baseline
-from stages.precision import FIDELITY, LOSSY_BELOW_DB, TALKER_TF32, code2wav_precision, fidelity
+from stages.precision import FIDELITY, LOSSY_BELOW_DB, TALKER_TF32, code2wav_precision, fidelity, region_scope
 
 CPU = torch.device("cpu")
 T, F = True, False
@@ -50,7 +50,7 @@ def on_cuda(torch_defaults):
 
 def test_off_runs_no_tf32_anywhere_cudnn_convolutions_included(on_cuda):
     for region in ("flow", "hift"):
-        with tf32_scope("off", CPU, region=region):
+        with region_scope("off", CPU, region=region):
             assert _flags() == (False, False)
     assert _flags() == (False, True)  # torch's defaults again after the scopes
 
@@ -58,9 +58,9 @@ def test_off_runs_no_tf32_anywhere_cudnn_convolutions_included(on_cuda):
 @pytest.mark.parametrize("mode", sorted(EXPECTED))
 def test_each_mode_sets_its_row_in_each_region_and_restores_it(on_cuda, mode):
     flow, hift = EXPECTED[mode]
-    with tf32_scope(mode, CPU, region="flow"):
+    with region_scope(mode, CPU, region="flow"):
         assert _flags() == flow
-    with tf32_scope(mode, CPU, region="hift"):
+    with region_scope(mode, CPU, region="hift"):
         assert _flags() == hift
     assert _flags() == (False, True)
 
@@ -74,7 +74,7 @@ def test_conv_mode_is_parsed_by_the_strict_parser():
 
 
 def test_scopes_change_nothing_off_cuda(torch_defaults):
-    with tf32_scope("all", CPU, region="flow"):
+    with region_scope("all", CPU, region="flow"):
         assert _flags() == (False, True)
 
 
@@ -84,7 +84,7 @@ def test_a_scope_that_wants_other_flags_waits_until_the_holders_leave(on_cuda):
     held, release, seen = threading.Event(), threading.Event(), {}
 
     def replica():
-        with tf32_scope("all", CPU, region="flow"):
+        with region_scope("all", CPU, region="flow"):
             held.set()
             release.wait(5)
             seen["replica"] = _flags()
@@ -111,7 +111,7 @@ def test_scopes_that_want_the_same_flags_run_side_by_side(on_cuda):
     both_in = threading.Barrier(2, timeout=5)
 
     def replica():
-        with tf32_scope("off", CPU, region="flow"):
+        with region_scope("off", CPU, region="flow"):
             both_in.wait()  # breaks (raises) if one waited for the other to leave
 
     threads = [threading.Thread(target=replica) for _ in range(2)]
@@ -124,8 +124,8 @@ def test_scopes_that_want_the_same_flags_run_side_by_side(on_cuda):
 
 
 def test_a_nested_scope_asking_other_flags_is_refused(on_cuda):
-    with tf32_scope("off", CPU, region="flow"):
-        with tf32_scope("off", CPU, region="hift"):  # the same flags: fine
+    with region_scope("off", CPU, region="flow"):
+        with region_scope("off", CPU, region="hift"):  # the same flags: fine
             pass
         with pytest.raises(RuntimeError, match="TF32 scope"):
             with precision_scope(CPU, Tf32Flags(matmul=True, cudnn=True)):
