@@ -28,7 +28,7 @@ SCHEMA_VERSION = 1
 RUN_JSON = "run.json"
 
 
-def config_hash(config: dict[str, Any]) -> str:
+def _dict_hash(config: dict[str, Any]) -> str:
     """12 hex digits of the SHA-256 of `config` as canonical JSON (sorted keys, no spaces)."""
     blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=json_default)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:12]
@@ -46,7 +46,7 @@ def new_header(
 ) -> dict[str, Any]:
     """The run.json of a run that starts now (status `running`); `extra` fields go on top."""
     if config_hashes is None:
-        config_hashes = {arm: config_hash(c) for arm, c in configs.items()}
+        config_hashes = {arm: _dict_hash(c) for arm, c in configs.items()}
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": kind,

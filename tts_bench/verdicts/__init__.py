@@ -2,7 +2,7 @@
 
 - `stats`: repeats as paired blocks, an interval honest at 2-5 blocks, the MDE and the verdict;
 - `holm`: one family of verdicts per run (D-VERDICT-1);
-- `resolution`: a metric's resolving power (MDE) and whether a verdict can be read;
+- `resolution`: whether a metric whose values fall on a few fixed steps can resolve the effect at all;
 - `calibration`: A/A spreads of one machine, refused under other conditions (D-VERDICT-2);
 - `until_resolved`: add repeats until the interval resolves or the budget is spent.
 """
