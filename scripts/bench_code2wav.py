@@ -113,6 +113,9 @@ ARMS = {
     # Small chunks' attention as batched cuBLAS GEMMs (the default runs one Triton kernel).
     "graph-gemm-attention": {"code2wav_device_graph": True, "code2wav_triton_attention": False},
     "eager-gemm-attention": {"code2wav_device_graph": False, "code2wav_triton_attention": False},
+    # HiFT's Snakes as the module's eight-kernel formula (the default runs one Triton launch each).
+    "graph-module-snake": {"code2wav_device_graph": True, "code2wav_fused_snake": False},
+    "eager-module-snake": {"code2wav_device_graph": False, "code2wav_fused_snake": False},
     "graph-bf16": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16"},  # the DiT and its caches
     "graph-bf16-channels-first": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16",
                                   "code2wav_frames_first_conv": False},

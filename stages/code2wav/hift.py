@@ -35,7 +35,9 @@ contract, which the tests hold the pooled path to byte for byte.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +47,9 @@ from torch.nn.utils.parametrizations import weight_norm
 
 from stages.code2wav import noise
 from stages.code2wav.config import HiFTConfig
+
+if TYPE_CHECKING:
+    from stages.code2wav.kernels import SnakeKernel
 
 
 def _pad(kernel_size: int, dilation: int = 1) -> int:
@@ -63,8 +68,13 @@ class Snake(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
         self.alpha = nn.Parameter(torch.ones(channels))
+        # (x, alpha) -> the same formula in one launch (`HiFTGenerator.use_kernels`); it takes
+        # contiguous fp32 input, which every Snake here gets (a conv's output or a sum of them).
+        self.fused: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
+        if self.fused is not None and x.dtype == torch.float32 and x.is_contiguous():
+            return self.fused(x, self.alpha)
         alpha = self.alpha[None, :, None]
         return x + (1.0 / (alpha + 1e-9)) * torch.sin(x * alpha).pow(2)
 
@@ -264,6 +274,7 @@ class HiFTGenerator(nn.Module):
         self.conv_post = _wn_conv(base // 2 ** len(self.ups), n_fft + 2, 7, 1, padding=3)
         self.f0_predictor = ConvRNNF0Predictor(cfg.in_channels, cfg.f0_predictor_channels)
         self.register_buffer("stft_window", torch.empty(n_fft), persistent=False)
+        self.snake_kernel = "eager"  # the run record's name of what runs: "eager" or "triton"
         self.init_buffers()
 
     def init_buffers(self) -> None:
@@ -272,6 +283,13 @@ class HiFTGenerator(nn.Module):
         device = self.conv_pre.bias.device
         window = torch.hann_window(self.cfg.istft_n_fft, periodic=True, dtype=torch.float64, device=device)
         self.stft_window = window.to(torch.float32)
+
+    def use_kernels(self, snake: SnakeKernel) -> None:
+        """Run what `stages.code2wav.kernels.snake_kernel` chose in every Snake (decides nothing)."""
+        self.snake_kernel = snake.name
+        for module in self.modules():
+            if isinstance(module, Snake):
+                module.fused = snake.fn
 
     # -- pieces --------------------------------------------------------------------------------
 

@@ -11,6 +11,8 @@
   or channels-first as the checkpoint lays them out;
 * gemm: the linears as Triton 3xTF32 GEMMs (`dit_gemm`, CUDA, fp32 DiT, `code2wav_dit_tf32x3`)
   or torch's (on CUDA with the GELU as cuBLASLt's epilogue).
+HiFT's one choice, its Snake activations as one Triton launch each or the module's formula, is
+`snake_kernel(options.fused_snake, device)`, handed to `HiFTGenerator.use_kernels`.
 The one cross-flag rule lives here too: with TF32 GEMMs in the flow (`token2wav_allow_tf32`
 flow/all) the 3xTF32 GEMMs stand down, since one-pass TF32 is what the user asked for.
 
@@ -262,6 +264,39 @@ def gemm_kernel(tf32x3: bool, cfg: DiTConfig, device: torch.device, dtype: torch
         return GemmKernel(torch_gemm, False, f"torch ({reason})")
     return GemmKernel(dit_gemm.linear, True,
                       "Triton GEMMs with 3xTF32 products (fp32 accuracy on tensor cores; bias and GELU fused)")
+
+
+@dataclass(frozen=True)
+class SnakeKernel:
+    """HiFT's Snake activation: `fn(x, alpha)` (the Triton launch) or None (the module's formula)."""
+
+    fn: Callable | None = None
+    reason: str = "eager (not resolved)"
+
+    @property
+    def name(self) -> str:
+        return "triton" if self.fn else "eager"
+
+
+def snake_kernel(fused: bool, device: torch.device) -> SnakeKernel:
+    """HiFT's Snakes as one Triton launch each (`hift_triton`, bit for bit the module's formula)
+    when `fused`, on CUDA (the CPU only under TRITON_INTERPRET=1, for tests; an NPU keeps the
+    module's ops: the kernel calls CUDA's libdevice), compiled now; if that fails the module's
+    formula stays. HiFT runs fp32 whatever the flow's dtype, so no dtype is asked."""
+    if not fused:
+        reason = "code2wav_fused_snake is false"
+    elif not (is_cuda(device) or is_cpu(device)):
+        reason = f"not CUDA ({device.type})"
+    else:
+        reason = triton_unavailable_reason(device)
+    if reason is None:
+        from stages.code2wav import hift_triton
+
+        reason = compile_failure(lambda: hift_triton.warm_up(device), "the Triton Snake", "the module's Snake",
+                                 log=log, owner="HiFT")
+        if reason is None:
+            return SnakeKernel(hift_triton.snake, "one Triton launch a Snake (bit for bit the module's formula)")
+    return SnakeKernel(None, f"the module's formula, eight launches ({reason})")
 
 
 def linear_shapes(cfg: DiTConfig) -> list[tuple[int, int, bool, bool]]:

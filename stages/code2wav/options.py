@@ -109,6 +109,10 @@ BOOL_OPTIONS: tuple[Option, ...] = (
     # not beat at 8-32 requests. False keeps the GEMMs.
     Option("code2wav_triton_attention", "triton_attention", True,
            "small chunks' attention as one Triton kernel (CUDA, fp32 DiT)", decision="D-DIT-3"),
+    # HiFT's 72 Snake activations a call as one Triton launch each instead of eight eager kernels
+    # (stages/code2wav/hift_triton.py), bit for bit the module's formula; CUDA only (D-HIFT-1).
+    Option("code2wav_fused_snake", "fused_snake", True,
+           "HiFT's Snake activations as one Triton launch each (CUDA; bit-exact)", decision="D-HIFT-1"),
 )
 # Chunks of up to this many requests run the DiT's attention as batched GEMMs on CUDA/NPU
 # (`dit.attention_by_matmul`, fp32 DiT only), larger ones through scaled_dot_product_attention;
@@ -247,6 +251,7 @@ class Code2WavOptions:
     dit_tf32x3: bool = _DEFAULTS["dit_tf32x3"]
     # Only acts on CUDA, fp32 DiT, chunks of matmul-attention size.
     triton_attention: bool = _DEFAULTS["triton_attention"]
+    fused_snake: bool = _DEFAULTS["fused_snake"]  # only acts on CUDA
     tf32_mode: Tf32Mode = _DEFAULTS["tf32_mode"]
     dit_dtype: str = _DEFAULTS["dit_dtype"]  # the CFM estimator's dtype (its caches too)
     matmul_attention_requests: int = _DEFAULTS["matmul_attention_requests"]  # only acts on CUDA/NPU

@@ -47,7 +47,7 @@ from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.flow_cache import FlowCache
 from stages.code2wav.graph_warmup import warm_graphs
 from stages.code2wav.modules import build_flow, build_hift
-from stages.code2wav.kernels import DiTKernels, resolve
+from stages.code2wav.kernels import DiTKernels, resolve, snake_kernel
 from stages.code2wav.prompt import PromptBuilder, PromptFeatures
 from stages.code2wav.slots import SlotPool
 from stages.code2wav.streaming import (
@@ -151,6 +151,10 @@ class Token2Wav:
         self.final_shapes: set[BatchShape] = set()
         self._graph_generation = 0
         self._groups = 0  # ChunkDecoder runs (one per batch shape of a decode call)
+        # Where a decode call's host time goes: launching groups that replay a graph, launching
+        # eager ones (and captures; an eager full-size group is thousands of launches), and
+        # waiting for the device to finish them and copying the audio back.
+        self._host_s = {"eager_launch_s": 0.0, "replay_launch_s": 0.0, "finish_s": 0.0}
         log.info(
             "token2wav ready: cache split %s, tf32 %s, device graphs %s",
             "batched" if self.options.batched_cache_split else "per-row",
@@ -173,6 +177,9 @@ class Token2Wav:
         # HiFT stays float32 whatever the flow dtype (upstream runs it in fp32).
         self.hift = build_hift(cfg.hift, seed=seed + 1, weights_dir=weights_dir).to(device=self.device).eval()
         self.hift.init_buffers()
+        snake = snake_kernel(self.options.fused_snake, self.device)
+        self.hift.use_kernels(snake)
+        log.info("token2wav: HiFT snakes %s", snake.reason)
         self._prompts = PromptBuilder(
             cfg, device=self.device, dtype=self.dtype, weights_dir=weights_dir, init_seed=seed,
             cache_size=cfg.prompt_cache_size,
@@ -206,6 +213,7 @@ class Token2Wav:
             "dit_attention": self.flow.decoder.estimator.attention_kernel,  # "triton<=N", "matmul<=N" or "sdpa"
             "dit_conv": self.flow.decoder.estimator.conv_layout,  # "frames-first" or "channels-first"
             "dit_gemm": self.flow.decoder.estimator.gemm_kernel,  # "tf32x3" (Triton) or "torch"
+            "hift_snake": self.hift.snake_kernel,  # "triton" or "eager"
             # Why those branches run and the others do not (kernels.resolve's words, as logged).
             "dit_reasons": self.kernels.reasons(),
             "device_graph": graphs is not None and graphs.disabled is None,
@@ -215,10 +223,12 @@ class Token2Wav:
 
     def work(self) -> dict:
         """Cumulative counters for the runner's work report: chunk groups run (a decode call runs
-        one per batch shape among its rows), graph captures and replays."""
+        one per batch shape among its rows), graph captures and replays, and the host seconds of
+        decode calls spent launching eager / replayed groups and finishing them (device wait and
+        copy back)."""
         graphs = self.graphs
         return {"groups": self._groups, "graph_captures": 0 if graphs is None else graphs.captures,
-                "graph_replays": 0 if graphs is None else graphs.replays}
+                "graph_replays": 0 if graphs is None else graphs.replays, **self._host_s}
 
     # -- prompts ---------------------------------------------------------------------------------
 
@@ -359,11 +369,16 @@ class Token2Wav:
         launched = []
         for shape, idx in groups.items():
             items, group = [payloads[i] for i in idx], [streams[i] for i in idx]
+            t0, replays = time.perf_counter(), self.graphs.replays if self.graphs is not None else 0
             launched.append((idx, items, group, self._launch_group(replace(shape, rows=len(idx)), items, group)))
+            replayed = self.graphs is not None and self.graphs.replays > replays
+            self._host_s["replay_launch_s" if replayed else "eager_launch_s"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
         out: list[DecodedAudio | None] = [None] * len(payloads)
         for idx, items, group, chunk in launched:
             for i, audio in zip(idx, self._finish_group(chunk, items, group)):
                 out[i] = audio
+        self._host_s["finish_s"] += time.perf_counter() - t0
         return out  # type: ignore[return-value]
 
     def _validate(self, p: CodecPayload, batch: Sequence[CodecPayload]) -> None:

@@ -140,10 +140,11 @@ class ReplicaLoop:
                 continue
             if self.pending:
                 t0 = time.perf_counter()
+                ready = len({p.request_id for p in self.pending})  # rows this step could take uncapped
                 batch = take_batch(self.pending, max_rows)
                 self._decode(batch)
                 # backlog: payloads left waiting (other requests' or later chunks of these)
-                self.work.add(len(batch), time.perf_counter() - t0, len(self.pending))
+                self.work.add(len(batch), time.perf_counter() - t0, len(self.pending), ready)
 
     def _handle(self, msg: Any) -> None:
         if isinstance(msg, list):

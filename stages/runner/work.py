@@ -11,6 +11,10 @@ tier says who was busy (`work_delta`):
 - replicas busy ~100 % with a growing backlog mean code2wav holds it back;
 - everyone well under 100 % with slow steps: the device is shared (time-sliced) or idle.
 
+A replica also counts the requests with a payload waiting when each step began (`ready`): a step
+takes one chunk a request, so rows well under `max_num_seqs` with rows ~ ready mean the batches
+are as full as the requests allow, and the backlog is later chunks of the same requests.
+
     before = runner.work_snapshot()
     ...  # run a tier
     for row in work_delta(before, runner.work_snapshot()):
@@ -30,18 +34,25 @@ class WorkCounters:
     rows: int = 0  # summed over steps: requests in a talker step, payloads in a decode
     busy_s: float = 0.0  # wall time inside steps
     backlog: int = 0  # summed over steps: work waiting when the step began (not taken by it)
+    # Summed over steps, code2wav only (None: not counted): requests with a payload waiting when
+    # the step began, the rows it could take with no `max_num_seqs` cap (one chunk a request).
+    # rows ~ ready: the batches are as full as the requests allow; rows < ready: the cap binds.
+    ready: int | None = None
     started: float = field(default_factory=time.monotonic)
 
-    def add(self, rows: int, seconds: float, backlog: int = 0) -> None:
+    def add(self, rows: int, seconds: float, backlog: int = 0, ready: int | None = None) -> None:
         self.steps += 1
         self.rows += rows
         self.busy_s += seconds
         self.backlog += backlog
+        if ready is not None:
+            self.ready = (self.ready or 0) + ready
 
     def snapshot(self, extra: dict | None = None) -> dict:
         """The counters now, `wall_s` since the stage started, plus `extra` (engine counters)."""
+        counted = {} if self.ready is None else {"ready": self.ready}
         return {"steps": self.steps, "rows": self.rows, "busy_s": self.busy_s, "backlog": self.backlog,
-                "wall_s": time.monotonic() - self.started, **(extra or {})}
+                **counted, "wall_s": time.monotonic() - self.started, **(extra or {})}
 
     def snapshot_with(self, engine: Any) -> dict:
         """`snapshot()` plus the engine's own cumulative counters, when it has `work()` (the
@@ -71,12 +82,15 @@ def work_delta(before: list[dict], after: list[dict]) -> list[dict]:
 
 
 def per_step(counters: dict) -> dict:
-    """ms_per_step, rows_per_step and backlog_per_step of summed counters (None without steps)."""
+    """ms_per_step, rows_per_step, backlog_per_step and ready_per_step of summed counters (None
+    without steps; ready_per_step None where the stage does not count it)."""
     steps = counters.get("steps", 0)
     if not steps:
-        return {"ms_per_step": None, "rows_per_step": None, "backlog_per_step": None}
+        return {"ms_per_step": None, "rows_per_step": None, "backlog_per_step": None, "ready_per_step": None}
+    ready = counters.get("ready")
     return {"ms_per_step": 1000.0 * counters["busy_s"] / steps, "rows_per_step": counters["rows"] / steps,
-            "backlog_per_step": counters["backlog"] / steps}
+            "backlog_per_step": counters["backlog"] / steps,
+            "ready_per_step": None if ready is None else ready / steps}
 
 
 def eager_groups(counters: dict) -> int:
@@ -100,14 +114,18 @@ def format_work(rows: list[dict]) -> list[str]:
             graphs = (f"  graphs {r.get('graph_captures', 0)} captured / {r.get('graph_replays', 0)} replayed"
                       f" / {eager_groups(r)} eager")
         groups = f"  {r['groups'] / r['steps']:.2f} groups a step" if "groups" in r else ""
+        ready = f" ({r['ready_per_step']:.1f} ready)" if r.get("ready_per_step") is not None else ""
         split = ""
         if r.get("busy_s") and "device_wait_s" in r:  # the talker engine's split of its busy time
             split = (f"  of busy: {r['device_wait_s'] / r['busy_s']:.0%} waiting for the device, "
                      f"{r.get('admit_s', 0.0) / r['busy_s']:.0%} admitting")
             if "device_span_s" in r:  # the device's own time for the steps (not on CPU)
                 split += f"; device span {1000.0 * r['device_span_s'] / r['steps']:.1f} ms a step"
+        elif r.get("busy_s") and "eager_launch_s" in r:  # a replica engine's split of its decodes
+            split = (f"  of busy: {r['eager_launch_s'] / r['busy_s']:.0%} launching eager groups, "
+                     f"{r.get('finish_s', 0.0) / r['busy_s']:.0%} finishing (device wait, copy back)")
         lines.append(
             f"{r['stage']:>12}  busy {r['busy']:6.1%}  {r['steps']:6d} steps  {r['ms_per_step']:7.1f} ms a step  "
-            f"{r['rows_per_step']:5.1f} rows a step  backlog {r['backlog_per_step']:5.1f}{groups}{split}{graphs}"
+            f"{r['rows_per_step']:5.1f} rows a step{ready}  backlog {r['backlog_per_step']:5.1f}{groups}{split}{graphs}"
         )
     return lines

@@ -233,6 +233,10 @@ def test_work_snapshots_count_every_step_row_and_decode_second_of_an_interval(sh
         assert r["busy_s"] >= 0.15 * r["steps"] > 0
         assert 0 < r["busy"] < 1 and r["ms_per_step"] >= 150
         assert r["wall_s"] >= r["busy_s"]
+        # A step takes one chunk of each request with one waiting, up to max_num_seqs (8 here,
+        # more than the 3 requests): what was ready is what was taken, step for step.
+        assert r["ready"] == r["rows"] and r["ready_per_step"] == r["rows_per_step"]
+    assert "ready" not in delta["talker"] and delta["talker"]["ready_per_step"] is None
 
 
 @pytest.mark.parametrize("execution", executions("processes", "threads", "single"))

@@ -3,6 +3,8 @@ determinism, batched == per-row cache split (bytes), ragged groups, state lifecy
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -51,6 +53,21 @@ def test_steady_28_code_payload_is_exactly_one_second():
     c = t2w.decode([third])[0]
     assert c.last_chunk and c.audio.shape == (3 * 2 * 480 + 3840,)
     assert t2w.active_requests == 0
+
+
+def test_work_splits_decode_time_into_eager_launches_replays_and_finishing(monkeypatch):
+    t2w = _t2w()
+    assert t2w.work() == {"groups": 0, "graph_captures": 0, "graph_replays": 0, "eager_launch_s": 0.0,
+                          "replay_launch_s": 0.0, "finish_s": 0.0}
+    # Slow finishing down by a known amount: it must land in finish_s, not in the launches.
+    finish = t2w._finish_group
+    monkeypatch.setattr(t2w, "_finish_group", lambda *a: time.sleep(0.05) or finish(*a))
+    a, b = (_payloads(t2w.cfg, rid, _codes(30, seed), seed) for rid, seed in (("a", 1), ("b", 2)))
+    t2w.decode([a[0], b[0]])  # one shape: one group
+    t2w.decode([a[1], b[1]])  # both final, same length: one group
+    work = t2w.work()
+    assert work["groups"] == 2 and work["graph_replays"] == 0  # no graphs on the CPU: all eager
+    assert work["finish_s"] >= 0.1 and work["eager_launch_s"] > 0 and work["replay_launch_s"] == 0.0
 
 
 def test_streaming_equals_the_non_streaming_reference():

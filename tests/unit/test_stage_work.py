@@ -82,6 +82,31 @@ def test_replicas_pool_into_one_row_and_the_table_averages_repeats():
     assert rows[1][graphs] == "2 / 18 / 6" and rows[0][graphs] == ""  # 24 groups, 18 of them replays
     assert rows[1]["groups a step"] == "1.20" and rows[0]["groups a step"] == ""
     assert rows[0]["device wait (of busy)"] == rows[1]["device wait (of busy)"] == ""  # no split counted
+    assert rows[1]["ready a step"] == rows[0]["ready a step"] == ""  # recorded before the counter
+
+
+def test_the_table_shows_ready_requests_a_step_when_every_replica_counted_them():
+    stages = [{**_stage("code2wav-0", 4, 16, 2.0, 10.0), "busy": 0.2, "ready": 30},
+              {**_stage("code2wav-1", 6, 24, 6.0, 10.0), "busy": 0.6, "ready": 30}]
+    (replicas,) = pooled(stages)
+    assert replicas["ready"] == 60 and replicas["ready_per_step"] == pytest.approx(6.0)
+    (row,) = work_table([{"arm": "a", "tier": "64x4", "repeat": 0, "stages": stages}]).to_dict("records")
+    assert row["rows a step"] == "4.0" and row["ready a step"] == "6.0"
+    stages[1].pop("ready")  # one replica from before the counter: no pooled figure, not a partial one
+    assert "ready" not in pooled(stages)[0]
+
+
+def test_the_table_splits_a_replicas_busy_time_into_eager_launches_and_finishing():
+    split = {"eager_launch_s": 1.0, "replay_launch_s": 0.2, "finish_s": 0.6}
+    stages = [{**_stage("code2wav-0", 4, 16, 2.0, 10.0), "busy": 0.2, **split},
+              {**_stage("code2wav-1", 6, 24, 6.0, 10.0), "busy": 0.6, **{k: 3 * v for k, v in split.items()}}]
+    (replicas,) = pooled(stages)
+    assert replicas["eager_launch_s"] == pytest.approx(4.0) and replicas["finish_s"] == pytest.approx(2.4)
+    (row,) = work_table([{"arm": "a", "tier": "64x4", "repeat": 0, "stages": stages}]).to_dict("records")
+    assert row["eager launches (of busy)"] == "50%" and row["finishing (of busy)"] == "30%"  # of 8 s busy
+    (talker,) = work_table([{"arm": "a", "tier": "64x4", "repeat": 0,
+                             "stages": [_stage("talker", 5, 5, 0.5, 2.0)]}]).to_dict("records")
+    assert talker["eager launches (of busy)"] == talker["finishing (of busy)"] == ""
 
 
 def test_the_table_shows_the_talkers_busy_time_split_averaged_over_repeats():

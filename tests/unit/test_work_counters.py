@@ -17,6 +17,24 @@ def test_counters_add_steps_rows_time_and_backlog():
     assert snap["wall_s"] >= 0
 
 
+def test_ready_requests_are_counted_only_where_a_stage_reports_them():
+    talker, replica = WorkCounters(), WorkCounters()
+    talker.add(64, 0.02)
+    assert "ready" not in talker.snapshot()
+    replica.add(8, 0.4, backlog=9, ready=12)  # the cap (8) bound this step: 12 requests had work
+    replica.add(3, 0.2, backlog=2, ready=3)
+    snap = replica.snapshot()
+    assert snap["ready"] == 15 and snap["rows"] == 11
+    (d,) = work_delta([], [{"stage": "code2wav-0", **snap}])
+    assert d["ready_per_step"] == pytest.approx(7.5) and d["rows_per_step"] == pytest.approx(5.5)
+    assert "5.5 rows a step (7.5 ready)" in format_work([d])[0]
+    split = replica.snapshot({"eager_launch_s": 0.3, "finish_s": 0.15})
+    (s,) = work_delta([], [{"stage": "code2wav-0", **split}])
+    assert "of busy: 50% launching eager groups, 25% finishing" in format_work([s])[0]
+    (t,) = work_delta([], [{"stage": "talker", **talker.snapshot()}])
+    assert t["ready_per_step"] is None and "ready" not in format_work([t])[0]
+
+
 def test_delta_derives_busy_share_and_per_step_figures_over_the_interval():
     before = [{"stage": "talker", "steps": 10, "rows": 100, "busy_s": 1.0, "backlog": 0, "wall_s": 5.0}]
     after = [{"stage": "talker", "steps": 30, "rows": 500, "busy_s": 4.0, "backlog": 40, "wall_s": 9.0}]

@@ -23,6 +23,9 @@ from typing import Any
 import pandas as pd
 
 WORK_TITLE = "stage work during the measured requests (mean over repeats; replicas pooled)"
+# A replica's decode time split (Token2Wav.work): launching eager groups (host-bound: thousands
+# of launches each), launching graph replays, finishing (device wait and the copy back).
+DECODE_SPLIT = ("eager_launch_s", "replay_launch_s", "finish_s")
 
 
 class StageWorkHooks:
@@ -69,6 +72,9 @@ def pooled(stages: list[dict]) -> list[dict]:
         return talker
     total = {k: sum(s.get(k, 0) or 0 for s in replicas)
              for k in ("steps", "rows", "busy_s", "backlog", "groups", "graph_captures", "graph_replays")}
+    for key in ("ready", *DECODE_SPLIT):  # runs recorded before these counters have none
+        if all(key in s for s in replicas):
+            total[key] = sum(s[key] for s in replicas)
     steps = total["steps"]
     row = {"stage": f"code2wav x{len(replicas)}", **total, **per_step(total),
            "busy": sum(s["busy"] or 0.0 for s in replicas) / len(replicas),
@@ -89,6 +95,8 @@ def work_table(entries: list[dict]) -> pd.DataFrame:
             "Busy": _pct(_mean(s.get("busy") for s in seen)),
             "ms a step": _num(_mean(s.get("ms_per_step") for s in seen), 1),
             "rows a step": _num(_mean(s.get("rows_per_step") for s in seen), 1),
+            # Requests with a chunk waiting as a step began: rows a step's ceiling with no cap.
+            "ready a step": _num(_mean(s.get("ready_per_step") for s in seen), 1, missing=""),
             "backlog a step": _num(_mean(s.get("backlog_per_step") for s in seen), 1),
             "groups a step": _num(_mean(s.get("groups_per_step") for s in seen), 2, missing=""),
             "graphs captured / replayed / eager": _graphs(seen),
@@ -96,6 +104,9 @@ def work_table(entries: list[dict]) -> pd.DataFrame:
             "device wait (of busy)": _pct(_mean(_share(s, "device_wait_s") for s in seen), missing=""),
             "admitting (of busy)": _pct(_mean(_share(s, "admit_s") for s in seen), missing=""),
             "device span (of busy)": _pct(_mean(_share(s, "device_span_s") for s in seen), missing=""),
+            # A replica's split: host time launching eager groups / waiting for the device.
+            "eager launches (of busy)": _pct(_mean(_share(s, "eager_launch_s") for s in seen), missing=""),
+            "finishing (of busy)": _pct(_mean(_share(s, "finish_s") for s in seen), missing=""),
         })
     return pd.DataFrame(rows)
 
