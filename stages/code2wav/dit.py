@@ -35,6 +35,7 @@ Module names follow the official checkpoint (`decoder.estimator.blocks.0.attn.to
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from stages.code2wav.kernels import DiTKernels
 
 MOD_LN_EPS = 1e-6  # the non-affine LayerNorms before modulation
+CONV_LN_EPS = 1e-5  # the conv block's affine LayerNorm (torch's default, as the checkpoint has it)
 _CONV_KERNEL = 3
 CONV_CACHE_FRAMES = _CONV_KERNEL - 1  # causal history per conv in the block's cache
 
@@ -254,11 +256,13 @@ class CausalConvBlock(nn.Module):
         super().__init__()
         self.channels = channels
         self.frames_first = False
+        # Frames-first only (`DiT.use_kernels`): `dit_conv_triton.ln_mish_window` or None.
+        self.ln_mish: Callable | None = None
         self.block = nn.Sequential(
             Transpose(),
             nn.Conv1d(channels, channels, _CONV_KERNEL),
             Transpose(),
-            nn.LayerNorm(channels),
+            nn.LayerNorm(channels, eps=CONV_LN_EPS),
             nn.Mish(),
             Transpose(),
             nn.Conv1d(channels, channels, _CONV_KERNEL),
@@ -290,6 +294,11 @@ class CausalConvBlock(nn.Module):
         # read it so); only its two frames a conv are transposed, not the activations.
         c = self.channels
         full1 = torch.cat([cache[:, :c].transpose(1, 2), x], dim=1)  # [B, 2 + T, C]
+        if self.ln_mish is not None:  # LayerNorm, Mish, conv2's window and both histories: one launch
+            norm = self.block[3]
+            h1 = conv_frames_first(self.block[1], full1).contiguous()  # already is: a channels-last conv's output
+            full2 = self.ln_mish(h1, full1, cache[:, c:], norm.weight, norm.bias, norm.eps, out_cache)
+            return conv_frames_first(self.block[6], full2)
         h = self.block[4](self.block[3](conv_frames_first(self.block[1], full1)))
         full2 = torch.cat([cache[:, c:].transpose(1, 2), h], dim=1)
         out_cache[:, :c] = full1[:, -CONV_CACHE_FRAMES:].transpose(1, 2)
@@ -418,6 +427,7 @@ class DiT(nn.Module):
             block.attn.matmul_rows, block.attn.flash = attention.matmul_rows, attention.flash
             block.attn.gemm = block.mlp.gemm = gemm.linear
             block.conv.set_frames_first(kernels.conv.frames_first)
+            block.conv.ln_mish = kernels.conv.ln_mish
             if norm.fused:
                 block.attn.qkv_projection()
 

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from stages.code2wav.config import DiTConfig
-from stages.code2wav.dit import MOD_LN_EPS, residual_norm_modulate_eager, torch_linear
+from stages.code2wav.dit import CONV_LN_EPS, MOD_LN_EPS, residual_norm_modulate_eager, torch_linear
 from stages.code2wav.options import Code2WavOptions, tf32_gemms_in_flow
 from stages.platform import compile_failure, is_cpu, is_cuda, tf32_tensor_cores, triton_unavailable_reason
 
@@ -112,10 +112,17 @@ class AttentionKernel:
 class ConvLayout:
     frames_first: bool = False
     reason: str = "channels-first (not resolved)"
+    # Frames-first only: the block's LayerNorm + Mish + conv2 window + cache writes as one
+    # Triton launch (`dit_conv_triton.ln_mish_window`), or None: the modules' ops.
+    ln_mish: Callable | None = None
 
     @property
     def name(self) -> str:
         return "frames-first" if self.frames_first else "channels-first"
+
+    @property
+    def norm_name(self) -> str:
+        return "triton" if self.ln_mish else "eager"
 
 
 @dataclass(frozen=True)
@@ -141,7 +148,7 @@ class DiTKernels:
     def describe(self) -> dict[str, str]:
         """The run record's one-word names (Token2Wav.describe's `dit_*` keys)."""
         return {"dit_norm": self.norm.name, "dit_attention": self.attention.name, "dit_conv": self.conv.name,
-                "dit_gemm": self.gemm.name}
+                "dit_conv_norm": self.conv.norm_name, "dit_gemm": self.gemm.name}
 
     def reasons(self) -> dict[str, str]:
         """What runs and why the other branches do not, one line a part (the log's words)."""
@@ -155,7 +162,8 @@ def resolve(options: Code2WavOptions, cfg: DiTConfig, device: torch.device, dtyp
         norm=norm_kernel(options.fused_norm, cfg, device, dtype),
         attention=attention_kernel(options.matmul_attention_requests, cfg, device, dtype,
                                    triton=options.triton_attention),
-        conv=conv_layout(options.frames_first_conv, device),
+        conv=conv_layout(options.frames_first_conv, device, fused_norm=options.fused_conv_norm, dtype=dtype,
+                         channels=cfg.hidden_size),
         gemm=gemm_kernel(options.dit_tf32x3, cfg, device, dtype, tf32_flow=tf32_gemms_in_flow(options.tf32_mode)),
     )
 
@@ -229,12 +237,25 @@ def attention_kernel(max_requests: int, cfg: DiTConfig, device: torch.device, dt
     return AttentionKernel(max_requests, rows, None, f"{said}; Triton attention: {flash_reason}" if triton else said)
 
 
-def conv_layout(frames_first: bool, device: torch.device) -> ConvLayout:
+def conv_layout(frames_first: bool, device: torch.device, *, fused_norm: bool = False,
+                dtype: torch.dtype = torch.float32, channels: int = 512) -> ConvLayout:
     """Frames-first causal convs when asked and on CUDA, where cuDNN otherwise transforms every
     conv's input and output between layouts; the CPU and an NPU keep the checkpoint's
-    channels-first convs (measured on CUDA only)."""
+    channels-first convs (measured on CUDA only). Frames-first, with `fused_norm` the block's
+    LayerNorm + Mish + conv2 window + cache writes run as one Triton launch, compiled now for
+    `dtype`; if that fails the modules' ops stay."""
     if frames_first and is_cuda(device):
-        return ConvLayout(True, "frames-first (channels-last 2-D convs, no layout transforms)")
+        said = "frames-first (channels-last 2-D convs, no layout transforms)"
+        if not fused_norm:
+            return ConvLayout(True, f"{said}; LayerNorm + Mish eager (code2wav_fused_conv_norm is false)")
+        from stages.code2wav import dit_conv_triton
+
+        reason = compile_failure(lambda: dit_conv_triton.warm_up(device, dtype, channels, CONV_LN_EPS),
+                                 "the Triton conv-block norm", "the eager LayerNorm + Mish", log=log, owner="DiT")
+        if reason is not None:
+            return ConvLayout(True, f"{said}; LayerNorm + Mish eager ({reason})")
+        return ConvLayout(True, f"{said}; LayerNorm + Mish + cache writes as one Triton launch",
+                          dit_conv_triton.ln_mish_window)
     why = "code2wav_frames_first_conv is false" if not frames_first else f"not CUDA ({device.type})"
     return ConvLayout(False, f"channels-first ({why})")
 

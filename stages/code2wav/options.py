@@ -109,6 +109,12 @@ BOOL_OPTIONS: tuple[Option, ...] = (
     # not beat at 8-32 requests. False keeps the GEMMs.
     Option("code2wav_triton_attention", "triton_attention", True,
            "small chunks' attention as one Triton kernel (CUDA, fp32 DiT)", decision="D-DIT-3"),
+    # The causal conv block's LayerNorm + Mish, conv2's input window and both cache writes as one
+    # Triton launch instead of five (stages/code2wav/dit_conv_triton.py); acts with the frames-first
+    # convs (CUDA). The same function to fp32 rounding (D-DIT-7).
+    Option("code2wav_fused_conv_norm", "fused_conv_norm", True,
+           "the DiT conv block's LayerNorm + Mish + cache writes as one Triton launch (CUDA, frames-first)",
+           decision="D-DIT-7"),
     # HiFT's 72 Snake activations a call as one Triton launch each instead of eight eager kernels
     # (stages/code2wav/hift_triton.py), bit for bit the module's formula; CUDA only (D-HIFT-1).
     Option("code2wav_fused_snake", "fused_snake", True,
@@ -251,6 +257,7 @@ class Code2WavOptions:
     dit_tf32x3: bool = _DEFAULTS["dit_tf32x3"]
     # Only acts on CUDA, fp32 DiT, chunks of matmul-attention size.
     triton_attention: bool = _DEFAULTS["triton_attention"]
+    fused_conv_norm: bool = _DEFAULTS["fused_conv_norm"]  # only acts with frames_first_conv on CUDA
     fused_snake: bool = _DEFAULTS["fused_snake"]  # only acts on CUDA
     tf32_mode: Tf32Mode = _DEFAULTS["tf32_mode"]
     dit_dtype: str = _DEFAULTS["dit_dtype"]  # the CFM estimator's dtype (its caches too)
