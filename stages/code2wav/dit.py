@@ -437,6 +437,11 @@ class DiT(nn.Module):
         "channels-first" (`use_kernels` switches every block together)."""
         return "frames-first" if self.blocks[0].conv.frames_first else "channels-first"
 
+    @property
+    def conv_norm_kernel(self) -> str:
+        """The conv blocks' LayerNorm + Mish, read off the blocks: "triton" or "eager"."""
+        return "triton" if self.blocks[0].conv.ln_mish is not None else "eager"
+
     def forward_chunk(
         self,
         x_in: torch.Tensor,  # [N, 320, T] = [x | mu | spk | cond]

@@ -212,7 +212,7 @@ class Token2Wav:
             "dit_norm": self.flow.decoder.estimator.norm_kernel,  # what runs: "triton" or "eager"
             "dit_attention": self.flow.decoder.estimator.attention_kernel,  # "triton<=N", "matmul<=N" or "sdpa"
             "dit_conv": self.flow.decoder.estimator.conv_layout,  # "frames-first" or "channels-first"
-            "dit_conv_norm": self.kernels.conv.norm_name,  # the conv block's LayerNorm + Mish: "triton" or "eager"
+            "dit_conv_norm": self.flow.decoder.estimator.conv_norm_kernel,  # the conv block's LN + Mish: "triton" or "eager"
             "dit_gemm": self.flow.decoder.estimator.gemm_kernel,  # "tf32x3" (Triton) or "torch"
             "hift_snake": self.hift.snake_kernel,  # "triton" or "eager"
             # Why those branches run and the others do not (kernels.resolve's words, as logged).

@@ -23,7 +23,8 @@ from stages.talker.prelude import penalty_temperature_eager
 from tests.stages.code2wav_tiny import random_dit, single_thread, tiny_config  # noqa: F401
 
 CPU = torch.device("cpu")
-CPU_WORDS = {"dit_norm": "eager", "dit_attention": "sdpa", "dit_conv": "channels-first", "dit_gemm": "torch"}
+CPU_WORDS = {"dit_norm": "eager", "dit_attention": "sdpa", "dit_conv": "channels-first", "dit_conv_norm": "eager",
+             "dit_gemm": "torch"}
 CPU_REASONS = {
     "norm": "eager (CPU without TRITON_INTERPRET=1)",
     "attention": "scaled_dot_product_attention (the CPU); Triton attention: CPU without TRITON_INTERPRET=1",
@@ -47,7 +48,7 @@ def test_an_unresolved_dit_runs_what_the_default_kernels_name():
     dit, unresolved = DiT(tiny_config().dit), dit_kernels.DiTKernels()
     assert dit.kernels is None
     assert {"dit_norm": dit.norm_kernel, "dit_attention": dit.attention_kernel, "dit_conv": dit.conv_layout,
-            "dit_gemm": dit.gemm_kernel} == unresolved.describe() == CPU_WORDS
+            "dit_conv_norm": dit.conv_norm_kernel, "dit_gemm": dit.gemm_kernel} == unresolved.describe() == CPU_WORDS
 
 
 def test_the_dit_runs_exactly_what_it_is_handed():
@@ -56,13 +57,15 @@ def test_the_dit_runs_exactly_what_it_is_handed():
     dit = random_dit()
     chosen = dit_kernels.DiTKernels(
         attention=dit_kernels.AttentionKernel(max_requests=3, matmul_rows=6, reason="given"),
-        conv=dit_kernels.ConvLayout(True, "given"),
+        conv=dit_kernels.ConvLayout(True, "given", ln_mish=len),
         gemm=dit_kernels.GemmKernel(dit_kernels.torch_linear_epilogue, False, "given"))
     dit.use_kernels(chosen)
     assert dit.kernels is chosen and dit.attention_kernel == "matmul<=3" and dit.conv_layout == "frames-first"
+    assert dit.conv_norm_kernel == "triton" and all(b.conv.ln_mish is len for b in dit.blocks)
     assert all(b.attn.matmul_rows == 6 and b.mlp.gemm is dit_kernels.torch_linear_epilogue for b in dit.blocks)
     dit.use_kernels(dit_kernels.DiTKernels())  # and back: the torch references again
     assert dit.conv_layout == "channels-first" and dit.blocks[0].attn.matmul_rows == 0
+    assert dit.conv_norm_kernel == "eager"
 
 
 def test_an_engine_records_why_its_dit_runs_what_it_runs(no_interpreter, single_thread):  # noqa: F811
