@@ -116,9 +116,11 @@ ARMS = {
     # HiFT's Snakes as the module's eight-kernel formula (the default runs one Triton launch each).
     # The DiT conv block's LayerNorm + Mish + cache writes as the modules' ops (default: one launch).
     "graph-eager-conv-norm": {"code2wav_device_graph": True, "code2wav_fused_conv_norm": False},
-    # Both of this part's kernels off: the conv-block norm and HiFT's Snakes as the modules' ops.
-    "graph-unfused-c2w": {"code2wav_device_graph": True, "code2wav_fused_conv_norm": False,
-                          "code2wav_fused_snake": False},
+    # The DiT's causal convs on cuDNN (default: 3xTF32 Triton GEMMs over the window).
+    "graph-cudnn-conv": {"code2wav_device_graph": True, "code2wav_conv_gemm": False},
+    # The three kernels of 2026-12-05 off: conv GEMMs, the conv-block norm, HiFT's Snakes.
+    "graph-unfused-c2w": {"code2wav_device_graph": True, "code2wav_conv_gemm": False,
+                          "code2wav_fused_conv_norm": False, "code2wav_fused_snake": False},
     "graph-module-snake": {"code2wav_device_graph": True, "code2wav_fused_snake": False},
     "eager-module-snake": {"code2wav_device_graph": False, "code2wav_fused_snake": False},
     "graph-bf16": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16"},  # the DiT and its caches
@@ -247,6 +249,7 @@ def main() -> int:
             r["dit_conv"] = {n: t.describe()["dit_conv"] for n, t in arms.items()}
             r["dit_gemm"] = {n: t.describe()["dit_gemm"] for n, t in arms.items()}
             r["dit_conv_norm"] = {n: t.describe()["dit_conv_norm"] for n, t in arms.items()}
+            r["dit_conv_gemm"] = {n: t.describe()["dit_conv_gemm"] for n, t in arms.items()}
             r["hift_snake"] = {n: t.describe()["hift_snake"] for n, t in arms.items()}
             results.append(r)
             cols = "  ".join(

@@ -9,7 +9,7 @@ whatever the mode):
 
 | mode | cuDNN convs (flow / HiFT) | cuBLAS GEMMs (flow / HiFT) | DiT linears | DiT attention |
 | --- | --- | --- | --- | --- |
-| off (default) | fp32 / fp32 | fp32 / fp32 | Triton 3xTF32 (fp32-accurate) | Triton 3xTF32 <= 4 requests, GEMMs or SDPA fp32 above |
+| off (default) | fp32 / fp32 (the DiT's causal convs: Triton 3xTF32, D-DIT-8) | fp32 / fp32 | Triton 3xTF32 (fp32-accurate) | Triton 3xTF32 <= 4 requests, GEMMs or SDPA fp32 above |
 | conv | TF32 / TF32 | fp32 / fp32 | as off | as off |
 | flow | TF32 / TF32 | TF32 / fp32 | cuBLAS TF32 | GEMMs or SDPA, TF32 matmuls |
 | all | TF32 / TF32 | TF32 / TF32 | cuBLAS TF32 | as flow |

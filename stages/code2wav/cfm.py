@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 from stages.code2wav.config import Code2WavConfig
-from stages.code2wav.dit import CONV_CACHE_FRAMES, DiT, StepModulation
+from stages.code2wav.dit import DiT, StepModulation
+from stages.code2wav.dit_conv import CONV_CACHE_FRAMES
 from stages.platform.precision import tf32_enabled
 
 

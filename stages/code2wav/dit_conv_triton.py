@@ -15,7 +15,8 @@ What a newcomer needs to know:
   x))`, libdevice's functions on CUDA). In bfloat16 the normalised value is rounded to bfloat16
   before the Mish, as the eager chain stores it. Graph replay and eager calls both run this
   kernel, so they agree bit for bit with each other.
-* Shapes: h1 [B, T, C] contiguous (conv1's frames-first output); full1 [B, 2 + T, C] contiguous
+* Shapes: h1 [B, T, C] with dense frames, any batch stride (conv1's frames-first output, a view
+  into the conv GEMM's window with `code2wav_conv_gemm`); full1 [B, 2 + T, C] contiguous
   (conv1's input window); hist2 [B, C, 2] any strides (a view into the cache); out_cache
   [B, 2C, 2] any strides, and it must not overlap hist2 (a program reads a cached frame while
   another writes the new history); the wrapper refuses an overlap.
@@ -37,12 +38,12 @@ from stages.platform import is_cpu
 from stages.platform.triton_launch import launches_for
 
 HISTORY = 2  # frames of each conv's input kept for the next chunk (kernel size 3 - 1)
-_SHAPE_ARGS = ["frames", "h2_sb", "h2_sc", "h2_st", "o_sb", "o_sc", "o_st"]
+_SHAPE_ARGS = ["frames", "h1_sb", "h2_sb", "h2_sc", "h2_st", "o_sb", "o_sc", "o_st"]
 
 
 @triton.jit(do_not_specialize=_SHAPE_ARGS)
 def _ln_mish_window_kernel(
-    h1_ptr,  # [B, T, C] contiguous: conv1's output
+    h1_ptr,  # [B, T, C], frames dense, batch stride h1_sb: conv1's output
     full1_ptr,  # [B, 2 + T, C] contiguous: conv1's input window
     hist2_ptr,  # [B, C, 2] strided: conv2's cached input frames
     w_ptr,  # [C] LayerNorm weight
@@ -50,6 +51,7 @@ def _ln_mish_window_kernel(
     out_ptr,  # [B, 2 + T, C] contiguous: conv2's input window
     cache_ptr,  # [B, 2C, 2] strided: the new histories, conv1's then conv2's channels
     frames,  # T
+    h1_sb,  # h1's batch stride (T * C dense; (T + 2) * C from the conv GEMM's window)
     h2_sb, h2_sc, h2_st,  # hist2's strides
     o_sb, o_sc, o_st,  # cache's strides
     C: tl.constexpr,
@@ -66,7 +68,7 @@ def _ln_mish_window_kernel(
     if r < 2:  # a cached frame of conv2's input, as it was
         v = tl.load(hist2_ptr + b * h2_sb + cols * h2_sc + r * h2_st, mask=mask, other=0.0).to(tl.float32)
     else:
-        x = tl.load(h1_ptr + (b * frames + r - 2) * C + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(h1_ptr + b * h1_sb + (r - 2) * C + cols, mask=mask, other=0.0).to(tl.float32)
         # `tl.reduce(..., tl.standard._sum_combine)`: what `tl.sum` runs, callable from the
         # interpreter twin (see dit_triton).
         mean = tl.reduce(x, 0, tl.standard._sum_combine) / C
@@ -103,8 +105,9 @@ def ln_mish_window(h1: torch.Tensor, full1: torch.Tensor, hist2: torch.Tensor, w
     """`cat([hist2ᵀ, mish(LN(h1))])` as a new contiguous [B, 2 + T, C] tensor (conv2's input),
     with out_cache[:, :C] = full1's last two frames and out_cache[:, C:] = its own last two
     (channels-first, as the eager block stores them)."""
-    if h1.dim() != 3 or not h1.is_contiguous():
-        raise ValueError(f"h1 must be a contiguous [B, T, C] tensor, got {tuple(h1.shape)} strides {h1.stride()}")
+    if h1.dim() != 3 or h1.stride(2) != 1 or h1.stride(1) != h1.shape[2]:
+        raise ValueError(f"h1 must be [B, T, C] with dense frames (any batch stride), got {tuple(h1.shape)} "
+                         f"strides {h1.stride()}")
     b, frames, c = h1.shape
     if full1.shape != (b, frames + HISTORY, c) or not full1.is_contiguous():
         raise ValueError(f"full1 must be a contiguous [{b}, {frames + HISTORY}, {c}] tensor, got {tuple(full1.shape)}")
@@ -122,7 +125,7 @@ def ln_mish_window(h1: torch.Tensor, full1: torch.Tensor, hist2: torch.Tensor, w
     (a0, a1), (b0, b1) = _span(hist2), _span(out_cache)
     if a0 <= b1 and b0 <= a1:
         raise ValueError("out_cache overlaps hist2: the new histories would overwrite cached frames still to be read")
-    tail = (frames, *hist2.stride(), *out_cache.stride(), c, triton.next_power_of_2(c), eps, not is_cpu(h1.device))
+    tail = (frames, h1.stride(0), *hist2.stride(), *out_cache.stride(), c, triton.next_power_of_2(c), eps, not is_cpu(h1.device))
     launches_for(_ln_mish_window_kernel, h1.device).checked(
         (h1.device.index, h1.dtype, c, eps), (b * (frames + HISTORY), 1, 1),
         (h1, full1, hist2, weight, bias, out, out_cache), tail,

@@ -97,13 +97,14 @@ def split_for(rows: int, n: int, k: int, tile: Tile) -> int:
 
 @triton.jit(do_not_specialize=["rows"])
 def _linear_kernel(
-    x_ptr,  # [rows, K] contiguous
+    x_ptr,  # [rows, K], row stride X_STRIDE (K: contiguous; less: overlapping rows, a conv's window)
     w_ptr,  # [N, K] contiguous (nn.Linear's weight)
     b_ptr,  # [N] (ignored without HAS_BIAS)
     out_ptr,  # [rows, N] contiguous; SPLIT_K > 1: the parts' sums [SPLIT_K, rows, N]
     rows,
     N: tl.constexpr,
     K: tl.constexpr,
+    X_STRIDE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -121,7 +122,7 @@ def _linear_kernel(
     m_mask = offs_m < rows
     n_mask = offs_n < N
     k_first = part * (K // SPLIT_K)  # split_for only splits K into whole, equal K-blocks
-    x_tile = x_ptr + offs_m[:, None] * K + k_first + offs_k[None, :]
+    x_tile = x_ptr + offs_m[:, None] * X_STRIDE + k_first + offs_k[None, :]
     w_tile = w_ptr + offs_n[None, :] * K + k_first + offs_k[:, None]  # [BLOCK_K, BLOCK_N]: W^T
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)  # not tl.zeros: a jitted helper (see GELU)
     for k0 in range(0, K // SPLIT_K, BLOCK_K):
@@ -213,26 +214,81 @@ def linear(
         raise ValueError("weight and bias must be contiguous and 16-byte aligned (parameters are)")
     rows = x2.shape[0]
     out = x2.new_empty(rows, n)
-    if rows == 0:
-        return out.view(*lead, n)
+    if rows:
+        _gemm(x2, k, rows, weight, bias, out, gelu=gelu, precision=precision, tile=tile, split_k=split_k)
+    return out.view(*lead, n)
+
+
+def _gemm(x: torch.Tensor, x_stride: int, rows: int, weight: torch.Tensor, bias: torch.Tensor | None,
+          out: torch.Tensor, *, gelu: bool, precision: str, tile: Tile | None, split_k: int | None) -> None:
+    """out[:rows] = rows of x (row r at x's start + r * x_stride, K wide) @ weight.T + bias:
+    the launch(es) behind `linear` and `causal_conv`, every operand checked by them."""
+    n, k = weight.shape
     tile = tile or tile_for(rows)
     if split_k is None:
         split_k = split_for(rows, n, k, tile)
     if split_k < 1 or (split_k > 1 and k % (split_k * tile.block_k)):
         raise ValueError(f"split_k {split_k} does not cut K {k} into whole {tile.block_k}-deep blocks")
     grid = (triton.cdiv(rows, tile.block_m), triton.cdiv(n, tile.block_n), split_k)
-    key = (x.device.index, n, k, tile, bias is not None, gelu, precision, split_k)
-    tail = (rows, n, k, tile.block_m, tile.block_n, tile.block_k, bias is not None, gelu, precision, split_k)
+    key = (x.device.index, n, k, x_stride, tile, bias is not None, gelu, precision, split_k)
+    tail = (rows, n, k, x_stride, tile.block_m, tile.block_n, tile.block_k, bias is not None, gelu, precision,
+            split_k)
     # Without a bias the kernels never read b_ptr: the weight stands in (any aligned pointer).
     b_ptr = weight if bias is None else bias
-    sums = out if split_k == 1 else x2.new_empty(split_k, rows, n)
-    launches_for(_linear_kernel, x.device, aligned=True).checked(key, grid, (x2, weight, b_ptr, sums), tail,
+    sums = out if split_k == 1 else x.new_empty(split_k, rows, n)
+    launches_for(_linear_kernel, x.device, aligned=True).checked(key, grid, (x, weight, b_ptr, sums), tail,
                                                                  num_warps=tile.warps, num_stages=tile.stages)
     if split_k > 1:
         launches_for(_split_sum_kernel, x.device, aligned=True).checked(
             (x.device.index, n, split_k, bias is not None, gelu), (triton.cdiv(rows * n, _SUM_BLOCK), 1, 1),
             (sums, b_ptr, out), (rows * n, n, split_k, bias is not None, gelu, _SUM_BLOCK))
-    return out.view(*lead, n)
+
+
+def causal_conv(window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
+                precision: str = "tf32x3", tile: Tile | None = None, split_k: int | None = None) -> torch.Tensor:
+    """A valid 1-D conv over a frames-first window [B, taps - 1 + T, C] (contiguous, fp32) as ONE
+    GEMM: im2col row (b, t) is the `taps` frames window[b, t : t + taps], which in a contiguous
+    window are taps * C adjacent floats, so the kernel reads the window in place with a row stride
+    of C (overlapping rows, no unfold copy). `weight` is [N, taps * C] with k = tap * C + c (the
+    frames-first conv's channels-last [N, taps, C] weight, flattened). The taps - 1 rows a batch
+    row that would straddle two batch rows are computed and dropped. Returns [B, T, N] as a view
+    with batch stride (taps - 1 + T) * N (the DiT's consumers take strided input)."""
+    if window.dim() != 3 or not window.is_contiguous() or window.dtype != torch.float32:
+        raise ValueError(f"the window must be a contiguous fp32 [B, L, C] tensor, got {tuple(window.shape)} "
+                         f"{window.dtype} strides {window.stride()}")
+    b, length, c = window.shape
+    n, k = weight.shape
+    taps = k // c if c else 0
+    if taps < 1 or taps * c != k or length < taps:
+        raise ValueError(f"the weight [{n}, {k}] is not taps x {c} channels for a window of {length} frames")
+    if weight.dtype != torch.float32 or not weight.is_contiguous() or not _aligned(weight) or window.device != weight.device:
+        raise ValueError("the weight must be a contiguous, 16-byte aligned fp32 tensor on the window's device")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != torch.float32 or not _aligned(bias)
+                             or bias.device != window.device):
+        raise ValueError(f"bias must be an aligned [{n}] fp32 vector on the window's device")
+    if (c * window.element_size()) % _ALIGN_BYTES:
+        raise ValueError(f"{c} channels do not keep the window's rows 16-byte aligned")
+    if not _aligned(window):  # the compiled variant assumes aligned operands (see `linear`)
+        window = window.clone()
+    out = window.new_empty(b * length, n)
+    rows = b * length - (taps - 1)  # every row start whose taps frames lie inside the buffer
+    if rows > 0:
+        _gemm(window, c, rows, weight, bias, out, gelu=False, precision=precision, tile=tile, split_k=split_k)
+    return out.view(b, length, n)[:, : length - taps + 1]
+
+
+def warm_up_conv(device: torch.device, channels: int, taps: int = 3) -> None:
+    """Compile `causal_conv` for a DiT of `channels` (N = C, K = taps * C, biased) with every tile
+    and k-split `warm_up` gives a linear; raises what the compiler raises."""
+    weight, bias = torch.zeros(channels, taps * channels, device=device), torch.zeros(channels, device=device)
+    window = torch.zeros(1, taps, channels, device=device)  # one im2col row
+    fewest = 1
+    for most, tile in TILES:
+        split = split_for(fewest, channels, taps * channels, tile)
+        while split >= 1:
+            causal_conv(window, weight, bias, tile=tile, split_k=split)
+            split //= 2
+        fewest = (most or fewest) + 1
 
 
 def warm_up(device: torch.device, shapes: list[tuple[int, int, bool, bool]]) -> None:

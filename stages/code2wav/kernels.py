@@ -38,7 +38,8 @@ import torch
 from torch import nn
 
 from stages.code2wav.config import DiTConfig
-from stages.code2wav.dit import CONV_LN_EPS, MOD_LN_EPS, residual_norm_modulate_eager, torch_linear
+from stages.code2wav.dit import MOD_LN_EPS, residual_norm_modulate_eager, torch_linear
+from stages.code2wav.dit_conv import CONV_LN_EPS
 from stages.code2wav.options import Code2WavOptions, tf32_gemms_in_flow
 from stages.platform import compile_failure, is_cpu, is_cuda, tf32_tensor_cores, triton_unavailable_reason
 
@@ -115,6 +116,9 @@ class ConvLayout:
     # Frames-first only: the block's LayerNorm + Mish + conv2 window + cache writes as one
     # Triton launch (`dit_conv_triton.ln_mish_window`), or None: the modules' ops.
     ln_mish: Callable | None = None
+    # Frames-first only: the two convs as 3xTF32 Triton GEMMs over the window in place
+    # (`dit_gemm.causal_conv`), or None: cuDNN.
+    gemm: Callable | None = None
 
     @property
     def name(self) -> str:
@@ -123,6 +127,10 @@ class ConvLayout:
     @property
     def norm_name(self) -> str:
         return "triton" if self.ln_mish else "eager"
+
+    @property
+    def gemm_name(self) -> str:
+        return "tf32x3" if self.gemm else "cudnn"
 
 
 @dataclass(frozen=True)
@@ -148,7 +156,7 @@ class DiTKernels:
     def describe(self) -> dict[str, str]:
         """The run record's one-word names (Token2Wav.describe's `dit_*` keys)."""
         return {"dit_norm": self.norm.name, "dit_attention": self.attention.name, "dit_conv": self.conv.name,
-                "dit_conv_norm": self.conv.norm_name, "dit_gemm": self.gemm.name}
+                "dit_conv_norm": self.conv.norm_name, "dit_conv_gemm": self.conv.gemm_name, "dit_gemm": self.gemm.name}
 
     def reasons(self) -> dict[str, str]:
         """What runs and why the other branches do not, one line a part (the log's words)."""
@@ -158,13 +166,22 @@ class DiTKernels:
 
 def resolve(options: Code2WavOptions, cfg: DiTConfig, device: torch.device, dtype: torch.dtype) -> DiTKernels:
     """The DiT's kernels for `options` on `device`, for a DiT (its weights) of `dtype`."""
+    gemm = gemm_kernel(options.dit_tf32x3, cfg, device, dtype, tf32_flow=tf32_gemms_in_flow(options.tf32_mode))
+    if not options.conv_gemm:
+        conv_gemm_off = "code2wav_conv_gemm is false"
+    elif not gemm.tf32x3:
+        conv_gemm_off = "the linears are not 3xTF32 GEMMs"
+    elif options.tf32_mode != "off":
+        conv_gemm_off = f"TF32 convs asked for (token2wav_allow_tf32: {options.tf32_mode})"
+    else:
+        conv_gemm_off = None
     return DiTKernels(
         norm=norm_kernel(options.fused_norm, cfg, device, dtype),
         attention=attention_kernel(options.matmul_attention_requests, cfg, device, dtype,
                                    triton=options.triton_attention),
         conv=conv_layout(options.frames_first_conv, device, fused_norm=options.fused_conv_norm, dtype=dtype,
-                         channels=cfg.hidden_size),
-        gemm=gemm_kernel(options.dit_tf32x3, cfg, device, dtype, tf32_flow=tf32_gemms_in_flow(options.tf32_mode)),
+                         channels=cfg.hidden_size, gemm_off=conv_gemm_off),
+        gemm=gemm,
     )
 
 
@@ -238,26 +255,38 @@ def attention_kernel(max_requests: int, cfg: DiTConfig, device: torch.device, dt
 
 
 def conv_layout(frames_first: bool, device: torch.device, *, fused_norm: bool = False,
-                dtype: torch.dtype = torch.float32, channels: int = 512) -> ConvLayout:
+                dtype: torch.dtype = torch.float32, channels: int = 512,
+                gemm_off: str | None = "not asked") -> ConvLayout:
     """Frames-first causal convs when asked and on CUDA, where cuDNN otherwise transforms every
     conv's input and output between layouts; the CPU and an NPU keep the checkpoint's
     channels-first convs (measured on CUDA only). Frames-first, with `fused_norm` the block's
     LayerNorm + Mish + conv2 window + cache writes run as one Triton launch, compiled now for
-    `dtype`; if that fails the modules' ops stay."""
-    if frames_first and is_cuda(device):
-        said = "frames-first (channels-last 2-D convs, no layout transforms)"
-        if not fused_norm:
-            return ConvLayout(True, f"{said}; LayerNorm + Mish eager (code2wav_fused_conv_norm is false)")
+    `dtype`; with `gemm_off` None the two convs run as 3xTF32 Triton GEMMs over the window
+    (`dit_gemm.causal_conv`: fp32-accurate on tensor cores, where cuDNN's fp32 convs run on CUDA
+    cores with layout transforms around them), compiled now (`resolve` says None only for an
+    fp32 DiT whose linears are 3xTF32 and no TF32 asked for). If a compile fails, that part
+    keeps the modules' ops or cuDNN."""
+    if not (frames_first and is_cuda(device)):
+        why = "code2wav_frames_first_conv is false" if not frames_first else f"not CUDA ({device.type})"
+        return ConvLayout(False, f"channels-first ({why})")
+    ln_mish, gemm = None, None
+    if not fused_norm:
+        norm_said = "LayerNorm + Mish eager (code2wav_fused_conv_norm is false)"
+    else:
         from stages.code2wav import dit_conv_triton
 
         reason = compile_failure(lambda: dit_conv_triton.warm_up(device, dtype, channels, CONV_LN_EPS),
                                  "the Triton conv-block norm", "the eager LayerNorm + Mish", log=log, owner="DiT")
-        if reason is not None:
-            return ConvLayout(True, f"{said}; LayerNorm + Mish eager ({reason})")
-        return ConvLayout(True, f"{said}; LayerNorm + Mish + cache writes as one Triton launch",
-                          dit_conv_triton.ln_mish_window)
-    why = "code2wav_frames_first_conv is false" if not frames_first else f"not CUDA ({device.type})"
-    return ConvLayout(False, f"channels-first ({why})")
+        norm_said = f"LayerNorm + Mish eager ({reason})" if reason else "LayerNorm + Mish + cache writes as one Triton launch"
+        ln_mish = None if reason else dit_conv_triton.ln_mish_window
+    if gemm_off is None:
+        from stages.code2wav import dit_gemm
+
+        gemm_off = compile_failure(lambda: dit_gemm.warm_up_conv(device, channels), "the Triton conv GEMM",
+                                   "cuDNN's convs", log=log, owner="DiT")
+        gemm = None if gemm_off else dit_gemm.causal_conv
+    conv_said = "3xTF32 Triton GEMMs over the window" if gemm else f"cuDNN channels-last 2-D convs ({gemm_off})"
+    return ConvLayout(True, f"frames-first, {conv_said}; {norm_said}", ln_mish, gemm)
 
 
 def gemm_kernel(tf32x3: bool, cfg: DiTConfig, device: torch.device, dtype: torch.dtype, *,

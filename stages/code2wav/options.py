@@ -115,6 +115,13 @@ BOOL_OPTIONS: tuple[Option, ...] = (
     Option("code2wav_fused_conv_norm", "fused_conv_norm", True,
            "the DiT conv block's LayerNorm + Mish + cache writes as one Triton launch (CUDA, frames-first)",
            decision="D-DIT-7"),
+    # The DiT's causal convs (frames-first) as 3xTF32 Triton GEMMs reading the window in place
+    # (stages/code2wav/dit_gemm.py `causal_conv`): in the default precision cuDNN runs them on CUDA
+    # cores as fp32 with layout transforms around them. Acts where the linears are 3xTF32 GEMMs
+    # (CUDA, fp32 DiT) and no TF32 is asked for (D-DIT-8).
+    Option("code2wav_conv_gemm", "conv_gemm", True,
+           "the DiT's causal convs as 3xTF32 Triton GEMMs (CUDA, fp32 DiT, frames-first, TF32 off)",
+           decision="D-DIT-8"),
     # HiFT's 72 Snake activations a call as one Triton launch each instead of eight eager kernels
     # (stages/code2wav/hift_triton.py), bit for bit the module's formula; CUDA only (D-HIFT-1).
     Option("code2wav_fused_snake", "fused_snake", True,
@@ -258,6 +265,7 @@ class Code2WavOptions:
     # Only acts on CUDA, fp32 DiT, chunks of matmul-attention size.
     triton_attention: bool = _DEFAULTS["triton_attention"]
     fused_conv_norm: bool = _DEFAULTS["fused_conv_norm"]  # only acts with frames_first_conv on CUDA
+    conv_gemm: bool = _DEFAULTS["conv_gemm"]  # only acts frames-first with 3xTF32 linears, TF32 off
     fused_snake: bool = _DEFAULTS["fused_snake"]  # only acts on CUDA
     tf32_mode: Tf32Mode = _DEFAULTS["tf32_mode"]
     dit_dtype: str = _DEFAULTS["dit_dtype"]  # the CFM estimator's dtype (its caches too)

@@ -56,7 +56,7 @@ from stages.code2wav.streaming import (
     CodecPayload,
     validate_payload,
 )
-from stages.platform.device import host_to_device, synchronize_stream
+from stages.platform.device import device_to_host, host_to_device, synchronize_stream
 from stages.platform.graphs import graph_api
 from stages.precision import region_scope
 
@@ -213,6 +213,7 @@ class Token2Wav:
             "dit_attention": self.flow.decoder.estimator.attention_kernel,  # "triton<=N", "matmul<=N" or "sdpa"
             "dit_conv": self.flow.decoder.estimator.conv_layout,  # "frames-first" or "channels-first"
             "dit_conv_norm": self.flow.decoder.estimator.conv_norm_kernel,  # the conv block's LN + Mish: "triton" or "eager"
+            "dit_conv_gemm": self.flow.decoder.estimator.conv_gemm_kernel,  # its convs: "tf32x3" (Triton) or "cudnn"
             "dit_gemm": self.flow.decoder.estimator.gemm_kernel,  # "tf32x3" (Triton) or "torch"
             "hift_snake": self.hift.snake_kernel,  # "triton" or "eager"
             # Why those branches run and the others do not (kernels.resolve's words, as logged).
@@ -444,10 +445,10 @@ class Token2Wav:
 
     def _finish_group(self, out: ChunkOut, items: list[CodecPayload], streams: list[_Stream]) -> list[DecodedAudio]:
         """Copy a launched group's audio back (waits for it) and advance its streams."""
-        audio = out.audio.cpu().numpy()  # one copy for the whole batch
-        # The mel comes back too (a fifth of the audio's bytes, after the audio's copy has waited
-        # for the group), so every chunk carries its mel digest.
-        mel = out.mel.cpu()
+        # The mel comes back too (a fifth of the audio's bytes), so every chunk carries its mel
+        # digest: queued ahead of the audio, so the group costs one wait for the device.
+        mel, audio = device_to_host(out.mel, out.audio)
+        audio = audio.numpy()  # one copy for the whole batch
         return [self._advance(p, s, r, audio, mel, out.mel.shape[2]) for r, (p, s) in enumerate(zip(items, streams))]
 
     def _advance(self, p: CodecPayload, s: _Stream, row: int, audio, mel: torch.Tensor, frames: int) -> DecodedAudio:

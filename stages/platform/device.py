@@ -290,6 +290,23 @@ def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
+def device_to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Host copies of `tensors` (all on one device) for ONE wait on the device: every copy but the
+    last is queued into pinned memory, and the last, an ordinary copy, waits for the stream, by
+    then past the queued ones (same stream, in order). Two ordinary copies would wait twice (a
+    second host sync for a mel that is already done). CPU tensors come back as they are."""
+    if not tensors or tensors[0].device.type not in ("cuda", "npu"):
+        return [t.cpu() for t in tensors]
+    if tensors[0].device.type == "npu":
+        _torch_npu()
+    out = []
+    for t in tensors[:-1]:
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        out.append(host)
+    return [*out, tensors[-1].cpu()]
+
+
 def timing_event(device: torch.device) -> Any | None:
     """A device event that can time work (`enable_timing`), or None on CPU.
 

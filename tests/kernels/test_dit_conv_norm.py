@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from stages.code2wav import kernels
-from stages.code2wav.dit import CausalConvBlock
+from stages.code2wav.dit_conv import CausalConvBlock
 from stages.code2wav.kernels import conv_layout
 from stages.code2wav.options import Code2WavOptions
 from stages.flags import FlagError

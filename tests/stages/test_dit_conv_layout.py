@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.code2wav.dit import CausalConvBlock, conv_frames_first
+from stages.code2wav.dit_conv import CausalConvBlock, conv_frames_first
 from stages.code2wav.kernels import conv_layout
 from stages.code2wav.options import Code2WavOptions
 from stages.flags import FlagError

@@ -24,7 +24,7 @@ from tests.stages.code2wav_tiny import random_dit, single_thread, tiny_config  #
 
 CPU = torch.device("cpu")
 CPU_WORDS = {"dit_norm": "eager", "dit_attention": "sdpa", "dit_conv": "channels-first", "dit_conv_norm": "eager",
-             "dit_gemm": "torch"}
+             "dit_conv_gemm": "cudnn", "dit_gemm": "torch"}
 CPU_REASONS = {
     "norm": "eager (CPU without TRITON_INTERPRET=1)",
     "attention": "scaled_dot_product_attention (the CPU); Triton attention: CPU without TRITON_INTERPRET=1",
@@ -48,7 +48,8 @@ def test_an_unresolved_dit_runs_what_the_default_kernels_name():
     dit, unresolved = DiT(tiny_config().dit), dit_kernels.DiTKernels()
     assert dit.kernels is None
     assert {"dit_norm": dit.norm_kernel, "dit_attention": dit.attention_kernel, "dit_conv": dit.conv_layout,
-            "dit_conv_norm": dit.conv_norm_kernel, "dit_gemm": dit.gemm_kernel} == unresolved.describe() == CPU_WORDS
+            "dit_conv_norm": dit.conv_norm_kernel, "dit_conv_gemm": dit.conv_gemm_kernel,
+            "dit_gemm": dit.gemm_kernel} == unresolved.describe() == CPU_WORDS
 
 
 def test_the_dit_runs_exactly_what_it_is_handed():

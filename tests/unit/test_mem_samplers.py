@@ -206,6 +206,9 @@ def test_nvml_sees_an_allocation_on_the_gpu():
         device = torch.device("cuda", 0)
         torch.zeros(1, device=device)  # context first, so the delta below is the tensor alone
         torch.cuda.synchronize(device)
+        # Blocks cached by earlier tests in this process would serve the tensor below without a
+        # new device allocation, invisible to NVML: hand them back first.
+        torch.cuda.empty_cache()
         (before,) = sampler.sample()
         x = torch.empty(512 * 2**20, dtype=torch.uint8, device=device)  # 512 MiB
         torch.cuda.synchronize(device)
