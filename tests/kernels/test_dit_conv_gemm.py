@@ -16,11 +16,10 @@ import torch.nn.functional as F
 
 from stages.code2wav import kernels
 from stages.code2wav.config import DiTConfig
-from stages.code2wav.dit_conv import CausalConvBlock
 from stages.code2wav.kernels import conv_layout, resolve
 from stages.code2wav.options import Code2WavOptions
 from stages.flags import FlagError
-from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, use
+from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, frames_first_block_both_ways, use
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -106,18 +105,8 @@ def test_a_block_with_the_gemm_and_the_fused_norm_matches_the_eager_block(interp
     monkeypatch.setattr(kernels, "is_cuda", lambda device: True)
     chosen = conv_layout(True, torch.device("cpu"), fused_norm=True, channels=24, gemm_off=None)
     assert chosen.gemm is not None and chosen.ln_mish is not None
-    torch.manual_seed(0)
-    block = CausalConvBlock(24).eval()
-    with torch.no_grad():
-        for p in block.parameters():
-            p.normal_(0, 0.3)
-    block.set_frames_first(True)
-    x, cache = torch.randn(2, 9, 24), torch.randn(2, 48, 2)
-    want_cache, got_cache = torch.empty(2, 48, 2), torch.empty(2, 48, 2)
-    with torch.no_grad():
-        want = block(x, cache, want_cache)
-        block.ln_mish, block.conv_gemm = chosen.ln_mish, chosen.gemm
-        got = block(x, cache, got_cache)
+    (want, want_cache), (got, got_cache) = frames_first_block_both_ways(24, ln_mish=chosen.ln_mish,
+                                                                        conv_gemm=chosen.gemm)
     # The interpreter's 3xTF32 dot is an fp32 numpy dot: fp32 rounding apart from the conv.
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got_cache, want_cache, rtol=1e-4, atol=1e-4)
@@ -126,21 +115,11 @@ def test_a_block_with_the_gemm_and_the_fused_norm_matches_the_eager_block(interp
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_block_with_conv_gemms_matches_cudnn_in_fp32():
-    torch.manual_seed(0)
-    block = CausalConvBlock(512).eval()
-    with torch.no_grad():
-        for p in block.parameters():
-            p.normal_(0, 0.05)
-    block = block.cuda()
-    block.set_frames_first(True)
-    x, cache = torch.randn(6, 50, 512, device="cuda"), torch.randn(6, 1024, 2, device="cuda")
     chosen = conv_layout(True, torch.device("cuda"), fused_norm=True, channels=512, gemm_off=None)
     assert chosen.gemm is not None, chosen.reason
-    want_cache, got_cache = (torch.empty(6, 1024, 2, device="cuda") for _ in range(2))
-    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        want = block(x, cache, want_cache)
-        block.ln_mish, block.conv_gemm = chosen.ln_mish, chosen.gemm
-        got = block(x, cache, got_cache)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        (want, want_cache), (got, got_cache) = frames_first_block_both_ways(
+            512, ln_mish=chosen.ln_mish, conv_gemm=chosen.gemm, device="cuda", std=0.05, rows=6, frames=50)
     # 3xTF32 against cuDNN's fp32: both fp32-accurate, summed in other orders.
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got_cache, want_cache, rtol=1e-4, atol=1e-4)

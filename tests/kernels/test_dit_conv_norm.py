@@ -17,11 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from stages.code2wav import kernels
-from stages.code2wav.dit_conv import CausalConvBlock
 from stages.code2wav.kernels import conv_layout
 from stages.code2wav.options import Code2WavOptions
 from stages.flags import FlagError
-from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, use
+from tests.stages.code2wav_tiny import check_a_dit_path_on_cuda, frames_first_block_both_ways, use
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -101,18 +100,7 @@ def test_a_block_wired_with_the_kernel_matches_the_eager_block(interpret, monkey
     monkeypatch.setattr(kernels, "is_cuda", lambda device: True)
     chosen = conv_layout(True, torch.device("cpu"), fused_norm=True, channels=24)
     assert chosen.frames_first and chosen.ln_mish is not None and chosen.norm_name == "triton"
-    torch.manual_seed(0)
-    block = CausalConvBlock(24).eval()
-    with torch.no_grad():
-        for p in block.parameters():
-            p.normal_(0, 0.3)
-    block.set_frames_first(True)
-    x, cache = torch.randn(2, 9, 24), torch.randn(2, 48, 2)
-    want_cache, got_cache = torch.empty(2, 48, 2), torch.empty(2, 48, 2)
-    with torch.no_grad():
-        want = block(x, cache, want_cache)
-        block.ln_mish = chosen.ln_mish
-        got = block(x, cache, got_cache)
+    (want, want_cache), (got, got_cache) = frames_first_block_both_ways(24, ln_mish=chosen.ln_mish)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_cache, want_cache, rtol=1e-5, atol=1e-5)
 
@@ -130,21 +118,11 @@ def test_a_block_wired_with_the_kernel_matches_the_eager_block(interpret, monkey
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_cuda_block_with_the_kernel_matches_the_eager_block(dtype):
-    torch.manual_seed(0)
-    block = CausalConvBlock(512).eval()
-    with torch.no_grad():
-        for p in block.parameters():
-            p.normal_(0, 0.05)
-    block = block.to("cuda", dtype)
-    block.set_frames_first(True)
-    x = torch.randn(6, 50, 512, device="cuda", dtype=dtype)
-    cache = torch.randn(6, 1024, 2, device="cuda", dtype=dtype)
-    want_cache, got_cache = (torch.empty(6, 1024, 2, device="cuda", dtype=dtype) for _ in range(2))
-    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        want = block(x, cache, want_cache)
-        block.ln_mish = conv_layout(True, torch.device("cuda"), fused_norm=True, dtype=dtype).ln_mish
-        assert block.ln_mish is not None
-        got = block(x, cache, got_cache)
+    ln_mish = conv_layout(True, torch.device("cuda"), fused_norm=True, dtype=dtype).ln_mish
+    assert ln_mish is not None
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        (want, want_cache), (got, got_cache) = frames_first_block_both_ways(
+            512, ln_mish=ln_mish, device="cuda", dtype=dtype, std=0.05, rows=6, frames=50)
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     torch.testing.assert_close(got_cache, want_cache, rtol=tol, atol=tol)

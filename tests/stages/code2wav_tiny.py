@@ -9,6 +9,7 @@ import torch
 
 from stages.code2wav.config import Code2WavConfig, DiTConfig, FlowEncoderConfig, HiFTConfig
 from stages.code2wav.dit import DiT
+from stages.code2wav.dit_conv import CausalConvBlock
 from stages.code2wav.kernels import DiTKernels
 
 
@@ -71,3 +72,26 @@ def check_a_dit_path_on_cuda(switch_on, rows: int) -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
+
+
+def frames_first_block_both_ways(channels: int, *, ln_mish=None, conv_gemm=None, device="cpu",
+                                 dtype=torch.float32, std=0.3, rows=2, frames=9):
+    """One random frames-first CausalConvBlock run twice on the same input: with the modules' ops,
+    then with `ln_mish` / `conv_gemm` wired in. ((out, cache) eager, (out, cache) wired)."""
+    torch.manual_seed(0)
+    block = CausalConvBlock(channels).eval()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0, std)
+    block = block.to(device, dtype)
+    block.set_frames_first(True)
+    x = torch.randn(rows, frames, channels, device=device, dtype=dtype)
+    cache = torch.randn(rows, 2 * channels, 2, device=device, dtype=dtype)
+    runs = []
+    with torch.no_grad():
+        for wired in (False, True):
+            if wired:
+                block.ln_mish, block.conv_gemm = ln_mish, conv_gemm
+            out_cache = torch.empty(rows, 2 * channels, 2, device=device, dtype=dtype)
+            runs.append((block(x, cache, out_cache), out_cache))
+    return runs[0], runs[1]
