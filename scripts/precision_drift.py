@@ -47,7 +47,7 @@ MODES = {  # name -> code2wav extra flags (on top of FP32)
     "fp32": {},
     "3xTF32 DiT linears": {"code2wav_dit_tf32x3": True},
     "Triton attention (3xTF32)": {"code2wav_triton_attention": True},
-    "default, cuDNN convs": {"code2wav_dit_tf32x3": True, "code2wav_triton_attention": True,
+    "default with cuDNN convs": {"code2wav_dit_tf32x3": True, "code2wav_triton_attention": True,
                              "code2wav_conv_gemm": False},
     # With the linears 3xTF32, the DiT's causal convs are 3xTF32 GEMMs too (D-DIT-8).
     "default (both 3xTF32)": {"code2wav_dit_tf32x3": True, "code2wav_triton_attention": True},
@@ -56,7 +56,7 @@ MODES = {  # name -> code2wav extra flags (on top of FP32)
     "tf32 all": {"token2wav_allow_tf32": "all"},
     "bf16 DiT": {"code2wav_dit_dtype": "bfloat16"},
 }
-CUDA_ONLY = ("3xTF32 DiT linears", "Triton attention (3xTF32)", "default, cuDNN convs", "default (both 3xTF32)", "tf32 conv (cuDNN only)", "tf32 flow",
+CUDA_ONLY = ("3xTF32 DiT linears", "Triton attention (3xTF32)", "default with cuDNN convs", "default (both 3xTF32)", "tf32 conv (cuDNN only)", "tf32 flow",
              "tf32 all")
 RAN = ("tf32_mode", "dit_dtype", "dit_gemm", "dit_attention", "dit_norm", "dit_conv", "dit_conv_gemm")  # describe() facts kept
 

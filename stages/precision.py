@@ -89,7 +89,9 @@ class Fidelity:
 
 FIDELITY: dict[tuple[str, str, str], Fidelity] = {
     ("cpu", "off", "float32"): Fidelity(107, 2.4e-5, "project on CPU, fp32"),
-    ("cuda", "off", "float32"): Fidelity(106, 2.8e-5, "project on CUDA with cuDNN TF32 switched off"),
+    # Measured with the DiT's convs on cuDNN fp32; since D-DIT-8 they are 3xTF32 GEMMs (fp32-accurate,
+    # 1e-4 from cuDNN's block in the GPU tests), not yet measured against the official decoder.
+    ("cuda", "off", "float32"): Fidelity(106, 2.8e-5, "project on CUDA with cuDNN TF32 switched off (DiT convs then cuDNN fp32)"),
     ("cuda", "conv", "float32"): Fidelity(72, 1.5e-3, "project on CUDA, defaults (then: cuDNN TF32 on)"),
     ("cuda", "flow", "float32"): Fidelity(66, 3.2e-3, "project, token2wav_allow_tf32: flow"),
     ("cuda", "all", "float32"): Fidelity(66, 3.2e-3, "project, token2wav_allow_tf32: all"),
