@@ -7,8 +7,11 @@
 * attention: chunks of up to `code2wav_matmul_attention_requests` requests as batched GEMMs
   (`dit.attention_by_matmul`, CUDA/NPU) or one Triton kernel (`dit_flash`, CUDA, fp32,
   `code2wav_triton_attention`); larger chunks, and the CPU, scaled_dot_product_attention;
-* conv: the causal convs frames-first (channels-last 2-D convs, CUDA, `code2wav_frames_first_conv`)
-  or channels-first as the checkpoint lays them out;
+* conv: the causal convs frames-first (CUDA, `code2wav_frames_first_conv`) or channels-first as
+  the checkpoint lays them out; frames-first, the block's LayerNorm + Mish + cache writes as one
+  Triton launch (`dit_conv_triton`, `code2wav_fused_conv_norm`) and the convs themselves as
+  3xTF32 GEMMs over the window (`dit_gemm.causal_conv`, `code2wav_conv_gemm`: only where the
+  linears are 3xTF32 and no TF32 is asked for) or cuDNN's channels-last 2-D convs;
 * gemm: the linears as Triton 3xTF32 GEMMs (`dit_gemm`, CUDA, fp32 DiT, `code2wav_dit_tf32x3`)
   or torch's (on CUDA with the GELU as cuBLASLt's epilogue).
 HiFT's one choice, its Snake activations as one Triton launch each or the module's formula, is
