@@ -94,6 +94,9 @@ def bench_rows(arms: dict[str, Token2Wav], rows: int, reps: int) -> dict:
     return out
 
 
+# What each arm ran, from its engine's run-record facts (Token2Wav.describe).
+DESCRIBED = ("dit_norm", "dit_attention", "dit_conv", "dit_gemm", "dit_conv_norm", "dit_conv_gemm", "hift_snake")
+
 # Arm name -> the code2wav stage extra it runs with (on top of --tf32's mode).
 ARMS = {
     "graph": {"code2wav_device_graph": True},
@@ -244,13 +247,9 @@ def main() -> int:
             r = bench_rows(arms, b, args.reps)
             r["tf32"] = mode
             r["graphs_disabled"] = {n: (t.graphs.disabled if t.graphs else "no graph API") for n, t in arms.items()}
-            r["dit_norm"] = {n: t.describe()["dit_norm"] for n, t in arms.items()}
-            r["dit_attention"] = {n: t.describe()["dit_attention"] for n, t in arms.items()}
-            r["dit_conv"] = {n: t.describe()["dit_conv"] for n, t in arms.items()}
-            r["dit_gemm"] = {n: t.describe()["dit_gemm"] for n, t in arms.items()}
-            r["dit_conv_norm"] = {n: t.describe()["dit_conv_norm"] for n, t in arms.items()}
-            r["dit_conv_gemm"] = {n: t.describe()["dit_conv_gemm"] for n, t in arms.items()}
-            r["hift_snake"] = {n: t.describe()["hift_snake"] for n, t in arms.items()}
+            described = {n: t.describe() for n, t in arms.items()}
+            for key in DESCRIBED:
+                r[key] = {n: d[key] for n, d in described.items()}
             results.append(r)
             cols = "  ".join(
                 f"{n} {r[n]['median_ms']:.2f} ms ({r[n]['host_launches_per_chunk']} launches, "

@@ -34,10 +34,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
+from stages.code2wav.dit_conv import CONV_CACHE_FRAMES as HISTORY  # each conv's input frames kept
 from stages.platform import is_cpu
 from stages.platform.triton_launch import launches_for
-
-HISTORY = 2  # frames of each conv's input kept for the next chunk (kernel size 3 - 1)
 _SHAPE_ARGS = ["frames", "h1_sb", "h2_sb", "h2_sc", "h2_st", "o_sb", "o_sc", "o_st"]
 
 
@@ -58,17 +57,18 @@ def _ln_mish_window_kernel(
     BLOCK_C: tl.constexpr,
     EPS: tl.constexpr,
     LIBDEVICE: tl.constexpr,
+    HIST: tl.constexpr,  # HISTORY
 ):
-    row = tl.program_id(0).to(tl.int64)  # b * (2 + T) + r
-    window = frames + 2
+    row = tl.program_id(0).to(tl.int64)  # b * (HIST + T) + r
+    window = frames + HIST
     b = row // window
     r = row - b * window
     cols = tl.arange(0, BLOCK_C)
     mask = cols < C
-    if r < 2:  # a cached frame of conv2's input, as it was
+    if r < HIST:  # a cached frame of conv2's input, as it was
         v = tl.load(hist2_ptr + b * h2_sb + cols * h2_sc + r * h2_st, mask=mask, other=0.0).to(tl.float32)
     else:
-        x = tl.load(h1_ptr + b * h1_sb + (r - 2) * C + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(h1_ptr + b * h1_sb + (r - HIST) * C + cols, mask=mask, other=0.0).to(tl.float32)
         # `tl.reduce(..., tl.standard._sum_combine)`: what `tl.sum` runs, callable from the
         # interpreter twin (see dit_triton).
         mean = tl.reduce(x, 0, tl.standard._sum_combine) / C
@@ -86,7 +86,7 @@ def _ln_mish_window_kernel(
             v = y * (2.0 / (1.0 + tl.exp(-2.0 * soft)) - 1.0)
     v = v.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * C + cols, v, mask=mask)
-    if r >= frames:  # one of the window's last two frames: the new histories
+    if r >= frames:  # one of the window's last HIST frames: the new histories
         k = r - frames
         tl.store(cache_ptr + b * o_sb + (C + cols) * o_sc + k * o_st, v, mask=mask)
         prev = tl.load(full1_ptr + row * C + cols, mask=mask, other=0.0)
@@ -125,7 +125,8 @@ def ln_mish_window(h1: torch.Tensor, full1: torch.Tensor, hist2: torch.Tensor, w
     (a0, a1), (b0, b1) = _span(hist2), _span(out_cache)
     if a0 <= b1 and b0 <= a1:
         raise ValueError("out_cache overlaps hist2: the new histories would overwrite cached frames still to be read")
-    tail = (frames, h1.stride(0), *hist2.stride(), *out_cache.stride(), c, triton.next_power_of_2(c), eps, not is_cpu(h1.device))
+    tail = (frames, h1.stride(0), *hist2.stride(), *out_cache.stride(), c, triton.next_power_of_2(c), eps,
+            not is_cpu(h1.device), HISTORY)
     launches_for(_ln_mish_window_kernel, h1.device).checked(
         (h1.device.index, h1.dtype, c, eps), (b * (frames + HISTORY), 1, 1),
         (h1, full1, hist2, weight, bias, out, out_cache), tail,

@@ -36,6 +36,7 @@ What a newcomer needs to know:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -277,32 +278,34 @@ def causal_conv(window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return out.view(b, length, n)[:, : length - taps + 1]
 
 
-def warm_up_conv(device: torch.device, channels: int, taps: int = 3) -> None:
-    """Compile `causal_conv` for a DiT of `channels` (N = C, K = taps * C, biased) with every tile
-    and k-split `warm_up` gives a linear; raises what the compiler raises."""
-    weight, bias = torch.zeros(channels, taps * channels, device=device), torch.zeros(channels, device=device)
-    window = torch.zeros(1, taps, channels, device=device)  # one im2col row
+def _every_tile_and_split(n: int, k: int) -> Iterator[tuple[Tile, int]]:
+    """Every (tile, k-split) a GEMM of N = n, K = k can be launched with: each tile of `TILES`
+    with the most parts its bucket's fewest rows give, halving down to 1 as rows grow."""
     fewest = 1
     for most, tile in TILES:
-        split = split_for(fewest, channels, taps * channels, tile)
+        split = split_for(fewest, n, k, tile)
         while split >= 1:
-            causal_conv(window, weight, bias, tile=tile, split_k=split)
+            yield tile, split
             split //= 2
         fewest = (most or fewest) + 1
 
 
+def warm_up_conv(device: torch.device, channels: int, taps: int = 3) -> None:
+    """Compile `causal_conv` for a DiT of `channels` (N = C, K = taps * C, biased) with every tile
+    and k-split it can be given; raises what the compiler raises."""
+    weight, bias = torch.zeros(channels, taps * channels, device=device), torch.zeros(channels, device=device)
+    window = torch.zeros(1, taps, channels, device=device)  # one im2col row
+    for tile, split in _every_tile_and_split(channels, taps * channels):
+        causal_conv(window, weight, bias, tile=tile, split_k=split)
+
+
 def warm_up(device: torch.device, shapes: list[tuple[int, int, bool, bool]]) -> None:
     """Compile every (N, K, bias?, gelu?) in `shapes` with every tile of `TILES` and every k-split
-    that tile can be given (the most at the bucket's fewest rows, halving as rows grow), now
-    (outside any graph capture: a first launch compiles); raises what the compiler raises, so
-    the caller can fall back. One row suffices: the row count is never specialised."""
+    that tile can be given, now (outside any graph capture: a first launch compiles); raises
+    what the compiler raises, so the caller can fall back. One row suffices: the row count is
+    never specialised."""
     for n, k, has_bias, gelu in shapes:
         weight = torch.zeros(n, k, device=device)
         bias = torch.zeros(n, device=device) if has_bias else None
-        fewest = 1
-        for most, tile in TILES:
-            split = split_for(fewest, n, k, tile)
-            while split >= 1:
-                linear(torch.zeros(1, k, device=device), weight, bias, gelu=gelu, tile=tile, split_k=split)
-                split //= 2
-            fewest = (most or fewest) + 1
+        for tile, split in _every_tile_and_split(n, k):
+            linear(torch.zeros(1, k, device=device), weight, bias, gelu=gelu, tile=tile, split_k=split)

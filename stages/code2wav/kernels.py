@@ -170,20 +170,12 @@ class DiTKernels:
 def resolve(options: Code2WavOptions, cfg: DiTConfig, device: torch.device, dtype: torch.dtype) -> DiTKernels:
     """The DiT's kernels for `options` on `device`, for a DiT (its weights) of `dtype`."""
     gemm = gemm_kernel(options.dit_tf32x3, cfg, device, dtype, tf32_flow=tf32_gemms_in_flow(options.tf32_mode))
-    if not options.conv_gemm:
-        conv_gemm_off = "code2wav_conv_gemm is false"
-    elif not gemm.tf32x3:
-        conv_gemm_off = "the linears are not 3xTF32 GEMMs"
-    elif options.tf32_mode != "off":
-        conv_gemm_off = f"TF32 convs asked for (token2wav_allow_tf32: {options.tf32_mode})"
-    else:
-        conv_gemm_off = None
     return DiTKernels(
         norm=norm_kernel(options.fused_norm, cfg, device, dtype),
         attention=attention_kernel(options.matmul_attention_requests, cfg, device, dtype,
                                    triton=options.triton_attention),
         conv=conv_layout(options.frames_first_conv, device, fused_norm=options.fused_conv_norm, dtype=dtype,
-                         channels=cfg.hidden_size, gemm_off=conv_gemm_off),
+                         channels=cfg.hidden_size, gemm_off=conv_gemm_unwanted(options, gemm)),
         gemm=gemm,
     )
 
@@ -255,6 +247,19 @@ def attention_kernel(max_requests: int, cfg: DiTConfig, device: torch.device, dt
     else:
         said = f"batched GEMMs up to {max_requests} requests a chunk, scaled_dot_product_attention above"
     return AttentionKernel(max_requests, rows, None, f"{said}; Triton attention: {flash_reason}" if triton else said)
+
+
+def conv_gemm_unwanted(options: Code2WavOptions, gemm: GemmKernel) -> str | None:
+    """Why the DiT's convs stay cuDNN's whatever the device (None: the 3xTF32 GEMMs are wanted):
+    the flag, linears that are not 3xTF32 (a bf16 DiT, TF32 flow GEMMs, no Triton), or TF32
+    convs asked for (one-pass TF32 cuDNN is then what the user chose)."""
+    if not options.conv_gemm:
+        return "code2wav_conv_gemm is false"
+    if not gemm.tf32x3:
+        return "the linears are not 3xTF32 GEMMs"
+    if options.tf32_mode != "off":
+        return f"TF32 convs asked for (token2wav_allow_tf32: {options.tf32_mode})"
+    return None
 
 
 def conv_layout(frames_first: bool, device: torch.device, *, fused_norm: bool = False,

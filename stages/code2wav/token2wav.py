@@ -209,12 +209,9 @@ class Token2Wav:
             # What ran in what precision, read off torch's flags inside the regions' scopes.
             "precision": precision.code2wav_precision(self.device, self.options, self.flow.decoder.estimator),
             "dit_dtype": self.options.dit_dtype,
-            "dit_norm": self.flow.decoder.estimator.norm_kernel,  # what runs: "triton" or "eager"
-            "dit_attention": self.flow.decoder.estimator.attention_kernel,  # "triton<=N", "matmul<=N" or "sdpa"
-            "dit_conv": self.flow.decoder.estimator.conv_layout,  # "frames-first" or "channels-first"
-            "dit_conv_norm": self.flow.decoder.estimator.conv_norm_kernel,  # the conv block's LN + Mish: "triton" or "eager"
-            "dit_conv_gemm": self.flow.decoder.estimator.conv_gemm_kernel,  # its convs: "tf32x3" (Triton) or "cudnn"
-            "dit_gemm": self.flow.decoder.estimator.gemm_kernel,  # "tf32x3" (Triton) or "torch"
+            # What the DiT runs (`DiTKernels.describe`, the choice `use_kernels` wired in): dit_norm,
+            # dit_attention, dit_conv, dit_conv_norm, dit_conv_gemm, dit_gemm.
+            **self.kernels.describe(),
             "hift_snake": self.hift.snake_kernel,  # "triton" or "eager"
             # Why those branches run and the others do not (kernels.resolve's words, as logged).
             "dit_reasons": self.kernels.reasons(),
