@@ -3,8 +3,9 @@
 `tts-bench serve` runs the synthetic backend (silence released on a fixed schedule, so every
 request's RTF and TTFP are known in advance: `SyntheticBackend.implied_rtf`, and the first chunk's
 delay) as a separate process on 127.0.0.1. Two clients send the same prompts at the same
-concurrency, in each response format asked for: tts-bench's `http` backend through the load
-generator (what `tts-bench ab` measures), and an independent client written with the OpenAI SDK
+concurrency, in each response format asked for: tts-bench's `http` backend through the phase
+driver `tts-bench ab` uses (`tts_bench.load.phases.run_fresh_phase`, recording into a throwaway
+run directory), and an independent client written with the OpenAI SDK
 (`AsyncOpenAI().audio.speech.with_streaming_response.create`, TTFP at the first byte chunk of
 the body, RTF = wall time / audio seconds, the audio decoded with PyAV afterwards). Each figure
 is reported against the expected value; what a client reads above it is its overhead.
@@ -36,13 +37,13 @@ from pathlib import Path
 import numpy as np
 
 from tts_bench.backends.base import SynthesisRequest
-from tts_bench.backends.http import HttpBackend
 from tts_bench.backends.synthetic import SyntheticBackend
-from tts_bench.config import load_config
-from tts_bench.load.loadgen import run_phase
+from tts_bench.config import Tier, load_config
 from tts_bench.inputs.prompts import load_prompts, select_prompts
+from tts_bench.load.phases import run_fresh_phase
 from tts_bench.rundir.atomic_json import write_json_atomic
 from tts_bench.rundir.records import Job, PhaseLabels
+from tts_bench.rundir.results import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVED = {"backend": "synthetic", "synthetic": {
@@ -86,17 +87,13 @@ class Server:
         self.proc.wait(timeout=15)
 
 
-async def tool_client(url: str, fmt: str, prompts, concurrency: int) -> list[dict]:
+async def tool_client(url: str, fmt: str, prompts, concurrency: int, run: RunDir) -> list[dict]:
+    """One phase of the http backend on a fresh backend, no warmup (as the SDK client has none)."""
     cfg = load_config(None, ["backend=http", f"http.base_url={url}", f"http.response_format={fmt}",
-                             "http.send_voice=false", "http.model=tts-1"])
-    backend = HttpBackend(cfg)
-    await backend.start(replicas=1)
-    try:
-        jobs = [Job(SynthesisRequest(f"m{i:04d}", p.text), p.utt) for i, p in enumerate(prompts)]
-        result = await run_phase(backend, jobs, concurrency=concurrency,
-                                 labels=PhaseLabels("tool", f"{concurrency}x1", 0), timeout_s=60)
-    finally:
-        await backend.stop()
+                             "http.send_voice=false", "http.model=tts-1", "bench.timeout_s=60"])
+    tier = Tier(concurrency, 1)
+    jobs = [Job(SynthesisRequest(f"m{i:04d}", p.text), p.utt) for i, p in enumerate(prompts)]
+    result = await run_fresh_phase(cfg, tier, PhaseLabels("tool", tier.label, 0), ([], jobs), run_dir=run)
     return [{"ttfp_ms": r.audio_ttfp_ms, "rtf": r.audio_rtf, "audio_s": r.audio_seconds}
             for r in result.records if r.ok]
 
@@ -145,14 +142,17 @@ def main() -> None:
         write_json_atomic(config, SERVED)  # JSON is YAML
         server = Server(config)
         try:
-            runs: dict[tuple[str, str], list[dict]] = {}
-            for repeat in range(args.repeats):
-                for fmt in args.formats.split(","):
-                    order = ("tool", "sdk") if repeat % 2 == 0 else ("sdk", "tool")
-                    for who in order:
-                        fn = tool_client if who == "tool" else sdk_client
-                        runs.setdefault((who, fmt), []).extend(
-                            asyncio.run(fn(server.url, fmt, prompts, args.concurrency)))
+            run = RunDir.create(tmp, "crosscheck", command_line=sys.argv, configs={})
+            clients = {"tool": lambda fmt: tool_client(server.url, fmt, prompts, args.concurrency, run),
+                       "sdk": lambda fmt: sdk_client(server.url, fmt, prompts, args.concurrency)}
+            with run.finishing():
+                runs: dict[tuple[str, str], list[dict]] = {}
+                for repeat in range(args.repeats):
+                    for fmt in args.formats.split(","):
+                        order = ("tool", "sdk") if repeat % 2 == 0 else ("sdk", "tool")
+                        for who in order:
+                            runs.setdefault((who, fmt), []).extend(asyncio.run(clients[who](fmt)))
+                run.update(status="complete")
         finally:
             server.stop()
     rows = []

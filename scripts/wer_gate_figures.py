@@ -41,6 +41,7 @@ if str(ROOT) not in sys.path:
 from tts_bench.verdicts.stats import clopper_pearson, t_quantile  # noqa: E402
 from tts_bench.wer.gate import judge_pair  # noqa: E402
 from tts_bench.config.wer import WerParams  # noqa: E402
+from tts_bench.rundir.atomic_json import write_json_atomic  # noqa: E402
 from tts_bench.wer.score import compare_utterances, scored_wer  # noqa: E402
 
 
@@ -144,7 +145,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {"aa_runs": [str(p) for p in args.aa], "degraded_runs": [str(p) for p in args.degraded],
            "asr": asr, "cells": cells, "arm_mean_wer_points": {"aa": aw, "degraded": dw}}
-    (args.out / "figures.json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_json_atomic(args.out / "figures.json", doc)
     (args.out / "figures.md").write_text(head + md)
     sys.stdout.write(head + md + "\n")
     print(json.dumps([{k: c[k] for k in ("prompts", "margin_points", "aa_pass", "aa_runs", "degraded_fail",

@@ -114,7 +114,8 @@ def test_serve_process_listens_on_loopback_and_stops_on_sigterm():
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     try:
         lines: queue.Queue[str] = queue.Queue()  # a reader thread: readline() alone could block
-        threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True).start()
+        reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True)
+        reader.start()
         url, seen, deadline = None, [], time.monotonic() + 20
         while url is None and time.monotonic() < deadline and proc.poll() is None:
             with contextlib.suppress(queue.Empty):
@@ -127,7 +128,10 @@ def test_serve_process_listens_on_loopback_and_stops_on_sigterm():
         assert model["tts_bench"]["replicas"] == 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
-        time.sleep(0.1)  # let the reader thread drain the last lines
+        # The reader ends at stderr's EOF, which the exited process has sent: once it is joined,
+        # every last line is in the queue, however loaded the machine (a sleep could miss some).
+        reader.join(timeout=15)
+        assert not reader.is_alive(), "stderr still open after the serve process exited"
         rest = []
         while not lines.empty():
             rest.append(lines.get())

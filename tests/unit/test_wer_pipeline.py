@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import wave
 from dataclasses import replace
 from pathlib import Path
@@ -217,15 +218,15 @@ def test_prompt_count_advice_from_the_history_spread(tmp_path):
     from tts_bench.wer.gate import write_history
     from tts_bench.wer.score import ArmScore
 
-    for wers in ([0.0] * 20, [0.1, -0.0] * 10):
+    first = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    for k, wers in enumerate(([0.0] * 20, [0.1, -0.0] * 10)):
         utts = [{"request_id": f"u{i}", "text": "t", "transcript": "t", "wer": w, "audio_sha256": "x",
                  "failure_kind": None} for i, w in enumerate(wers)]
         arm = ArmScore("base", 20, 20, {}, 0.0, 0.0, 0.0, 0.0, 0, 0, 1.0, 1.0, utts)
+        # History files are named by the second: each record gets its own, without waiting one.
         write_history(Path(params.history_dir), arms=[arm], tts_hashes={"base": "h"}, asr={"m": 1},
-                      normalizer="seed-tts", run_path="r", config_hashes={})
-        import time
-
-        time.sleep(1.1)  # history files are named by the second
+                      normalizer="seed-tts", run_path="r", config_hashes={},
+                      created=first + datetime.timedelta(seconds=k))
     advice = prompt_advice(params, 20, available=150)
     assert advice.source.startswith("history ") and advice.sd_points == pytest.approx(100 * np.std([0.1, 0] * 10, ddof=1))
     assert not advice.resolvable and "NOT resolvable; it needs >=" in advice.line()
