@@ -126,6 +126,10 @@ ARMS = {
                           "code2wav_fused_conv_norm": False, "code2wav_fused_snake": False},
     "graph-module-snake": {"code2wav_device_graph": True, "code2wav_fused_snake": False},
     "eager-module-snake": {"code2wav_device_graph": False, "code2wav_fused_snake": False},
+    # The pool's attention-cache loads and stores as one Triton pass each way (default: torch's
+    # index_select / cat / index_put_ chains, until this arm measures the kernel).
+    "graph-cache-copy": {"code2wav_device_graph": True, "code2wav_fused_cache_copy": True},
+    "eager-cache-copy": {"code2wav_device_graph": False, "code2wav_fused_cache_copy": True},
     "graph-bf16": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16"},  # the DiT and its caches
     "graph-bf16-channels-first": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16",
                                   "code2wav_frames_first_conv": False},

@@ -73,3 +73,20 @@ def virtual_clock():
 
     with on_virtual_time() as clock:
         yield clock
+
+
+@pytest.fixture
+def deterministic():
+    """Deterministic kernels, as every stage process runs with them (runner.deterministic);
+    the flags are restored afterwards."""
+    import torch
+
+    from stages.platform import deterministic_kernels
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory,
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    deterministic_kernels()
+    yield
+    torch.use_deterministic_algorithms(before[0])
+    torch.utils.deterministic.fill_uninitialized_memory = before[1]
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2:]

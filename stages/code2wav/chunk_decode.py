@@ -35,6 +35,7 @@ from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.flow import FlowModel
 from stages.code2wav.flow_cache import AttKeep, trim_conformer_att
 from stages.code2wav.hift import HiFTGenerator, NoiseKeys, crossfade_window
+from stages.code2wav.kernels import CacheCopyKernel
 from stages.code2wav.options import Code2WavOptions
 from stages.code2wav.slots import SlotPool
 from stages.platform.indexing import index_copy_span
@@ -71,12 +72,17 @@ class PooledAttSteps:
     loads happen before stores, so reading and writing the same slots is safe.
     """
 
-    def __init__(self, arena: torch.Tensor, pairs: torch.Tensor, length: int, keep: AttKeep, *, store: bool):
+    def __init__(self, arena: torch.Tensor, pairs: torch.Tensor, length: int, keep: AttKeep, *, store: bool,
+                 copy: CacheCopyKernel = CacheCopyKernel()):
         self.arena, self.pairs, self.length, self.keep, self._store = arena, pairs, length, keep, store
+        self.copy = copy
 
     def load(self, step: int, buf: torch.Tensor) -> None:
         # buf: [depth, 2B, H, T+L, 2D]; arena[step]: [depth, 2S, H, F, 2D]
         frames = buf.shape[3] - self.length
+        if self.copy.gather is not None:  # one pass (code2wav_fused_cache_copy)
+            self.copy.gather(self.arena[step], self.pairs, buf, at=frames, frames=self.length)
+            return
         rows = self.arena[step, :, :, :, : self.length].index_select(1, self.pairs)
         buf[:, :, :, frames:].copy_(rows.to(buf.dtype))
 
@@ -84,7 +90,13 @@ class PooledAttSteps:
         if not self._store:
             return
         # The kept ranges land back to back from frame 0: one write of their concatenation.
-        kept = [buf[:, :, :, start : start + n] for start, n in self.keep.ranges(buf.shape[3])]
+        ranges = self.keep.ranges(buf.shape[3])
+        if self.copy.scatter is not None:  # one pass (code2wav_fused_cache_copy)
+            starts = [sum(n for _, n in ranges[:i]) for i in range(len(ranges))]
+            self.copy.scatter(buf, self.pairs, self.arena[step],
+                              [(start, at, n) for (start, n), at in zip(ranges, starts)])
+            return
+        kept = [buf[:, :, :, start : start + n] for start, n in ranges]
         part = (kept[0] if len(kept) == 1 else torch.cat(kept, dim=3)).to(self.arena.dtype)
         index_copy_span(self.arena[step], 1, self.pairs, part, span_dim=3)
 
@@ -136,8 +148,10 @@ class ChunkDecoder:
         options: Code2WavOptions,
         *,
         prompt_len: int,
+        copy: CacheCopyKernel = CacheCopyKernel(),
     ) -> None:
         self.flow, self.hift, self.pool, self.cfg, self.options = flow, hift, pool, cfg, options
+        self.copy = copy  # the pool's attention-cache copies (`kernels.cache_copy_kernel`)
         self.keep = AttKeep(prompt_len, cfg.prompt_keep_frames)
         self.window = crossfade_window(cfg.hift).to(pool.device)
 
@@ -156,12 +170,12 @@ class ChunkDecoder:
                 enc = self.flow.encode_chunk(
                     tokens,
                     pool["conformer_cnn"].index_select(0, slots),
-                    pool["conformer_att"][:, :, :, : shape.conformer_len].index_select(1, slots),
+                    self._conformer_att(slots, shape.conformer_len),
                     last_chunk=shape.last,
                 )
             with record_function("code2wav.cfm"):
                 att = PooledAttSteps(pool["estimator_att"], pairs, shape.estimator_len, self.keep,
-                                     store=not shape.last)
+                                     store=not shape.last, copy=self.copy)
                 solved = self.flow.decoder.solve(
                     enc.mu, pool["spk"].index_select(0, slots), torch.zeros_like(enc.mu),
                     cnn_cache=pool["estimator_cnn"].index_select(2, pairs), att_cache=None, att_steps=att,
@@ -172,6 +186,15 @@ class ChunkDecoder:
         with region_scope(tf32, device, region="hift"), record_function("code2wav.hift"):
             audio = self._vocode(mel, slots, NoiseKeys(noise.row_keys(seeds, chunks)), shape)
         return ChunkOut(audio, mel)
+
+    def _conformer_att(self, slots: torch.Tensor, length: int) -> torch.Tensor:
+        """The rows' conformer attention caches [10, B, H, length, 2*d_k], gathered from the pool."""
+        att = self.pool["conformer_att"]
+        if self.copy.gather is None:
+            return att[:, :, :, :length].index_select(1, slots)
+        out = att.new_empty(att.shape[0], slots.shape[0], att.shape[2], length, att.shape[4])
+        self.copy.gather(att, slots, out, at=0, frames=length)
+        return out
 
     def _store_flow(self, slots, pairs, enc, estimator_cnn) -> None:
         f = self.cfg.flow

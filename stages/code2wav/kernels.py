@@ -14,7 +14,9 @@
   linears are 3xTF32 and no TF32 is asked for) or cuDNN's channels-last 2-D convs;
 * gemm: the linears as Triton 3xTF32 GEMMs (`dit_gemm`, CUDA, fp32 DiT, `code2wav_dit_tf32x3`)
   or torch's (on CUDA with the GELU as cuBLASLt's epilogue).
-HiFT's one choice, its Snake activations as one Triton launch each or the module's formula, is
+The slot pool's attention-cache copies (a chunk's per-step load and trimmed store, the conformer's
+gather) as one Triton pass each way or torch's chains: `cache_copy_kernel`, handed to the
+`ChunkDecoder`. HiFT's one choice, its Snake activations as one Triton launch each or the module's formula, is
 `snake_kernel(options.fused_snake, device)`, handed to `HiFTGenerator.use_kernels`.
 The one cross-flag rule lives here too: with TF32 GEMMs in the flow (`token2wav_allow_tf32`
 flow/all) the 3xTF32 GEMMs stand down, since one-pass TF32 is what the user asked for.
@@ -33,7 +35,7 @@ what the log says and why the others did not.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -355,6 +357,50 @@ def snake_kernel(fused: bool, device: torch.device) -> SnakeKernel:
         if reason is None:
             return SnakeKernel(hift_triton.snake, "one Triton launch a Snake (bit for bit the module's formula)")
     return SnakeKernel(None, f"the module's formula, eight launches ({reason})")
+
+
+@dataclass(frozen=True)
+class CacheCopyKernel:
+    """The attention-cache copies between the slot pool and a chunk's buffers: `gather(src,
+    index, dst, at=, frames=)` and `scatter(src, index, dst, spans)` (one Triton pass each,
+    `cache_copy_triton`), or None: torch's `index_select` / `cat` / `index_put_` chains."""
+
+    gather: Callable | None = None
+    scatter: Callable | None = None
+    reason: str = "torch (not resolved)"
+
+    @property
+    def name(self) -> str:
+        return "triton" if self.gather else "torch"
+
+
+def cache_copy_kernel(fused: bool, device: torch.device, dtypes: Sequence[torch.dtype],
+                      widths: Sequence[int]) -> CacheCopyKernel:
+    """The pool's attention-cache copies as one Triton pass each way (`cache_copy_triton`, bit
+    for bit torch's copies) when `fused`, on CUDA (the CPU only under TRITON_INTERPRET=1, for
+    tests; an NPU keeps torch's ops), compiled now for every cache dtype and K|V width in
+    `dtypes` x `widths` (the variants a chunk launches: none may compile inside a capture); if
+    that fails torch's ops stay."""
+    if not fused:
+        reason = "code2wav_fused_cache_copy is false"
+    elif not (is_cuda(device) or is_cpu(device)):
+        reason = f"not CUDA ({device.type})"
+    else:
+        reason = triton_unavailable_reason(device)
+    if reason is None:
+        from stages.code2wav import cache_copy_triton
+
+        def warm_up() -> None:
+            for dtype in dict.fromkeys(dtypes):
+                for width in dict.fromkeys(widths):
+                    cache_copy_triton.warm_up(device, dtype, width)
+
+        reason = compile_failure(warm_up, "the Triton cache copy", "torch's index_select / index_put_",
+                                 log=log, owner="code2wav")
+        if reason is None:
+            return CacheCopyKernel(cache_copy_triton.gather_frames, cache_copy_triton.scatter_frames,
+                                   "one Triton pass each way (bit for bit torch's copies)")
+    return CacheCopyKernel(None, None, f"torch's index_select / cat / index_put_ ({reason})")
 
 
 def linear_shapes(cfg: DiTConfig) -> list[tuple[int, int, bool, bool]]:

@@ -126,6 +126,14 @@ BOOL_OPTIONS: tuple[Option, ...] = (
     # (stages/code2wav/hift_triton.py), bit for bit the module's formula; CUDA only (D-HIFT-1).
     Option("code2wav_fused_snake", "fused_snake", True,
            "HiFT's Snake activations as one Triton launch each (CUDA; bit-exact)", decision="D-HIFT-1"),
+    # The slot pool's attention-cache copies, each Euler step's load into the step buffer and its
+    # trimmed store back, and the conformer's gather, as one Triton pass each way
+    # (stages/code2wav/cache_copy_triton.py) instead of index_select + copy and cat + the
+    # deterministic index_put_: bit for bit the same bytes (CPU interpreter tests); CUDA only.
+    # Opt-in until an H200 run checks it compiled and measures it (the GPU tests and the
+    # graph-torch-cache-copy arm of scripts/bench_code2wav.py are ready; no decision yet).
+    Option("code2wav_fused_cache_copy", "fused_cache_copy", False,
+           "the slot pool's attention-cache loads and stores as one Triton pass each (CUDA; bit-exact; not yet measured)"),
 )
 # Chunks of up to this many requests run the DiT's attention as batched GEMMs on CUDA/NPU
 # (`dit.attention_by_matmul`, fp32 DiT only), larger ones through scaled_dot_product_attention;
@@ -267,6 +275,7 @@ class Code2WavOptions:
     fused_conv_norm: bool = _DEFAULTS["fused_conv_norm"]  # only acts with frames_first_conv on CUDA
     conv_gemm: bool = _DEFAULTS["conv_gemm"]  # only acts frames-first with 3xTF32 linears, TF32 off
     fused_snake: bool = _DEFAULTS["fused_snake"]  # only acts on CUDA
+    fused_cache_copy: bool = _DEFAULTS["fused_cache_copy"]  # only acts on CUDA
     tf32_mode: Tf32Mode = _DEFAULTS["tf32_mode"]
     dit_dtype: str = _DEFAULTS["dit_dtype"]  # the CFM estimator's dtype (its caches too)
     matmul_attention_requests: int = _DEFAULTS["matmul_attention_requests"]  # only acts on CUDA/NPU

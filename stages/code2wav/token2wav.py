@@ -47,15 +47,10 @@ from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.flow_cache import FlowCache
 from stages.code2wav.graph_warmup import warm_graphs
 from stages.code2wav.modules import build_flow, build_hift
-from stages.code2wav.kernels import DiTKernels, resolve, snake_kernel
+from stages.code2wav.kernels import DiTKernels, cache_copy_kernel, resolve, snake_kernel
 from stages.code2wav.prompt import PromptBuilder, PromptFeatures
 from stages.code2wav.slots import SlotPool
-from stages.code2wav.streaming import (
-    DEFAULT_PROMPT_ID,
-    Code2WavPayloadError,
-    CodecPayload,
-    validate_payload,
-)
+from stages.code2wav.streaming import DEFAULT_PROMPT_ID, Code2WavPayloadError, CodecPayload, validate_payload
 from stages.platform.device import device_to_host, host_to_device, synchronize_stream
 from stages.platform.graphs import graph_api
 from stages.precision import region_scope
@@ -180,6 +175,11 @@ class Token2Wav:
         snake = snake_kernel(self.options.fused_snake, self.device)
         self.hift.use_kernels(snake)
         log.info("token2wav: HiFT snakes %s", snake.reason)
+        # The pool's attention caches: the conformer's in the flow's dtype, the estimator's in its own.
+        self.cache_copy = cache_copy_kernel(
+            self.options.fused_cache_copy, self.device, (self.dtype, estimator.in_proj.weight.dtype),
+            (2 * cfg.flow.head_dim, 2 * cfg.dit.head_dim))
+        log.info("token2wav: attention-cache copies %s", self.cache_copy.reason)
         self._prompts = PromptBuilder(
             cfg, device=self.device, dtype=self.dtype, weights_dir=weights_dir, init_seed=seed,
             cache_size=cfg.prompt_cache_size,
@@ -194,6 +194,7 @@ class Token2Wav:
         if (other.cfg, other.device, other.dtype, other._init_seed) != (self.cfg, self.device, self.dtype, self._init_seed):
             raise ValueError("Token2Wav(shared=...) needs the same config, device, dtype and seed")
         self.flow, self.hift, self._prompts, self.kernels = other.flow, other.hift, other._prompts, other.kernels
+        self.cache_copy = other.cache_copy
         self._prompt_wavs, self._setups, self._prompt_lock = other._prompt_wavs, other._setups, other._prompt_lock
 
     def describe(self) -> dict:
@@ -213,6 +214,7 @@ class Token2Wav:
             # dit_attention, dit_conv, dit_conv_norm, dit_conv_gemm, dit_gemm.
             **self.kernels.describe(),
             "hift_snake": self.hift.snake_kernel,  # "triton" or "eager"
+            "c2w_cache_copy": self.cache_copy.name,  # "triton" or "torch" (code2wav_fused_cache_copy)
             # Why those branches run and the others do not (kernels.resolve's words, as logged).
             "dit_reasons": self.kernels.reasons(),
             "device_graph": graphs is not None and graphs.disabled is None,
@@ -328,7 +330,7 @@ class Token2Wav:
                                  capacity=self._initial_slots,
                                  estimator_dtype=self.flow.decoder.estimator.in_proj.weight.dtype)
             self._decoder = ChunkDecoder(self.flow, self.hift, self.pool, self.cfg, self.options,
-                                         prompt_len=prompt_len)
+                                         prompt_len=prompt_len, copy=self.cache_copy)
         elif self._decoder.keep.prompt_len != prompt_len:
             raise ValueError(
                 f"error: a prompt of {prompt_len} mel frames, the others have "

@@ -11,6 +11,8 @@ from stages.code2wav.config import Code2WavConfig, DiTConfig, FlowEncoderConfig,
 from stages.code2wav.dit import DiT
 from stages.code2wav.dit_conv import CausalConvBlock
 from stages.code2wav.kernels import DiTKernels
+from stages.code2wav.streaming import Chunker
+from stages.code2wav.token2wav import Token2Wav
 
 
 def tiny_config(**overrides) -> Code2WavConfig:
@@ -95,3 +97,37 @@ def frames_first_block_both_ways(channels: int, *, ln_mish=None, conv_gemm=None,
             out_cache = torch.empty(rows, 2 * channels, 2, device=device, dtype=dtype)
             runs.append((block(x, cache, out_cache), out_cache))
     return runs[0], runs[1]
+
+
+def streams_of(cfg, lengths, seed=0):
+    """One stream of chunk payloads a request, of random codes (`lengths` codes each)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i, n in enumerate(lengths):
+        ch = Chunker(cfg, f"r{i}", seed=i)
+        codes = torch.randint(0, cfg.flow.vocab_size, (n,), generator=gen).tolist()
+        out.append([*ch.push(codes), ch.finish()])
+    return out
+
+
+def staggered(streams):
+    """Staggered starts: steps mix first, growing, steady and last chunks."""
+    pending = {i: list(s) for i, s in enumerate(streams)}
+    step = 0
+    while pending:
+        batch = [q.pop(0) for i, q in pending.items() if i // 2 <= step]
+        pending = {i: q for i, q in pending.items() if q}
+        yield batch
+        step += 1
+
+
+def assert_same_run(on: Token2Wav, off: Token2Wav, streams, *, pools: bool = True) -> None:
+    """Equal outputs (and, unless one side was warmed, equal slot pools) over staggered traffic."""
+    for batch in staggered(streams):
+        for x, y in zip(on.decode(batch), off.decode(batch)):
+            assert (x.request_id, x.chunk_seq) == (y.request_id, y.chunk_seq)
+            assert torch.equal(torch.from_numpy(x.audio), torch.from_numpy(y.audio)), x.request_id
+            assert torch.equal(x.mel, y.mel)
+        if pools:
+            for name, t in on.pool.tensors.items():
+                assert torch.equal(t, off.pool[name]), name

@@ -17,10 +17,9 @@ import pytest
 import torch
 
 from stages.code2wav.chunk_graphs import ChunkGraphs, copied_out
-from stages.code2wav.streaming import Chunker
 from stages.code2wav.token2wav import Token2Wav
 from stages.platform.graphs import GraphAPI
-from tests.stages.code2wav_tiny import single_thread, tiny_config  # noqa: F401
+from tests.stages.code2wav_tiny import assert_same_run, single_thread, staggered, streams_of, tiny_config  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -210,39 +209,6 @@ def test_a_first_run_that_raises_captures_nothing():
     assert len(graphs) == 0 and graphs.captures == 0 and graphs.disabled is None and not fake.graphs
 
 
-def _streams(cfg, lengths, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for i, n in enumerate(lengths):
-        ch = Chunker(cfg, f"r{i}", seed=i)
-        codes = torch.randint(0, cfg.flow.vocab_size, (n,), generator=gen).tolist()
-        out.append([*ch.push(codes), ch.finish()])
-    return out
-
-
-def _traffic(streams):
-    """Staggered starts: steps mix first, growing, steady and last chunks."""
-    pending = {i: list(s) for i, s in enumerate(streams)}
-    step = 0
-    while pending:
-        batch = [q.pop(0) for i, q in pending.items() if i // 2 <= step]
-        pending = {i: q for i, q in pending.items() if q}
-        yield batch
-        step += 1
-
-
-def _assert_same_run(on: Token2Wav, off: Token2Wav, streams, *, pools: bool = True) -> None:
-    """Equal outputs (and, unless one side was warmed, equal slot pools) over staggered traffic."""
-    for batch in _traffic(streams):
-        for x, y in zip(on.decode(batch), off.decode(batch)):
-            assert (x.request_id, x.chunk_seq) == (y.request_id, y.chunk_seq)
-            assert torch.equal(torch.from_numpy(x.audio), torch.from_numpy(y.audio)), x.request_id
-            assert torch.equal(x.mel, y.mel)
-        if pools:
-            for name, t in on.pool.tensors.items():
-                assert torch.equal(t, off.pool[name]), name
-
-
 TINY_TRAFFIC = [300, 60, 260, 30, 300, 75]  # the tiny CUDA test's stream lengths, in codes
 
 
@@ -251,7 +217,7 @@ def test_tiny_cuda_traffic_replays_graphs_with_the_stand_in_on_cpu():
     cfg = tiny_config()
     t2w = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
     t2w.graphs = _ReplayingGraphs()
-    for batch in _traffic(_streams(cfg, TINY_TRAFFIC)):
+    for batch in staggered(streams_of(cfg, TINY_TRAFFIC)):
         t2w.decode(batch)
     assert t2w.graphs.captures >= 5 and t2w.graphs.replays >= 5
 
@@ -263,8 +229,8 @@ def test_replayed_chunks_equal_eager_with_the_stand_in_graphs_on_cpu():
                     dtype=torch.float32, init_seed=0, keep_mel=True)
     assert on.graphs is None and off.graphs is None  # no graph API on the CPU
     on.graphs = _ReplayingGraphs()
-    streams = _streams(cfg, [130, 60, 110, 30, 80])
-    _assert_same_run(on, off, streams)
+    streams = streams_of(cfg, [130, 60, 110, 30, 80])
+    assert_same_run(on, off, streams)
     assert on.graphs.replays > 0 and on.graphs.captures > 0
     assert on.active_requests == off.active_requests == 0
 
@@ -300,7 +266,7 @@ def test_pool_growth_drops_captured_graphs():
     cfg = tiny_config()
     t2w = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, slots=1)
     t2w.graphs = _ReplayingGraphs()
-    a, b = _streams(cfg, [60, 60])
+    a, b = streams_of(cfg, [60, 60])
     t2w.decode([a[0]])
     t2w.decode([a[1]])
     assert len(t2w.graphs) == 2
@@ -326,7 +292,7 @@ def test_warmup_captures_every_steady_shape_so_lockstep_traffic_only_replays():
     assert captured == warm.graphs.captures and captured >= 2 * 3
     assert warm.active_requests == 0 and warm.pool.in_use == 0
     for rows in (1, 3, 2):
-        streams = _streams(cfg, [140] * rows, seed=rows)
+        streams = streams_of(cfg, [140] * rows, seed=rows)
         for batch in _lockstep(streams):
             for x, y in zip(warm.decode(batch), cold.decode(batch)):  # the synthetic streams left no trace
                 assert torch.equal(torch.from_numpy(x.audio), torch.from_numpy(y.audio)), (rows, x.chunk_seq)
@@ -360,7 +326,7 @@ def _check_settled_streams_replay_their_final_chunks(warm: Token2Wav, eager: Tok
     and audio and mel are equal bit for bit."""
     chunk, captures = warm.cfg.codec_chunk_frames, warm.graphs.captures
     for length in (6 * chunk, 6 * chunk + 7, 7 * chunk - 1):
-        (stream,) = _streams(warm.cfg, [length], seed=length)
+        (stream,) = streams_of(warm.cfg, [length], seed=length)
         replays = warm.graphs.replays
         for payload in stream:
             (x,) = warm.decode([payload])
@@ -377,7 +343,7 @@ def test_a_final_chunk_without_a_warmed_graph_runs_eagerly_and_is_never_captured
                         slots=2)
         t2w.graphs = _ReplayingGraphs()
         # 130, 60 and 75 codes end in steps 5, 2 and 4 of the staggered traffic: three final groups
-        for batch in _traffic(_streams(t2w.cfg, [130, 60, 75], seed=3)):
+        for batch in staggered(streams_of(t2w.cfg, [130, 60, 75], seed=3)):
             t2w.decode(batch)
         assert t2w.graphs.captures > 0 and not _final_shapes(t2w.graphs) and not t2w.final_shapes, extra
         # every non-final group replayed or was captured; what is left ran eagerly: the finals
@@ -390,16 +356,16 @@ def test_warmed_final_shapes_are_captured_again_after_the_graphs_are_dropped():
     t2w.graphs = _ReplayingGraphs()
     t2w.warm_graphs(2)
     warmed = set(t2w.final_shapes)
-    for batch in _lockstep(_streams(cfg, [60, 60, 60], seed=5)):  # three live requests: the pool grows
+    for batch in _lockstep(streams_of(cfg, [60, 60, 60], seed=5)):  # three live requests: the pool grows
         t2w.decode(batch)
     assert t2w.pool.capacity > 2 and not _final_shapes(t2w.graphs) and t2w.final_shapes == warmed
     length = 6 * cfg.codec_chunk_frames + 7
-    (first,) = _streams(cfg, [length], seed=1)
+    (first,) = streams_of(cfg, [length], seed=1)
     captures = t2w.graphs.captures
     for payload in first:
         t2w.decode([payload])
     assert t2w.graphs.captures > captures and len(_final_shapes(t2w.graphs)) == 1  # captured again
-    (second,) = _streams(cfg, [length], seed=2)
+    (second,) = streams_of(cfg, [length], seed=2)
     replays = t2w.graphs.replays
     for payload in second:
         t2w.decode([payload])
@@ -447,7 +413,7 @@ def test_cuda_graph_replay_equals_eager_bit_for_bit_tiny():
     assert on.graphs is not None and off.graphs is None
     # Long streams reach the steady shape together, so some shapes repeat (replays); the short
     # ones mix first, growing and last chunks into the batches (captures of many shapes).
-    _assert_same_run(on, off, _streams(on.cfg, TINY_TRAFFIC))
+    assert_same_run(on, off, streams_of(on.cfg, TINY_TRAFFIC))
     assert on.graphs.disabled is None and on.graphs.replays > 0
 
 
@@ -466,7 +432,7 @@ def test_cuda_warmed_graphs_equal_eager_bit_for_bit_tiny(finals):
         _check_settled_streams_replay_their_final_chunks(on, off)
     # Staggered traffic: decode calls that mix first, settled and final groups, warmed or not.
     replays = on.graphs.replays
-    _assert_same_run(on, off, _streams(on.cfg, TINY_TRAFFIC), pools=False)
+    assert_same_run(on, off, streams_of(on.cfg, TINY_TRAFFIC), pools=False)
     assert on.graphs.disabled is None and on.graphs.replays > replays
 
 
@@ -477,7 +443,7 @@ def test_cuda_graph_replay_equals_eager_bit_for_bit_full_size():
     from stages.code2wav.config import Code2WavConfig
 
     on, off = _cuda_pair(Code2WavConfig())
-    _assert_same_run(on, off, _streams(on.cfg, [150, 150, 150, 150, 100, 40]))
+    assert_same_run(on, off, streams_of(on.cfg, [150, 150, 150, 150, 100, 40]))
     assert on.graphs.disabled is None and on.graphs.replays > 0
 
 
