@@ -130,6 +130,12 @@ ARMS = {
     # index_select / cat / index_put_ chains, until this arm measures the kernel).
     "graph-cache-copy": {"code2wav_device_graph": True, "code2wav_fused_cache_copy": True},
     "eager-cache-copy": {"code2wav_device_graph": False, "code2wav_fused_cache_copy": True},
+    # HiFT's stride-1 convs as 3xTF32 Triton GEMMs (default: cuDNN's fp32 convs, until measured).
+    "graph-hift-conv-gemm": {"code2wav_device_graph": True, "code2wav_hift_conv_gemm": True},
+    "eager-hift-conv-gemm": {"code2wav_device_graph": False, "code2wav_hift_conv_gemm": True},
+    # Both opt-in kernels of 2026-12-05 on (the cache copies and HiFT's conv GEMMs).
+    "graph-opt-in": {"code2wav_device_graph": True, "code2wav_fused_cache_copy": True,
+                     "code2wav_hift_conv_gemm": True},
     "graph-bf16": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16"},  # the DiT and its caches
     "graph-bf16-channels-first": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16",
                                   "code2wav_frames_first_conv": False},

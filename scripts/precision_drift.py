@@ -51,6 +51,9 @@ MODES = {  # name -> code2wav extra flags (on top of FP32)
                              "code2wav_conv_gemm": False},
     # With the linears 3xTF32, the DiT's causal convs are 3xTF32 GEMMs too (D-DIT-8).
     "default (both 3xTF32)": {"code2wav_dit_tf32x3": True, "code2wav_triton_attention": True},
+    # The opt-in HiFT conv GEMMs (code2wav_hift_conv_gemm) on top of the default.
+    "default + HiFT conv GEMMs": {"code2wav_dit_tf32x3": True, "code2wav_triton_attention": True,
+                                  "code2wav_hift_conv_gemm": True},
     "tf32 conv (cuDNN only)": {"token2wav_allow_tf32": "conv"},
     "tf32 flow": {"token2wav_allow_tf32": "flow"},
     "tf32 all": {"token2wav_allow_tf32": "all"},

@@ -49,7 +49,9 @@ from stages.code2wav import noise
 from stages.code2wav.config import HiFTConfig
 
 if TYPE_CHECKING:
-    from stages.code2wav.kernels import SnakeKernel
+    from stages.code2wav.kernels import HiFTConvKernel, SnakeKernel
+
+ConvFn = Callable[..., torch.Tensor]  # (x, weight, bias, *, dilation, padding) -> F.conv1d's result
 
 
 def _pad(kernel_size: int, dilation: int = 1) -> int:
@@ -60,6 +62,21 @@ def _wn_conv(*args, **kwargs) -> nn.Conv1d:
     conv = nn.Conv1d(*args, **kwargs)
     nn.init.normal_(conv.weight, 0.0, 0.01)  # upstream init_weights (HiFi-GAN)
     return weight_norm(conv)
+
+
+def gemm_ready(conv: nn.Module) -> bool:
+    """Whether `conv` is a conv the Triton GEMM (`hift_conv_triton.conv1d`) computes: a Conv1d of
+    stride 1, one group, zero padding given as a number."""
+    return (isinstance(conv, nn.Conv1d) and conv.stride == (1,) and conv.groups == 1
+            and conv.padding_mode == "zeros" and not isinstance(conv.padding, str))
+
+
+def run_conv(conv: nn.Conv1d, x: torch.Tensor, gemm: ConvFn | None) -> torch.Tensor:
+    """`conv(x)`, through `gemm` (wired in by `HiFTGenerator.use_kernels` for `gemm_ready` convs
+    only) when x is contiguous fp32, the GEMM's input."""
+    if gemm is not None and x.dtype == torch.float32 and x.is_contiguous():
+        return gemm(x, conv.weight, conv.bias, dilation=conv.dilation[0], padding=conv.padding[0])
+    return conv(x)
 
 
 class Snake(nn.Module):
@@ -92,10 +109,11 @@ class ResBlock(nn.Module):
         )
         self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
         self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
+        self.gemm: ConvFn | None = None  # the convs as Triton GEMMs (`HiFTGenerator.use_kernels`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, C, T]
         for c1, c2, a1, a2 in zip(self.convs1, self.convs2, self.activations1, self.activations2):
-            x = x + c2(a2(c1(a1(x))))
+            x = x + run_conv(c2, a2(run_conv(c1, a1(x), self.gemm)), self.gemm)
         return x
 
 
@@ -275,6 +293,8 @@ class HiFTGenerator(nn.Module):
         self.f0_predictor = ConvRNNF0Predictor(cfg.in_channels, cfg.f0_predictor_channels)
         self.register_buffer("stft_window", torch.empty(n_fft), persistent=False)
         self.snake_kernel = "eager"  # the run record's name of what runs: "eager" or "triton"
+        self.conv_kernel = "cudnn"  # the same for the ResBlocks', conv_pre's and conv_post's convs
+        self.gemm: ConvFn | None = None  # conv_pre and conv_post as Triton GEMMs (`use_kernels`)
         self.init_buffers()
 
     def init_buffers(self) -> None:
@@ -284,12 +304,29 @@ class HiFTGenerator(nn.Module):
         window = torch.hann_window(self.cfg.istft_n_fft, periodic=True, dtype=torch.float64, device=device)
         self.stft_window = window.to(torch.float32)
 
-    def use_kernels(self, snake: SnakeKernel) -> None:
-        """Run what `stages.code2wav.kernels.snake_kernel` chose in every Snake (decides nothing)."""
+    def use_kernels(self, snake: SnakeKernel, conv: HiFTConvKernel | None = None) -> None:
+        """Run what `stages.code2wav.kernels` chose (decides nothing): `snake_kernel`'s in every
+        Snake, `hift_conv_kernel`'s in the convs of `gemm_convs` (None: the modules' own)."""
         self.snake_kernel = snake.name
         for module in self.modules():
             if isinstance(module, Snake):
                 module.fused = snake.fn
+        fn = None if conv is None else conv.fn
+        self.conv_kernel = "cudnn" if fn is None else conv.name
+        self.gemm = fn
+        for block in (*self.resblocks, *self.source_resblocks):
+            block.gemm = fn
+
+    def gemm_convs(self) -> list[nn.Conv1d]:
+        """The convs `use_kernels` routes to a conv GEMM: every ResBlock conv, conv_pre and
+        conv_post (all stride 1; the strided source downsamplers and the transposed upsamplers
+        keep cuDNN)."""
+        convs = [self.conv_pre, self.conv_post]
+        for block in (*self.resblocks, *self.source_resblocks):
+            convs += [*block.convs1, *block.convs2]
+        if not all(gemm_ready(c) for c in convs):
+            raise ValueError("a HiFT conv routed to the conv GEMM is not stride-1, one-group, zero-padded")
+        return convs
 
     # -- pieces --------------------------------------------------------------------------------
 
@@ -312,7 +349,7 @@ class HiFTGenerator(nn.Module):
     def decode(self, mel: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
         # mel: [B, 80, T], source: [B, 1, T*480] -> speech [B, T*480]
         s_stft = self._stft(source.squeeze(1))
-        x = self.conv_pre(mel)
+        x = run_conv(self.conv_pre, mel, self.gemm)
         n_up, n_k = len(self.ups), len(self.cfg.resblock_kernel_sizes)
         for i in range(n_up):
             x = self.ups[i](F.leaky_relu(x, self.cfg.lrelu_slope))
@@ -323,7 +360,7 @@ class HiFTGenerator(nn.Module):
             for j in range(1, n_k):
                 xs = xs + self.resblocks[i * n_k + j](x)
             x = xs / n_k
-        x = self.conv_post(F.leaky_relu(x))  # default slope 0.01 here, as trained
+        x = run_conv(self.conv_post, F.leaky_relu(x), self.gemm)  # default slope 0.01 here, as trained
         half = self.cfg.istft_n_fft // 2 + 1
         magnitude = torch.exp(x[:, :half, :])
         phase = torch.sin(x[:, half:, :])

@@ -16,8 +16,9 @@
   or torch's (on CUDA with the GELU as cuBLASLt's epilogue).
 The slot pool's attention-cache copies (a chunk's per-step load and trimmed store, the conformer's
 gather) as one Triton pass each way or torch's chains: `cache_copy_kernel`, handed to the
-`ChunkDecoder`. HiFT's one choice, its Snake activations as one Triton launch each or the module's formula, is
-`snake_kernel(options.fused_snake, device)`, handed to `HiFTGenerator.use_kernels`.
+`ChunkDecoder`. HiFT's two choices, its stride-1 convs as 3xTF32 Triton GEMMs or cuDNN's
+(`hift_conv_kernel`) and its Snake activations as one Triton launch each or the module's formula
+(`snake_kernel`), are handed to `HiFTGenerator.use_kernels`.
 The one cross-flag rule lives here too: with TF32 GEMMs in the flow (`token2wav_allow_tf32`
 flow/all) the 3xTF32 GEMMs stand down, since one-pass TF32 is what the user asked for.
 
@@ -357,6 +358,44 @@ def snake_kernel(fused: bool, device: torch.device) -> SnakeKernel:
         if reason is None:
             return SnakeKernel(hift_triton.snake, "one Triton launch a Snake (bit for bit the module's formula)")
     return SnakeKernel(None, f"the module's formula, eight launches ({reason})")
+
+
+@dataclass(frozen=True)
+class HiFTConvKernel:
+    """HiFT's stride-1 convs: `fn(x, weight, bias, *, dilation, padding)` (one 3xTF32 Triton
+    implicit GEMM, `hift_conv_triton.conv1d`) or None (the modules' cuDNN convs)."""
+
+    fn: Callable | None = None
+    reason: str = "cuDNN (not resolved)"
+
+    @property
+    def name(self) -> str:
+        return "tf32x3" if self.fn else "cudnn"
+
+
+def hift_conv_kernel(enabled: bool, device: torch.device, tf32_mode: str, convs: Sequence[nn.Conv1d]) -> HiFTConvKernel:
+    """HiFT's ResBlock convs, conv_pre and conv_post (`HiFTGenerator.gemm_convs`) as 3xTF32 Triton
+    GEMMs when `enabled`, on CUDA (the CPU only under TRITON_INTERPRET=1, for tests; an NPU keeps
+    its convs), with no TF32 asked for (then one-pass TF32 cuDNN is what the user chose, as for
+    the DiT's convs), compiled now for every shape in `convs`; if that fails cuDNN stays."""
+    if not enabled:
+        reason = "code2wav_hift_conv_gemm is false"
+    elif tf32_mode != "off":
+        reason = f"TF32 convs asked for (token2wav_allow_tf32: {tf32_mode})"
+    elif not (is_cuda(device) or is_cpu(device)):
+        reason = f"not CUDA ({device.type})"
+    else:
+        reason = triton_unavailable_reason(device)
+    if reason is None:
+        from stages.code2wav import hift_conv_triton
+
+        shapes = sorted({(c.in_channels, c.out_channels, c.kernel_size[0], c.bias is not None) for c in convs})
+        if is_cuda(device):  # the interpreter (CPU) compiles nothing
+            reason = compile_failure(lambda: hift_conv_triton.warm_up(device, shapes), "the Triton conv GEMM",
+                                     "cuDNN's convs", log=log, owner="HiFT")
+        if reason is None:
+            return HiFTConvKernel(hift_conv_triton.conv1d, "3xTF32 Triton implicit GEMMs (fp32 accuracy on tensor cores)")
+    return HiFTConvKernel(None, f"cuDNN's convs ({reason})")
 
 
 @dataclass(frozen=True)

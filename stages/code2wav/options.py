@@ -126,6 +126,11 @@ BOOL_OPTIONS: tuple[Option, ...] = (
     # (stages/code2wav/hift_triton.py), bit for bit the module's formula; CUDA only (D-HIFT-1).
     Option("code2wav_fused_snake", "fused_snake", True,
            "HiFT's Snake activations as one Triton launch each (CUDA; bit-exact)", decision="D-HIFT-1"),
+    # HiFT's stride-1 convs (ResBlocks, conv_pre, conv_post) as 3xTF32 Triton implicit GEMMs
+    # (stages/code2wav/hift_conv_triton.py): with TF32 off cuDNN runs them as fp32 on CUDA cores.
+    # fp32-accurate, not bit-exact; CUDA only. Opt-in until an H200 run measures it (no decision yet).
+    Option("code2wav_hift_conv_gemm", "hift_conv_gemm", False,
+           "HiFT's stride-1 convs as 3xTF32 Triton GEMMs (CUDA, TF32 off; fp32-accurate; not yet measured)"),
     # The slot pool's attention-cache copies, each Euler step's load into the step buffer and its
     # trimmed store back, and the conformer's gather, as one Triton pass each way
     # (stages/code2wav/cache_copy_triton.py) instead of index_select + copy and cat + the
@@ -276,6 +281,7 @@ class Code2WavOptions:
     conv_gemm: bool = _DEFAULTS["conv_gemm"]  # only acts frames-first with 3xTF32 linears, TF32 off
     fused_snake: bool = _DEFAULTS["fused_snake"]  # only acts on CUDA
     fused_cache_copy: bool = _DEFAULTS["fused_cache_copy"]  # only acts on CUDA
+    hift_conv_gemm: bool = _DEFAULTS["hift_conv_gemm"]  # only acts on CUDA with TF32 off
     tf32_mode: Tf32Mode = _DEFAULTS["tf32_mode"]
     dit_dtype: str = _DEFAULTS["dit_dtype"]  # the CFM estimator's dtype (its caches too)
     matmul_attention_requests: int = _DEFAULTS["matmul_attention_requests"]  # only acts on CUDA/NPU

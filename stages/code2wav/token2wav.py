@@ -47,7 +47,7 @@ from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.flow_cache import FlowCache
 from stages.code2wav.graph_warmup import warm_graphs
 from stages.code2wav.modules import build_flow, build_hift
-from stages.code2wav.kernels import DiTKernels, cache_copy_kernel, resolve, snake_kernel
+from stages.code2wav.kernels import DiTKernels, cache_copy_kernel, hift_conv_kernel, resolve, snake_kernel
 from stages.code2wav.prompt import PromptBuilder, PromptFeatures
 from stages.code2wav.slots import SlotPool
 from stages.code2wav.streaming import DEFAULT_PROMPT_ID, Code2WavPayloadError, CodecPayload, validate_payload
@@ -173,8 +173,9 @@ class Token2Wav:
         self.hift = build_hift(cfg.hift, seed=seed + 1, weights_dir=weights_dir).to(device=self.device).eval()
         self.hift.init_buffers()
         snake = snake_kernel(self.options.fused_snake, self.device)
-        self.hift.use_kernels(snake)
-        log.info("token2wav: HiFT snakes %s", snake.reason)
+        conv = hift_conv_kernel(self.options.hift_conv_gemm, self.device, self.options.tf32_mode, self.hift.gemm_convs())
+        self.hift.use_kernels(snake, conv)
+        log.info("token2wav: HiFT snakes %s; convs %s", snake.reason, conv.reason)
         # The pool's attention caches: the conformer's in the flow's dtype, the estimator's in its own.
         self.cache_copy = cache_copy_kernel(
             self.options.fused_cache_copy, self.device, (self.dtype, estimator.in_proj.weight.dtype),
@@ -214,6 +215,7 @@ class Token2Wav:
             # dit_attention, dit_conv, dit_conv_norm, dit_conv_gemm, dit_gemm.
             **self.kernels.describe(),
             "hift_snake": self.hift.snake_kernel,  # "triton" or "eager"
+            "hift_conv": self.hift.conv_kernel,  # "tf32x3" or "cudnn" (code2wav_hift_conv_gemm)
             "c2w_cache_copy": self.cache_copy.name,  # "triton" or "torch" (code2wav_fused_cache_copy)
             # Why those branches run and the others do not (kernels.resolve's words, as logged).
             "dit_reasons": self.kernels.reasons(),
