@@ -339,17 +339,21 @@ class SnakeKernel:
         return "triton" if self.fn else "eager"
 
 
+def cuda_triton_unavailable(device: torch.device) -> str | None:
+    """Why a CUDA-only Triton kernel cannot run on `device` (None: it can): CUDA, or the CPU under
+    TRITON_INTERPRET=1 (tests); an NPU keeps torch's ops (these kernels call CUDA's libdevice or
+    were only measured on CUDA)."""
+    if not (is_cuda(device) or is_cpu(device)):
+        return f"not CUDA ({device.type})"
+    return triton_unavailable_reason(device)
+
+
 def snake_kernel(fused: bool, device: torch.device) -> SnakeKernel:
     """HiFT's Snakes as one Triton launch each (`hift_triton`, bit for bit the module's formula)
     when `fused`, on CUDA (the CPU only under TRITON_INTERPRET=1, for tests; an NPU keeps the
     module's ops: the kernel calls CUDA's libdevice), compiled now; if that fails the module's
     formula stays. HiFT runs fp32 whatever the flow's dtype, so no dtype is asked."""
-    if not fused:
-        reason = "code2wav_fused_snake is false"
-    elif not (is_cuda(device) or is_cpu(device)):
-        reason = f"not CUDA ({device.type})"
-    else:
-        reason = triton_unavailable_reason(device)
+    reason = "code2wav_fused_snake is false" if not fused else cuda_triton_unavailable(device)
     if reason is None:
         from stages.code2wav import hift_triton
 
@@ -382,10 +386,8 @@ def hift_conv_kernel(enabled: bool, device: torch.device, tf32_mode: str, convs:
         reason = "code2wav_hift_conv_gemm is false"
     elif tf32_mode != "off":
         reason = f"TF32 convs asked for (token2wav_allow_tf32: {tf32_mode})"
-    elif not (is_cuda(device) or is_cpu(device)):
-        reason = f"not CUDA ({device.type})"
     else:
-        reason = triton_unavailable_reason(device)
+        reason = cuda_triton_unavailable(device)
     if reason is None:
         from stages.code2wav import hift_conv_triton
 
@@ -420,12 +422,7 @@ def cache_copy_kernel(fused: bool, device: torch.device, dtypes: Sequence[torch.
     tests; an NPU keeps torch's ops), compiled now for every cache dtype and K|V width in
     `dtypes` x `widths` (the variants a chunk launches: none may compile inside a capture); if
     that fails torch's ops stay."""
-    if not fused:
-        reason = "code2wav_fused_cache_copy is false"
-    elif not (is_cuda(device) or is_cpu(device)):
-        reason = f"not CUDA ({device.type})"
-    else:
-        reason = triton_unavailable_reason(device)
+    reason = "code2wav_fused_cache_copy is false" if not fused else cuda_triton_unavailable(device)
     if reason is None:
         from stages.code2wav import cache_copy_triton
 

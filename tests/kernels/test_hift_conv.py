@@ -23,6 +23,7 @@ from stages.code2wav.hift import HiFTGenerator, fold_weight_norm, gemm_ready
 from stages.code2wav.kernels import HiFTConvKernel, SnakeKernel, hift_conv_kernel
 from stages.code2wav.options import Code2WavOptions
 from stages.flags import FlagError
+from tests.kernels.hift_graphs import decode_eager_and_replayed
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -223,17 +224,5 @@ def test_cuda_full_size_hift_with_the_kernel_matches_cudnn_and_replays_bit_for_b
         hift.use_kernels(SnakeKernel(), chosen)
         got = run()
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
-        with torch.inference_mode():
-            src = hift.f0_to_source(hift.f0_predictor(mel), torch.Generator(device="cuda").manual_seed(7))
-            src[:, :, :3840] = cache
-            eager = hift.decode(mel, src)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.inference_mode():
-            hift.decode(mel, src)  # warm on the side stream, as the runner's capture does
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                captured = hift.decode(mel, src)
-        graph.replay()
-        torch.cuda.synchronize()
+        eager, captured = decode_eager_and_replayed(hift, mel, cache, seed=7)
     assert torch.equal(captured, eager)

@@ -21,6 +21,7 @@ from stages.code2wav.kernels import snake_kernel
 from stages.code2wav.modules import build_hift
 from stages.code2wav.options import Code2WavOptions
 from stages.flags import FlagError
+from tests.kernels.hift_graphs import decode_eager_and_replayed
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -162,17 +163,5 @@ def test_full_size_hift_with_the_kernel_is_the_module_bit_for_bit_on_cuda():
     assert torch.equal(source, want_source) and torch.equal(speech, want_speech)
 
     # Captured: the launches replay into the same audio (inputs fixed, noise drawn outside).
-    with torch.inference_mode():
-        src = hift.f0_to_source(hift.f0_predictor(mel), torch.Generator(device="cuda").manual_seed(7))
-        src[:, :, :3840] = cache
-        eager = hift.decode(mel, src)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.inference_mode():
-        hift.decode(mel, src)  # warm on the side stream, as the runner's capture does
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            captured = hift.decode(mel, src)
-    graph.replay()
-    torch.cuda.synchronize()
+    eager, captured = decode_eager_and_replayed(hift, mel, cache, seed=7)
     assert torch.equal(captured, eager)
