@@ -97,12 +97,16 @@ def bench_rows(arms: dict[str, Token2Wav], rows: int, reps: int) -> dict:
 # What each arm ran, from its engine's run-record facts (Token2Wav.describe).
 DESCRIBED = ("dit_norm", "dit_attention", "dit_conv", "dit_gemm", "dit_conv_norm", "dit_conv_gemm", "hift_snake")
 
+def _graph_and_eager(name: str, flags: dict) -> dict[str, dict]:
+    """Arms "graph-<name>" and "eager-<name>": `flags` with device graphs on and off."""
+    return {f"{mode}-{name}": {"code2wav_device_graph": mode == "graph", **flags} for mode in ("graph", "eager")}
+
+
 # Arm name -> the code2wav stage extra it runs with (on top of --tf32's mode).
 ARMS = {
     "graph": {"code2wav_device_graph": True},
     "eager": {"code2wav_device_graph": False},
-    "graph-unfused": {"code2wav_device_graph": True, "code2wav_fused_norm": False},
-    "eager-unfused": {"code2wav_device_graph": False, "code2wav_fused_norm": False},
+    **_graph_and_eager("unfused", {"code2wav_fused_norm": False}),
     # The DiT's attention at every row count through one path (the default switches by rows):
     # the fused kernel, the batched GEMMs, the Triton kernel (code2wav_triton_attention).
     "graph-sdpa": {"code2wav_device_graph": True, "code2wav_matmul_attention_requests": 0},
@@ -111,12 +115,9 @@ ARMS = {
     "graph-flash-all": {"code2wav_device_graph": True, "code2wav_matmul_attention_requests": 4096},
     "graph-channels-first": {"code2wav_device_graph": True, "code2wav_frames_first_conv": False},
     # The DiT's linears on cuBLAS fp32 (the default runs them as Triton 3xTF32 GEMMs on CUDA).
-    "graph-cublas": {"code2wav_device_graph": True, "code2wav_dit_tf32x3": False},
-    "eager-cublas": {"code2wav_device_graph": False, "code2wav_dit_tf32x3": False},
+    **_graph_and_eager("cublas", {"code2wav_dit_tf32x3": False}),
     # Small chunks' attention as batched cuBLAS GEMMs (the default runs one Triton kernel).
-    "graph-gemm-attention": {"code2wav_device_graph": True, "code2wav_triton_attention": False},
-    "eager-gemm-attention": {"code2wav_device_graph": False, "code2wav_triton_attention": False},
-    # HiFT's Snakes as the module's eight-kernel formula (the default runs one Triton launch each).
+    **_graph_and_eager("gemm-attention", {"code2wav_triton_attention": False}),
     # The DiT conv block's LayerNorm + Mish + cache writes as the modules' ops (default: one launch).
     "graph-eager-conv-norm": {"code2wav_device_graph": True, "code2wav_fused_conv_norm": False},
     # The DiT's causal convs on cuDNN (default: 3xTF32 Triton GEMMs over the window).
@@ -124,15 +125,13 @@ ARMS = {
     # The three kernels of 2026-12-05 off: conv GEMMs, the conv-block norm, HiFT's Snakes.
     "graph-unfused-c2w": {"code2wav_device_graph": True, "code2wav_conv_gemm": False,
                           "code2wav_fused_conv_norm": False, "code2wav_fused_snake": False},
-    "graph-module-snake": {"code2wav_device_graph": True, "code2wav_fused_snake": False},
-    "eager-module-snake": {"code2wav_device_graph": False, "code2wav_fused_snake": False},
+    # HiFT's Snakes as the module's eight-kernel formula (the default runs one Triton launch each).
+    **_graph_and_eager("module-snake", {"code2wav_fused_snake": False}),
     # The pool's attention-cache loads and stores as one Triton pass each way (default: torch's
     # index_select / cat / index_put_ chains, until this arm measures the kernel).
-    "graph-cache-copy": {"code2wav_device_graph": True, "code2wav_fused_cache_copy": True},
-    "eager-cache-copy": {"code2wav_device_graph": False, "code2wav_fused_cache_copy": True},
+    **_graph_and_eager("cache-copy", {"code2wav_fused_cache_copy": True}),
     # HiFT's stride-1 convs as 3xTF32 Triton GEMMs (default: cuDNN's fp32 convs, until measured).
-    "graph-hift-conv-gemm": {"code2wav_device_graph": True, "code2wav_hift_conv_gemm": True},
-    "eager-hift-conv-gemm": {"code2wav_device_graph": False, "code2wav_hift_conv_gemm": True},
+    **_graph_and_eager("hift-conv-gemm", {"code2wav_hift_conv_gemm": True}),
     # Both opt-in kernels of 2026-12-05 on (the cache copies and HiFT's conv GEMMs).
     "graph-opt-in": {"code2wav_device_graph": True, "code2wav_fused_cache_copy": True,
                      "code2wav_hift_conv_gemm": True},

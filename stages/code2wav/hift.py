@@ -311,11 +311,10 @@ class HiFTGenerator(nn.Module):
         for module in self.modules():
             if isinstance(module, Snake):
                 module.fused = snake.fn
-        fn = None if conv is None else conv.fn
-        self.conv_kernel = "cudnn" if fn is None else conv.name
-        self.gemm = fn
+        self.conv_kernel = "cudnn" if conv is None else conv.name
+        self.gemm = None if conv is None else conv.fn
         for block in (*self.resblocks, *self.source_resblocks):
-            block.gemm = fn
+            block.gemm = self.gemm
 
     def gemm_convs(self) -> list[nn.Conv1d]:
         """The convs `use_kernels` routes to a conv GEMM: every ResBlock conv, conv_pre and
