@@ -45,34 +45,29 @@ class RunnerConfig:
     # talker a process and the replicas threads of another, a device stream each ("threads";
     # shared weights); or the talker and every replica threads of one process ("single": one
     # device context, so nothing is time-sliced; the talker's stream has high priority).
-    # "auto": processes, until an H200 A/B resolves a gain (configs/ab/runner.yaml, execution.yaml).
+    # "auto": processes (D-EXEC-1).
     execution: Literal["auto", "processes", "threads", "single"] = "auto"
     # With processes: the replicas a code2wav process hosts, as threads with a device stream
     # each (stages.runner.replica_host), so R replicas are ceil(R / k) device contexts instead
-    # of R. Why: the GPU time-slices contexts, and at 128x8 the talker waited for the device
-    # 81 % of its busy time beside eight replica contexts, while eight replica threads in one
-    # interpreter fell behind on the host (D-EXEC-1). 1: a process each.
-    # A host keeps to one device: with runner.devices its replicas are those of one device.
-    # Measured on an H200 (D-EXEC-2): TTFP -8 % (64x4, k=2) and -19 % (128x8,
-    # k=4), mean RTF within noise, starts ~2x longer; so 1 stays the default.
+    # of R: fewer contexts for the GPU to time-slice, without every replica under one
+    # interpreter (D-EXEC-1). 1: a process each, the default (D-EXEC-2: lower TTFP, mean RTF
+    # within noise, slower starts). A host keeps to one device: with runner.devices its
+    # replicas are those of one device.
     replicas_per_process: int = 1
     # How the stage processes share a CUDA device: "time-sliced" (each its own context, the
     # GPU's default), "mps" (clients of a private Multi-Process Service daemon the runner starts
     # and quits: their kernels run side by side), "mps-talker-first" (as mps, the replicas
     # below-normal clients, so the talker's ready kernels are scheduled first), or "auto": mps
     # on CUDA where nvidia-cuda-mps-control is on PATH and no system-wide daemon runs, else
-    # time-sliced (stages.runner.sharing.resolve_sharing). Measured on an H200 (D-EXEC-3,
-    # 3 repeats each), mps against time-sliced: 128x8 -29.1 % mean RTF, 64x4
-    # -16.7 % (both resolved), 32x1 within noise; talker-first against mps at 128x8: +21.2 %
-    # (slower, resolved). stages.platform.mps.
+    # time-sliced (stages.runner.sharing.resolve_sharing; D-EXEC-3: mps faster at 128x8 and
+    # 64x4, talker-first slower than mps). stages.platform.mps.
     # Explicit mps* need several stage processes (not execution single) and a CUDA device.
     sharing: Literal["auto", "time-sliced", "mps", "mps-talker-first"] = "auto"
     # SMs of the talker's GPU held back from the replicas (CUDA green contexts; execution single
     # only, where the stages share one device context), so the talker's ~900 small kernels a step
     # do not wait for SMs the replicas' chunk kernels hold. 0: no partition. The driver rounds it
-    # up to its SM granularity (8 on an H200). The talker itself keeps every SM (confined to the
-    # reserved ones it was slower). Opt-in: 16 left the talker's step at 64x4 on an H200
-    # unchanged (79 ms). stages.platform.partition.
+    # up to its SM granularity. The talker itself keeps every SM. Opt-in: no partition helped
+    # the runner's talker (D-EXEC-4). stages.platform.partition.
     talker_sms: int = 0
     # Accelerator indices for the talker (first) and the replicas (round-robin), "auto" for
     # every visible device, or null: everything on device 0 (stages.runner.placement).
@@ -81,10 +76,8 @@ class RunnerConfig:
     # .deterministic_kernels: torch's deterministic algorithms, cuDNN deterministic and not
     # benchmarking, cuBLAS's fixed workspace in the process environment): replayed graphs then
     # equal eager chunks, and identical requests and A/B arms that compute the same thing give
-    # the same audio, with code2wav's default precision (no TF32: with cuDNN's TF32 two
-    # identical requests differed by 2e-4 in the audio on an H200, 4e-7 without; issue 44).
-    # false trades that for any faster kernels; its cost on an H200 is not measured yet
-    # (configs/ab/deterministic.yaml).
+    # the same audio, with code2wav's default precision (D-DET-1, D-PREC-1). false trades that
+    # for any faster kernels; its speed cost is not measured yet (configs/ab/deterministic.yaml).
     deterministic: bool = True
 
     def __post_init__(self) -> None:

@@ -58,11 +58,10 @@ class Tile:
 
 
 # (most rows, tile) in row order; the last bound is open. Each tile is the one with the least
-# summed time over the block's four linears (q|k|v, proj, fc1, fc2) at 100 / 400 / 1,600 / 6,400
-# rows in a sweep of 20 tiles on an H200 (`scripts/bench_dit_gemm.py`, D-DIT-5,
-# results/h200/dit_gemm_bench.json): few rows, thin tiles, so that enough programs fill
-# 132 SMs without a split k-sum; many rows, larger tiles for reuse. One table serves every DiT
-# shape: at each row count its summed time is within 9 % of every shape's own best tile, summed.
+# summed time over the block's four linears (q|k|v, proj, fc1, fc2) at its row counts in a sweep
+# of tiles (`scripts/bench_dit_gemm.py`, D-DIT-5): few rows, thin tiles, so that enough programs
+# fill the SMs without a split k-sum; many rows, larger tiles for reuse. One table serves every
+# DiT shape: at each row count it came close to every shape's own best tile (the sweep's file).
 TILES: tuple[tuple[int | None, Tile], ...] = (
     (256, Tile(16, 64, 64, 4, 4)),
     (800, Tile(64, 32, 32, 4, 3)),

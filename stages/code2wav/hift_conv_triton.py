@@ -1,10 +1,10 @@
 """HiFT's stride-1 convolutions as one Triton implicit GEMM each, 3xTF32: fp32 accuracy on
 tensor cores.
 
-With TF32 off (D-PREC-1, the default) cuDNN runs HiFT's fp32 convolutions on CUDA cores: on an
-H200 its `nchwkcrs_nchw` fp32 kernels were 8.8 of a 74.8 device ms chunk at 8 requests
-(results/h200/log/22-code2wav-kernels.md), most of them the 72 ResBlock convs (kernel 3, 7 or 11,
-dilations 1, 3, 5, 64-256 channels over 464-6,961 frames). Here a conv is the GEMM
+With TF32 off (D-PREC-1, the default) cuDNN runs HiFT's fp32 convolutions on CUDA cores, its
+`nchwkcrs_nchw` fp32 kernels a tenth of a steady chunk's device time at 8 requests in the last
+trace (the H200 log's code2wav-kernels part), most of them the 72 ResBlock convs (kernel 3, 7 or
+11, dilations 1, 3, 5, 64-256 channels). Here a conv is the GEMM
 out[b] = W [Cout, Cin * taps] @ im2col(x[b]) [Cin * taps, T] read in place: the k-index
 kk = ci * taps + j is the weight's own layout, and im2col's element (kk, t) is
 x[b, ci, t + j * dilation - padding], zero outside the input (the conv's zero padding), so no

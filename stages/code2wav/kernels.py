@@ -69,7 +69,7 @@ def torch_linear_epilogue(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
 
 def residual_norm_modulate_fused(x, gate, y, shift, scale, *, eps: float):
     """`dit.residual_norm_modulate_eager` as one Triton launch (`dit_triton`; x updated in place)."""
-    from stages.code2wav.dit_triton import residual_norm_modulate
+    from stages.code2wav.dit_triton import residual_norm_modulate  # lazy: loads triton
 
     if not x.is_contiguous():  # the kernel updates x in place, so it needs its own dense copy
         x = x.contiguous()
@@ -96,7 +96,7 @@ class NormKernel:
         None: the modules' ops."""
         if not self.fused:
             return None
-        from stages.code2wav.dit_triton import qk_norm_to_cache
+        from stages.code2wav.dit_triton import qk_norm_to_cache  # lazy: loads triton
 
         return qk_norm_to_cache
 
@@ -201,7 +201,7 @@ def norm_kernel(fused: bool, cfg: DiTConfig, device: torch.device, dtype: torch.
     only under TRITON_INTERPRET=1), compiled now; if that fails the eager chain stays."""
     reason = "stage extra code2wav_fused_norm is false" if not fused else triton_unavailable_reason(device)
     if reason is None:
-        from stages.code2wav import dit_triton
+        from stages.code2wav import dit_triton  # lazy: loads triton
 
         # The q/k LayerNorms the kernel reads, as the DiT's Attention holds them (no RNG drawn).
         heads = SimpleNamespace(h=cfg.num_heads, d=cfg.head_dim,
@@ -231,7 +231,7 @@ def attention_kernel(max_requests: int, cfg: DiTConfig, device: torch.device, dt
     else:
         flash_reason = tf32x3_unavailable(device, dtype)
     if flash_reason is None:
-        from stages.code2wav import dit_flash
+        from stages.code2wav import dit_flash  # lazy: loads triton
 
         h, d = cfg.num_heads, cfg.head_dim
         flash_reason = compile_failure(
@@ -284,14 +284,14 @@ def conv_layout(frames_first: bool, device: torch.device, *, fused_norm: bool = 
     if not fused_norm:
         norm_said = "LayerNorm + Mish eager (code2wav_fused_conv_norm is false)"
     else:
-        from stages.code2wav import dit_conv_triton
+        from stages.code2wav import dit_conv_triton  # lazy: loads triton
 
         reason = compile_failure(lambda: dit_conv_triton.warm_up(device, dtype, channels, CONV_LN_EPS),
                                  "the Triton conv-block norm", "the eager LayerNorm + Mish", log=log, owner="DiT")
         norm_said = f"LayerNorm + Mish eager ({reason})" if reason else "LayerNorm + Mish + cache writes as one Triton launch"
         ln_mish = None if reason else dit_conv_triton.ln_mish_window
     if gemm_off is None:
-        from stages.code2wav import dit_gemm
+        from stages.code2wav import dit_gemm  # lazy: loads triton
 
         gemm_off = compile_failure(lambda: dit_gemm.warm_up_conv(device, channels), "the Triton conv GEMM",
                                    "cuDNN's convs", log=log, owner="DiT")
@@ -316,7 +316,7 @@ def gemm_kernel(tf32x3: bool, cfg: DiTConfig, device: torch.device, dtype: torch
     else:
         reason = tf32x3_unavailable(device, dtype)
     if reason is None:
-        from stages.code2wav import dit_gemm
+        from stages.code2wav import dit_gemm  # lazy: loads triton
 
         if is_cuda(device):  # the interpreter (CPU) compiles nothing
             reason = compile_failure(lambda: dit_gemm.warm_up(device, linear_shapes(cfg)),
@@ -355,7 +355,7 @@ def snake_kernel(fused: bool, device: torch.device) -> SnakeKernel:
     formula stays. HiFT runs fp32 whatever the flow's dtype, so no dtype is asked."""
     reason = "code2wav_fused_snake is false" if not fused else cuda_triton_unavailable(device)
     if reason is None:
-        from stages.code2wav import hift_triton
+        from stages.code2wav import hift_triton  # lazy: loads triton
 
         reason = compile_failure(lambda: hift_triton.warm_up(device), "the Triton Snake", "the module's Snake",
                                  log=log, owner="HiFT")
@@ -389,7 +389,7 @@ def hift_conv_kernel(enabled: bool, device: torch.device, tf32_mode: str, convs:
     else:
         reason = cuda_triton_unavailable(device)
     if reason is None:
-        from stages.code2wav import hift_conv_triton
+        from stages.code2wav import hift_conv_triton  # lazy: loads triton
 
         shapes = sorted({(c.in_channels, c.out_channels, c.kernel_size[0], c.bias is not None) for c in convs})
         if is_cuda(device):  # the interpreter (CPU) compiles nothing
@@ -424,7 +424,7 @@ def cache_copy_kernel(fused: bool, device: torch.device, dtypes: Sequence[torch.
     that fails torch's ops stay."""
     reason = "code2wav_fused_cache_copy is false" if not fused else cuda_triton_unavailable(device)
     if reason is None:
-        from stages.code2wav import cache_copy_triton
+        from stages.code2wav import cache_copy_triton  # lazy: loads triton
 
         def warm_up() -> None:
             for dtype in dict.fromkeys(dtypes):

@@ -62,10 +62,7 @@ BOOL_OPTIONS: tuple[Option, ...] = (
            f"CAM++ speaker embedding on the device; false: CPU onnxruntime (env {DEVICE_SPK_ENV}=0 too)",
            decision="D-C2W-2"),
     # Replay whole chunks as device graphs on CUDA/NPU (no effect on CPU). On since replicas warm
-    # their shapes up before serving: with replica processes on an H200, 3 repeats, mean RTF
-    # -9.8 % [-18.4, -0.4] at 64x4 and -25.2 % [-39.5, -7.5] at 32x1, codes identical in every
-    # paired request (D-GRAPH-1; before the warmup, results/h200/ab_graphs_64x4.md read +27.2 %
-    # [-9.4, +78.6] at 64x4, within noise).
+    # their shapes up before serving, without which they did not pay (D-GRAPH-1).
     Option("code2wav_device_graph", "device_graph", True, "whole chunks replayed as device graphs (CUDA/NPU)",
            decision="D-GRAPH-1"),
     # With device graphs on: a replica decodes synthetic streams of 1..max_num_seqs rows before
@@ -77,9 +74,8 @@ BOOL_OPTIONS: tuple[Option, ...] = (
     # With device graphs and their warmup: one-row final chunks whose caches have settled replay
     # graphs too, one per count of new codes (0..codec_chunk_frames-1), chosen at warmup; other
     # final chunks stay eager (a final chunk's shape varies with its length: too many shapes).
-    # Every request ends with one. Off (D-GRAPH-2): in the default execution it turned 43-72 % of
-    # the eager groups into replays, but mean RTF was within noise at 32x1, 64x4 and 128x8, for
-    # ~2.5 GiB more device memory and codec_chunk_frames more captures at each replica's start.
+    # Every request ends with one. Off (D-GRAPH-2): most eager groups became replays but mean RTF
+    # was within noise at every tier, for more device memory and a slower replica start.
     Option("code2wav_final_chunk_graphs", "final_chunk_graphs", False,
            "with graphs and their warmup: settled one-row final chunks replay graphs captured at warmup",
            decision="D-GRAPH-2"),
@@ -88,25 +84,19 @@ BOOL_OPTIONS: tuple[Option, ...] = (
     Option("code2wav_fused_norm", "fused_norm", True, "the DiT's norm steps as Triton launches (CUDA/NPU)",
            decision="D-DIT-1"),
     # The DiT's causal convs frames-first on CUDA: 2-D convs over the [B, T, C] activations as
-    # a channels-last image, so cuDNN runs no layout transforms around them (two a conv, ~800-1,100
-    # kernels a chunk); the CPU and an NPU keep the checkpoint's channels-first convs. On an H200
-    # a steady chunk took 37.8 against 43.3 ms at 1 request, 419 against 437 at 64 (fp32; bf16
-    # 20.5 against 26.3 at 1; D-DIT-4).
+    # a channels-last image, so cuDNN runs no layout transforms around them (two a conv); the CPU
+    # and an NPU keep the checkpoint's channels-first convs (D-DIT-4).
     Option("code2wav_frames_first_conv", "frames_first_conv", True,
            "the DiT's causal convs without cuDNN layout transforms (CUDA)", decision="D-DIT-4"),
     # The DiT's fp32 linears as Triton GEMMs with 3xTF32 products on CUDA (stages/code2wav/
-    # dit_gemm.py): tensor cores at fp32 accuracy (max error 2-4e-7 of the output's range against
-    # fp64, cuBLAS fp32 0.3-2e-6), bias and GELU fused. Acts on CUDA with an fp32 DiT only, and
-    # not with TF32 for the flow. On an H200: the block's four linears 0.54-0.62x cuBLAS fp32's
-    # time, a steady chunk -21 % at 1 request and -19 % at 64, mean RTF -20.4 % [-28.7, -11.2] at
-    # 64x4 over 3 repeats, the mel 0.0001 dB from cuBLAS fp32 (D-DIT-5).
+    # dit_gemm.py): tensor cores at fp32 accuracy (closer to fp64 than cuBLAS fp32), bias and
+    # GELU fused. Acts on CUDA with an fp32 DiT only, and not with TF32 for the flow (D-DIT-5).
     Option("code2wav_dit_tf32x3", "dit_tf32x3", True,
            "the DiT's fp32 linears as Triton 3xTF32 GEMMs (CUDA, fp32 DiT, no TF32 flow)", decision="D-DIT-5"),
     # Chunks small enough for attention as GEMMs (code2wav_matmul_attention_requests) run it as
     # one Triton kernel instead (stages/code2wav/dit_flash.py: online softmax, 3xTF32 dots; fp32
-    # DiT, CUDA): one launch for five a block-step; on an H200 a steady chunk -3.4 % at 1 request,
-    # -2.7 % at 4 (D-DIT-3). Larger chunks keep the fused SDPA kernel, which the Triton one did
-    # not beat at 8-32 requests. False keeps the GEMMs.
+    # DiT, CUDA): one launch for five a block-step (D-DIT-3). Larger chunks keep the fused SDPA
+    # kernel, which the Triton one did not beat there. False keeps the GEMMs.
     Option("code2wav_triton_attention", "triton_attention", True,
            "small chunks' attention as one Triton kernel (CUDA, fp32 DiT)", decision="D-DIT-3"),
     # The causal conv block's LayerNorm + Mish, conv2's input window and both cache writes as one
@@ -128,23 +118,22 @@ BOOL_OPTIONS: tuple[Option, ...] = (
            "HiFT's Snake activations as one Triton launch each (CUDA; bit-exact)", decision="D-HIFT-1"),
     # HiFT's stride-1 convs (ResBlocks, conv_pre, conv_post) as 3xTF32 Triton implicit GEMMs
     # (stages/code2wav/hift_conv_triton.py): with TF32 off cuDNN runs them as fp32 on CUDA cores.
-    # fp32-accurate, not bit-exact; CUDA only. Opt-in until an H200 run measures it (no decision yet).
+    # fp32-accurate, not bit-exact; CUDA only. Opt-in until a GPU run measures it (no decision yet).
     Option("code2wav_hift_conv_gemm", "hift_conv_gemm", False,
            "HiFT's stride-1 convs as 3xTF32 Triton GEMMs (CUDA, TF32 off; fp32-accurate; not yet measured)"),
     # The slot pool's attention-cache copies, each Euler step's load into the step buffer and its
     # trimmed store back, and the conformer's gather, as one Triton pass each way
     # (stages/code2wav/cache_copy_triton.py) instead of index_select + copy and cat + the
     # deterministic index_put_: bit for bit the same bytes (CPU interpreter tests); CUDA only.
-    # Opt-in until an H200 run checks it compiled and measures it (the GPU tests and the
-    # graph-torch-cache-copy arm of scripts/bench_code2wav.py are ready; no decision yet).
+    # Opt-in until a GPU run checks it compiled and measures it (the GPU tests and the
+    # graph-cache-copy arm of scripts/bench_code2wav.py are ready; no decision yet).
     Option("code2wav_fused_cache_copy", "fused_cache_copy", False,
            "the slot pool's attention-cache loads and stores as one Triton pass each (CUDA; bit-exact; not yet measured)"),
 )
 # Chunks of up to this many requests run the DiT's attention as batched GEMMs on CUDA/NPU
 # (`dit.attention_by_matmul`, fp32 DiT only), larger ones through scaled_dot_product_attention;
-# 0 = always the latter. Small chunks leave a fused attention kernel most of the GPU idle: on an H200 one
-# steady chunk read -8.8 % at 1 request, -4.4 % at 4, +0.4 % at 8 and +1.8 % at 16
-# (D-DIT-2), hence 4.
+# 0 = always the latter. Small chunks leave a fused attention kernel most of the GPU idle; past 4
+# requests the GEMMs stopped paying (D-DIT-2), hence 4.
 MATMUL_ATTENTION_KEY = "code2wav_matmul_attention_requests"
 MATMUL_ATTENTION_DEFAULT = 4
 _MAX_REQUESTS = 4096

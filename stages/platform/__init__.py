@@ -16,7 +16,6 @@ use it on a machine with torch + triton only.
 
 from stages.platform.device import (
     DEVICE_KINDS,
-    PlatformError,
     accelerator_available,
     compile_failure,
     cuda_available,
@@ -40,6 +39,7 @@ from stages.platform.device import (
     triton_unavailable_reason,
     unwrapped_current_device,
 )
+from stages.platform.errors import PlatformError
 from stages.platform.graphs import GraphAPI, graph_api
 from stages.platform.memory import (
     empty_cache,

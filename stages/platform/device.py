@@ -32,6 +32,9 @@ from typing import Any
 
 import torch
 
+from stages.platform.errors import PlatformError
+from stages.platform.partition import new_cuda_stream
+
 log = logging.getLogger(__name__)
 
 DEVICE_KINDS = ("auto", "cuda", "npu", "cpu")
@@ -45,10 +48,6 @@ _DTYPES = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
-
-
-class PlatformError(ValueError):
-    """A device kind or dtype that this machine or this layer cannot provide."""
 
 
 @dataclass(frozen=True)
@@ -240,8 +239,6 @@ def thread_stream(device: torch.device, *, high_priority: bool = False) -> Itera
     streams (the talker beside the replicas: every replica waits on its codes)."""
     priority = -1 if high_priority else 0  # lower is higher; -1 is high on every CUDA device
     if device.type == "cuda":
-        from stages.platform.partition import new_cuda_stream  # (it imports this module)
-
         # Inside `on_partition` the stream is the partition's (stages.platform.partition).
         with torch.cuda.stream(new_cuda_stream(device, priority=priority)):
             yield

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from stages.platform.device import PlatformError
+from stages.platform.errors import PlatformError
 
 log = logging.getLogger(__name__)
 

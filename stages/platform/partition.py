@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from stages.platform.device import PlatformError
+from stages.platform.errors import PlatformError
 
 _SM_RESOURCE = 1  # CU_DEV_RESOURCE_TYPE_SM
 _GREEN_CTX_DEFAULT_STREAM = 1  # CU_GREEN_CTX_DEFAULT_STREAM (required by cuGreenCtxCreate)

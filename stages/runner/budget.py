@@ -50,13 +50,9 @@ DEVICE_PROCESS_BYTES = 512 * MIB
 # an H200 at B = 8 with the stepwise estimator cache; rounded up).
 TRANSIENT_PER_ROW = 0.25
 # A replica's device-graph pool, per row of its largest batch, as a fraction of one request's
-# state. With expandable segments (what every stage process runs with unless the user sets the
-# allocator, stages.runner.allocator), measured on an H200 at 128x8, replica processes, 8-row
-# batches: each replica held 1.90-2.09 GB reserved beyond its allocated 11.23 GB at the end of
-# the tier, graph pool and eager transient together, 0.39-0.43 of the 0.61 GB estimated a request
-# (0.43-0.47 of the 0.55 GB it really held); this plus TRANSIENT_PER_ROW (0.5) covers it. With the
-# default segments one replica had needed 0.53 for the pool alone (2,192 MiB more reserved with
-# graphs than without at 8 rows), rounded up.
+# state, with expandable segments (what every stage process runs with unless the user sets the
+# allocator, stages.runner.allocator): this plus TRANSIENT_PER_ROW covers what a replica held
+# reserved beyond its allocation at 128x8 (D-BUDGET-1, where the default segments' figure is too).
 GRAPH_POOL_PER_ROW = 0.25
 GRAPH_POOL_PER_ROW_DEFAULT_SEGMENTS = 0.55
 # The DiT's two causal convolutions per block use this kernel width (stages.code2wav.dit).

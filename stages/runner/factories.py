@@ -31,13 +31,13 @@ from stages.talker.config import TalkerConfig
 
 def build_talker(cfg: TalkerConfig, **kwargs: Any) -> Any:
     """The real talker engine (imported here, in the child, never at runner import)."""
-    from stages.talker.engine import TalkerEngine
+    from stages.talker.engine import TalkerEngine  # lazy: the model's modules load in the child only
 
     return TalkerEngine(cfg, **kwargs)
 
 
 def make_talker_request(request_id: str, text: str, seed: int, max_codes: int | None) -> Any:
-    from stages.talker.engine import TalkerRequest
+    from stages.talker.engine import TalkerRequest  # lazy: as build_talker
 
     return TalkerRequest(request_id, text, seed=seed, max_codes=max_codes)
 
@@ -45,15 +45,15 @@ def make_talker_request(request_id: str, text: str, seed: int, max_codes: int | 
 def build_chunker(cfg: Code2WavConfig, request_id: str, *, seed: int = 0, prompt_audio: bytes | None = None) -> Any:
     """The request's chunker; with `prompt_audio` its payloads name the voice by content hash
     and the first one carries the audio (the replica builds or reuses the voice from it)."""
-    from stages.code2wav.prompt import prompt_id_of
-    from stages.code2wav.streaming import DEFAULT_PROMPT_ID, Chunker
+    from stages.code2wav.prompt import prompt_id_of  # lazy: as build_talker
+    from stages.code2wav.streaming import DEFAULT_PROMPT_ID, Chunker  # lazy: as build_talker
 
     prompt_id = DEFAULT_PROMPT_ID if prompt_audio is None else prompt_id_of(prompt_audio)
     return Chunker(cfg, request_id, prompt_id, seed=seed, prompt_audio=prompt_audio)
 
 
 def build_token2wav(cfg: Code2WavConfig, **kwargs: Any) -> Any:
-    from stages.code2wav.token2wav import Token2Wav
+    from stages.code2wav.token2wav import Token2Wav  # lazy: as build_talker
 
     return Token2Wav(cfg, **kwargs)
 

@@ -70,7 +70,7 @@ def decode_layers(fused: bool, model: TalkerModel, device: torch.device) -> Deco
     that fails the modules' decode stays."""
     reason = "stage extra talker_fused_layers is false" if not fused else triton_unavailable_reason(device)
     if reason is None:
-        from stages.talker import layer_triton
+        from stages.talker import layer_triton  # lazy: loads triton
 
         model.fuse_projections()
         reason = compile_failure(lambda: layer_triton.warm_up(model), "the fused kernels",

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from stages.config import RunnerConfig
-from stages.platform.device import PlatformError
+from stages.platform.errors import PlatformError
 from stages.platform.partition import (
     GreenContextDriver,
     SmPartition,

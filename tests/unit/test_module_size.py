@@ -1,5 +1,6 @@
-"""Modules stay small enough to read in one sitting: at most 500 lines in `stages/`, `tts_bench/`
-and `scripts/` (STYLE.md: modules of roughly 150-400 lines, split past ~500). A module that grows
+"""Modules stay small enough to read in one sitting: at most 500 lines in `stages/`, `tts_bench/`,
+`scripts/` and `tests/` (STYLE.md: modules of roughly 150-400 lines, split past ~500; a test file
+is read as often as the code it tests). A module that grows
 past the limit is split by concern, not exempted: there is no allow-list."""
 
 from pathlib import Path
@@ -8,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_LINES = 500
-CHECKED = ("stages", "tts_bench", "scripts")
+CHECKED = ("stages", "tts_bench", "scripts", "tests")
 
 
 def _line_count(path: Path) -> int:

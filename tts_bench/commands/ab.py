@@ -103,8 +103,7 @@ def _ci_outputs(session, *, junit: Path | None, fail_on_slower: bool, plot: bool
     return ExitStatus.PERF_REGRESSION if status == ExitStatus.OK and suite.count("failure") else status
 
 
-# Measured: a fused-prelude A/B at 128x8 on an H200 read "slower, +8.9% [+4.4%, +13.7%]" with one
-# repeat and "+0.2% [-4.2%, +5.0%], within noise" with two (D-AB-1).
+# Why one repeat is not a verdict: one-repeat A/Bs read effects that two repeats did not (D-AB-1).
 SINGLE_REPEAT_NOTE = (
     "note: 1 repeat: one block has no run-to-run spread to build an interval from, so the verdict "
     "is unresolved; rerun with --repeats 2 or more (order A B, B A) or --until-resolved, or record "

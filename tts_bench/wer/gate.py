@@ -39,7 +39,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +46,7 @@ from typing import Any
 
 from tts_bench.config.paths import check_writable
 from tts_bench.errors import ExitStatus, InvalidRunError
+from tts_bench.rundir.atomic_json import write_json_atomic
 from tts_bench.wer.language import METRIC
 from tts_bench.config.wer import WerParams
 from tts_bench.wer.score import ArmScore, Paired, compare_utterances
@@ -174,14 +174,8 @@ def write_history(
             for a in arms
         },
     }
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:8]
-    path = directory / f"{created:%Y%m%d-%H%M%S}-{key}.json"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_json_atomic(Path(directory) / f"{created:%Y%m%d-%H%M%S}-{key}.json", doc)
 
 
 @dataclass(frozen=True)
