@@ -101,6 +101,12 @@ class Code2WavConfig:
     token_rate_hz: int = 25
     mel_bins: int = 80
     codec_chunk_frames: int = 25
+    # New codes in a stream's first payload; 0: codec_chunk_frames like every other. Fewer codes
+    # make the first audio come sooner (the talker emits them at token_rate_hz), at the price of a
+    # shorter first chunk and later chunk boundaries shifted by the difference (upstream's
+    # `initial_codec_chunk_frames`). At least `min_initial_chunk_frames`: the first chunk must
+    # outlast the vocoder's held-back tail, or it would emit no audio.
+    initial_codec_chunk_frames: int = 0
     codec_left_context_frames: int = 3
     silence_code: int = 4218
     n_timesteps: int = 10
@@ -141,6 +147,17 @@ class Code2WavConfig:
         """Mel frames of one steady payload: 25 new codes x up_rate = 50."""
         return self.codec_chunk_frames * self.flow.up_rate
 
+    @property
+    def first_chunk_frames(self) -> int:
+        """New codes in a stream's first payload (`initial_codec_chunk_frames` or a full chunk)."""
+        return self.initial_codec_chunk_frames or self.codec_chunk_frames
+
+    @property
+    def min_initial_chunk_frames(self) -> int:
+        """The fewest new codes a first chunk may bring and still emit audio: its mel frames
+        (codes x up_rate) must exceed the HiFT frames whose audio is held back for the cross-fade."""
+        return self.hift.mel_cache_frames // self.flow.up_rate + 1
+
     def __post_init__(self) -> None:
         if self.mel_rate_hz * self.hift.samples_per_frame != self.hift.sampling_rate:
             raise ValueError(
@@ -157,6 +174,14 @@ class Code2WavConfig:
         for name in ("n_timesteps", "codec_chunk_frames", "prompt_keep_frames", "noise_frames"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"code2wav.{name} must be positive, got {getattr(self, name)}")
+        initial = self.initial_codec_chunk_frames
+        if initial and not self.min_initial_chunk_frames <= initial <= self.codec_chunk_frames:
+            raise ValueError(
+                f"code2wav.initial_codec_chunk_frames must be 0 (a full first chunk) or between "
+                f"{self.min_initial_chunk_frames} (the first chunk must outlast the vocoder's "
+                f"{self.hift.mel_cache_frames} held-back mel frames) and codec_chunk_frames "
+                f"({self.codec_chunk_frames}), got {initial}"
+            )
         if self.prompt_keep_frames % self.flow.up_rate:
             raise ValueError(
                 "code2wav.prompt_keep_frames must be a multiple of flow.up_rate (the token-rate "

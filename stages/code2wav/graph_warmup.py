@@ -3,7 +3,8 @@
 Without it each new batch shape's first chunk pays an eager run plus a capture while requests
 wait. Synthetic streams of the default voice (silence codes) decode in lockstep, chunk after
 chunk, until their shape repeats: the cache lengths settle at the trim after a few chunks, so
-one row count passes through ~3 shapes (first, growing, settled). Row counts 1..max_rows are
+one row count passes through ~3 shapes (first, growing, settled; a shorter first chunk,
+`initial_codec_chunk_frames`, is the first shape then). Row counts 1..max_rows are
 warmed, up to the slot pool's capacity (growing the pool would drop the graphs again).
 
 With `code2wav_final_chunk_graphs`, one-row final chunks of settled streams are captured too, one
@@ -30,8 +31,8 @@ if TYPE_CHECKING:
 WARMUP_PREFIX = "__graph-warmup-"  # request ids of the synthetic streams
 _MAX_CHUNKS = 16  # a stream's shape settles after a few chunks (the cache trim); a bound
 # Room the graphs need so that warming does not overflow them (past `max_graphs` the whole set
-# is dropped, chunk_graphs.py): shapes a row count passes through (3 at full size), plus shapes
-# first met while serving (streams out of lockstep).
+# is dropped, chunk_graphs.py): shapes a row count passes through (3 at full size, one more
+# after a shorter first chunk), plus shapes first met while serving (streams out of lockstep).
 _SHAPES_PER_ROW_COUNT = 4
 _SPARE_GRAPHS = 8
 
@@ -47,7 +48,8 @@ def warm_graphs(t2w: Token2Wav, max_rows: int) -> int:
     before = graphs.captures
     width = min(max_rows, t2w.pool.capacity)
     finals = t2w.cfg.codec_chunk_frames if t2w.options.final_chunk_graphs else 0
-    graphs.max_graphs = max(graphs.max_graphs, _SHAPES_PER_ROW_COUNT * width + finals + _SPARE_GRAPHS)
+    per_row_count = _SHAPES_PER_ROW_COUNT + (t2w.cfg.first_chunk_frames < t2w.cfg.codec_chunk_frames)
+    graphs.max_graphs = max(graphs.max_graphs, per_row_count * width + finals + _SPARE_GRAPHS)
     for rows in range(1, width + 1):
         with _streams(t2w, f"{rows}", rows) as chunkers:
             _settle(t2w, chunkers)
@@ -80,7 +82,7 @@ def _settle(t2w: Token2Wav, chunkers: list[Chunker]) -> bool:
     capture went off on the way or the shape never settled."""
     seen = set()
     for _ in range(_MAX_CHUNKS):
-        t2w.decode([c.push([t2w.cfg.silence_code] * t2w.cfg.codec_chunk_frames)[0] for c in chunkers])
+        t2w.decode([c.push([t2w.cfg.silence_code] * c.chunk_frames)[0] for c in chunkers])
         if t2w.graphs.disabled is not None:
             return False
         shape = t2w.stream_shape(chunkers[0].request_id)

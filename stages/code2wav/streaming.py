@@ -3,8 +3,10 @@
 A payload carries 3 left-context codes + 25 new codes. The flow encoder's pre-lookahead eats 3
 right-context tokens and emits nothing for them, so the next payload re-sends those 3 as its
 left context: a steady 28-code payload yields (28 - 3) x 2 = 50 mel frames = 1.0 s. The first
-payload's left context is 3 silence codes (4218); the final flush (`last_chunk=True`) is the left
-context plus whatever is pending (possibly nothing).
+payload's left context is 3 silence codes (4218), and its new codes are
+`code2wav.initial_codec_chunk_frames` where that is set (a shorter first chunk: earlier first
+audio); the final flush (`last_chunk=True`) is the left context plus whatever is pending
+(possibly nothing).
 
     chunker = Chunker(cfg, request_id="r1")
     payloads = chunker.push(codes)          # zero or more full payloads
@@ -101,16 +103,21 @@ class Chunker:
         return payload
 
     def push(self, codes: Iterable[int]) -> list[CodecPayload]:
-        """Add codes; return one payload per full `codec_chunk_frames` group now pending."""
+        """Add codes; return one payload per full group now pending: `first_chunk_frames` codes
+        for the first payload, `codec_chunk_frames` for every later one."""
         if self._finished:
             raise RuntimeError(f"Chunker for {self.request_id!r} already finished")
         self._pending.extend(int(c) for c in codes)
         out = []
-        n = self.cfg.codec_chunk_frames
-        while len(self._pending) >= n:
+        while len(self._pending) >= (n := self.chunk_frames):
             new, self._pending = self._pending[:n], self._pending[n:]
             out.append(self._emit(new, last=False))
         return out
+
+    @property
+    def chunk_frames(self) -> int:
+        """New codes the next non-final payload takes."""
+        return self.cfg.first_chunk_frames if self._seq == 0 else self.cfg.codec_chunk_frames
 
     def finish(self) -> CodecPayload:
         """The final payload: left context + the remainder (possibly empty), last_chunk=True."""

@@ -146,6 +146,7 @@ class Token2Wav:
         self.final_shapes: set[BatchShape] = set()
         self._graph_generation = 0
         self._groups = 0  # ChunkDecoder runs (one per batch shape of a decode call)
+        self._eager_finals = 0  # of them, final chunks run eagerly (no warmed final-chunk graph)
         # Where a decode call's host time goes: launching groups that replay a graph, launching
         # eager ones (and captures; an eager full-size group is thousands of launches), and
         # waiting for the device to finish them and copying the audio back.
@@ -226,12 +227,14 @@ class Token2Wav:
 
     def work(self) -> dict:
         """Cumulative counters for the runner's work report: chunk groups run (a decode call runs
-        one per batch shape among its rows), graph captures and replays, and the host seconds of
-        decode calls spent launching eager / replayed groups and finishing them (device wait and
-        copy back)."""
+        one per batch shape among its rows), graph captures and replays, the final chunks among
+        the eager groups (the rest are new shapes' first runs, or everything with graphs off),
+        and the host seconds of decode calls spent launching eager / replayed groups and finishing
+        them (device wait and copy back)."""
         graphs = self.graphs
         return {"groups": self._groups, "graph_captures": 0 if graphs is None else graphs.captures,
-                "graph_replays": 0 if graphs is None else graphs.replays, **self._host_s}
+                "graph_replays": 0 if graphs is None else graphs.replays,
+                "eager_final_groups": self._eager_finals, **self._host_s}
 
     # -- prompts ---------------------------------------------------------------------------------
 
@@ -441,6 +444,7 @@ class Token2Wav:
         meta = host_to_device(meta, self.device)
         if self.graphs is None or (shape.last and shape not in self.final_shapes):
             # A final chunk's shape varies with its length: only the warmed ones have graphs.
+            self._eager_finals += shape.last
             return self._decoder.run(meta, shape)
         return self.graphs.run(shape, meta, lambda m: self._decoder.run(m, shape))
 
@@ -487,9 +491,12 @@ class Token2Wav:
         setup = self.prompt_setup(prompt_id)
         c, tp = self.cfg, int(setup.features.tokens.numel())
         new = list(codes)
-        blocks, left = [tp], c.codec_left_context_frames
-        n_full = len(new) // c.codec_chunk_frames
-        blocks += [c.codec_chunk_frames] * n_full + [left + len(new) - n_full * c.codec_chunk_frames]
+        blocks, left, rest = [tp], c.codec_left_context_frames, len(new)
+        step = c.first_chunk_frames  # the Chunker's payloads: a first chunk, then full ones
+        while rest >= step:
+            blocks.append(step)
+            rest, step = rest - step, c.codec_chunk_frames
+        blocks.append(left + rest)
         stream = [*setup.features.tokens.tolist(), *[c.silence_code] * left, *new]
         tokens = torch.tensor([stream], dtype=torch.long).to(self.device)
         mel = self.flow.reference_mel(tokens, setup.mel, setup.spk, blocks)

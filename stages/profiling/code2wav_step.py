@@ -25,8 +25,10 @@ from stages.profiling.ranges import DECODE_RANGE, RANGES
 
 def steady_start(cfg: Code2WavConfig) -> int:
     """Chunks fed before the cache shapes stop changing: the estimator/conformer caches grow by
-    one chunk of mel frames per chunk until they hold prompt + keep frames, then get trimmed."""
-    return max(1, math.ceil(cfg.prompt_keep_frames / cfg.chunk_mel_frames))
+    one chunk of mel frames per chunk (the first by its own, maybe shorter, length) until they
+    hold prompt + keep frames, then get trimmed."""
+    after_first = max(0, cfg.prompt_keep_frames - cfg.first_chunk_frames * cfg.flow.up_rate)
+    return 1 + math.ceil(after_first / cfg.chunk_mel_frames)
 
 
 def prepare_streams(cfg: Code2WavConfig, rows: int, chunks: int, tag: str) -> list[list[CodecPayload]]:
@@ -35,9 +37,9 @@ def prepare_streams(cfg: Code2WavConfig, rows: int, chunks: int, tag: str) -> li
     streams = []
     for r in range(rows):
         chunker = Chunker(cfg, f"profile-{tag}-{rows}-{r}", seed=r)
-        codes = torch.randint(0, cfg.flow.vocab_size, (chunks * cfg.codec_chunk_frames,), generator=gen)
-        payloads = chunker.push(codes.tolist())
-        assert len(payloads) == chunks, "one payload per codec_chunk_frames codes"
+        n = cfg.first_chunk_frames + (chunks - 1) * cfg.codec_chunk_frames
+        payloads = chunker.push(torch.randint(0, cfg.flow.vocab_size, (n,), generator=gen).tolist())
+        assert len(payloads) == chunks, "one payload per chunk of codes"
         streams.append(payloads)
     return streams
 

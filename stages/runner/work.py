@@ -101,6 +101,13 @@ def eager_groups(counters: dict) -> int:
     return counters.get("groups", 0) - counters.get("graph_replays", 0)
 
 
+def eager_label(counters: dict) -> str:
+    """`eager_groups` as a report shows it: with the finals among them where they were counted
+    (`eager_final_groups`; records made before the counter have none), e.g. `582 (500 final)`."""
+    finals = counters.get("eager_final_groups")
+    return f"{eager_groups(counters)}" + ("" if finals is None else f" ({finals} final)")
+
+
 def format_work(rows: list[dict]) -> list[str]:
     """One line per stage of a `work_delta`: busy %, ms and rows a step, backlog, graphs (captured /
     replayed / eager groups)."""
@@ -112,7 +119,7 @@ def format_work(rows: list[dict]) -> list[str]:
         graphs = ""
         if r.get("graph_captures") or r.get("graph_replays"):
             graphs = (f"  graphs {r.get('graph_captures', 0)} captured / {r.get('graph_replays', 0)} replayed"
-                      f" / {eager_groups(r)} eager")
+                      f" / {eager_label(r)} eager")
         groups = f"  {r['groups'] / r['steps']:.2f} groups a step" if "groups" in r else ""
         ready = f" ({r['ready_per_step']:.1f} ready)" if r.get("ready_per_step") is not None else ""
         split = ""

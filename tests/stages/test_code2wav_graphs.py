@@ -282,8 +282,9 @@ def _lockstep(streams):
         yield [s[step] for s in streams if step < len(s)]
 
 
-def test_warmup_captures_every_steady_shape_so_lockstep_traffic_only_replays():
-    cfg = tiny_config()
+@pytest.mark.parametrize("initial", [0, 10], ids=["full-first-chunk", "initial-chunk-10"])
+def test_warmup_captures_every_steady_shape_so_lockstep_traffic_only_replays(initial):
+    cfg = tiny_config(initial_codec_chunk_frames=initial)
     warm = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, keep_mel=True, slots=4)
     cold = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, keep_mel=True, slots=4)
     warm.graphs = _ReplayingGraphs()

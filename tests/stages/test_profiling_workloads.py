@@ -11,7 +11,7 @@ import torch
 from stages.code2wav.token2wav import Token2Wav
 from stages.config import StageConfig
 from stages.profiling.cache_split import count_cache_split, steady_store_inputs
-from stages.profiling.code2wav_step import steady_start
+from stages.profiling.code2wav_step import prepare_streams, steady_start
 from stages.profiling.ranges import TALKER_RANGE
 from stages.profiling.talker_step import (
     measure_talker_step,
@@ -64,6 +64,20 @@ def test_split_inputs_have_the_steady_shapes_and_trim(t2w):
     assert steady_start(cfg) == 2  # 100 keep frames / 50 mel frames per chunk
     for s in x.slots.tolist():
         t2w.pool.release(s)
+
+
+@pytest.mark.parametrize("initial", [0, 5, 10, 25])
+def test_steady_start_is_the_chunk_after_which_a_streams_shape_repeats(initial):
+    cfg = tiny_config(initial_codec_chunk_frames=initial)
+    t2w = Token2Wav(cfg, device=CPU, dtype=torch.float32, init_seed=0)
+    (stream,) = prepare_streams(cfg, 1, steady_start(cfg) + 2, f"steady-{initial}")
+    shapes = []
+    for payload in stream:
+        t2w.decode([payload])
+        shapes.append(t2w.stream_shape(payload.request_id))
+    start = steady_start(cfg)  # chunks decoded before the shape stops changing
+    assert shapes[start - 1] == shapes[start] == shapes[start + 1]
+    assert start == 1 or shapes[start - 2] != shapes[start - 1]
 
 
 def test_talker_step_count_is_positive_and_repeatable():

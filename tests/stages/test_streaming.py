@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stages.code2wav.streaming import Chunker, Code2WavPayloadError, CodecPayload, validate_payload
+from stages.runner.fakes import FakeChunker
 from tests.stages.code2wav_tiny import single_thread, tiny_config  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -61,3 +62,41 @@ def test_bad_payloads_raise_a_typed_error_naming_the_request(payload, prev, matc
         validate_payload(payload, prev, CFG)
     assert "request 'bad'" in str(info.value) and str(info.value).startswith("error: ")
     assert info.value.request_id == "bad"
+
+
+def test_a_shorter_first_chunk_then_full_ones():
+    cfg = tiny_config(initial_codec_chunk_frames=10)
+    ch = Chunker(cfg, "r1")
+    codes = list(range(70))
+    payloads = ch.push(codes[:9]) + ch.push(codes[9:])
+    assert [len(p.codes) for p in payloads] == [13, 28, 28]
+    assert payloads[0].codes == (SIL, SIL, SIL, *codes[:10])
+    assert payloads[1].codes == (*codes[7:10], *codes[10:35])
+    assert payloads[2].codes == (*codes[32:35], *codes[35:60])
+    final = ch.finish()
+    assert final.codes == (*codes[57:60], *codes[60:70]) and final.chunk_seq == 3
+    prev = None
+    for p in [*payloads, final]:
+        validate_payload(p, prev, cfg)
+        prev = p.chunk_seq
+
+
+def test_the_runners_fake_chunker_cuts_the_stream_as_the_real_one():
+    for initial in (0, 7, 25):
+        cfg = tiny_config(initial_codec_chunk_frames=initial)
+        real, fake = Chunker(cfg, "r"), FakeChunker(cfg, "r")
+        for part in (range(6), range(6, 40), range(40, 61)):
+            assert [p.codes for p in real.push(part)] == [p.codes for p in fake.push(part)], initial
+        assert real.finish().codes == fake.finish().codes
+
+
+def test_a_first_chunk_must_outlast_the_vocoders_held_back_frames():
+    cfg = tiny_config()
+    shortest = cfg.min_initial_chunk_frames
+    # its mel frames must exceed the HiFT frames held back for the cross-fade (8 at 2 a code)
+    assert shortest * cfg.flow.up_rate > cfg.hift.mel_cache_frames >= (shortest - 1) * cfg.flow.up_rate
+    for ok in (0, shortest, cfg.codec_chunk_frames):
+        assert tiny_config(initial_codec_chunk_frames=ok).first_chunk_frames == (ok or cfg.codec_chunk_frames)
+    for bad in (shortest - 1, cfg.codec_chunk_frames + 1, -1):
+        with pytest.raises(ValueError, match=f"initial_codec_chunk_frames must be 0 .* between {shortest}.* got {bad}"):
+            tiny_config(initial_codec_chunk_frames=bad)

@@ -55,10 +55,21 @@ def test_steady_28_code_payload_is_exactly_one_second():
     assert t2w.active_requests == 0
 
 
+def test_a_shorter_first_chunk_emits_its_own_length_then_steady_seconds():
+    t2w = _t2w(initial_codec_chunk_frames=5)
+    first, second, third, last = _payloads(t2w.cfg, "r", _codes(60, 1))
+    a, b, c = (t2w.decode([p])[0] for p in (first, second, third))
+    # 5 codes -> 10 mel frames, less the 8 frames' audio held back for the cross-fade
+    assert len(first.codes) == 8 and a.mel.shape == (80, 10) and a.audio.shape == (10 * 480 - 3840,)
+    assert b.audio.shape == c.audio.shape == (24000,) and b.mel.shape == (80, 50)
+    assert t2w.decode([last])[0].audio.shape == ((3 + 5) * 2 * 480 + 3840,)
+    assert t2w.active_requests == 0
+
+
 def test_work_splits_decode_time_into_eager_launches_replays_and_finishing(monkeypatch):
     t2w = _t2w()
-    assert t2w.work() == {"groups": 0, "graph_captures": 0, "graph_replays": 0, "eager_launch_s": 0.0,
-                          "replay_launch_s": 0.0, "finish_s": 0.0}
+    assert t2w.work() == {"groups": 0, "graph_captures": 0, "graph_replays": 0, "eager_final_groups": 0,
+                          "eager_launch_s": 0.0, "replay_launch_s": 0.0, "finish_s": 0.0}
     # Slow finishing down by a known amount: it must land in finish_s, not in the launches.
     finish = t2w._finish_group
     monkeypatch.setattr(t2w, "_finish_group", lambda *a: time.sleep(0.05) or finish(*a))
@@ -67,13 +78,17 @@ def test_work_splits_decode_time_into_eager_launches_replays_and_finishing(monke
     t2w.decode([a[1], b[1]])  # both final, same length: one group
     work = t2w.work()
     assert work["groups"] == 2 and work["graph_replays"] == 0  # no graphs on the CPU: all eager
+    assert work["eager_final_groups"] == 1  # the second group: both rows' final chunks
     assert work["finish_s"] >= 0.1 and work["eager_launch_s"] > 0 and work["replay_launch_s"] == 0.0
 
 
-def test_streaming_equals_the_non_streaming_reference():
-    t2w = _t2w(prompt_keep_frames=1000)  # no trim within this length: caches stay exact
+@pytest.mark.parametrize("initial", [0, 10], ids=["full-first-chunk", "initial-chunk-10"])
+def test_streaming_equals_the_non_streaming_reference(initial):
+    # no trim within this length: caches stay exact
+    t2w = _t2w(prompt_keep_frames=1000, initial_codec_chunk_frames=initial)
     codes = _codes(80, 2)
     outs = [t2w.decode([p])[0] for p in _payloads(t2w.cfg, "r", codes)]
+    assert outs[0].mel.shape[1] == 2 * t2w.cfg.first_chunk_frames
     ref = t2w.reference(codes)
     mel = torch.cat([o.mel for o in outs], dim=1)
     audio = np.concatenate([o.audio for o in outs])

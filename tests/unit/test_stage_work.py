@@ -83,6 +83,10 @@ def test_replicas_pool_into_one_row_and_the_table_averages_repeats():
     assert rows[1]["groups a step"] == "1.20" and rows[0]["groups a step"] == ""
     assert rows[0]["device wait (of busy)"] == rows[1]["device wait (of busy)"] == ""  # no split counted
     assert rows[1]["ready a step"] == rows[0]["ready a step"] == ""  # recorded before the counter
+    for s, finals in zip(stages[1:], (1, 2)):  # replicas that counted their eager finals
+        s["eager_final_groups"] = finals
+    (_, row) = work_table([{"arm": "a", "tier": "64x4", "repeat": 0, "stages": stages}]).to_dict("records")
+    assert pooled(stages)[1]["eager_final_groups"] == 3 and row[graphs] == "1 / 9 / 3 (3 final)"
 
 
 def test_the_table_shows_ready_requests_a_step_when_every_replica_counted_them():

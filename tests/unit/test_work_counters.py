@@ -62,6 +62,8 @@ def test_a_stage_missing_before_counts_from_its_start_and_an_idle_one_has_no_rat
     graphs = {**after[0], "graph_captures": 1, "graph_replays": 4}
     (line,) = format_work(work_delta([], [graphs]))
     assert line.endswith("graphs 1 captured / 4 replayed / 2 eager")
+    (line,) = format_work(work_delta([], [{**graphs, "eager_final_groups": 1}]))  # one of the two a final
+    assert line.endswith("graphs 1 captured / 4 replayed / 2 (1 final) eager")
 
 
 def test_the_talker_line_splits_its_busy_time_into_device_wait_and_admission():

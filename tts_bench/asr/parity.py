@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tts_bench.asr import AsrOptions, make_transcriber
 from tts_bench.asr.base import load_wav_16k
+from tts_bench.rundir.atomic_json import write_json_atomic
 
 
 def _transcribe_all(options: AsrOptions, audio: list) -> tuple[list[str], float]:
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
           f"vad {'off' if args.no_vad else 'on'}); audio {doc['audio_seconds']:.1f} s, faster-whisper fp32 "
           f"{doc['faster_whisper_fp32_seconds']:.1f} s, openai-whisper {doc['openai_whisper_seconds']:.1f} s")
     if args.out:
-        args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        write_json_atomic(args.out, doc)
     print(json.dumps(doc))
     return 0 if not doc["differences"] else 1
 

@@ -164,7 +164,7 @@ class EmbeddedBackend:
                 "flow_up_blocks": c.flow.num_up_blocks, "dit_hidden_size": c.dit.hidden_size,
                 "dit_depth": c.dit.depth, "hift_base_channels": c.hift.base_channels,
                 "n_timesteps": c.n_timesteps, "codec_chunk_frames": c.codec_chunk_frames,
-                "sample_rate": c.sample_rate,
+                "first_chunk_frames": c.first_chunk_frames, "sample_rate": c.sample_rate,
             },
             "runner": dataclasses.asdict(r),
             "flags": {"talker": dict(t.extra), "code2wav": dict(c.extra)},

@@ -72,7 +72,7 @@ def pooled(stages: list[dict]) -> list[dict]:
         return talker
     total = {k: sum(s.get(k, 0) or 0 for s in replicas)
              for k in ("steps", "rows", "busy_s", "backlog", "groups", "graph_captures", "graph_replays")}
-    for key in ("ready", *DECODE_SPLIT):  # runs recorded before these counters have none
+    for key in ("ready", "eager_final_groups", *DECODE_SPLIT):  # runs recorded before these counters have none
         if all(key in s for s in replicas):
             total[key] = sum(s[key] for s in replicas)
     steps = total["steps"]
@@ -131,9 +131,11 @@ def _num(value: float | None, digits: int, missing: str = "n/a") -> str:
 
 
 def _graphs(seen: list[dict]) -> str:
-    from stages.runner import eager_groups  # lazy: see on_phase
+    from stages.runner import eager_label  # lazy: see on_phase
 
     if not any("graph_captures" in s for s in seen):
         return ""
-    captured, replayed = (sum(s.get(k, 0) for s in seen) for k in ("graph_captures", "graph_replays"))
-    return f"{captured} / {replayed} / {sum(eager_groups(s) for s in seen)}"
+    summed = {k: sum(s.get(k, 0) for s in seen) for k in ("groups", "graph_captures", "graph_replays")}
+    if all("eager_final_groups" in s for s in seen):  # runs recorded before the counter have none
+        summed["eager_final_groups"] = sum(s["eager_final_groups"] for s in seen)
+    return f"{summed['graph_captures']} / {summed['graph_replays']} / {eager_label(summed)}"
