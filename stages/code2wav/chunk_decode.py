@@ -25,7 +25,7 @@ Per chunk (shapes for B rows, T mel frames, L cached frames):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch.profiler import record_function
@@ -224,6 +224,11 @@ class ChunkDecoder:
         held = min(n, speech.shape[1])
         index_copy_span(pool["hift_tail"], 0, slots, speech[:, -held:], span_dim=1)
         return speech[:, : speech.shape[1] - n]
+
+    def settled(self, shape: BatchShape) -> bool:
+        """Whether a non-final chunk of `shape` leaves its rows' caches as it found them."""
+        frames = (shape.tokens - self.cfg.codec_left_context_frames) * self.cfg.flow.up_rate
+        return self.next_shape(shape, frames) == replace(shape, rows=0, tokens=0, last=False)
 
     def next_shape(self, shape: BatchShape, mel_frames: int) -> BatchShape:
         """The cache lengths a row has after a non-final chunk of `mel_frames` frames."""

@@ -77,6 +77,18 @@ def validate_payload(p: CodecPayload, prev_seq: int | None, cfg: Code2WavConfig)
         )
 
 
+def emitted_tokens(cfg: Code2WavConfig, codes: int) -> list[int]:
+    """Tokens each payload of a `codes`-code stream brings out of the flow encoder, in order (the
+    blocks of the non-streaming reference's block-causal masks): `first_chunk_frames`, then
+    `codec_chunk_frames` while a full chunk is pending, then the final flush's left context plus
+    the remainder."""
+    blocks, rest, step = [], codes, cfg.first_chunk_frames
+    while rest >= step:
+        blocks.append(step)
+        rest, step = rest - step, cfg.codec_chunk_frames
+    return [*blocks, cfg.codec_left_context_frames + rest]
+
+
 class Chunker:
     """Per-request accumulator turning a code stream into payloads (one instance per request)."""
 

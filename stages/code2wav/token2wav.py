@@ -44,13 +44,20 @@ from stages import precision
 from stages.code2wav.chunk_decode import META_EXTRA, BatchShape, ChunkDecoder, ChunkOut
 from stages.code2wav.chunk_graphs import ChunkGraphs
 from stages.code2wav.config import Code2WavConfig
+from stages.code2wav.decode_work import DecodeWork, group_kind
 from stages.code2wav.flow_cache import FlowCache
 from stages.code2wav.graph_warmup import warm_graphs
 from stages.code2wav.modules import build_flow, build_hift
 from stages.code2wav.kernels import DiTKernels, cache_copy_kernel, hift_conv_kernel, resolve, snake_kernel
 from stages.code2wav.prompt import PromptBuilder, PromptFeatures
 from stages.code2wav.slots import SlotPool
-from stages.code2wav.streaming import DEFAULT_PROMPT_ID, Code2WavPayloadError, CodecPayload, validate_payload
+from stages.code2wav.streaming import (
+    DEFAULT_PROMPT_ID,
+    Code2WavPayloadError,
+    CodecPayload,
+    emitted_tokens,
+    validate_payload,
+)
 from stages.platform.device import device_to_host, host_to_device, synchronize_stream
 from stages.platform.graphs import graph_api
 from stages.precision import region_scope
@@ -145,12 +152,7 @@ class Token2Wav:
         # captured again when it comes back; every other final chunk runs eagerly.
         self.final_shapes: set[BatchShape] = set()
         self._graph_generation = 0
-        self._groups = 0  # ChunkDecoder runs (one per batch shape of a decode call)
-        self._eager_finals = 0  # of them, final chunks run eagerly (no warmed final-chunk graph)
-        # Where a decode call's host time goes: launching groups that replay a graph, launching
-        # eager ones (and captures; an eager full-size group is thousands of launches), and
-        # waiting for the device to finish them and copying the audio back.
-        self._host_s = {"eager_launch_s": 0.0, "replay_launch_s": 0.0, "finish_s": 0.0}
+        self._work = DecodeWork()  # groups by kind, eager finals, where decode calls' host time goes
         log.info(
             "token2wav ready: cache split %s, tf32 %s, device graphs %s",
             "batched" if self.options.batched_cache_split else "per-row",
@@ -226,15 +228,10 @@ class Token2Wav:
         }
 
     def work(self) -> dict:
-        """Cumulative counters for the runner's work report: chunk groups run (a decode call runs
-        one per batch shape among its rows), graph captures and replays, the final chunks among
-        the eager groups (the rest are new shapes' first runs, or everything with graphs off),
-        and the host seconds of decode calls spent launching eager / replayed groups and finishing
-        them (device wait and copy back)."""
-        graphs = self.graphs
-        return {"groups": self._groups, "graph_captures": 0 if graphs is None else graphs.captures,
-                "graph_replays": 0 if graphs is None else graphs.replays,
-                "eager_final_groups": self._eager_finals, **self._host_s}
+        """Cumulative counters for the runner's work report (`decode_work.DecodeWork`): chunk
+        groups run, by kind (first / growing / steady / final), graph captures and replays, the
+        eager final groups, and the host seconds spent launching and finishing groups."""
+        return self._work.snapshot(self.graphs)
 
     # -- prompts ---------------------------------------------------------------------------------
 
@@ -378,13 +375,13 @@ class Token2Wav:
             t0, replays = time.perf_counter(), self.graphs.replays if self.graphs is not None else 0
             launched.append((idx, items, group, self._launch_group(replace(shape, rows=len(idx)), items, group)))
             replayed = self.graphs is not None and self.graphs.replays > replays
-            self._host_s["replay_launch_s" if replayed else "eager_launch_s"] += time.perf_counter() - t0
+            self._work.add_host("replay_launch_s" if replayed else "eager_launch_s", time.perf_counter() - t0)
         t0 = time.perf_counter()
         out: list[DecodedAudio | None] = [None] * len(payloads)
         for idx, items, group, chunk in launched:
             for i, audio in zip(idx, self._finish_group(chunk, items, group)):
                 out[i] = audio
-        self._host_s["finish_s"] += time.perf_counter() - t0
+        self._work.add_host("finish_s", time.perf_counter() - t0)
         return out  # type: ignore[return-value]
 
     def _validate(self, p: CodecPayload, batch: Sequence[CodecPayload]) -> None:
@@ -435,16 +432,16 @@ class Token2Wav:
             [[*p.codes, s.slot, s.noise_seed, p.chunk_seq] for p, s in zip(items, streams)], dtype=torch.long
         )
         assert meta.shape[1] == shape.tokens + META_EXTRA
-        self._groups += 1
         if self.pool.generation != self._graph_generation and self.graphs is not None:
             self.graphs.invalidate()  # the pool grew: captured addresses are stale
             self._graph_generation = self.pool.generation
         # Queued: a pageable copy would wait for this replica's launched groups to finish (before
         # a replay as before an eager run).
         meta = host_to_device(meta, self.device)
-        if self.graphs is None or (shape.last and shape not in self.final_shapes):
-            # A final chunk's shape varies with its length: only the warmed ones have graphs.
-            self._eager_finals += shape.last
+        eager = self.graphs is None or (shape.last and shape not in self.final_shapes)
+        kind = group_kind(last=shape.last, first=shape.hift_frames == 0, steady=self._decoder.settled(shape))
+        self._work.count(kind, eager_final=eager and shape.last)
+        if eager:  # a final chunk's shape varies with its length: only the warmed ones have graphs
             return self._decoder.run(meta, shape)
         return self.graphs.run(shape, meta, lambda m: self._decoder.run(m, shape))
 
@@ -491,12 +488,7 @@ class Token2Wav:
         setup = self.prompt_setup(prompt_id)
         c, tp = self.cfg, int(setup.features.tokens.numel())
         new = list(codes)
-        blocks, left, rest = [tp], c.codec_left_context_frames, len(new)
-        step = c.first_chunk_frames  # the Chunker's payloads: a first chunk, then full ones
-        while rest >= step:
-            blocks.append(step)
-            rest, step = rest - step, c.codec_chunk_frames
-        blocks.append(left + rest)
+        blocks, left = [tp, *emitted_tokens(c, len(new))], c.codec_left_context_frames
         stream = [*setup.features.tokens.tolist(), *[c.silence_code] * left, *new]
         tokens = torch.tensor([stream], dtype=torch.long).to(self.device)
         mel = self.flow.reference_mel(tokens, setup.mel, setup.spk, blocks)

@@ -12,7 +12,7 @@ This package is what the harness imports of the runner (tests/unit/test_layering
 that): the runner and its messages, the failure kinds a RequestError carries, the memory
 estimate and device placement its preflight checks before anything starts
 (`estimate_stage_memory`, `resolve_devices`, `runs_expandable_segments`), and the arithmetic over
-the stages' work counters (`runner.work_snapshot()`: `work_delta`, `per_step`, `eager_groups`, `eager_label`).
+the stages' work counters (`runner.work_snapshot()`: `work_delta`, `per_step`, `eager_groups`, `eager_label`, `group_kinds`).
 See `runner.py` for the topology and failure semantics, `factories.py` for what each process
 builds, and `fakes.py` for model-free stand-ins used by the tests.
 """
@@ -30,7 +30,7 @@ from stages.runner.messages import (
 )
 from stages.runner.placement import resolve_devices
 from stages.runner.runner import RunnerError, StageRunner
-from stages.runner.work import eager_groups, eager_label, per_step, work_delta
+from stages.runner.work import eager_groups, eager_label, group_kinds, per_step, work_delta
 
 __all__ = [
     "BAD_PROMPT",
@@ -44,6 +44,7 @@ __all__ = [
     "StageRunner",
     "eager_groups",
     "eager_label",
+    "group_kinds",
     "estimate_stage_memory",
     "per_step",
     "resolve_devices",

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from stages.code2wav.decode_work import GROUP_KINDS
+
 
 @dataclass
 class WorkCounters:
@@ -108,6 +110,17 @@ def eager_label(counters: dict) -> str:
     return f"{eager_groups(counters)}" + ("" if finals is None else f" ({finals} final)")
 
 
+def group_kinds(counters: dict) -> str | None:
+    """A replica's chunk groups a step by the part of a stream's life they decode, as
+    `first / growing / steady / final` (`stages.code2wav.decode_work`); None without steps or
+    where the counters predate them."""
+    keys = [f"group_{k}" for k in GROUP_KINDS]
+    steps = counters.get("steps", 0)
+    if not steps or not all(k in counters for k in keys):
+        return None
+    return " / ".join(f"{counters[k] / steps:.2f}" for k in keys)
+
+
 def format_work(rows: list[dict]) -> list[str]:
     """One line per stage of a `work_delta`: busy %, ms and rows a step, backlog, graphs (captured /
     replayed / eager groups)."""
@@ -121,6 +134,8 @@ def format_work(rows: list[dict]) -> list[str]:
             graphs = (f"  graphs {r.get('graph_captures', 0)} captured / {r.get('graph_replays', 0)} replayed"
                       f" / {eager_label(r)} eager")
         groups = f"  {r['groups'] / r['steps']:.2f} groups a step" if "groups" in r else ""
+        if (kinds := group_kinds(r)) is not None:
+            groups += f" ({kinds} first / growing / steady / final)"
         ready = f" ({r['ready_per_step']:.1f} ready)" if r.get("ready_per_step") is not None else ""
         split = ""
         if r.get("busy_s") and "device_wait_s" in r:  # the talker engine's split of its busy time

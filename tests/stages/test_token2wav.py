@@ -66,9 +66,25 @@ def test_a_shorter_first_chunk_emits_its_own_length_then_steady_seconds():
     assert t2w.active_requests == 0
 
 
+@pytest.mark.parametrize(("initial", "growing"), [(0, 1), (10, 2)])
+def test_groups_are_counted_by_the_part_of_a_streams_life_they_decode(initial, growing):
+    # keep 100 mel frames: caches grow 2 x first chunk, then 50 a chunk, until they hold 100
+    t2w = _t2w(initial_codec_chunk_frames=initial)
+    a = _payloads(t2w.cfg, "a", _codes(t2w.cfg.first_chunk_frames + 4 * 25, 1))  # 5 chunks + final
+    b = _payloads(t2w.cfg, "b", _codes(t2w.cfg.first_chunk_frames, 2))  # 1 chunk + final
+    t2w.decode([a[0], b[0]])  # both first chunks: one group
+    for i, p in enumerate(a[1:]):
+        t2w.decode([p, b[1]] if i == 0 else [p])  # b's final beside a's second chunk: two groups
+    work = t2w.work()
+    kinds = {k: work[f"group_{k}"] for k in ("first", "growing", "steady", "final")}
+    assert kinds == {"first": 1, "growing": growing, "steady": 4 - growing, "final": 2}
+    assert work["groups"] == sum(kinds.values()) == 7 and work["eager_final_groups"] == 2
+
+
 def test_work_splits_decode_time_into_eager_launches_replays_and_finishing(monkeypatch):
     t2w = _t2w()
     assert t2w.work() == {"groups": 0, "graph_captures": 0, "graph_replays": 0, "eager_final_groups": 0,
+                          "group_first": 0, "group_growing": 0, "group_steady": 0, "group_final": 0,
                           "eager_launch_s": 0.0, "replay_launch_s": 0.0, "finish_s": 0.0}
     # Slow finishing down by a known amount: it must land in finish_s, not in the launches.
     finish = t2w._finish_group

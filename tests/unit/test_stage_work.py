@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tts_bench.rundir.results import RunDir
-from tts_bench.load.stage_work import StageWorkHooks, pooled, work_table
+from stages.code2wav.decode_work import GROUP_KINDS, HOST_SPLIT
+from tts_bench.load.stage_work import DECODE_SPLIT, GROUP_KIND_KEYS, StageWorkHooks, pooled, work_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,6 +88,17 @@ def test_replicas_pool_into_one_row_and_the_table_averages_repeats():
         s["eager_final_groups"] = finals
     (_, row) = work_table([{"arm": "a", "tier": "64x4", "repeat": 0, "stages": stages}]).to_dict("records")
     assert pooled(stages)[1]["eager_final_groups"] == 3 and row[graphs] == "1 / 9 / 3 (3 final)"
+    by_kind = "groups a step: first / growing / steady / final"
+    assert row[by_kind] == ""  # no replica counted its kinds
+    for s, kinds in zip(stages[1:], ((1, 1, 2, 2), (2, 0, 4, 0))):
+        s.update(zip(GROUP_KIND_KEYS, kinds))
+    (_, row) = work_table([{"arm": "a", "tier": "64x4", "repeat": 0, "stages": stages}]).to_dict("records")
+    assert row[by_kind] == "0.30 / 0.10 / 0.60 / 0.20"  # 12 groups over the replicas' 10 steps
+
+
+def test_the_recorded_counter_names_are_the_replicas_own():
+    assert GROUP_KIND_KEYS == tuple(f"group_{k}" for k in GROUP_KINDS)
+    assert DECODE_SPLIT == HOST_SPLIT
 
 
 def test_the_table_shows_ready_requests_a_step_when_every_replica_counted_them():

@@ -64,6 +64,9 @@ def test_a_stage_missing_before_counts_from_its_start_and_an_idle_one_has_no_rat
     assert line.endswith("graphs 1 captured / 4 replayed / 2 eager")
     (line,) = format_work(work_delta([], [{**graphs, "eager_final_groups": 1}]))  # one of the two a final
     assert line.endswith("graphs 1 captured / 4 replayed / 2 (1 final) eager")
+    kinds = {"group_first": 1, "group_growing": 1, "group_steady": 2, "group_final": 2}
+    (line,) = format_work(work_delta([], [{**after[0], **kinds}]))  # 6 groups over 4 steps
+    assert "1.50 groups a step (0.25 / 0.25 / 0.50 / 0.50 first / growing / steady / final)" in line
 
 
 def test_the_talker_line_splits_its_busy_time_into_device_wait_and_admission():

@@ -26,6 +26,9 @@ WORK_TITLE = "stage work during the measured requests (mean over repeats; replic
 # A replica's decode time split (Token2Wav.work): launching eager groups (host-bound: thousands
 # of launches each), launching graph replays, finishing (device wait and the copy back).
 DECODE_SPLIT = ("eager_launch_s", "replay_launch_s", "finish_s")
+# A replica's groups by kind (stages.code2wav.decode_work.GROUP_KINDS, named here so that reading
+# a record needs no torch).
+GROUP_KIND_KEYS = ("group_first", "group_growing", "group_steady", "group_final")
 
 
 class StageWorkHooks:
@@ -72,7 +75,7 @@ def pooled(stages: list[dict]) -> list[dict]:
         return talker
     total = {k: sum(s.get(k, 0) or 0 for s in replicas)
              for k in ("steps", "rows", "busy_s", "backlog", "groups", "graph_captures", "graph_replays")}
-    for key in ("ready", "eager_final_groups", *DECODE_SPLIT):  # runs recorded before these counters have none
+    for key in ("ready", "eager_final_groups", *GROUP_KIND_KEYS, *DECODE_SPLIT):  # older runs lack these counters
         if all(key in s for s in replicas):
             total[key] = sum(s[key] for s in replicas)
     steps = total["steps"]
@@ -99,6 +102,8 @@ def work_table(entries: list[dict]) -> pd.DataFrame:
             "ready a step": _num(_mean(s.get("ready_per_step") for s in seen), 1, missing=""),
             "backlog a step": _num(_mean(s.get("backlog_per_step") for s in seen), 1),
             "groups a step": _num(_mean(s.get("groups_per_step") for s in seen), 2, missing=""),
+            # Which parts of the streams' lives split a replica's step into groups (mean over repeats).
+            "groups a step: first / growing / steady / final": _kinds(seen),
             "graphs captured / replayed / eager": _graphs(seen),
             # The talker's busy time split (its engine's counters); blank for other stages.
             "device wait (of busy)": _pct(_mean(_share(s, "device_wait_s") for s in seen), missing=""),
@@ -109,6 +114,15 @@ def work_table(entries: list[dict]) -> pd.DataFrame:
             "finishing (of busy)": _pct(_mean(_share(s, "finish_s") for s in seen), missing=""),
         })
     return pd.DataFrame(rows)
+
+
+def _kinds(seen: list[dict]) -> str:
+    """Each kind's groups a step, the mean over repeats; blank where a repeat lacks the counters."""
+    per_step = [[s[k] / s["steps"] for k in GROUP_KIND_KEYS] for s in seen if s.get("steps")
+                and all(k in s for k in GROUP_KIND_KEYS)]
+    if not per_step or len(per_step) != len(seen):
+        return ""
+    return " / ".join(f"{sum(col) / len(col):.2f}" for col in zip(*per_step))
 
 
 def _share(stage: dict, key: str) -> float | None:
