@@ -169,6 +169,7 @@ def test_every_variant_a_chunk_launches_is_compiled_at_resolution(interpret, mon
     assert warmed == [(torch.float32, 32), (torch.float32, 128), (torch.bfloat16, 32), (torch.bfloat16, 128)]
 
 
+@pytest.mark.slow  # whole tiny decodes through the interpreter (~15 s): CI's second step
 def test_decodes_with_the_kernel_equal_torchs_bit_for_bit(interpret, single_thread):
     """Staggered tiny traffic (first, growing, trimmed and last chunks in one call): audio, mel
     and every slot-pool tensor equal, with the kernel in the conformer gather and every step."""

@@ -282,7 +282,7 @@ def _lockstep(streams):
         yield [s[step] for s in streams if step < len(s)]
 
 
-@pytest.mark.parametrize("initial", [0, 10], ids=["full-first-chunk", "initial-chunk-10"])
+@pytest.mark.parametrize("initial", [0, pytest.param(10, marks=pytest.mark.slow)], ids=["full-first-chunk", "initial-chunk-10"])
 def test_warmup_captures_every_steady_shape_so_lockstep_traffic_only_replays(initial):
     cfg = tiny_config(initial_codec_chunk_frames=initial)
     warm = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, keep_mel=True, slots=4)
