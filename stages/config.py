@@ -35,6 +35,13 @@ class RunnerConfig:
     device: Literal["auto", "cuda", "npu", "cpu"] = "auto"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_num_seqs: int = 8  # rows a stage-2 replica batches per step
+    # Which payloads a replica step takes when more requests have one waiting than max_num_seqs
+    # allows: false, the oldest first; true, streams' first chunks first (oldest first among
+    # them), then the oldest of the rest. A first chunk is what a request's TTFP waits for, and
+    # behind a full step of older chunks it waits a whole step more; the price is that those
+    # chunks wait instead (codes unchanged). Opt-in until a GPU A/B settles it
+    # (configs/ab/first-chunks-first.yaml; docs/runner.md has the CPU reading).
+    first_chunks_first: bool = False
     talker_max_batch: int = 128  # concurrent requests the talker decodes together
     max_seq_len: int = 4096  # static KV cache length per talker slot
     seed: int = 0  # seeds random weight init (identical in every process and run)

@@ -67,9 +67,16 @@ class PooledAttSteps:
     """The estimator attention cache of a batch, read from / written to the pool per Euler step.
 
     `load(i, buf)` gathers step i's [.., :L, ..] prefix of the rows' pair slots into the tail of
-    the step buffer; `store(i, buf)` writes the step's new cache back, trimmed to the keep ranges
-    (prompt head + newest frames), at the front of each slot. Step i only touches slice i, and
-    loads happen before stores, so reading and writing the same slots is safe.
+    the step buffer; `store(i, buf)` writes the step's new cache back, trimmed to the keep ranges,
+    at the front of each slot. Step i only touches slice i, and loads happen before stores, so
+    reading and writing the same slots is safe.
+
+    The estimator's cache is [new frames | old cache] (the DiT writes a chunk's K/V first, as the
+    official DiT's `cat([k, k_cache])` does), so the keep ranges [0, prompt_len) and the last
+    keep_frames hold the newest prompt_len frames and the oldest kept ones: once trimmed, a sliding
+    window of the newest generated frames plus the prompt's last keep_frames, as in the official
+    1.0.7 trim (tests/stages/test_official_reference.py). The conformer's cache is [old | new]:
+    there the same ranges are the prompt's head and the newest frames.
     """
 
     def __init__(self, arena: torch.Tensor, pairs: torch.Tensor, length: int, keep: AttKeep, *, store: bool,

@@ -95,20 +95,25 @@ def voice_stats(engines: list[Any]) -> dict:
     return {"prompt_cache_entries": entries, "prompt_cache_bytes": nbytes} if seen else {}
 
 
-def take_batch(pending: deque[Any], max_rows: int) -> list[Any]:
-    """Remove and return up to `max_rows` payloads, oldest first, at most one per request."""
-    batch: list[Any] = []
+def take_batch(pending: deque[Any], max_rows: int, *, first_chunks_first: bool = False) -> list[Any]:
+    """Remove and return up to `max_rows` payloads, at most one per request: the oldest first,
+    or with `first_chunks_first` streams' first chunks (chunk_seq 0) before any other, each kind
+    oldest first (`runner.first_chunks_first`). The batch keeps the queue's order either way."""
+    queued = list(pending)
+    order = range(len(queued))
+    if first_chunks_first:  # stable: arrival order within each kind
+        order = sorted(order, key=lambda i: queued[i].chunk_seq != 0)
+    chosen: set[int] = set()
     seen: set[str] = set()
-    kept: deque[Any] = deque()
-    while pending:
-        p = pending.popleft()
-        if len(batch) < max_rows and p.request_id not in seen:
-            batch.append(p)
-            seen.add(p.request_id)
-        else:
-            kept.append(p)
-    pending.extend(kept)
-    return batch
+    for i in order:
+        if len(chosen) == max_rows:
+            break
+        if queued[i].request_id not in seen:
+            chosen.add(i)
+            seen.add(queued[i].request_id)
+    pending.clear()
+    pending.extend(p for i, p in enumerate(queued) if i not in chosen)
+    return [p for i, p in enumerate(queued) if i in chosen]
 
 
 @dataclass
@@ -123,7 +128,7 @@ class ReplicaLoop:
         return self.work.snapshot_with(self.t2w)
 
     def run(self, inbox: Any) -> None:
-        max_rows = self.ctx.spec.cfg.runner.max_num_seqs
+        max_rows, firsts = self.ctx.spec.cfg.runner.max_num_seqs, self.ctx.spec.cfg.runner.first_chunks_first
         while True:
             stopping = self.ctx.spec.is_stopping()
             for msg in drain(inbox, block=stopping or not self.pending):
@@ -141,7 +146,7 @@ class ReplicaLoop:
             if self.pending:
                 t0 = time.perf_counter()
                 ready = len({p.request_id for p in self.pending})  # rows this step could take uncapped
-                batch = take_batch(self.pending, max_rows)
+                batch = take_batch(self.pending, max_rows, first_chunks_first=firsts)
                 self._decode(batch)
                 # backlog: payloads left waiting (other requests' or later chunks of these)
                 self.work.add(len(batch), time.perf_counter() - t0, len(self.pending), ready)

@@ -115,6 +115,25 @@ def test_a_replica_batches_at_most_max_num_seqs_rows_one_per_request(shared):
     assert all(len(r) == len(set(r)) for r in rows)
 
 
+def test_with_first_chunks_first_a_new_stream_does_not_wait_behind_a_backlog(tmp_path):
+    # One row a step and a slow decoder: "long" queues many chunks; "late" arrives after its first
+    # audio and has its first chunk decoded at the next step, while "long" still has chunks left.
+    runner = StageRunner(cpu_config(max_num_seqs=1, first_chunks_first=True), replicas=1,
+                         factories=fake_factories(decode_s=0.1, log_dir=str(tmp_path)))
+    runner.start()
+    try:
+        col = Collector()
+        submit_all(runner, col, [("long", 1, 25 * 10)])
+        wait_for(lambda: len(col.events["long"]), lambda n: n >= 1)
+        submit_all(runner, col, [("late", 2, 30)])
+        col.wait()
+    finally:
+        runner.stop()
+    order = [r["rows"][0] for r in decode_log(tmp_path, "")]
+    assert order.count("long") == 11 and order.count("late") == 2
+    assert order[order.index("late"):].count("long") >= 3, order
+
+
 def test_replicas_decode_concurrently(shared):
     runner, log_dir = shared
     col = Collector()
@@ -278,6 +297,25 @@ def test_take_batch_keeps_request_order_and_one_row_per_request():
     batch = take_batch(pending, 3)
     assert [(x.request_id, x.chunk_seq) for x in batch] == [("a", 0), ("b", 0), ("c", 0)]
     assert [(x.request_id, x.chunk_seq) for x in pending] == [("a", 1), ("b", 1), ("d", 0)]
+
+
+def test_first_chunks_first_takes_streams_first_chunks_before_older_chunks_of_others():
+    def p(rid, seq):
+        return FakePayload(rid, seq, (), False)
+
+    def queue():
+        return deque([p("a", 3), p("a", 4), p("b", 7), p("c", 0), p("d", 2), p("e", 0)])
+
+    pending = queue()
+    assert [(x.request_id, x.chunk_seq) for x in take_batch(pending, 2)] == [("a", 3), ("b", 7)]  # the oldest
+    pending = queue()
+    batch = take_batch(pending, 3, first_chunks_first=True)
+    # both first chunks, then the oldest other request's oldest chunk; in queue order
+    assert [(x.request_id, x.chunk_seq) for x in batch] == [("a", 3), ("c", 0), ("e", 0)]
+    assert [(x.request_id, x.chunk_seq) for x in pending] == [("a", 4), ("b", 7), ("d", 2)]
+    pending = queue()  # room for everyone: the same rows as the default rule
+    assert take_batch(pending, 8, first_chunks_first=True) == take_batch(queue(), 8)
+    assert [x.request_id for x in pending] == ["a"]
 
 
 def test_runner_config_rejects_bad_values():
