@@ -15,8 +15,9 @@ of decode calls spent launching eager / replayed groups and finishing them (devi
 copy back). Every figure is cumulative; the runner differences two snapshots.
 
     work = DecodeWork()
-    work.count(shape, steady=shape_repeats, eager_final=...)
-    work.snapshot(graphs)  # {"groups": ..., "group_first": ..., "eager_launch_s": ..., ...}
+    work.count(group_kind(last=False, first=False, steady=True), eager_final=False)  # a group
+    work.add_host("finish_s", 0.004)
+    work.snapshot(graphs)  # {"groups": 1, "group_steady": 1, "finish_s": 0.004, ...}
 """
 
 from __future__ import annotations

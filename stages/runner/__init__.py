@@ -12,7 +12,8 @@ This package is what the harness imports of the runner (tests/unit/test_layering
 that): the runner and its messages, the failure kinds a RequestError carries, the memory
 estimate and device placement its preflight checks before anything starts
 (`estimate_stage_memory`, `resolve_devices`, `runs_expandable_segments`), and the arithmetic over
-the stages' work counters (`runner.work_snapshot()`: `work_delta`, `per_step`, `eager_groups`, `eager_label`, `group_kinds`).
+the stages' work counters (`runner.work_snapshot()`: `work_delta`, `per_step`, `eager_groups`,
+`eager_label`, `group_kinds`).
 See `runner.py` for the topology and failure semantics, `factories.py` for what each process
 builds, and `fakes.py` for model-free stand-ins used by the tests.
 """
