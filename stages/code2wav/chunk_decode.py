@@ -25,6 +25,7 @@ Per chunk (shapes for B rows, T mel frames, L cached frames):
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import accumulate
 from dataclasses import dataclass, replace
 
 import torch
@@ -99,7 +100,7 @@ class PooledAttSteps:
         # The kept ranges land back to back from frame 0: one write of their concatenation.
         ranges = self.keep.ranges(buf.shape[3])
         if self.copy.scatter is not None:  # one pass (code2wav_fused_cache_copy)
-            starts = [sum(n for _, n in ranges[:i]) for i in range(len(ranges))]
+            starts = [0, *accumulate(n for _, n in ranges[:-1])]  # back to back from frame 0
             self.copy.scatter(buf, self.pairs, self.arena[step],
                               [(start, at, n) for (start, n), at in zip(ranges, starts)])
             return

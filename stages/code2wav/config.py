@@ -152,6 +152,10 @@ class Code2WavConfig:
         """New codes in a stream's first payload (`initial_codec_chunk_frames` or a full chunk)."""
         return self.initial_codec_chunk_frames or self.codec_chunk_frames
 
+    def chunk_codes(self, chunk_seq: int) -> int:
+        """New codes the non-final payload `chunk_seq` of a stream carries."""
+        return self.first_chunk_frames if chunk_seq == 0 else self.codec_chunk_frames
+
     @property
     def min_initial_chunk_frames(self) -> int:
         """The fewest new codes a first chunk may bring and still emit audio: its mel frames

@@ -252,6 +252,12 @@ def attention_kernel(max_requests: int, cfg: DiTConfig, device: torch.device, dt
     return AttentionKernel(max_requests, rows, None, f"{said}; Triton attention: {flash_reason}" if triton else said)
 
 
+def tf32_convs_asked(tf32_mode: str) -> str | None:
+    """Why a conv GEMM stands down for TF32 (None: TF32 is off): one-pass TF32 cuDNN convs are
+    what the user chose (`token2wav_allow_tf32`), for the DiT's convs and HiFT's alike."""
+    return None if tf32_mode == "off" else f"TF32 convs asked for (token2wav_allow_tf32: {tf32_mode})"
+
+
 def conv_gemm_unwanted(options: Code2WavOptions, gemm: GemmKernel) -> str | None:
     """Why the DiT's convs stay cuDNN's whatever the device (None: the 3xTF32 GEMMs are wanted):
     the flag, linears that are not 3xTF32 (a bf16 DiT, TF32 flow GEMMs, no Triton), or TF32
@@ -260,9 +266,7 @@ def conv_gemm_unwanted(options: Code2WavOptions, gemm: GemmKernel) -> str | None
         return "code2wav_conv_gemm is false"
     if not gemm.tf32x3:
         return "the linears are not 3xTF32 GEMMs"
-    if options.tf32_mode != "off":
-        return f"TF32 convs asked for (token2wav_allow_tf32: {options.tf32_mode})"
-    return None
+    return tf32_convs_asked(options.tf32_mode)
 
 
 def conv_layout(frames_first: bool, device: torch.device, *, fused_norm: bool = False,
@@ -384,10 +388,8 @@ def hift_conv_kernel(enabled: bool, device: torch.device, tf32_mode: str, convs:
     the DiT's convs), compiled now for every shape in `convs`; if that fails cuDNN stays."""
     if not enabled:
         reason = "code2wav_hift_conv_gemm is false"
-    elif tf32_mode != "off":
-        reason = f"TF32 convs asked for (token2wav_allow_tf32: {tf32_mode})"
     else:
-        reason = cuda_triton_unavailable(device)
+        reason = tf32_convs_asked(tf32_mode) or cuda_triton_unavailable(device)
     if reason is None:
         from stages.code2wav import hift_conv_triton  # lazy: loads triton
 

@@ -82,10 +82,10 @@ def emitted_tokens(cfg: Code2WavConfig, codes: int) -> list[int]:
     blocks of the non-streaming reference's block-causal masks): `first_chunk_frames`, then
     `codec_chunk_frames` while a full chunk is pending, then the final flush's left context plus
     the remainder."""
-    blocks, rest, step = [], codes, cfg.first_chunk_frames
-    while rest >= step:
+    blocks, rest = [], codes
+    while rest >= (step := cfg.chunk_codes(len(blocks))):
         blocks.append(step)
-        rest, step = rest - step, cfg.codec_chunk_frames
+        rest -= step
     return [*blocks, cfg.codec_left_context_frames + rest]
 
 
@@ -129,7 +129,7 @@ class Chunker:
     @property
     def chunk_frames(self) -> int:
         """New codes the next non-final payload takes."""
-        return self.cfg.first_chunk_frames if self._seq == 0 else self.cfg.codec_chunk_frames
+        return self.cfg.chunk_codes(self._seq)
 
     def finish(self) -> CodecPayload:
         """The final payload: left context + the remainder (possibly empty), last_chunk=True."""

@@ -13,7 +13,7 @@ that): the runner and its messages, the failure kinds a RequestError carries, th
 estimate and device placement its preflight checks before anything starts
 (`estimate_stage_memory`, `resolve_devices`, `runs_expandable_segments`), and the arithmetic over
 the stages' work counters (`runner.work_snapshot()`: `work_delta`, `per_step`, `eager_groups`,
-`eager_label`, `group_kinds`).
+`eager_label`, `group_kinds`, `kinds_per_step`).
 See `runner.py` for the topology and failure semantics, `factories.py` for what each process
 builds, and `fakes.py` for model-free stand-ins used by the tests.
 """
@@ -31,10 +31,19 @@ from stages.runner.messages import (
 )
 from stages.runner.placement import resolve_devices
 from stages.runner.runner import RunnerError, StageRunner
-from stages.runner.work import eager_groups, eager_label, group_kinds, per_step, work_delta
+from stages.runner.work import (
+    GROUP_KIND_KEYS,
+    eager_groups,
+    eager_label,
+    group_kinds,
+    kinds_per_step,
+    per_step,
+    work_delta,
+)
 
 __all__ = [
     "BAD_PROMPT",
+    "GROUP_KIND_KEYS",
     "INVALID_REQUEST",
     "ChunkReady",
     "RequestError",
@@ -47,6 +56,7 @@ __all__ = [
     "eager_label",
     "group_kinds",
     "estimate_stage_memory",
+    "kinds_per_step",
     "per_step",
     "resolve_devices",
     "runs_expandable_segments",

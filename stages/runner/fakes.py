@@ -159,7 +159,7 @@ class FakeChunker:
         out = []
         for code in codes:
             self.pending.append(int(code))
-            if len(self.pending) == (self.cfg.first_chunk_frames if self.seq == 0 else self.cfg.codec_chunk_frames):
+            if len(self.pending) == self.cfg.chunk_codes(self.seq):
                 out.append(self._emit(last=False))
         return out
 

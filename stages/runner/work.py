@@ -110,15 +110,24 @@ def eager_label(counters: dict) -> str:
     return f"{eager_groups(counters)}" + ("" if finals is None else f" ({finals} final)")
 
 
-def group_kinds(counters: dict) -> str | None:
-    """A replica's chunk groups a step by the part of a stream's life they decode, as
-    `first / growing / steady / final` (`stages.code2wav.decode_work`); None without steps or
-    where the counters predate them."""
-    keys = [f"group_{k}" for k in GROUP_KINDS]
+# A replica's counters of its groups by kind (`Token2Wav.work`), in GROUP_KINDS order.
+GROUP_KIND_KEYS = tuple(f"group_{k}" for k in GROUP_KINDS)
+
+
+def kinds_per_step(counters: dict) -> list[float] | None:
+    """A replica's chunk groups a step by the part of a stream's life they decode, in
+    GROUP_KINDS order (`stages.code2wav.decode_work`); None without steps or where the counters
+    predate them."""
     steps = counters.get("steps", 0)
-    if not steps or not all(k in counters for k in keys):
+    if not steps or not all(k in counters for k in GROUP_KIND_KEYS):
         return None
-    return " / ".join(f"{counters[k] / steps:.2f}" for k in keys)
+    return [counters[k] / steps for k in GROUP_KIND_KEYS]
+
+
+def group_kinds(counters: dict) -> str | None:
+    """`kinds_per_step` as the work lines show it, `first / growing / steady / final`."""
+    kinds = kinds_per_step(counters)
+    return None if kinds is None else " / ".join(f"{k:.2f}" for k in kinds)
 
 
 def format_work(rows: list[dict]) -> list[str]:

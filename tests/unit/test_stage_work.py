@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from tts_bench.rundir.results import RunDir
 from stages.code2wav.decode_work import GROUP_KINDS, HOST_SPLIT
-from tts_bench.load.stage_work import DECODE_SPLIT, GROUP_KIND_KEYS, StageWorkHooks, pooled, work_table
+from stages.runner import GROUP_KIND_KEYS
+from tts_bench.load.stage_work import DECODE_SPLIT, StageWorkHooks, pooled, work_table
 
 ROOT = Path(__file__).resolve().parents[2]
 

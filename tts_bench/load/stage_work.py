@@ -26,9 +26,6 @@ WORK_TITLE = "stage work during the measured requests (mean over repeats; replic
 # A replica's decode time split (Token2Wav.work): launching eager groups (host-bound: thousands
 # of launches each), launching graph replays, finishing (device wait and the copy back).
 DECODE_SPLIT = ("eager_launch_s", "replay_launch_s", "finish_s")
-# A replica's groups by kind (stages.code2wav.decode_work.GROUP_KINDS, named here so that reading
-# a record needs no torch).
-GROUP_KIND_KEYS = ("group_first", "group_growing", "group_steady", "group_final")
 
 
 class StageWorkHooks:
@@ -67,7 +64,7 @@ class StageWorkHooks:
 def pooled(stages: list[dict]) -> list[dict]:
     """The talker as it is, and the code2wav replicas pooled into one row: busy is their mean,
     per-step figures are over all their steps, counters are summed."""
-    from stages.runner import per_step  # lazy: see on_phase
+    from stages.runner import GROUP_KIND_KEYS, per_step  # lazy: see on_phase
 
     talker = [s for s in stages if not s["stage"].startswith("code2wav")]
     replicas = [s for s in stages if s["stage"].startswith("code2wav")]
@@ -118,11 +115,12 @@ def work_table(entries: list[dict]) -> pd.DataFrame:
 
 def _kinds(seen: list[dict]) -> str:
     """Each kind's groups a step, the mean over repeats; blank where a repeat lacks the counters."""
-    per_step = [[s[k] / s["steps"] for k in GROUP_KIND_KEYS] for s in seen if s.get("steps")
-                and all(k in s for k in GROUP_KIND_KEYS)]
-    if not per_step or len(per_step) != len(seen):
+    from stages.runner import kinds_per_step  # lazy: see on_phase
+
+    per_repeat = [kinds_per_step(s) for s in seen]
+    if not per_repeat or None in per_repeat:
         return ""
-    return " / ".join(f"{sum(col) / len(col):.2f}" for col in zip(*per_step))
+    return " / ".join(f"{sum(col) / len(col):.2f}" for col in zip(*per_repeat))
 
 
 def _share(stage: dict, key: str) -> float | None:
