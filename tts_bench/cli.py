@@ -139,6 +139,15 @@ def _sigterm_interrupts() -> None:
 
     def on_sigterm(signum: int, frame: object) -> None:
         _state["terminated"] = True
+        # Delivered as Ctrl-C is, through whatever SIGINT handler is current: inside asyncio.run
+        # that is the runner's, which cancels the main task so every task unwinds through its
+        # finally blocks and asyncio.run raises KeyboardInterrupt at the end. Raising here instead
+        # lands in whichever task step is running, which then dies with it unretrieved ("Task
+        # exception was never retrieved" and a traceback on stderr).
+        on_sigint = signal.getsignal(signal.SIGINT)
+        if callable(on_sigint):
+            on_sigint(signal.SIGINT, frame)
+            return
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_sigterm)
