@@ -9,6 +9,7 @@ Results go to stdout; logs, warnings and progress to stderr. `--traceback` re-ra
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 import signal
@@ -139,18 +140,29 @@ def _sigterm_interrupts() -> None:
 
     def on_sigterm(signum: int, frame: object) -> None:
         _state["terminated"] = True
-        # Delivered as Ctrl-C is, through whatever SIGINT handler is current: inside asyncio.run
-        # that is the runner's, which cancels the main task so every task unwinds through its
-        # finally blocks and asyncio.run raises KeyboardInterrupt at the end. Raising here instead
-        # lands in whichever task step is running, which then dies with it unretrieved ("Task
-        # exception was never retrieved" and a traceback on stderr).
+        # Delivered as Ctrl-C is. Inside asyncio.run the SIGINT handler is the runner's, which
+        # cancels the main task so that every task unwinds through its finally blocks and
+        # asyncio.run raises KeyboardInterrupt at the end. Raising here instead would land in
+        # whichever task step is running, which then dies with it unretrieved ("Task exception
+        # was never retrieved" and a traceback on stderr).
         on_sigint = signal.getsignal(signal.SIGINT)
-        if callable(on_sigint):
+        if callable(on_sigint) and on_sigint is not signal.default_int_handler:
             on_sigint(signal.SIGINT, frame)
             return
-        raise KeyboardInterrupt
+        # No such handler (no loop, or SIGINT ignored as in a script's background job, so
+        # asyncio.run installed none): a running loop gets the interrupt from a callback of its
+        # own, outside every task, then cancels the tasks as it leaves.
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise KeyboardInterrupt from None
+        loop.call_soon_threadsafe(_raise_interrupt)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _raise_interrupt() -> None:
+    raise KeyboardInterrupt
 
 
 def _interrupted() -> None:

@@ -191,9 +191,11 @@ def test_a_full_disk_mid_run_prints_one_line_records_failed_and_resume_completes
 # The signal lands inside a task's step rather than while the loop waits: the case the process-group
 # test above meets only by chance (a request's synchronous admission check was running).
 _SIGTERM_IN_A_TASK = """
-import asyncio, os, signal
+import asyncio, os, signal, sys
 from tts_bench import cli
 
+if sys.argv[1] == "ignored":  # a background job of a non-interactive shell
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 cli._sigterm_interrupts()
 unwound = []
 
@@ -219,11 +221,13 @@ except KeyboardInterrupt:
 """
 
 
-def test_sigterm_inside_a_running_task_cancels_every_task_instead_of_killing_one():
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_sigterm_inside_a_running_task_cancels_every_task_instead_of_killing_one(sigint):
     """SIGTERM goes through asyncio.run's Ctrl-C path: every task unwinds through its finally
     blocks, asyncio.run raises KeyboardInterrupt once, and no task dies with an unretrieved
-    exception (asyncio would print "Task exception was never retrieved" and a traceback)."""
-    done = subprocess.run([sys.executable, "-c", _SIGTERM_IN_A_TASK], cwd=ROOT, capture_output=True,
+    exception (asyncio would print "Task exception was never retrieved" and a traceback); also
+    where SIGINT is ignored and asyncio.run has no Ctrl-C handler to go through."""
+    done = subprocess.run([sys.executable, "-c", _SIGTERM_IN_A_TASK, sigint], cwd=ROOT, capture_output=True,
                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.stdout.strip() == "interrupted a,b,main True", (done.stdout, done.stderr)
     assert "Traceback" not in done.stderr and "never retrieved" not in done.stderr, done.stderr
