@@ -127,12 +127,13 @@ ARMS = {
                           "code2wav_fused_conv_norm": False, "code2wav_fused_snake": False},
     # HiFT's Snakes as the module's eight-kernel formula (the default runs one Triton launch each).
     **_graph_and_eager("module-snake", {"code2wav_fused_snake": False}),
-    # The pool's attention-cache loads and stores as one Triton pass each way (default: torch's
-    # index_select / cat / index_put_ chains, until this arm measures the kernel).
+    # The pool's attention-cache loads and stores as one Triton pass each way (the default since
+    # D-C2W-4) and as torch's index_select / cat / index_put_ chains.
     **_graph_and_eager("cache-copy", {"code2wav_fused_cache_copy": True}),
-    # HiFT's stride-1 convs as 3xTF32 Triton GEMMs (default: cuDNN's fp32 convs, until measured).
+    **_graph_and_eager("torch-cache-copy", {"code2wav_fused_cache_copy": False}),
+    # HiFT's stride-1 convs as 3xTF32 Triton GEMMs (default: cuDNN's fp32 convs, D-HIFT-2).
     **_graph_and_eager("hift-conv-gemm", {"code2wav_hift_conv_gemm": True}),
-    # Both opt-in kernels of 2026-12-05 on (the cache copies and HiFT's conv GEMMs).
+    # Both kernels of 2026-12-05 on (the cache copies, D-C2W-4, and HiFT's conv GEMMs, D-HIFT-2).
     "graph-opt-in": {"code2wav_device_graph": True, "code2wav_fused_cache_copy": True,
                      "code2wav_hift_conv_gemm": True},
     "graph-bf16": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16"},  # the DiT and its caches

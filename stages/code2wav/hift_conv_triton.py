@@ -19,7 +19,8 @@ What a newcomer needs to know:
   weight norm's, or the parametrization's output), stride 1, zero padding, one group; anything
   else is refused and `hift.Conv` keeps the module's own call.
 * The tile is fixed (no autotuning: a tuning run inside a graph capture would fail), chosen for
-  the shapes above without an H200 sweep yet (`code2wav_hift_conv_gemm` is opt-in until one).
+  the shapes above without a sweep; with it a chunk was slower than with cuDNN's fp32 convs, so
+  `code2wav_hift_conv_gemm` is off (D-HIFT-2) until a tuned tile beats them.
 * Never import this module at import time of anything on the hot path: it imports triton.
   `stages.code2wav.kernels.hift_conv_kernel` imports it when the stage flag asks for it and
   compiles every HiFT shape there (`warm_up`), outside any graph capture.

@@ -118,17 +118,19 @@ BOOL_OPTIONS: tuple[Option, ...] = (
            "HiFT's Snake activations as one Triton launch each (CUDA; bit-exact)", decision="D-HIFT-1"),
     # HiFT's stride-1 convs (ResBlocks, conv_pre, conv_post) as 3xTF32 Triton implicit GEMMs
     # (stages/code2wav/hift_conv_triton.py): with TF32 off cuDNN runs them as fp32 on CUDA cores.
-    # fp32-accurate, not bit-exact; CUDA only. Opt-in until a GPU run measures it (no decision yet).
+    # fp32-accurate, not bit-exact; CUDA only. Off: the fixed 64x64 tile made a chunk slower than
+    # cuDNN's fp32 convs (D-HIFT-2); kept as the starting point of a tuned kernel.
     Option("code2wav_hift_conv_gemm", "hift_conv_gemm", False,
-           "HiFT's stride-1 convs as 3xTF32 Triton GEMMs (CUDA, TF32 off; fp32-accurate; not yet measured)"),
+           "HiFT's stride-1 convs as 3xTF32 Triton GEMMs (CUDA, TF32 off; fp32-accurate; slower today)",
+           decision="D-HIFT-2"),
     # The slot pool's attention-cache copies, each Euler step's load into the step buffer and its
     # trimmed store back, and the conformer's gather, as one Triton pass each way
     # (stages/code2wav/cache_copy_triton.py) instead of index_select + copy and cat + the
-    # deterministic index_put_: bit for bit the same bytes (CPU interpreter tests); CUDA only.
-    # Opt-in until a GPU run checks it compiled and measures it (the GPU tests and the
-    # graph-cache-copy arm of scripts/bench_code2wav.py are ready; no decision yet).
-    Option("code2wav_fused_cache_copy", "fused_cache_copy", False,
-           "the slot pool's attention-cache loads and stores as one Triton pass each (CUDA; bit-exact; not yet measured)"),
+    # deterministic index_put_: bit for bit the same bytes (the interpreter's and the GPU's
+    # tests); CUDA only (D-C2W-4).
+    Option("code2wav_fused_cache_copy", "fused_cache_copy", True,
+           "the slot pool's attention-cache loads and stores as one Triton pass each (CUDA; bit-exact)",
+           decision="D-C2W-4"),
 )
 # Chunks of up to this many requests run the DiT's attention as batched GEMMs on CUDA/NPU
 # (`dit.attention_by_matmul`, fp32 DiT only), larger ones through scaled_dot_product_attention;

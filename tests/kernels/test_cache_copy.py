@@ -126,7 +126,7 @@ def test_refuses_what_it_cannot_copy(interpret):
 
 
 def test_flag_parses_strictly_and_is_opt_in_until_measured():
-    assert Code2WavOptions.from_extra({}).fused_cache_copy is False
+    assert Code2WavOptions.from_extra({}).fused_cache_copy is True  # D-C2W-4
     assert Code2WavOptions.from_extra({"code2wav_fused_cache_copy": "true"}).fused_cache_copy is True
     assert Code2WavOptions.from_extra({"code2wav_fused_cache_copy": "false"}).fused_cache_copy is False
     with pytest.raises(FlagError, match="code2wav_fused_cache_copy"):
