@@ -84,3 +84,19 @@ def test_a_duration_phase_without_a_count_reports_what_is_done_instead_of_failin
         clock.now += 3
         reporter.advance()
     assert out.getvalue().splitlines() == ["progress: ab 2x1 base r0: 4 done, until the window ends (elapsed 12 s)"]
+
+
+def test_the_eta_counts_from_the_first_finished_request_not_from_the_tasks_start():
+    """A phase spends its first 30 s starting a backend and running the first wave of a closed
+    loop; then requests finish every 0.5 s. One finished: no rate yet. Then the ETA is the rate
+    since the first finished, 0.5 s a request, not 31 left at 36 s a request (18 min)."""
+    out, clock = io.StringIO(), _Clock()
+    reporter = progress._Reporter("ab", stream=out, interval_s=0, clock=clock)
+    reporter.task("32x1 base r0", total=32)
+    clock.now = 36.0
+    reporter.advance()
+    for _ in range(3):
+        clock.now += 0.5
+        reporter.advance()
+    etas = [LINE.match(x).group(6) for x in out.getvalue().splitlines()]
+    assert etas == ["unknown", "15 s", "14 s", "14 s"]  # 30, 29, 28 left at 2 a second

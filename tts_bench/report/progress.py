@@ -57,6 +57,7 @@ class _Reporter:
         self.command, self.stream, self.interval_s, self.clock = command, stream, interval_s, clock
         self.t0 = self.last = clock()
         self.description, self.total, self.done, self.task_t0 = "", 0, 0, self.t0
+        self.first: tuple[float, int] | None = None  # (clock, done) at the task's first advance
         self._lock = threading.Lock()  # transcription advances from worker threads
 
     def __enter__(self):
@@ -68,11 +69,14 @@ class _Reporter:
     def task(self, description: str, total: int | None) -> None:
         with self._lock:
             self.description, self.total, self.done, self.task_t0 = description, total, 0, self.clock()
+            self.first = None
 
     def advance(self, n: int = 1) -> None:
         with self._lock:
             self.done += n
             now = self.clock()
+            if self.first is None:
+                self.first = (now, self.done)
             if now - self.last >= self.interval_s:
                 self.last = now
                 self.stream.write(self.line(now) + "\n")
@@ -83,7 +87,13 @@ class _Reporter:
             return (f"progress: {self.command} {self.description}: {self.done} done, until the window ends "
                     f"(elapsed {_duration(now - self.t0)})")
         left = max(0, self.total - self.done)
-        rate = self.done / (now - self.task_t0) if now > self.task_t0 and self.done else 0.0
+        # The rate since the first request finished, not since the task began: a phase's start
+        # (a backend's processes, graph captures) and, in a closed loop, the first wave's whole
+        # latency come before any request ends, and counted in they made a 10 s phase read
+        # "ETA 16 min" after its first request. Unknown until two have finished.
+        rate = 0.0
+        if self.first is not None and self.done > self.first[1] and now > self.first[0]:
+            rate = (self.done - self.first[1]) / (now - self.first[0])
         eta = _duration(left / rate) if rate else "unknown"
         return (f"progress: {self.command} {self.description}: {self.done}/{self.total} done, {left} left, "
                 f"ETA {eta} (elapsed {_duration(now - self.t0)})")
