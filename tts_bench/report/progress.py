@@ -56,7 +56,7 @@ class _Reporter:
                  clock=time.monotonic) -> None:
         self.command, self.stream, self.interval_s, self.clock = command, stream, interval_s, clock
         self.t0 = self.last = clock()
-        self.description, self.total, self.done, self.task_t0 = "", 0, 0, self.t0
+        self.description, self.total, self.done = "", 0, 0
         self.first: tuple[float, int] | None = None  # (clock, done) at the task's first advance
         self._lock = threading.Lock()  # transcription advances from worker threads
 
@@ -68,7 +68,7 @@ class _Reporter:
 
     def task(self, description: str, total: int | None) -> None:
         with self._lock:
-            self.description, self.total, self.done, self.task_t0 = description, total, 0, self.clock()
+            self.description, self.total, self.done = description, total, 0
             self.first = None
 
     def advance(self, n: int = 1) -> None:
