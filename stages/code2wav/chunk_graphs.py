@@ -107,6 +107,10 @@ class ChunkGraphs:
     def __len__(self) -> int:
         return len(self._graphs)
 
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether a run of `key` now would replay (a held graph), not run eagerly."""
+        return key in self._graphs
+
     def invalidate(self) -> None:
         """Drop every graph (their captured addresses are stale), and their memory pool.
 

@@ -11,12 +11,11 @@ Batching: payloads of one `decode` call are grouped by `BatchShape` (token count
 cache lengths; rows of different voices batch together, since every prompt is normalised to the
 same length); each group is one `ChunkDecoder.run`: gather the rows' caches, encoder, CFM on 2B
 rows, HiFT, store the new caches back (trimmed to prompt + `prompt_keep_frames`). Every group of
-a call is queued before any audio is copied back, so the host launches one group while the
-device runs another. On CUDA/NPU a non-final group replays a device graph captured for its shape
-(`ChunkGraphs`, stage flag `code2wav_device_graph`, default true); the first chunk of a shape
-and last chunks run eagerly (settled one-row last chunks replay graphs captured at warmup with
-`code2wav_final_chunk_graphs`, see graph_warmup.py). Graph replay and eager run the same
-kernels, so outputs are equal bit for bit for the same batch composition.
+a call is queued, replays first, before any audio is copied back (launch_plan.py). On CUDA/NPU a
+non-final group replays a device graph captured for its shape (`ChunkGraphs`, stage flag
+`code2wav_device_graph`); a shape's first chunk and last chunks run eagerly, except settled last
+chunks with `code2wav_final_chunk_graphs` (graph_warmup.py), which replay one row at a time.
+Replay and eager run the same kernels: outputs equal bit for bit for the same batch composition.
 
 A steady 28-code payload gives exactly 50 mel frames = 24000 samples (1.0 s). Stage flags are
 the config's parsed `cfg.options` (`options.Code2WavOptions`, parsed once); TF32 is applied on
@@ -47,6 +46,7 @@ from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.decode_work import DecodeWork, group_kind
 from stages.code2wav.flow_cache import FlowCache
 from stages.code2wav.graph_warmup import warm_graphs
+from stages.code2wav.launch_plan import plan_launches
 from stages.code2wav.modules import build_flow, build_hift
 from stages.code2wav.kernels import DiTKernels, cache_copy_kernel, hift_conv_kernel, resolve, snake_kernel
 from stages.code2wav.prompt import PromptBuilder, PromptFeatures
@@ -147,9 +147,8 @@ class Token2Wav:
         self._decoder: ChunkDecoder | None = None
         api = graph_api(self.device) if self.options.device_graph else None
         self.graphs = ChunkGraphs(api) if api is not None else None
-        # Final-chunk shapes the warmup chose (code2wav_final_chunk_graphs): they go through the
-        # graphs while serving, so one dropped with the rest (pool growth, too many shapes) is
-        # captured again when it comes back; every other final chunk runs eagerly.
+        # Final-chunk shapes the warmup chose (code2wav_final_chunk_graphs): replayed row by row
+        # while serving (captured again after a drop); every other final chunk runs eagerly.
         self.final_shapes: set[BatchShape] = set()
         self._graph_generation = 0
         self._work = DecodeWork()  # groups by kind, eager finals, where decode calls' host time goes
@@ -362,18 +361,21 @@ class Token2Wav:
             for p in payloads:  # a batch that fails here admits nothing: release its voices
                 self._prepared.pop(p.request_id, None)
             raise
+        if self.pool.generation != self._graph_generation and self.graphs is not None:
+            self.graphs.invalidate()  # the pool grew: captured addresses are stale (before planning)
+            self._graph_generation = self.pool.generation
         groups: dict[BatchShape, list[int]] = {}
         for i, p in enumerate(payloads):
             groups.setdefault(self.chunk_shape(p), []).append(i)
-        # Every group is queued before the first copy back, so the device runs one group while
-        # the host launches the next (an eager group, e.g. last chunks, is ~10k launches). Safe:
-        # a replayed group's outputs are copied out of its graph as soon as it is queued
-        # (ChunkGraphs.run), so the groups queued after it cannot overwrite them.
+        # Every group is queued before the first copy back, replays first (launch_plan.py), so
+        # the device runs them while the host launches an eager group (~10k launches). Safe: a
+        # replayed group's outputs are copied out of its graph as soon as it is queued.
         launched = []
-        for shape, idx in groups.items():
+        for launch in plan_launches(groups, replays=self._replays, final_shapes=self.final_shapes):
+            idx = list(launch.rows)
             items, group = [payloads[i] for i in idx], [streams[i] for i in idx]
             t0, replays = time.perf_counter(), self.graphs.replays if self.graphs is not None else 0
-            launched.append((idx, items, group, self._launch_group(replace(shape, rows=len(idx)), items, group)))
+            launched.append((idx, items, group, self._launch_group(launch.shape, items, group)))
             replayed = self.graphs is not None and self.graphs.replays > replays
             self._work.add_host("replay_launch_s" if replayed else "eager_launch_s", time.perf_counter() - t0)
         t0 = time.perf_counter()
@@ -383,6 +385,9 @@ class Token2Wav:
                 out[i] = audio
         self._work.add_host("finish_s", time.perf_counter() - t0)
         return out  # type: ignore[return-value]
+
+    def _replays(self, shape: BatchShape) -> bool:
+        return self.graphs is not None and shape in self.graphs
 
     def _validate(self, p: CodecPayload, batch: Sequence[CodecPayload]) -> None:
         if sum(q.request_id == p.request_id for q in batch) > 1:
@@ -432,9 +437,6 @@ class Token2Wav:
             [[*p.codes, s.slot, s.noise_seed, p.chunk_seq] for p, s in zip(items, streams)], dtype=torch.long
         )
         assert meta.shape[1] == shape.tokens + META_EXTRA
-        if self.pool.generation != self._graph_generation and self.graphs is not None:
-            self.graphs.invalidate()  # the pool grew: captured addresses are stale
-            self._graph_generation = self.pool.generation
         # Queued: a pageable copy would wait for this replica's launched groups to finish (before
         # a replay as before an eager run).
         meta = host_to_device(meta, self.device)

@@ -20,6 +20,7 @@ from stages.code2wav.chunk_graphs import ChunkGraphs, copied_out
 from stages.code2wav.token2wav import Token2Wav
 from stages.platform.graphs import GraphAPI
 from tests.stages.code2wav_tiny import assert_same_run, single_thread, staggered, streams_of, tiny_config  # noqa: F401
+from tests.stages.graph_stand_in import ReplayingGraphs, check_settled_streams_replay_their_final_chunks, lockstep
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -216,7 +217,7 @@ def test_tiny_cuda_traffic_replays_graphs_with_the_stand_in_on_cpu():
     """The CUDA test's traffic must repeat shapes, or it would test capture without replay."""
     cfg = tiny_config()
     t2w = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
-    t2w.graphs = _ReplayingGraphs()
+    t2w.graphs = ReplayingGraphs()
     for batch in staggered(streams_of(cfg, TINY_TRAFFIC)):
         t2w.decode(batch)
     assert t2w.graphs.captures >= 5 and t2w.graphs.replays >= 5
@@ -228,44 +229,17 @@ def test_replayed_chunks_equal_eager_with_the_stand_in_graphs_on_cpu():
     off = Token2Wav(tiny_config(extra={"code2wav_device_graph": False}), device=torch.device("cpu"),
                     dtype=torch.float32, init_seed=0, keep_mel=True)
     assert on.graphs is None and off.graphs is None  # no graph API on the CPU
-    on.graphs = _ReplayingGraphs()
+    on.graphs = ReplayingGraphs()
     streams = streams_of(cfg, [130, 60, 110, 30, 80])
     assert_same_run(on, off, streams)
     assert on.graphs.replays > 0 and on.graphs.captures > 0
     assert on.active_requests == off.active_requests == 0
 
 
-class _ReplayingGraphs(ChunkGraphs):
-    """ChunkGraphs whose 'graph' re-runs the captured Python function on replay (CPU stand-in):
-    checks the bookkeeping around real graphs (static inputs, outputs, invalidation)."""
-
-    def __init__(self) -> None:
-        self._graphs = {}
-        self.disabled = None
-        self.captures = self.replays = 0
-        self.max_graphs = 48
-
-    def invalidate(self) -> None:
-        self._graphs.clear()
-
-    def run(self, key, inputs, fn):
-        entry = self._graphs.get(key)
-        if entry is not None:
-            static, fn0 = entry
-            static.copy_(inputs)
-            self.replays += 1
-            return fn0(static)
-        static = inputs.clone()
-        out = fn(static)
-        self._graphs[key] = (static, fn)
-        self.captures += 1
-        return out
-
-
 def test_pool_growth_drops_captured_graphs():
     cfg = tiny_config()
     t2w = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, slots=1)
-    t2w.graphs = _ReplayingGraphs()
+    t2w.graphs = ReplayingGraphs()
     a, b = streams_of(cfg, [60, 60])
     t2w.decode([a[0]])
     t2w.decode([a[1]])
@@ -276,115 +250,37 @@ def test_pool_growth_drops_captured_graphs():
     assert len(t2w.graphs) == 1  # only the graph captured after the growth
 
 
-def _lockstep(streams):
-    """Streams started together: every step has one chunk of each live stream."""
-    for step in range(max(len(s) for s in streams)):
-        yield [s[step] for s in streams if step < len(s)]
-
-
 @pytest.mark.parametrize("initial", [0, pytest.param(10, marks=pytest.mark.slow)], ids=["full-first-chunk", "initial-chunk-10"])
-def test_warmup_captures_every_steady_shape_so_lockstep_traffic_only_replays(initial):
+def test_warmup_captures_every_steady_shape_solockstep_traffic_only_replays(initial):
     cfg = tiny_config(initial_codec_chunk_frames=initial)
     warm = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, keep_mel=True, slots=4)
     cold = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, keep_mel=True, slots=4)
-    warm.graphs = _ReplayingGraphs()
+    warm.graphs = ReplayingGraphs()
     captured = warm.warm_graphs(3)
     # each row count passes through its first, growing and settled shapes (at least two)
     assert captured == warm.graphs.captures and captured >= 2 * 3
     assert warm.active_requests == 0 and warm.pool.in_use == 0
     for rows in (1, 3, 2):
         streams = streams_of(cfg, [140] * rows, seed=rows)
-        for batch in _lockstep(streams):
+        for batch in lockstep(streams):
             for x, y in zip(warm.decode(batch), cold.decode(batch)):  # the synthetic streams left no trace
                 assert torch.equal(torch.from_numpy(x.audio), torch.from_numpy(y.audio)), (rows, x.chunk_seq)
                 assert torch.equal(x.mel, y.mel)
     assert warm.graphs.captures == captured and warm.graphs.replays > 0
 
 
-def _final_shapes(graphs) -> set:
-    return {key for key in graphs._graphs if key.last}
-
-
-def test_final_chunk_graphs_warm_one_shape_per_new_code_count_and_replay_while_serving():
-    on = tiny_config(extra={"code2wav_final_chunk_graphs": True})
-    warm = Token2Wav(on, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, keep_mel=True, slots=4)
-    steady = Token2Wav(tiny_config(), device=torch.device("cpu"), dtype=torch.float32, init_seed=0, slots=4)
-    eager = Token2Wav(tiny_config(extra={"code2wav_device_graph": False}), device=torch.device("cpu"),
-                      dtype=torch.float32, init_seed=0, keep_mel=True, slots=4)
-    warm.graphs, steady.graphs = _ReplayingGraphs(), _ReplayingGraphs()
-    chunk = on.codec_chunk_frames
-    assert warm.warm_graphs(3) - steady.warm_graphs(3) == chunk  # 0..chunk-1 new codes
-    assert {k.tokens for k in _final_shapes(warm.graphs)} == {on.codec_left_context_frames + n for n in range(chunk)}
-    assert {k.rows for k in _final_shapes(warm.graphs)} == {1} and not _final_shapes(steady.graphs)
-    assert warm.final_shapes == _final_shapes(warm.graphs) and not steady.final_shapes
-    assert warm.active_requests == 0 and warm.pool.in_use == 0
-    _check_settled_streams_replay_their_final_chunks(warm, eager)
-
-
-def _check_settled_streams_replay_their_final_chunks(warm: Token2Wav, eager: Token2Wav) -> None:
-    """Settled streams ending with 0, 7 and chunk-1 new codes, one at a time, through a warmed
-    replica and an eager twin: every chunk replays, the final one included, nothing is captured,
-    and audio and mel are equal bit for bit."""
-    chunk, captures = warm.cfg.codec_chunk_frames, warm.graphs.captures
-    for length in (6 * chunk, 6 * chunk + 7, 7 * chunk - 1):
-        (stream,) = streams_of(warm.cfg, [length], seed=length)
-        replays = warm.graphs.replays
-        for payload in stream:
-            (x,) = warm.decode([payload])
-            (y,) = eager.decode([payload])
-            assert torch.equal(torch.from_numpy(x.audio), torch.from_numpy(y.audio)), (length, payload.chunk_seq)
-            assert torch.equal(x.mel, y.mel)
-        assert warm.graphs.replays - replays == len(stream)
-    assert warm.graphs.captures == captures and warm.active_requests == 0
-
-
-def test_a_final_chunk_without_a_warmed_graph_runs_eagerly_and_is_never_captured():
-    for extra in ({"code2wav_final_chunk_graphs": True}, {}):
-        t2w = Token2Wav(tiny_config(extra=extra), device=torch.device("cpu"), dtype=torch.float32, init_seed=0,
-                        slots=2)
-        t2w.graphs = _ReplayingGraphs()
-        # 130, 60 and 75 codes end in steps 5, 2 and 4 of the staggered traffic: three final groups
-        for batch in staggered(streams_of(t2w.cfg, [130, 60, 75], seed=3)):
-            t2w.decode(batch)
-        assert t2w.graphs.captures > 0 and not _final_shapes(t2w.graphs) and not t2w.final_shapes, extra
-        # every non-final group replayed or was captured; what is left ran eagerly: the finals
-        assert t2w.work()["groups"] - t2w.graphs.replays - t2w.graphs.captures == 3, extra
-
-
-def test_warmed_final_shapes_are_captured_again_after_the_graphs_are_dropped():
-    cfg = tiny_config(extra={"code2wav_final_chunk_graphs": True})
-    t2w = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, slots=2)
-    t2w.graphs = _ReplayingGraphs()
-    t2w.warm_graphs(2)
-    warmed = set(t2w.final_shapes)
-    for batch in _lockstep(streams_of(cfg, [60, 60, 60], seed=5)):  # three live requests: the pool grows
-        t2w.decode(batch)
-    assert t2w.pool.capacity > 2 and not _final_shapes(t2w.graphs) and t2w.final_shapes == warmed
-    length = 6 * cfg.codec_chunk_frames + 7
-    (first,) = streams_of(cfg, [length], seed=1)
-    captures = t2w.graphs.captures
-    for payload in first:
-        t2w.decode([payload])
-    assert t2w.graphs.captures > captures and len(_final_shapes(t2w.graphs)) == 1  # captured again
-    (second,) = streams_of(cfg, [length], seed=2)
-    replays = t2w.graphs.replays
-    for payload in second:
-        t2w.decode([payload])
-    assert t2w.graphs.replays - replays == len(second)  # its final chunk included
-
-
 def test_warmup_does_nothing_when_switched_off_or_without_graphs():
     cfg = tiny_config(extra={"code2wav_graph_warmup": "false"})
     t2w = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0)
     assert t2w.warm_graphs(4) == 0  # no graphs on a CPU
-    t2w.graphs = _ReplayingGraphs()
+    t2w.graphs = ReplayingGraphs()
     assert t2w.warm_graphs(4) == 0 and t2w.graphs.captures == 0 and t2w.pool is None
 
 
 def test_warmup_skips_row_counts_the_pool_cannot_hold_without_growing():
     cfg = tiny_config()
     t2w = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, slots=2)
-    t2w.graphs = _ReplayingGraphs()
+    t2w.graphs = ReplayingGraphs()
     t2w.prompt_setup()
     generation = t2w.pool.generation
     t2w.warm_graphs(5)
@@ -429,8 +325,9 @@ def test_cuda_warmed_graphs_equal_eager_bit_for_bit_tiny(finals):
     finals_count = on.cfg.codec_chunk_frames if finals else 0
     assert on.warm_graphs(3) > finals_count and on.graphs.disabled is None
     assert len(on.final_shapes) == finals_count
+    off.final_shapes = set(on.final_shapes)  # warmed finals run row by row: the same batches eagerly
     if finals:
-        _check_settled_streams_replay_their_final_chunks(on, off)
+        check_settled_streams_replay_their_final_chunks(on, off)
     # Staggered traffic: decode calls that mix first, settled and final groups, warmed or not.
     replays = on.graphs.replays
     assert_same_run(on, off, streams_of(on.cfg, TINY_TRAFFIC), pools=False)
