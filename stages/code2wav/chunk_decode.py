@@ -58,6 +58,11 @@ class BatchShape:
     tail_samples: int  # held-back speech to cross-fade (0 on a stream's first chunk)
 
 
+def start_shape(prompt_len: int) -> BatchShape:
+    """A new stream's caches before its first chunk: the prompt's, no vocoder frames yet."""
+    return BatchShape(0, 0, False, conformer_len=prompt_len, estimator_len=prompt_len, hift_frames=0, tail_samples=0)
+
+
 @dataclass
 class ChunkOut:
     audio: torch.Tensor  # [B, samples] float32

@@ -71,14 +71,14 @@ BOOL_OPTIONS: tuple[Option, ...] = (
     Option("code2wav_graph_warmup", "graph_warmup", True,
            "with device graphs: every steady shape captured before the replica reports ready",
            decision="D-GRAPH-1"),
-    # With device graphs and their warmup: one-row final chunks whose caches have settled replay
-    # graphs too, one per count of new codes (0..codec_chunk_frames-1), chosen at warmup; such
-    # finals ending in one step replay one row at a time (launch_plan.py); other final chunks
-    # stay eager (a final chunk's shape varies with its length and rows: too many shapes).
+    # With device graphs and their warmup: one-row final chunks replay graphs too, one per stage
+    # a stream can end in and count of new codes (0..codec_chunk_frames-1), captured at warmup;
+    # finals ending in one step replay one row at a time (launch_plan.py), since a final chunk's
+    # shape varies with its length and rows (too many shapes to capture as they come).
     # Every request ends with one. Off (D-GRAPH-2): most eager groups became replays but mean RTF
     # was within noise at every tier, for more device memory and a slower replica start.
     Option("code2wav_final_chunk_graphs", "final_chunk_graphs", False,
-           "with graphs and their warmup: settled final chunks replay one-row graphs captured at warmup",
+           "with graphs and their warmup: final chunks replay one-row graphs captured at warmup",
            decision="D-GRAPH-2"),
     # The DiT's residual add + LayerNorm + adaLN modulation as one Triton launch instead of three
     # (stages/code2wav/dit_triton.py) on CUDA/NPU; the CPU keeps the eager chain.

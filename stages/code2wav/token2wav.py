@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from stages import precision
-from stages.code2wav.chunk_decode import META_EXTRA, BatchShape, ChunkDecoder, ChunkOut
+from stages.code2wav.chunk_decode import META_EXTRA, BatchShape, ChunkDecoder, ChunkOut, start_shape
 from stages.code2wav.chunk_graphs import ChunkGraphs
 from stages.code2wav.config import Code2WavConfig
 from stages.code2wav.decode_work import DecodeWork, group_kind
@@ -414,9 +414,7 @@ class Token2Wav:
         self.drop(p.request_id)  # a new epoch of a live stream starts from scratch
         slot = self.pool.acquire()
         self._load_setup(slot, setup)
-        length = setup.prompt_len
-        caches = BatchShape(0, 0, False, conformer_len=length, estimator_len=length,
-                            hift_frames=0, tail_samples=0)
+        caches = start_shape(setup.prompt_len)
         stream = _Stream(p.prompt_id, -1, slot, vocoder_seed(self._init_seed, p.seed), caches)
         self._requests[p.request_id] = stream
         return stream

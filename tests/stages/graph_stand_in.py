@@ -46,18 +46,22 @@ def final_graph_shapes(graphs) -> set:
     return {key for key in graphs._graphs if key.last}
 
 
-def check_settled_streams_replay_their_final_chunks(warm: Token2Wav, eager: Token2Wav) -> None:
-    """Settled streams ending with 0, 7 and chunk-1 new codes, one at a time, through a warmed
-    replica and an eager twin: every chunk replays, the final one included, nothing is captured,
-    and audio and mel are equal bit for bit."""
+def check_streams_replay_their_final_chunks(warm: Token2Wav, eager: Token2Wav) -> None:
+    """Streams that end at every stage (their only chunk, after one chunk, settled) with 0, 7
+    and chunk-1 new codes, one at a time, through a warmed replica and an eager twin: every
+    chunk replays, the final one included, nothing is captured, and audio and mel are equal bit
+    for bit."""
     chunk, captures = warm.cfg.codec_chunk_frames, warm.graphs.captures
-    for length in (6 * chunk, 6 * chunk + 7, 7 * chunk - 1):
-        (stream,) = streams_of(warm.cfg, [length], seed=length)
-        replays = warm.graphs.replays
-        for payload in stream:
-            (x,) = warm.decode([payload])
-            (y,) = eager.decode([payload])
-            assert torch.equal(torch.from_numpy(x.audio), torch.from_numpy(y.audio)), (length, payload.chunk_seq)
-            assert torch.equal(x.mel, y.mel)
-        assert warm.graphs.replays - replays == len(stream)
+    for full_chunks in (0, 1, 6):
+        for new in (0, 7, chunk - 1):
+            length = full_chunks * chunk + new
+            (stream,) = streams_of(warm.cfg, [length], seed=length)
+            assert len(stream) == full_chunks + 1
+            replays = warm.graphs.replays
+            for payload in stream:
+                (x,) = warm.decode([payload])
+                (y,) = eager.decode([payload])
+                assert torch.equal(torch.from_numpy(x.audio), torch.from_numpy(y.audio)), (length, payload.chunk_seq)
+                assert torch.equal(x.mel, y.mel)
+            assert warm.graphs.replays - replays == len(stream), length
     assert warm.graphs.captures == captures and warm.active_requests == 0

@@ -11,7 +11,7 @@ from stages.code2wav.token2wav import Token2Wav
 from tests.stages.code2wav_tiny import single_thread, staggered, streams_of, tiny_config  # noqa: F401
 from tests.stages.graph_stand_in import (
     ReplayingGraphs,
-    check_settled_streams_replay_their_final_chunks,
+    check_streams_replay_their_final_chunks,
     final_graph_shapes,
     lockstep,
 )
@@ -19,7 +19,7 @@ from tests.stages.graph_stand_in import (
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def test_final_chunk_graphs_warm_one_shape_per_new_code_count_and_replay_while_serving():
+def test_final_chunk_graphs_warm_one_shape_per_stage_and_new_code_count_and_replay_while_serving():
     on = tiny_config(extra={"code2wav_final_chunk_graphs": True})
     warm = Token2Wav(on, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, keep_mel=True, slots=4)
     steady = Token2Wav(tiny_config(), device=torch.device("cpu"), dtype=torch.float32, init_seed=0, slots=4)
@@ -27,12 +27,20 @@ def test_final_chunk_graphs_warm_one_shape_per_new_code_count_and_replay_while_s
                       dtype=torch.float32, init_seed=0, keep_mel=True, slots=4)
     warm.graphs, steady.graphs = ReplayingGraphs(), ReplayingGraphs()
     chunk = on.codec_chunk_frames
-    assert warm.warm_graphs(3) - steady.warm_graphs(3) == chunk  # 0..chunk-1 new codes
-    assert {k.tokens for k in final_graph_shapes(warm.graphs)} == {on.codec_left_context_frames + n for n in range(chunk)}
-    assert {k.rows for k in final_graph_shapes(warm.graphs)} == {1} and not final_graph_shapes(steady.graphs)
-    assert warm.final_shapes == final_graph_shapes(warm.graphs) and not steady.final_shapes
+    finals = final_graph_shapes(warm.graphs) if warm.warm_graphs(3) else set()
+    steady.warm_graphs(3)
+    # Three stages a stream can end in (its only chunk, after one chunk, settled), each with
+    # 0..chunk-1 new codes: a stage is the cache shape the final chunk decodes from.
+    stages = {(k.conformer_len, k.estimator_len, k.hift_frames, k.tail_samples) for k in finals}
+    assert len(stages) == 3 and len(finals) == 3 * chunk and warm.graphs.captures - steady.graphs.captures == 3 * chunk
+    assert min(hift for _, _, hift, _ in stages) == 0  # a stream's only chunk: no vocoder frames yet
+    for stage in stages:
+        tokens = {k.tokens for k in finals if (k.conformer_len, k.estimator_len, k.hift_frames, k.tail_samples) == stage}
+        assert tokens == {on.codec_left_context_frames + n for n in range(chunk)}, stage
+    assert {k.rows for k in finals} == {1} and not final_graph_shapes(steady.graphs)
+    assert warm.final_shapes == finals and not steady.final_shapes
     assert warm.active_requests == 0 and warm.pool.in_use == 0
-    check_settled_streams_replay_their_final_chunks(warm, eager)
+    check_streams_replay_their_final_chunks(warm, eager)
 
 
 def test_a_final_chunk_without_a_warmed_graph_runs_eagerly_and_is_never_captured():
@@ -80,24 +88,23 @@ def test_warmed_final_shapes_are_captured_again_after_the_graphs_are_dropped():
 def test_warmed_final_groups_run_row_by_row_and_replays_are_queued_before_eager_groups():
     """Lockstep streams that end together: their 3-row final group runs as three one-row
     replays (no eager final group), the audio bit for bit an eager twin's that splits the same
-    way; in the decode call where they end beside a short stream's eager final chunk (too short
-    to settle, so never warmed) and a new stream's first chunk, every replay is launched before
-    the eager group, and the output keeps the input's order."""
+    way; in the decode call where they end beside four new streams' first chunks (a 4-row shape
+    the warmup did not capture, so it runs eagerly), every replay is launched before the eager
+    group, and the output keeps the input's order."""
     cfg = tiny_config(extra={"code2wav_final_chunk_graphs": True})
-    warm = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, keep_mel=True, slots=6)
+    warm = Token2Wav(cfg, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, keep_mel=True, slots=8)
     eager = Token2Wav(tiny_config(extra={"code2wav_device_graph": False}), device=torch.device("cpu"),
-                      dtype=torch.float32, init_seed=0, keep_mel=True, slots=6)
+                      dtype=torch.float32, init_seed=0, keep_mel=True, slots=8)
     warm.graphs = ReplayingGraphs()
     warm.warm_graphs(3)
     eager.final_shapes = set(warm.final_shapes)  # the same row-by-row finals, eagerly
     chunk = cfg.codec_chunk_frames
-    *trio, short, late = streams_of(cfg, [6 * chunk + 7] * 3 + [chunk + 5, 2 * chunk], seed=11)
+    streams = streams_of(cfg, [6 * chunk + 7] * 3 + [2 * chunk] * 4, seed=11)
+    trio, late = streams[:3], streams[3:]
     steps = list(lockstep(trio))
-    offset = len(steps) - len(short)  # `short`: two chunks, so its final is unsettled
-    for i, p in enumerate(short):
-        steps[offset + i] = [p, *steps[offset + i]]  # the short stream ends with the trio
-    steps[-1].append(late[0])
-    steps += [[p] for p in late[1:]]
+    end = len(steps) - 1
+    steps[end] = [late[0][0], *steps[end][:2], late[1][0], steps[end][2], *(s[0] for s in late[2:])]
+    steps += list(lockstep([s[1:] for s in late]))
     launches = _record_launches(warm)
     for n, batch in enumerate(steps):
         launches.clear()
@@ -105,12 +112,10 @@ def test_warmed_final_groups_run_row_by_row_and_replays_are_queued_before_eager_
             assert (x.request_id, x.chunk_seq) == (p.request_id, p.chunk_seq)
             assert torch.equal(torch.from_numpy(x.audio), torch.from_numpy(y.audio)), (x.request_id, x.chunk_seq)
             assert torch.equal(x.mel, y.mel)
-        if n == offset + len(short) - 1:
+        if n == end:
             final_step = list(launches)
-    assert warm.work()["eager_final_groups"] == 1  # the short stream's, alone
-    replayed = [r for _, r in final_step]
-    assert [(s.last, s.rows) for s, _ in final_step if s.last] == [(True, 1)] * 4
-    assert sum(replayed) == 4 and replayed == sorted(replayed, reverse=True), final_step  # replays first
+    assert warm.work()["eager_final_groups"] == 0
+    assert [(s.last, s.rows, replayed) for s, replayed in final_step] == [(True, 1, True)] * 3 + [(False, 4, False)]
 
 
 def _record_launches(t2w: Token2Wav) -> list:

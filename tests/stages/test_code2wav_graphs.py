@@ -20,7 +20,7 @@ from stages.code2wav.chunk_graphs import ChunkGraphs, copied_out
 from stages.code2wav.token2wav import Token2Wav
 from stages.platform.graphs import GraphAPI
 from tests.stages.code2wav_tiny import assert_same_run, single_thread, staggered, streams_of, tiny_config  # noqa: F401
-from tests.stages.graph_stand_in import ReplayingGraphs, check_settled_streams_replay_their_final_chunks, lockstep
+from tests.stages.graph_stand_in import ReplayingGraphs, check_streams_replay_their_final_chunks, lockstep
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -327,7 +327,7 @@ def test_cuda_warmed_graphs_equal_eager_bit_for_bit_tiny(finals):
     assert len(on.final_shapes) == finals_count
     off.final_shapes = set(on.final_shapes)  # warmed finals run row by row: the same batches eagerly
     if finals:
-        check_settled_streams_replay_their_final_chunks(on, off)
+        check_streams_replay_their_final_chunks(on, off)
     # Staggered traffic: decode calls that mix first, settled and final groups, warmed or not.
     replays = on.graphs.replays
     assert_same_run(on, off, streams_of(on.cfg, TINY_TRAFFIC), pools=False)
