@@ -76,8 +76,8 @@ def _warm_final_chunks(t2w: Token2Wav, width: int) -> None:
         for start in range(0, len(counts), width):
             group = counts[start : start + width]
             with _streams(t2w, f"final-{full_chunks}-{start}", len(group)) as chunkers:
-                for _ in range(full_chunks):  # lockstep: these replay the warmed graphs
-                    t2w.decode([c.push([t2w.cfg.silence_code] * c.chunk_frames)[0] for c in chunkers])
+                for _ in range(full_chunks):  # these replay the warmed graphs
+                    _lockstep_chunk(t2w, chunkers)
                 if full_chunks and start == 0:  # the stage's cache shape (a first chunk's is unique)
                     shape = t2w.stream_shape(chunkers[0].request_id)
                     if shape in seen:
@@ -100,12 +100,17 @@ def _final_shape(t2w: Token2Wav, final: CodecPayload, full_chunks: int) -> Batch
     return replace(start, rows=1, tokens=len(final.codes), last=True)
 
 
+def _lockstep_chunk(t2w: Token2Wav, chunkers: list[Chunker]) -> None:
+    """One full chunk of silence codes for every stream, decoded together."""
+    t2w.decode([c.push([t2w.cfg.silence_code] * c.chunk_frames)[0] for c in chunkers])
+
+
 def _settle(t2w: Token2Wav, chunkers: list[Chunker]) -> bool:
     """Decode the streams in lockstep until the next chunk's shape would repeat; False when
     capture went off on the way or the shape never settled."""
     seen = set()
     for _ in range(_MAX_CHUNKS):
-        t2w.decode([c.push([t2w.cfg.silence_code] * c.chunk_frames)[0] for c in chunkers])
+        _lockstep_chunk(t2w, chunkers)
         if t2w.graphs.disabled is not None:
             return False
         shape = t2w.stream_shape(chunkers[0].request_id)

@@ -47,7 +47,7 @@ def plan_launches(
     launches = []
     for shape, rows in groups.items():
         one_row = replace(shape, rows=1)
-        if shape.last and len(rows) > 1 and one_row in final_shapes:
+        if shape.last and one_row in final_shapes:
             launches += [Launch(one_row, (i,), replays(one_row)) for i in rows]
             continue
         full = replace(shape, rows=len(rows))

@@ -13,7 +13,7 @@ same length); each group is one `ChunkDecoder.run`: gather the rows' caches, enc
 rows, HiFT, store the new caches back (trimmed to prompt + `prompt_keep_frames`). Every group of
 a call is queued, replays first, before any audio is copied back (launch_plan.py). On CUDA/NPU a
 non-final group replays a device graph captured for its shape (`ChunkGraphs`, stage flag
-`code2wav_device_graph`); a shape's first chunk and last chunks run eagerly, except settled last
+`code2wav_device_graph`); a shape's first chunk and last chunks run eagerly, except warmed last
 chunks with `code2wav_final_chunk_graphs` (graph_warmup.py), which replay one row at a time.
 Replay and eager run the same kernels: outputs equal bit for bit for the same batch composition.
 

@@ -27,8 +27,9 @@ def test_final_chunk_graphs_warm_one_shape_per_stage_and_new_code_count_and_repl
                       dtype=torch.float32, init_seed=0, keep_mel=True, slots=4)
     warm.graphs, steady.graphs = ReplayingGraphs(), ReplayingGraphs()
     chunk = on.codec_chunk_frames
-    finals = final_graph_shapes(warm.graphs) if warm.warm_graphs(3) else set()
+    warm.warm_graphs(3)
     steady.warm_graphs(3)
+    finals = final_graph_shapes(warm.graphs)
     # Three stages a stream can end in (its only chunk, after one chunk, settled), each with
     # 0..chunk-1 new codes: a stage is the cache shape the final chunk decodes from.
     stages = {(k.conformer_len, k.estimator_len, k.hift_frames, k.tail_samples) for k in finals}
