@@ -136,6 +136,12 @@ ARMS = {
     # Both kernels of 2026-12-05 on (the cache copies, D-C2W-4, and HiFT's conv GEMMs, D-HIFT-2).
     "graph-opt-in": {"code2wav_device_graph": True, "code2wav_fused_cache_copy": True,
                      "code2wav_hift_conv_gemm": True},
+    # The DiT's launch fusions off (stages/code2wav/fusions.py; bit-exact, on by default since
+    # D-DIT-9): split k-sums added by the next fused kernel, the conv window written by the norm
+    # step, each alone and both.
+    **_graph_and_eager("no-open-sums", {"code2wav_open_split_sums": False}),
+    **_graph_and_eager("no-conv-window", {"code2wav_norm_writes_conv_window": False}),
+    **_graph_and_eager("no-dit-fusions", {"code2wav_open_split_sums": False, "code2wav_norm_writes_conv_window": False}),
     "graph-bf16": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16"},  # the DiT and its caches
     "graph-bf16-channels-first": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16",
                                   "code2wav_frames_first_conv": False},

@@ -78,13 +78,16 @@ def torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return F.gelu(F.linear(x, weight, bias), approximate="tanh")
 
 
-def residual_norm_modulate_eager(x, gate, y, shift, scale, *, eps: float):
+def residual_norm_modulate_eager(x, gate, y, shift, scale, *, eps: float, history=None):
     """(x + gate * y, LN(x + gate * y) * scale + shift): the step between two branches of a block
-    (no residual when gate is None), as three torch ops. Returns (new x, modulated activation).
-    `stages.code2wav.kernels.residual_norm_modulate_fused` is the one-launch twin (x updated in place)."""
+    (no residual when gate is None), as three torch ops. Returns (new x, modulated activation);
+    with `history` [B, C, H] the activation comes as a causal conv's input window,
+    `cat([historyᵀ, activation])` on frames. `stages.code2wav.kernels.residual_norm_modulate_fused`
+    is the one-launch twin (x updated in place)."""
     if gate is not None:
         x = gated(x, gate, y)
-    return x, modulate(F.layer_norm(x, (x.shape[-1],), eps=eps), shift, scale)
+    h = modulate(F.layer_norm(x, (x.shape[-1],), eps=eps), shift, scale)
+    return x, h if history is None else torch.cat([history.transpose(1, 2), h], dim=1)
 
 
 # Per block: (shift, 1 + scale, gate) for msa, then mlp, then conv; each [rows | 1, 1, C].
@@ -167,6 +170,7 @@ class Attention(nn.Module):
         self.matmul_rows = 0  # DiT.use_kernels: up to this many rows, attention_by_matmul
         self.flash = None  # DiT.use_kernels: those rows through `dit_flash.attention` instead
         self.gemm = torch_linear  # DiT.use_kernels may wire in a twin
+        self.open_sum = False  # DiT.use_kernels: proj's split k-sum left open for the norm step
         self._qkv: tuple | None = None  # (key, weight, bias): the three projections concatenated
         self._qkv_retired: list[tuple] = []  # earlier copies, kept alive for graphs that read them
 
@@ -216,12 +220,18 @@ class Attention(nn.Module):
         # the fused kernels keep them in fp32 (and the path was measured in fp32 only).
         if mask is None and b <= self.matmul_rows and q.dtype == k.dtype == torch.float32:
             if self.flash is not None:  # one launch, [B, T, H, D] out: the projection reads it as it is
-                return self._linear(self.proj, self.flash(q.transpose(1, 2), out_cache).view(b, t, self.h * self.d))
+                return self._projection(self.flash(q.transpose(1, 2), out_cache).view(b, t, self.h * self.d))
             out = attention_by_matmul(q, k, v)
         else:
             attn_mask = None if mask is None else mask.unsqueeze(1)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        return self._linear(self.proj, out.transpose(1, 2).reshape(b, t, self.h * self.d))
+        return self._projection(out.transpose(1, 2).reshape(b, t, self.h * self.d))
+
+    def _projection(self, x: torch.Tensor):
+        """proj: a tensor, or with `open_sum` possibly a split GEMM's `dit_gemm.OpenSum`."""
+        if self.open_sum:
+            return self.gemm(x, self.proj.weight, self.proj.bias, open_sum=True)
+        return self._linear(self.proj, x)
 
     def _linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return self.gemm(x, layer.weight, layer.bias)
@@ -240,11 +250,15 @@ class MLP(nn.Module):
         self.act = nn.GELU(approximate="tanh")
         self.fc2 = nn.Linear(hidden, dim)
         self.gemm = torch_linear  # DiT.use_kernels may wire in a twin
+        # fc2's split k-sum left open for the fused norm step after it (`DiT.use_kernels`)
+        self.open_sum = False
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor):
         # fc1 + bias + GELU(tanh) as one GEMM with an activation epilogue: the same function as
         # fc1 -> act (`self.act`, kept for the checkpoint's module tree), one launch fewer.
         h = self.gemm(x, self.fc1.weight, self.fc1.bias, gelu=True)
+        if self.open_sum:  # a tensor, or a split GEMM's `dit_gemm.OpenSum` for the norm step to add
+            return self.gemm(h, self.fc2.weight, self.fc2.bias, open_sum=True)
         return self.gemm(h, self.fc2.weight, self.fc2.bias)
 
 
@@ -274,8 +288,12 @@ class DiTBlock(nn.Module):
         caches = (cnn, att) inputs, outs = (cnn, att) destinations."""
         (_, _, g_msa, sh_mlp, sc_mlp, g_mlp, sh_conv, sc_conv, g_conv) = mod
         eps = self.norm1.eps
-        x, h = norm(x, g_msa, self.attn(h, caches[1], mask, outs[1]), sh_conv, sc_conv, eps=eps)
-        x, h = norm(x, g_conv, self.conv(h, caches[0], outs[0]), sh_mlp, sc_mlp, eps=eps)
+        # The conv's input window (two cached frames, then the frames) made by the norm step
+        # when the conv block takes it so (`CausalConvBlock.window_from_norm`).
+        history = self.conv.window_history(caches[0], x)
+        attn = self.attn(h, caches[1], mask, outs[1])
+        x, h = norm(x, g_msa, attn, sh_conv, sc_conv, eps=eps, history=history)
+        x, h = norm(x, g_conv, self.conv(h, caches[0], outs[0], window=history is not None), sh_mlp, sc_mlp, eps=eps)
         return norm(x, g_mlp, self.mlp(h), *next_mod, eps=eps)
 
 
@@ -336,6 +354,8 @@ class DiT(nn.Module):
             block.attn.gemm = block.mlp.gemm = gemm.linear
             block.conv.set_frames_first(kernels.conv.frames_first)
             block.conv.ln_mish, block.conv.conv_gemm = kernels.conv.ln_mish, kernels.conv.gemm
+            block.attn.open_sum = block.mlp.open_sum = block.conv.open_sums = kernels.open_sums
+            block.conv.window_from_norm = kernels.conv_window
             if norm.fused:
                 block.attn.qkv_projection()
 

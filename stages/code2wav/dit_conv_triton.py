@@ -22,6 +22,8 @@ What a newcomer needs to know:
   another writes the new history); the wrapper refuses an overlap.
 * Never import this module at import time of anything on the hot path: it imports triton.
   `stages.code2wav.kernels` imports it when the stage flag asks for it.
+* `h1` may be conv1's split k-sum left open (`dit_gemm.OpenSum`, `code2wav_open_split_sums`): the
+  kernel adds its parts as it loads a frame, in `dit_gemm`'s order, bit for bit the added tensor.
 * The first call per (device, dtype) compiles: make it outside any graph capture (`warm_up`).
 
     >>> full2 = ln_mish_window(h1, full1, hist2, norm.weight, norm.bias, norm.eps, out_cache)  # doctest: +SKIP
@@ -35,9 +37,11 @@ import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
 from stages.code2wav.dit_conv import CONV_CACHE_FRAMES as HISTORY  # each conv's input frames kept
+from stages.code2wav.dit_gemm import OpenSum
+from stages.code2wav.dit_triton import open_parts
 from stages.platform import is_cpu
 from stages.platform.triton_launch import launches_for
-_SHAPE_ARGS = ["frames", "h1_sb", "h2_sb", "h2_sc", "h2_st", "o_sb", "o_sc", "o_st"]
+_SHAPE_ARGS = ["frames", "h1_sb", "h1_sp", "h2_sb", "h2_sc", "h2_st", "o_sb", "o_sc", "o_st"]
 
 
 @triton.jit(do_not_specialize=_SHAPE_ARGS)
@@ -49,8 +53,10 @@ def _ln_mish_window_kernel(
     b_ptr,  # [C] LayerNorm bias
     out_ptr,  # [B, 2 + T, C] contiguous: conv2's input window
     cache_ptr,  # [B, 2C, 2] strided: the new histories, conv1's then conv2's channels
+    h1_bias_ptr,  # [C]: added to h1's parts (ignored without H1_BIAS)
     frames,  # T
     h1_sb,  # h1's batch stride (T * C dense; (T + 2) * C from the conv GEMM's window)
+    h1_sp,  # the stride between h1's k-sum parts (H1_PARTS > 1: conv1's open sum)
     h2_sb, h2_sc, h2_st,  # hist2's strides
     o_sb, o_sc, o_st,  # cache's strides
     C: tl.constexpr,
@@ -58,6 +64,8 @@ def _ln_mish_window_kernel(
     EPS: tl.constexpr,
     LIBDEVICE: tl.constexpr,
     HIST: tl.constexpr,  # HISTORY
+    H1_PARTS: tl.constexpr,
+    H1_BIAS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)  # b * (HIST + T) + r
     window = frames + HIST
@@ -68,7 +76,13 @@ def _ln_mish_window_kernel(
     if r < HIST:  # a cached frame of conv2's input, as it was
         v = tl.load(hist2_ptr + b * h2_sb + cols * h2_sc + r * h2_st, mask=mask, other=0.0).to(tl.float32)
     else:
-        x = tl.load(h1_ptr + b * h1_sb + (r - HIST) * C + cols, mask=mask, other=0.0).to(tl.float32)
+        h1_at = h1_ptr + b * h1_sb + (r - HIST) * C + cols
+        x = tl.load(h1_at, mask=mask, other=0.0).to(tl.float32)
+        # An open sum's parts in part order, then its bias (`dit_gemm._split_sum_kernel`'s order).
+        for part in range(1, H1_PARTS):
+            x += tl.load(h1_at + part * h1_sp, mask=mask, other=0.0)
+        if H1_BIAS:
+            x += tl.load(h1_bias_ptr + cols, mask=mask, other=0.0)
         # `tl.reduce(..., tl.standard._sum_combine)`: what `tl.sum` runs, callable from the
         # interpreter twin (see dit_triton).
         mean = tl.reduce(x, 0, tl.standard._sum_combine) / C
@@ -100,11 +114,14 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     return t.data_ptr(), t.data_ptr() + (last + 1) * size - 1
 
 
-def ln_mish_window(h1: torch.Tensor, full1: torch.Tensor, hist2: torch.Tensor, weight: torch.Tensor,
+def ln_mish_window(h1: torch.Tensor | OpenSum, full1: torch.Tensor, hist2: torch.Tensor, weight: torch.Tensor,
                    bias: torch.Tensor, eps: float, out_cache: torch.Tensor) -> torch.Tensor:
     """`cat([hist2ᵀ, mish(LN(h1))])` as a new contiguous [B, 2 + T, C] tensor (conv2's input),
     with out_cache[:, :C] = full1's last two frames and out_cache[:, C:] = its own last two
-    (channels-first, as the eager block stores them)."""
+    (channels-first, as the eager block stores them). `h1` may be conv1's `OpenSum` (fp32): its
+    parts are added as they are loaded."""
+    h1_parts, h1_bias, h1_sp = open_parts(h1)
+    h1 = h1_parts[0] if h1_parts is not None else h1
     if h1.dim() != 3 or h1.stride(2) != 1 or h1.stride(1) != h1.shape[2]:
         raise ValueError(f"h1 must be [B, T, C] with dense frames (any batch stride), got {tuple(h1.shape)} "
                          f"strides {h1.stride()}")
@@ -125,11 +142,12 @@ def ln_mish_window(h1: torch.Tensor, full1: torch.Tensor, hist2: torch.Tensor, w
     (a0, a1), (b0, b1) = _span(hist2), _span(out_cache)
     if a0 <= b1 and b0 <= a1:
         raise ValueError("out_cache overlaps hist2: the new histories would overwrite cached frames still to be read")
-    tail = (frames, h1.stride(0), *hist2.stride(), *out_cache.stride(), c, triton.next_power_of_2(c), eps,
-            not is_cpu(h1.device), HISTORY)
+    parts = 1 if h1_parts is None else h1_parts.shape[0]
+    tail = (frames, h1.stride(0), h1_sp, *hist2.stride(), *out_cache.stride(), c, triton.next_power_of_2(c), eps,
+            not is_cpu(h1.device), HISTORY, parts, h1_bias is not None)
     launches_for(_ln_mish_window_kernel, h1.device).checked(
-        (h1.device.index, h1.dtype, c, eps), (b * (frames + HISTORY), 1, 1),
-        (h1, full1, hist2, weight, bias, out, out_cache), tail,
+        (h1.device.index, h1.dtype, c, eps, parts, h1_bias is not None), (b * (frames + HISTORY), 1, 1),
+        (h1, full1, hist2, weight, bias, out, out_cache, weight if h1_bias is None else h1_bias), tail,
     )
     return out
 
@@ -143,3 +161,13 @@ def warm_up(device: torch.device, dtype: torch.dtype, channels: int, eps: float)
     weight = torch.ones(channels, device=device, dtype=dtype)
     ln_mish_window(h1, full1, hist2, weight, torch.zeros_like(weight), eps,
                    torch.zeros(1, 2 * channels, HISTORY, device=device, dtype=dtype))
+
+
+def warm_up_open_sums(device: torch.device, channels: int, eps: float, parts: set[int]) -> None:
+    """Compile the fp32 variants that add conv1's open sum of each count in `parts` (with a bias)."""
+    weight = torch.ones(channels, device=device)
+    for count in sorted(parts):
+        ln_mish_window(OpenSum(torch.zeros(count, 1, 1, channels, device=device), weight),
+                       torch.zeros(1, 1 + HISTORY, channels, device=device), torch.zeros(1, channels, HISTORY, device=device),
+                       weight, torch.zeros_like(weight), eps, torch.zeros(1, 2 * channels, HISTORY, device=device))
+

@@ -27,6 +27,11 @@ What a newcomer needs to know:
 * A GEMM too small to fill the device (few rows, deep K: fc2 at one or two requests) splits
   its k-sum in parts added by a second launch in part order (`split_for`); the split depends on
   the shape only, so it is deterministic.
+* `open_sum=True` (a DiT branch's last GEMM: proj, fc2, the convs; `code2wav_open_split_sums`):
+  a split GEMM returns its parts unadded (`OpenSum`) and the consumer (the norm step, the conv
+  block's LayerNorm + Mish) adds them as it loads them, in part order then the bias, as
+  `_split_sum_kernel` does: bit for bit the added tensor, one launch fewer. An unsplit GEMM
+  returns its tensor as ever.
 * Not batch-invariant: a row's result does not depend on the other rows' values, but the tile
   and the k-split depend on the row count, and a row may round differently in a chunk of another
   size (graph replay and eager of one shape share tile and split: equal bit for bit).
@@ -55,6 +60,31 @@ class Tile:
     block_k: int
     warps: int
     stages: int
+
+
+@dataclass(frozen=True)
+class OpenSum:
+    """A split GEMM's [B, T, N] result with its k-sum parts not yet added: the value is
+    parts[0] + parts[1] + ... (in part order), then + bias, as `_split_sum_kernel` adds them;
+    `close()` is that launch. `parts` is [S, B, T, N], any strides with a dense last dim (a conv's
+    parts keep the window's batch stride)."""
+
+    parts: torch.Tensor
+    bias: torch.Tensor | None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.parts.shape[1:]
+
+    def close(self) -> torch.Tensor:
+        """The added [B, T, N] tensor (contiguous), by `_split_sum_kernel`: what the GEMM would
+        have returned without `open_sum`, bit for bit. For a consumer that cannot add parts."""
+        s, b, t, n = self.parts.shape
+        parts = self.parts.contiguous().view(s, b * t, n)
+        out = parts.new_empty(b * t, n)
+        if out.numel():
+            _sum_parts(parts, self.bias, out, gelu=False)
+        return out.view(b, t, n)
 
 
 # (most rows, tile) in row order; the last bound is open. Each tile is the one with the least
@@ -187,11 +217,13 @@ def linear(
     precision: str = "tf32x3",
     tile: Tile | None = None,
     split_k: int | None = None,
-) -> torch.Tensor:
+    open_sum: bool = False,
+) -> torch.Tensor | OpenSum:
     """`F.linear(x, weight, bias)` (then GELU-tanh when `gelu`) as one Triton launch, fp32 in and
     out; `precision` is `tl.dot`'s input_precision ("tf32x3": fp32 accuracy on tensor cores;
     "ieee": CUDA-core fp32; "tf32"); `tile` overrides `tile_for` (the benchmark's sweep) and
-    `split_k` overrides `split_for` (tests, warm-up). Returns a new contiguous [..., N] tensor."""
+    `split_k` overrides `split_for` (tests, warm-up). Returns a new contiguous [..., N] tensor, or
+    with `open_sum` (a [B, T, K] x without GELU) an `OpenSum` when the k-sum is split."""
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"x's last dim is {x.shape[-1]}, the weight takes {k}")
@@ -202,6 +234,8 @@ def linear(
     tensors = (x, weight) if bias is None else (x, weight, bias)
     if any(t.device != x.device for t in tensors):
         raise ValueError("x, weight and bias must be on one device")
+    if open_sum and (x.dim() != 3 or gelu):
+        raise ValueError(f"an open sum is a [B, T, N] result without GELU, got x {tuple(x.shape)} gelu={gelu}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     # The compiled variant assumes contiguous, 16-byte aligned operands (it was specialised on
@@ -215,14 +249,20 @@ def linear(
     rows = x2.shape[0]
     out = x2.new_empty(rows, n)
     if rows:
-        _gemm(x2, k, rows, weight, bias, out, gelu=gelu, precision=precision, tile=tile, split_k=split_k)
+        parts = _gemm(x2, k, rows, weight, bias, out, gelu=gelu, precision=precision, tile=tile, split_k=split_k,
+                      open_sum=open_sum)
+        if parts is not None:
+            return OpenSum(parts.view(-1, *lead, n), bias)
     return out.view(*lead, n)
 
 
 def _gemm(x: torch.Tensor, x_stride: int, rows: int, weight: torch.Tensor, bias: torch.Tensor | None,
-          out: torch.Tensor, *, gelu: bool, precision: str, tile: Tile | None, split_k: int | None) -> None:
+          out: torch.Tensor, *, gelu: bool, precision: str, tile: Tile | None, split_k: int | None,
+          open_sum: bool = False) -> torch.Tensor | None:
     """out[:rows] = rows of x (row r at x's start + r * x_stride, K wide) @ weight.T + bias:
-    the launch(es) behind `linear` and `causal_conv`, every operand checked by them."""
+    the launch(es) behind `linear` and `causal_conv`, every operand checked by them. With
+    `open_sum` and a split k-sum, the parts [S, rows, N] are returned unadded and `out` is left
+    as it was; else None."""
     n, k = weight.shape
     tile = tile or tile_for(rows)
     if split_k is None:
@@ -235,24 +275,37 @@ def _gemm(x: torch.Tensor, x_stride: int, rows: int, weight: torch.Tensor, bias:
             split_k)
     # Without a bias the kernels never read b_ptr: the weight stands in (any aligned pointer).
     b_ptr = weight if bias is None else bias
+    open_parts = open_sum and split_k > 1
     sums = out if split_k == 1 else x.new_empty(split_k, rows, n)
     launches_for(_linear_kernel, x.device, aligned=True).checked(key, grid, (x, weight, b_ptr, sums), tail,
                                                                  num_warps=tile.warps, num_stages=tile.stages)
+    if open_parts:
+        return sums
     if split_k > 1:
-        launches_for(_split_sum_kernel, x.device, aligned=True).checked(
-            (x.device.index, n, split_k, bias is not None, gelu), (triton.cdiv(rows * n, _SUM_BLOCK), 1, 1),
-            (sums, b_ptr, out), (rows * n, n, split_k, bias is not None, gelu, _SUM_BLOCK))
+        _sum_parts(sums, bias, out[:rows], gelu=gelu)
+    return None
+
+
+def _sum_parts(parts: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, *, gelu: bool) -> None:
+    """out = the parts [S, R, N] (contiguous) added in part order, + bias, GELU'd when asked."""
+    split_k, rows, n = parts.shape
+    b_ptr = parts if bias is None else bias  # never read without a bias
+    launches_for(_split_sum_kernel, parts.device, aligned=True).checked(
+        (parts.device.index, n, split_k, bias is not None, gelu), (triton.cdiv(rows * n, _SUM_BLOCK), 1, 1),
+        (parts, b_ptr, out), (rows * n, n, split_k, bias is not None, gelu, _SUM_BLOCK))
 
 
 def causal_conv(window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
-                precision: str = "tf32x3", tile: Tile | None = None, split_k: int | None = None) -> torch.Tensor:
+                precision: str = "tf32x3", tile: Tile | None = None, split_k: int | None = None,
+                open_sum: bool = False) -> torch.Tensor | OpenSum:
     """A valid 1-D conv over a frames-first window [B, taps - 1 + T, C] (contiguous, fp32) as ONE
     GEMM: im2col row (b, t) is the `taps` frames window[b, t : t + taps], which in a contiguous
     window are taps * C adjacent floats, so the kernel reads the window in place with a row stride
     of C (overlapping rows, no unfold copy). `weight` is [N, taps * C] with k = tap * C + c (the
     frames-first conv's channels-last [N, taps, C] weight, flattened). The taps - 1 rows a batch
     row that would straddle two batch rows are computed and dropped. Returns [B, T, N] as a view
-    with batch stride (taps - 1 + T) * N (the DiT's consumers take strided input)."""
+    with batch stride (taps - 1 + T) * N (the DiT's consumers take strided input); with `open_sum`
+    and a split k-sum, an `OpenSum` whose parts are such views."""
     if window.dim() != 3 or not window.is_contiguous() or window.dtype != torch.float32:
         raise ValueError(f"the window must be a contiguous fp32 [B, L, C] tensor, got {tuple(window.shape)} "
                          f"{window.dtype} strides {window.stride()}")
@@ -272,9 +325,14 @@ def causal_conv(window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         window = window.clone()
     out = window.new_empty(b * length, n)
     rows = b * length - (taps - 1)  # every row start whose taps frames lie inside the buffer
+    frames = length - taps + 1
     if rows > 0:
-        _gemm(window, c, rows, weight, bias, out, gelu=False, precision=precision, tile=tile, split_k=split_k)
-    return out.view(b, length, n)[:, : length - taps + 1]
+        parts = _gemm(window, c, rows, weight, bias, out, gelu=False, precision=precision, tile=tile,
+                      split_k=split_k, open_sum=open_sum)
+        if parts is not None:  # [S, rows, N] seen as out's [B, T, N] view is: batch stride length * N
+            s, _, _ = parts.shape
+            return OpenSum(parts.as_strided((s, b, frames, n), (rows * n, length * n, n, 1)), bias)
+    return out.view(b, length, n)[:, :frames]
 
 
 def _every_tile_and_split(n: int, k: int) -> Iterator[tuple[Tile, int]]:
@@ -287,6 +345,12 @@ def _every_tile_and_split(n: int, k: int) -> Iterator[tuple[Tile, int]]:
             yield tile, split
             split //= 2
         fewest = (most or fewest) + 1
+
+
+def splits(n: int, k: int) -> set[int]:
+    """Every k-split above 1 a GEMM of N = n, K = k can be launched with (the part counts an
+    `OpenSum` of it can have)."""
+    return {split for _, split in _every_tile_and_split(n, k) if split > 1}
 
 
 def warm_up_conv(device: torch.device, channels: int, taps: int = 3) -> None:

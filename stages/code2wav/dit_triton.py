@@ -36,11 +36,12 @@ import torch
 import triton
 import triton.language as tl
 
+from stages.code2wav.dit_gemm import OpenSum
 from stages.platform.triton_launch import launches_for
 
 # The int arguments that vary with the chunk's shape: not specialised (=1, %16), so one
 # compiled variant serves every shape.
-_SHAPE_ARGS = ["frames", "y_sb", "y_st", "y_sc", "gate_sb", "shift_sb", "scale_sb"]
+_SHAPE_ARGS = ["frames", "y_sb", "y_st", "y_sc", "y_sp", "gate_sb", "shift_sb", "scale_sb", "h_sb", "h_sc", "h_st"]
 
 
 @triton.jit(do_not_specialize=_SHAPE_ARGS)
@@ -50,43 +51,63 @@ def _residual_norm_modulate_kernel(
     gate_ptr,  # [B | 1, 1, C]
     shift_ptr,  # [B | 1, 1, C]
     scale_ptr,  # [B | 1, 1, C], already 1 + scale
-    out_ptr,  # [B, T, C] contiguous
+    out_ptr,  # [B, HIST + T, C] contiguous: HIST cached frames (a conv's input window), then the result
+    y_bias_ptr,  # [C]: added to y's parts (ignored without Y_BIAS)
+    hist_ptr,  # [B, C, HIST] strided: the frames ahead of the result (ignored when HIST is 0)
     frames,  # T
     y_sb,
     y_st,
     y_sc,  # y's strides
+    y_sp,  # the stride between y's k-sum parts (Y_PARTS > 1: a split GEMM's open sum)
     gate_sb,
     shift_sb,
     scale_sb,  # the modulation rows' batch strides (0: one row for every batch row)
+    h_sb,
+    h_sc,
+    h_st,  # hist's strides
     C: tl.constexpr,
     BLOCK_C: tl.constexpr,
     EPS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    Y_PARTS: tl.constexpr,
+    Y_BIAS: tl.constexpr,
+    HIST: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)  # b * T + t
-    b = row // frames
-    t = row - b * frames
+    program = tl.program_id(0).to(tl.int64)  # b * (HIST + T) + r
+    b = program // (frames + HIST)
+    t = program - b * (frames + HIST) - HIST  # negative: one of the HIST cached frames
     cols = tl.arange(0, BLOCK_C)
     mask = cols < C
-    x = tl.load(x_ptr + row * C + cols, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        y = tl.load(y_ptr + b * y_sb + t * y_st + cols * y_sc, mask=mask, other=0.0)
-        gate = tl.load(gate_ptr + b * gate_sb + cols, mask=mask, other=0.0)
-        # In the stored dtype, as the eager addcmul rounds it, then normalised in fp32.
-        x = (x.to(tl.float32) + gate.to(tl.float32) * y.to(tl.float32)).to(x.dtype)
-        tl.store(x_ptr + row * C + cols, x, mask=mask)
-    xf = x.to(tl.float32)
-    # `tl.reduce(..., tl.standard._sum_combine)` is what `tl.sum` runs; written out because
-    # `tl.sum` is itself a jitted helper, which the interpreter twin cannot call when triton was
-    # imported without TRITON_INTERPRET, while the interpreter patches `tl.reduce` and
-    # recognises this combine function (triton 3.6 and 3.9).
-    mean = tl.reduce(xf, 0, tl.standard._sum_combine) / C
-    centred = tl.where(mask, xf - mean, 0.0)
-    var = tl.reduce(centred * centred, 0, tl.standard._sum_combine) / C
-    normed = centred / tl.sqrt_rn(var + EPS)
-    shift = tl.load(shift_ptr + b * shift_sb + cols, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.load(scale_ptr + b * scale_sb + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * C + cols, (normed * scale + shift).to(x.dtype), mask=mask)
+    if t < 0:  # one of the HIST cached frames ahead of the result, as it was (a conv's window)
+        cached = tl.load(hist_ptr + b * h_sb + cols * h_sc + (t + HIST) * h_st, mask=mask, other=0.0)
+        tl.store(out_ptr + program * C + cols, cached, mask=mask)
+    else:
+        row = b * frames + t
+        x = tl.load(x_ptr + row * C + cols, mask=mask, other=0.0)
+        if HAS_RESIDUAL:
+            y_at = y_ptr + b * y_sb + t * y_st + cols * y_sc
+            y = tl.load(y_at, mask=mask, other=0.0)
+            # An open sum's parts in part order, then its bias: `dit_gemm._split_sum_kernel`'s order.
+            for part in range(1, Y_PARTS):
+                y += tl.load(y_at + part * y_sp, mask=mask, other=0.0)
+            if Y_BIAS:
+                y += tl.load(y_bias_ptr + cols, mask=mask, other=0.0)
+            gate = tl.load(gate_ptr + b * gate_sb + cols, mask=mask, other=0.0)
+            # In the stored dtype, as the eager addcmul rounds it, then normalised in fp32.
+            x = (x.to(tl.float32) + gate.to(tl.float32) * y.to(tl.float32)).to(x.dtype)
+            tl.store(x_ptr + row * C + cols, x, mask=mask)
+        xf = x.to(tl.float32)
+        # `tl.reduce(..., tl.standard._sum_combine)` is what `tl.sum` runs; written out because
+        # `tl.sum` is itself a jitted helper, which the interpreter twin cannot call when triton was
+        # imported without TRITON_INTERPRET, while the interpreter patches `tl.reduce` and
+        # recognises this combine function (triton 3.6 and 3.9).
+        mean = tl.reduce(xf, 0, tl.standard._sum_combine) / C
+        centred = tl.where(mask, xf - mean, 0.0)
+        var = tl.reduce(centred * centred, 0, tl.standard._sum_combine) / C
+        normed = centred / tl.sqrt_rn(var + EPS)
+        shift = tl.load(shift_ptr + b * shift_sb + cols, mask=mask, other=0.0).to(tl.float32)
+        scale = tl.load(scale_ptr + b * scale_sb + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + program * C + cols, (normed * scale + shift).to(x.dtype), mask=mask)
 
 
 def _launch(kernel, device: torch.device, key: tuple, rows: int, tensors: tuple, tail: tuple) -> None:
@@ -109,21 +130,27 @@ def _mod_stride(row: torch.Tensor, x: torch.Tensor) -> int:
 def residual_norm_modulate(
     x: torch.Tensor,
     gate: torch.Tensor | None,
-    y: torch.Tensor | None,
+    y: torch.Tensor | OpenSum | None,
     shift: torch.Tensor,
     scale: torch.Tensor,
     *,
     eps: float,
+    history: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`x += gate * y` (in place, skipped when gate is None), then `LN(x) * scale + shift`.
 
     Returns the modulated activation, a new contiguous [B, T, C] tensor. `scale` is 1 + scale.
+    `y` may be a split GEMM's `OpenSum` (fp32): its parts are added as they are loaded.
+    With `history` [B, C, H] (a causal conv's cached input frames, any strides) the result is
+    that conv's input window instead, [B, H + T, C]: `cat([historyᵀ, activation])`, one launch.
     """
     if x.dim() != 3 or not x.is_contiguous():
         raise ValueError(f"x must be a contiguous [B, T, C] tensor, got {tuple(x.shape)} strides {x.stride()}")
     b, frames, c = x.shape
     shift_sb, scale_sb = _mod_stride(shift, x), _mod_stride(scale, x)
     has_residual = gate is not None
+    y_parts, y_bias, y_sp = open_parts(y)
+    y = y_parts[0] if y_parts is not None else y
     if has_residual:
         if y is None or y.shape != x.shape or y.dtype != x.dtype or y.device != x.device:
             raise ValueError(f"branch output must match x {tuple(x.shape)} {x.dtype}, got "
@@ -132,13 +159,35 @@ def residual_norm_modulate(
         y_sb, y_st, y_sc = y.stride()
     else:
         y, gate, (y_sb, y_st, y_sc), gate_sb = x, shift, (0, 0, 0), 0  # unused by the kernel
-    out = torch.empty_like(x)
-    if x.numel() == 0:
+    hist = 0 if history is None else history.shape[2]
+    if history is not None and (history.shape[:2] != (b, c) or history.dtype != x.dtype or history.device != x.device):
+        raise ValueError(f"history must be [{b}, {c}, H] {x.dtype} on {x.device}, got {tuple(history.shape)} "
+                         f"{history.dtype} on {history.device}")
+    out = x.new_empty(b, hist + frames, c)
+    if out.numel() == 0:
         return out
-    tail = (frames, y_sb, y_st, y_sc, gate_sb, shift_sb, scale_sb, c, triton.next_power_of_2(c), eps, has_residual)
-    _launch(_residual_norm_modulate_kernel, x.device, (x.device.index, x.dtype, c, has_residual, eps), b * frames,
-            (x, y, gate, shift, scale, out), tail)
+    parts = 1 if y_parts is None else y_parts.shape[0]
+    h_strides = (0, 0, 0) if history is None else history.stride()
+    tail = (frames, y_sb, y_st, y_sc, y_sp, gate_sb, shift_sb, scale_sb, *h_strides, c, triton.next_power_of_2(c),
+            eps, has_residual, parts, y_bias is not None, hist)
+    _launch(_residual_norm_modulate_kernel, x.device,
+            (x.device.index, x.dtype, c, has_residual, eps, parts, y_bias is not None, hist), b * (hist + frames),
+            (x, y, gate, shift, scale, out, x if y_bias is None else y_bias, x if history is None else history), tail)
     return out
+
+
+def open_parts(y) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+    """(parts [S, B, T, C], bias or None, the parts' stride) of an `OpenSum`, checked for a
+    kernel that adds them as it loads; (None, None, 0) for anything else."""
+    if not isinstance(y, OpenSum):
+        return None, None, 0
+    parts, bias = y.parts, y.bias
+    if parts.dim() != 4 or parts.dtype != torch.float32 or parts.stride(3) != 1:
+        raise ValueError(f"an open sum's parts must be fp32 [S, B, T, C] with a dense last dim, got "
+                         f"{tuple(parts.shape)} {parts.dtype} strides {parts.stride()}")
+    if bias is not None and (bias.shape != parts.shape[3:] or bias.dtype != parts.dtype or bias.device != parts.device):
+        raise ValueError(f"an open sum's bias must be a [{parts.shape[3]}] fp32 vector on its device")
+    return parts, bias, parts.stride(0)
 
 
 @triton.jit(do_not_specialize=["frames", "c_sb", "c_sh", "c_st"])
@@ -240,3 +289,21 @@ def warm_up(device: torch.device, dtype: torch.dtype, channels: int, eps: float,
     h, d = attention.h, attention.d
     qkv = torch.zeros(1, 2, 3 * h * d, device=device, dtype=dtype)
     qk_norm_to_cache(qkv, attention.q_norm, attention.k_norm, torch.zeros(1, h, 2, 2 * d, device=device, dtype=dtype), h)
+
+
+def warm_up_open_sums(device: torch.device, channels: int, eps: float, parts: set[int]) -> None:
+    """Compile the norm step's variants that add an fp32 open sum of each count in `parts` (with a
+    bias), now, outside any graph capture."""
+    x = torch.zeros(1, 2, channels, device=device)
+    row = torch.ones(1, 1, channels, device=device)
+    for count in sorted(parts):
+        residual_norm_modulate(x, row, OpenSum(torch.zeros(count, 1, 2, channels, device=device), row[0, 0]), row,
+                               row, eps=eps)
+
+
+def warm_up_window(device: torch.device, channels: int, eps: float) -> None:
+    """Compile the fp32 norm step's variant that writes a conv's input window (two cached frames)."""
+    x = torch.zeros(1, 2, channels, device=device)
+    row = torch.ones(1, 1, channels, device=device)
+    residual_norm_modulate(x, row, x.clone(), row, row, eps=eps, history=torch.zeros(1, channels, 2, device=device))
+

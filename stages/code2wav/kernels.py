@@ -46,6 +46,7 @@ from torch import nn
 from stages.code2wav.config import DiTConfig
 from stages.code2wav.dit import MOD_LN_EPS, residual_norm_modulate_eager, torch_linear
 from stages.code2wav.dit_conv import CONV_LN_EPS
+from stages.code2wav.fusions import conv_window_ready, open_sums_ready
 from stages.code2wav.options import Code2WavOptions, tf32_gemms_in_flow
 from stages.platform import compile_failure, is_cpu, is_cuda, tf32_tensor_cores, triton_unavailable_reason
 
@@ -67,13 +68,13 @@ def torch_linear_epilogue(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     return out.view(*lead, weight.shape[0])
 
 
-def residual_norm_modulate_fused(x, gate, y, shift, scale, *, eps: float):
+def residual_norm_modulate_fused(x, gate, y, shift, scale, *, eps: float, history=None):
     """`dit.residual_norm_modulate_eager` as one Triton launch (`dit_triton`; x updated in place)."""
     from stages.code2wav.dit_triton import residual_norm_modulate  # lazy: loads triton
 
     if not x.is_contiguous():  # the kernel updates x in place, so it needs its own dense copy
         x = x.contiguous()
-    return x, residual_norm_modulate(x, gate, y, shift, scale, eps=eps)
+    return x, residual_norm_modulate(x, gate, y, shift, scale, eps=eps, history=history)
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,10 @@ class DiTKernels:
     attention: AttentionKernel = AttentionKernel()
     conv: ConvLayout = ConvLayout()
     gemm: GemmKernel = GemmKernel()
+    # proj's, fc2's and the convs' split k-sums left open for the fused kernel after them (`dit_gemm.OpenSum`)
+    open_sums: bool = False
+    # frames-first: the norm step before each conv block writes the conv's input window
+    conv_window: bool = False
 
     def describe(self) -> dict[str, str]:
         """The run record's one-word names (Token2Wav.describe's `dit_*` keys)."""
@@ -166,20 +171,26 @@ class DiTKernels:
 
     def reasons(self) -> dict[str, str]:
         """What runs and why the other branches do not, one line a part (the log's words)."""
-        return {"norm": self.norm.reason, "attention": self.attention.reason, "convs": self.conv.reason,
-                "linears": self.gemm.reason}
+        opened = "; split k-sums of proj, fc2 and the convs added by the next fused kernel" if self.open_sums else ""
+        window = "; the norm step writes each conv's input window" if self.conv_window else ""
+        return {"norm": self.norm.reason + window, "attention": self.attention.reason, "convs": self.conv.reason,
+                "linears": self.gemm.reason + opened}
 
 
 def resolve(options: Code2WavOptions, cfg: DiTConfig, device: torch.device, dtype: torch.dtype) -> DiTKernels:
     """The DiT's kernels for `options` on `device`, for a DiT (its weights) of `dtype`."""
     gemm = gemm_kernel(options.dit_tf32x3, cfg, device, dtype, tf32_flow=tf32_gemms_in_flow(options.tf32_mode))
+    norm = norm_kernel(options.fused_norm, cfg, device, dtype)
+    conv = conv_layout(options.frames_first_conv, device, fused_norm=options.fused_conv_norm, dtype=dtype,
+                       channels=cfg.hidden_size, gemm_off=conv_gemm_unwanted(options, gemm))
     return DiTKernels(
-        norm=norm_kernel(options.fused_norm, cfg, device, dtype),
+        norm=norm,
         attention=attention_kernel(options.matmul_attention_requests, cfg, device, dtype,
                                    triton=options.triton_attention),
-        conv=conv_layout(options.frames_first_conv, device, fused_norm=options.fused_conv_norm, dtype=dtype,
-                         channels=cfg.hidden_size, gemm_off=conv_gemm_unwanted(options, gemm)),
+        conv=conv,
         gemm=gemm,
+        open_sums=options.open_split_sums and open_sums_ready(cfg, device, norm, conv, gemm),
+        conv_window=options.norm_writes_conv_window and conv_window_ready(cfg, device, norm, conv),
     )
 
 

@@ -75,11 +75,11 @@ BOOL_OPTIONS: tuple[Option, ...] = (
     # a stream can end in and count of new codes (0..codec_chunk_frames-1), captured at warmup;
     # finals ending in one step replay one row at a time (launch_plan.py), since a final chunk's
     # shape varies with its length and rows (too many shapes to capture as they come).
-    # Every request ends with one. Off (D-GRAPH-2): most eager groups became replays but mean RTF
-    # was within noise at every tier, for more device memory and a slower replica start.
+    # Every request ends with one. At 32x1 mean RTF -41 % (H100), 64x4 within noise; off until a
+    # 128x8 run on an H200 shows its 75 graphs a replica fit there (D-GRAPH-5).
     Option("code2wav_final_chunk_graphs", "final_chunk_graphs", False,
            "with graphs and their warmup: final chunks replay one-row graphs captured at warmup",
-           decision="D-GRAPH-2"),
+           decision="D-GRAPH-5"),
     # The DiT's residual add + LayerNorm + adaLN modulation as one Triton launch instead of three
     # (stages/code2wav/dit_triton.py) on CUDA/NPU; the CPU keeps the eager chain.
     Option("code2wav_fused_norm", "fused_norm", True, "the DiT's norm steps as Triton launches (CUDA/NPU)",
@@ -132,6 +132,20 @@ BOOL_OPTIONS: tuple[Option, ...] = (
     Option("code2wav_fused_cache_copy", "fused_cache_copy", True,
            "the slot pool's attention-cache loads and stores as one Triton pass each (CUDA; bit-exact)",
            decision="D-C2W-4"),
+    # A DiT branch's last GEMM (attention's proj, fc2, each causal conv) that splits its k-sum
+    # (small chunks) leaves the parts unadded, and the launch after it (the fused norm step, the
+    # conv block's LayerNorm + Mish) adds them as it loads, in the split sum's order: bit for bit
+    # the same values, one launch fewer for each (3 a block-step at one request: 480 a steady
+    # chunk). Acts with the 3xTF32 GEMMs and the fused kernels (CUDA; stages/code2wav/fusions.py).
+    Option("code2wav_open_split_sums", "open_split_sums", True,
+           "split GEMMs' k-sum parts added by the next fused kernel, one launch fewer each (CUDA; bit-exact)",
+           decision="D-DIT-9"),
+    # The fused norm step before each frames-first conv block writes the conv's input window (its
+    # two cached frames, then the frames) instead of the block concatenating them: one launch
+    # fewer a block-step (160 a chunk), the same bytes (D-DIT-9 measured the two together).
+    Option("code2wav_norm_writes_conv_window", "norm_writes_conv_window", True,
+           "the fused norm step writes each conv block's input window, one launch fewer (CUDA; bit-exact)",
+           decision="D-DIT-9"),
 )
 # Chunks of up to this many requests run the DiT's attention as batched GEMMs on CUDA/NPU
 # (`dit.attention_by_matmul`, fp32 DiT only), larger ones through scaled_dot_product_attention;
@@ -274,6 +288,9 @@ class Code2WavOptions:
     fused_snake: bool = _DEFAULTS["fused_snake"]  # only acts on CUDA
     fused_cache_copy: bool = _DEFAULTS["fused_cache_copy"]  # only acts on CUDA
     hift_conv_gemm: bool = _DEFAULTS["hift_conv_gemm"]  # only acts on CUDA with TF32 off
+    # Only acts with 3xTF32 linears and conv GEMMs and the fused norm kernels.
+    open_split_sums: bool = _DEFAULTS["open_split_sums"]
+    norm_writes_conv_window: bool = _DEFAULTS["norm_writes_conv_window"]  # only acts fused and frames-first
     tf32_mode: Tf32Mode = _DEFAULTS["tf32_mode"]
     dit_dtype: str = _DEFAULTS["dit_dtype"]  # the CFM estimator's dtype (its caches too)
     matmul_attention_requests: int = _DEFAULTS["matmul_attention_requests"]  # only acts on CUDA/NPU

@@ -188,6 +188,29 @@ def test_code2wav_device_graphs_count_their_pool_on_a_gpu_only():
     assert next(i for i in eight.items if i.name == "code2wav device graphs").bytes == 8 * graphs.bytes
 
 
+def test_final_chunk_graphs_count_per_replica_on_a_gpu_when_warmed():
+    """75 one-row final graphs a replica at full size (3 stages x 25 counts of new codes, what
+    the warmup captures; one stage more after a shorter first chunk), ~13 MiB each (D-GRAPH-2's
+    NVML reading), only where they are captured: a GPU, graphs and their warmup on."""
+    from stages.runner.budget import FINAL_GRAPH_BYTES, final_graphs
+
+    name = "code2wav final-chunk graphs"
+    on = "code2wav.extra.code2wav_final_chunk_graphs=true"
+    eight = estimate_stage_memory(stages(FULL, on), replicas=8, concurrency=128, device_type="cuda")
+    item = next(i for i in eight.items if i.name == name)
+    assert final_graphs(stages(FULL).code2wav) == 75 and item.bytes == 8 * 75 * FINAL_GRAPH_BYTES
+    assert 7 * GIB < item.bytes < 8 * GIB  # three times the 25 settled ones' +2.5 GiB
+    assert "code2wav.extra.code2wav_final_chunk_graphs=false" in item.keys
+    shorter = stages(FULL, on, "code2wav.initial_codec_chunk_frames=10")
+    assert final_graphs(shorter.code2wav) == 100
+    default = estimate_stage_memory(stages(FULL), replicas=8, concurrency=128, device_type="cuda")
+    assert eight.total("device") - default.total("device") == item.bytes
+    for cfg, device in ((stages(FULL, on), "cpu"), (stages(FULL, on, "code2wav.extra.code2wav_graph_warmup=false"), "cuda"),
+                        (stages(FULL, on, "code2wav.extra.code2wav_device_graph=false"), "cuda")):
+        budget = estimate_stage_memory(cfg, replicas=8, concurrency=128, device_type=device)
+        assert all(i.name != name for i in budget.items), device
+
+
 def test_a_replica_pool_holds_its_share_of_the_tier_not_two_batches():
     from stages.runner.budget import pool_slots
 
