@@ -30,6 +30,7 @@ from stages.platform import compile_failure, is_cuda
 if TYPE_CHECKING:
     from stages.code2wav.kernels import ConvLayout, GemmKernel, NormKernel
 
+# The kernel choice's logger: what the DiT runs is said in one place of the log.
 log = logging.getLogger("stages.code2wav.kernels")
 
 
