@@ -69,10 +69,12 @@ def gated(x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.addcmul(x, gate, y)
 
 
-def torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, gelu: bool = False):
+def torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, gelu: bool = False,
+                 open_sum: bool = False):
     """`F.linear` (then GELU-tanh when `gelu`): the DiT's linears unless `use_kernels` wires in a
     twin with the same signature (`kernels.torch_linear_epilogue` on CUDA: the GELU as cuBLASLt's
-    epilogue; `dit_gemm.linear`: Triton 3xTF32)."""
+    epilogue; `dit_gemm.linear`: Triton 3xTF32). `open_sum` (the consumer could add a split
+    GEMM's parts, `dit_gemm.OpenSum`) is ignored: this linear hands back its whole result."""
     if not gelu:
         return F.linear(x, weight, bias)
     return F.gelu(F.linear(x, weight, bias), approximate="tanh")
@@ -170,7 +172,8 @@ class Attention(nn.Module):
         self.matmul_rows = 0  # DiT.use_kernels: up to this many rows, attention_by_matmul
         self.flash = None  # DiT.use_kernels: those rows through `dit_flash.attention` instead
         self.gemm = torch_linear  # DiT.use_kernels may wire in a twin
-        self.open_sum = False  # DiT.use_kernels: proj's split k-sum left open for the norm step
+        # DiT.use_kernels: proj's split k-sum left open for the norm step (a `dit_gemm.OpenSum`)
+        self.open_sum = False
         self._qkv: tuple | None = None  # (key, weight, bias): the three projections concatenated
         self._qkv_retired: list[tuple] = []  # earlier copies, kept alive for graphs that read them
 
@@ -220,18 +223,14 @@ class Attention(nn.Module):
         # the fused kernels keep them in fp32 (and the path was measured in fp32 only).
         if mask is None and b <= self.matmul_rows and q.dtype == k.dtype == torch.float32:
             if self.flash is not None:  # one launch, [B, T, H, D] out: the projection reads it as it is
-                return self._projection(self.flash(q.transpose(1, 2), out_cache).view(b, t, self.h * self.d))
+                flat = self.flash(q.transpose(1, 2), out_cache).view(b, t, self.h * self.d)
+                return self.gemm(flat, self.proj.weight, self.proj.bias, open_sum=self.open_sum)
             out = attention_by_matmul(q, k, v)
         else:
             attn_mask = None if mask is None else mask.unsqueeze(1)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        return self._projection(out.transpose(1, 2).reshape(b, t, self.h * self.d))
-
-    def _projection(self, x: torch.Tensor):
-        """proj: a tensor, or with `open_sum` possibly a split GEMM's `dit_gemm.OpenSum`."""
-        if self.open_sum:
-            return self.gemm(x, self.proj.weight, self.proj.bias, open_sum=True)
-        return self._linear(self.proj, x)
+        flat = out.transpose(1, 2).reshape(b, t, self.h * self.d)
+        return self.gemm(flat, self.proj.weight, self.proj.bias, open_sum=self.open_sum)
 
     def _linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return self.gemm(x, layer.weight, layer.bias)
@@ -257,9 +256,8 @@ class MLP(nn.Module):
         # fc1 + bias + GELU(tanh) as one GEMM with an activation epilogue: the same function as
         # fc1 -> act (`self.act`, kept for the checkpoint's module tree), one launch fewer.
         h = self.gemm(x, self.fc1.weight, self.fc1.bias, gelu=True)
-        if self.open_sum:  # a tensor, or a split GEMM's `dit_gemm.OpenSum` for the norm step to add
-            return self.gemm(h, self.fc2.weight, self.fc2.bias, open_sum=True)
-        return self.gemm(h, self.fc2.weight, self.fc2.bias)
+        # a tensor, or with `open_sum` possibly a split GEMM's `dit_gemm.OpenSum` for the norm step
+        return self.gemm(h, self.fc2.weight, self.fc2.bias, open_sum=self.open_sum)
 
 
 class DiTBlock(nn.Module):

@@ -120,9 +120,7 @@ class CausalConvBlock(nn.Module):
             return conv_frames_first(conv, window)
         # The channels-last weight [C_out, C_in, k] is [C_out, k, C_in] memory: k-major rows, a view.
         weight = conv.weight.transpose(1, 2).reshape(conv.out_channels, -1)
-        if open_sum:
-            return self.conv_gemm(window, weight, conv.bias, open_sum=True)
-        return self.conv_gemm(window, weight, conv.bias)
+        return self.conv_gemm(window, weight, conv.bias, open_sum=open_sum)
 
     def set_frames_first(self, on: bool) -> None:
         """Switch the layout; the conv weights are re-laid-out in place (same shape and values,

@@ -52,15 +52,15 @@ from stages.platform import compile_failure, is_cpu, is_cuda, tf32_tensor_cores,
 
 log = logging.getLogger(__name__)
 
-Linear = Callable[..., torch.Tensor]  # (x, weight, bias, *, gelu=False) -> x @ weight.T + bias
+Linear = Callable[..., torch.Tensor]  # (x, weight, bias, *, gelu=False, open_sum=False) -> x @ weight.T + bias
 
 
 def torch_linear_epilogue(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
-                          gelu: bool = False) -> torch.Tensor:
+                          gelu: bool = False, open_sum: bool = False) -> torch.Tensor:
     """`dit.torch_linear` on CUDA: with the GELU, bias and activation are cuBLASLt's GEMM epilogue
     (`_addmm_activation`), one launch fewer. Not elsewhere: torch's CPU `_addmm_activation`
     applies the exact (erf) GELU, not the tanh one the checkpoint's MLP uses (4.7e-4 apart at
-    unit scale)."""
+    unit scale). `open_sum` is ignored, as `dit.torch_linear` ignores it."""
     if not gelu:
         return torch.nn.functional.linear(x, weight, bias)
     *lead, c = x.shape
