@@ -75,11 +75,11 @@ BOOL_OPTIONS: tuple[Option, ...] = (
     # a stream can end in and count of new codes (0..codec_chunk_frames-1), captured at warmup;
     # finals ending in one step replay one row at a time (launch_plan.py), since a final chunk's
     # shape varies with its length and rows (too many shapes to capture as they come).
-    # Every request ends with one. At 32x1 mean RTF -41 % (H100), 64x4 within noise; off until a
-    # 128x8 run on an H200 shows its 75 graphs a replica fit there (D-GRAPH-5).
-    Option("code2wav_final_chunk_graphs", "final_chunk_graphs", False,
+    # Every request ends with one. At 32x1 mean RTF -41 % (H100), 64x4 and 128x8 within noise;
+    # at 128x8 on an H200 the 600 graphs of 8 replicas took 1.8 GiB (D-GRAPH-6).
+    Option("code2wav_final_chunk_graphs", "final_chunk_graphs", True,
            "with graphs and their warmup: final chunks replay one-row graphs captured at warmup",
-           decision="D-GRAPH-5"),
+           decision="D-GRAPH-6"),
     # The DiT's residual add + LayerNorm + adaLN modulation as one Triton launch instead of three
     # (stages/code2wav/dit_triton.py) on CUDA/NPU; the CPU keeps the eager chain.
     Option("code2wav_fused_norm", "fused_norm", True, "the DiT's norm steps as Triton launches (CUDA/NPU)",

@@ -17,7 +17,7 @@ on a CPU that is the host too):
 | code2wav voices | the default voice and up to prompt_cache_size request voices per module copy, each a prompt setup's caches | code2wav.prompt_cache_size |
 | code2wav decode transient | a quarter of a request's state per batched row (measured 0.158 on an H200), per replica | runner.max_num_seqs |
 | code2wav device graphs | with `code2wav_device_graph` (default) on a GPU: the graphs' memory pool, 0.25 of a request's state per batched row with expandable segments (with the transient, 0.5 against 0.39-0.43 measured on an H200), 0.55 with the default segments (0.53 measured), per replica | code2wav.extra.code2wav_device_graph, runner.max_num_seqs |
-| code2wav final-chunk graphs | with `code2wav_final_chunk_graphs` on a GPU: the one-row final graphs the warmup captures (a shape per stage a stream can end in and count of new codes: 3 x codec_chunk_frames at full size, one stage more after a shorter first chunk), ~13 MiB each (NVML +2.5 GiB for 25 a replica at 128x8 on an H200, D-GRAPH-2), per replica | code2wav.extra.code2wav_final_chunk_graphs=false |
+| code2wav final-chunk graphs | with `code2wav_final_chunk_graphs` on a GPU: the one-row final graphs the warmup captures (a shape per stage a stream can end in and count of new codes: 3 x codec_chunk_frames at full size, one stage more after a shorter first chunk), 4 MiB each (NVML +1.8 GiB for 75 a replica at 128x8 on an H200, 3.0 MiB each, D-GRAPH-6), per replica | code2wav.extra.code2wav_final_chunk_graphs=false |
 | processes | torch and its libraries per process (~300 MiB RSS on a CPU; a CUDA context and workspaces on a GPU) | R |
 | model build | one more fp32 copy of each process's weights while it is built on the host | the stage dims |
 
@@ -57,8 +57,10 @@ TRANSIENT_PER_ROW = 0.25
 GRAPH_POOL_PER_ROW = 0.25
 GRAPH_POOL_PER_ROW_DEFAULT_SEGMENTS = 0.55
 # One captured one-row final chunk (`code2wav_final_chunk_graphs`): its outputs and the pool's
-# growth, from NVML +2.5 GiB for 25 of them in each of 8 replicas at 128x8 on an H200 (D-GRAPH-2).
-FINAL_GRAPH_BYTES = 13 * MIB
+# growth. NVML at 128x8 on an H200, steady serving: 124,521 MiB with 75 of them in each of 8
+# replicas against 122,717 without, 3.0 MiB each (D-GRAPH-6); rounded up. D-GRAPH-2's reading,
+# 13 MiB each, was of the earlier scheme (25 graphs a replica, settled stage only).
+FINAL_GRAPH_BYTES = 4 * MIB
 # Stages a stream can end in before its caches settle (its only chunk, after one chunk,
 # settled), as the warmup finds them at full size (stages.code2wav.graph_warmup).
 FINAL_GRAPH_STAGES = 3

@@ -70,6 +70,21 @@ def test_markdown_table_is_shaped_like_the_seed(tmp_path):
     assert "\x1b[" not in result.stdout
 
 
+def test_duration_mode_samples_a_window_of_requests_that_has_no_fixed_count(tmp_path):
+    # The measured jobs of --duration are a function of position (requests cycle until the
+    # window ends): the progress task and the arm runs must not ask them for a length.
+    result = invoke(tmp_path, "--format", "json", "--warm-tier", "none", "--duration", "0.6",
+                    "--set", "bench.ramp_s=0.2", "--set", "bench.warmup_phase=false")
+    assert result.return_value == ExitStatus.OK
+    doc = json.loads(result.stdout)
+    for arm in doc["arms"].values():
+        assert arm["steady_median_mib"] > 0
+    run = RunDir.open(doc["run_dir"])
+    assert run.doc["status"] == "complete"
+    measured = [r for r in run.read_requests() if r["tier"] == "4x1" and not r.get("warmup")]
+    assert len(measured) > 8  # more than --num-prompts: the window, not the prompt count, ended it
+
+
 def test_unknown_sampler_is_a_usage_error(tmp_path):
     with pytest.raises(ConfigError) as err:
         invoke(tmp_path, "--sampler", "nvidia-smi")

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 def test_final_chunk_graphs_warm_one_shape_per_stage_and_new_code_count_and_replay_while_serving():
     on = tiny_config(extra={"code2wav_final_chunk_graphs": True})
     warm = Token2Wav(on, device=torch.device("cpu"), dtype=torch.float32, init_seed=0, keep_mel=True, slots=4)
-    steady = Token2Wav(tiny_config(), device=torch.device("cpu"), dtype=torch.float32, init_seed=0, slots=4)
+    steady = Token2Wav(tiny_config(extra={"code2wav_final_chunk_graphs": False}), device=torch.device("cpu"),
+                       dtype=torch.float32, init_seed=0, slots=4)
     eager = Token2Wav(tiny_config(extra={"code2wav_device_graph": False}), device=torch.device("cpu"),
                       dtype=torch.float32, init_seed=0, keep_mel=True, slots=4)
     warm.graphs, steady.graphs = ReplayingGraphs(), ReplayingGraphs()
@@ -45,7 +46,7 @@ def test_final_chunk_graphs_warm_one_shape_per_stage_and_new_code_count_and_repl
 
 
 def test_a_final_chunk_without_a_warmed_graph_runs_eagerly_and_is_never_captured():
-    for extra in ({"code2wav_final_chunk_graphs": True}, {}):
+    for extra in ({"code2wav_final_chunk_graphs": True}, {"code2wav_final_chunk_graphs": False}):
         t2w = Token2Wav(tiny_config(extra=extra), device=torch.device("cpu"), dtype=torch.float32, init_seed=0,
                         slots=2)
         t2w.graphs = ReplayingGraphs()

@@ -132,7 +132,8 @@ async def _run_arm(arm: str, cfg: BenchConfig, plan: MemPlan, prompts: list, run
     # The warm tier runs on the same replicas first: size them for it too, or a warm tier above
     # the sampled one's concurrency would grow the slot pools (and drop their graphs) before sampling.
     warm_c = plan.warm_tier.concurrency if plan.warm_tier is not None else 0
-    progress.task(f"{arm} {plan.tier.label}", len(jobs[1]))  # (warmup, measured)
+    # (warmup, measured); duration mode's measured jobs are a function of position, no count
+    progress.task(f"{arm} {plan.tier.label}", None if window is not None else len(jobs[1]))
     result = await run_fresh_phase(cfg, plan.tier, labels, jobs, run_dir=run_dir, hooks=hooks,
                                    before=lambda backend: _warm(backend, cfg, arm, plan, prompts, run_dir),
                                    size_for=warm_c, window=window, progress=lambda _rec: progress.advance())
