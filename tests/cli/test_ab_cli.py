@@ -110,6 +110,19 @@ def test_resume_via_the_cli_completes_a_truncated_run(tmp_path):
     assert len(ids) == len(lines) and max(Counter(ids).values()) == 1
 
 
+def test_report_via_the_cli_tables_a_recorded_run_and_changes_nothing(tmp_path):
+    first = json.loads(invoke(tmp_path, "--tiers", "2x1", "--num-prompts", "4", "--repeats", "2",
+                              "--format", "json").stdout)
+    run = RunDir.open(first["run_dir"])
+    before = run.run_json.read_bytes()
+    # --report ignores the other options (here: the config's, given by invoke) as --resume does
+    result = invoke(tmp_path, "--report", first["run_dir"], "--format", "json")
+    assert result.return_value == ExitStatus.OK
+    doc = json.loads(result.stdout)
+    assert doc["tiers"] == first["tiers"] and doc["run_dir"] == first["run_dir"]
+    assert run.run_json.read_bytes() == before
+
+
 def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:  # a hang guard
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
     return subprocess.run([sys.executable, "-m", "tts_bench.cli", "ab", *args], cwd=ROOT, env=env,

@@ -23,10 +23,11 @@ import pandas as pd
 from tts_bench.load.windows import measured_phases, phase_throughputs, read_phases, warmup_phase_on
 
 
-def with_phase_validity(result: Any, run_dir: Any) -> Any:
-    """`result` (an AbResult) with each invalid phase's reason on its tier and on the run."""
+def with_phase_validity(result: Any, run_dir: Any, *, blocks: Any = None) -> Any:
+    """`result` (an AbResult) with each invalid phase's reason on its tier and on the run;
+    `blocks`: only the phases of these (tier, repeat) blocks (`tts-bench ab --report`)."""
     reasons: dict[str, list[str]] = {}
-    for (arm, tier, repeat), p in sorted(measured_phases(run_dir).items()):
+    for (arm, tier, repeat), p in sorted(measured_phases(run_dir, blocks=blocks).items()):
         if p.get("invalid_reason"):
             reasons.setdefault(tier, []).append(f"{tier} {arm} r{repeat}: {p['invalid_reason']}")
     if not reasons:
@@ -36,10 +37,11 @@ def with_phase_validity(result: Any, run_dir: Any) -> Any:
     return replace(result, tiers=tiers, invalid_reasons=(*result.invalid_reasons, *extra))
 
 
-def measurement_doc(run_dir: Any, result: Any, bench: Any, *, open_loop: Any = None) -> dict[str, Any]:
-    """The JSON of what was measured (see the module docstring)."""
-    phases = measured_phases(run_dir)
-    thr = phase_throughputs(run_dir)
+def measurement_doc(run_dir: Any, result: Any, bench: Any, *, open_loop: Any = None,
+                    blocks: Any = None) -> dict[str, Any]:
+    """The JSON of what was measured (see the module docstring); `blocks` as in `with_phase_validity`."""
+    phases = measured_phases(run_dir, blocks=blocks)
+    thr = phase_throughputs(run_dir, blocks=blocks)
     tiers: dict[str, Any] = {}
     for t in result.tiers:
         per_arm = {}

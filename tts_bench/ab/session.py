@@ -7,7 +7,8 @@ the calibration found for it), checks memory and prompts before the run director
 runs `tts_bench.ab.run.run_ab` with the memory hooks when asked, records the status and result
 in run.json, and, with `voice_cache`, returns the view over one kind of request (the record
 keeps every request). `--resume` reopens a run instead; its run.json fixes the arms and plan
-(`plan_from_run`).
+(`plan_from_run`). `--report` reads a run's complete blocks without running anything
+(`tts_bench.ab.report`).
 
     session = run_session(AbRequest(config=Path("configs/ab/synthetic.yaml"), tiers="2x1", repeats=2))
     session.result.exit_status, session.run_dir.path
@@ -23,6 +24,7 @@ from typing import Any
 
 from tts_bench.ab.measurement import measurement_doc
 from tts_bench.ab.position import odd_repeats_warning
+from tts_bench.ab.report import report_blocks
 from tts_bench.ab.run import AbProgress, run_ab
 from tts_bench.config.paths import resolve_profile
 from tts_bench.load.arrivals import OpenLoop
@@ -108,6 +110,7 @@ class AbRequest:
     test_sets: Sequence[str] = ()
     result_dir: Path = Path("results/runs")
     resume: Path | None = None  # finish this run; every option above is ignored
+    report: Path | None = None  # tables of this run's complete blocks, running nothing (tts_bench.ab.report)
     mem: bool = False
     until_resolved: bool = False
     max_repeats: int | None = None
@@ -135,6 +138,12 @@ class AbSession:
 def run_session(request: AbRequest, *, progress: AbProgress | None = None) -> AbSession:
     """Plan (or reopen) the run, run the A/B, record status and result; see the module docstring."""
     check_voice_cache(request.voice_cache)
+    if request.report is not None:
+        if request.resume is not None:
+            raise ConfigError("error: --report reads a run and --resume finishes one (ab); pass one of them")
+        run = RunDir.open(request.report, flag="--report")
+        report = report_blocks(run, plan_from_run(run))
+        return AbSession(report.result, run, work=report.work, measurement=report.measurement)
     if request.resume:
         run, plan = open_plan(request.resume)
         calibration = None  # loaded from the recorded path below, where a failure is recorded

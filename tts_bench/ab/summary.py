@@ -190,16 +190,17 @@ def _pair_key(rec: RequestRecord) -> tuple[int, str]:
 
 def summarize_ab(
     records: Sequence[RequestRecord], arms: dict[str, BenchConfig], tiers: Sequence[Tier], *, run_dir: str,
-    calibration: Calibration | None = None,
+    calibration: Calibration | None = None, blocks: Any = None,
 ) -> AbResult:
-    """Per-tier aggregates, comparisons, flags and validity from recorded requests."""
+    """Per-tier aggregates, comparisons, flags and validity from recorded requests; `blocks`:
+    read the window throughputs of these (tier, repeat) blocks only (`tts-bench ab --report`)."""
     by_tier_arm: dict[tuple[str, str], list[RequestRecord]] = defaultdict(list)
     for r in records:
         if not r.warmup:
             by_tier_arm[(r.tier, r.arm)].append(r)
     names = tuple(arms)
     bench = arms[names[0]].bench
-    thr = block_throughputs(records, windows=window_throughputs(run_dir))
+    thr = block_throughputs(records, windows=window_throughputs(run_dir, blocks=blocks))
     results = [
         _tier_result(tier.label, {a: by_tier_arm[(tier.label, a)] for a in names}, bench, calibration,
                      thr.get(tier.label, {}))

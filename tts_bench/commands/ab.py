@@ -4,6 +4,7 @@
     tts-bench ab --config configs/ab/fused-prelude.yaml --tiers 32x1,64x4,128x8 --repeats 3
     tts-bench ab --config configs/ab/synthetic.yaml --test-set synthetic.delay_scale=1.2
     tts-bench ab --resume results/runs/20261129-194500-ab-3fa9c1
+    tts-bench ab --report results/runs/20261129-194500-ab-3fa9c1   # a cut run's complete blocks
     tts-bench ab --config configs/ab/synthetic.yaml --until-resolved --max-repeats 8 --budget 10
     tts-bench ab --tiers 64x4 --repeats 3 --duration 60 --set bench.ramp_s=10    # steady windows
     tts-bench ab --tiers 128x8 --duration 60 --request-rate 12                   # open loop
@@ -44,6 +45,7 @@ def ab(
     disable_shuffle: bool = typer.Option(False, "--disable-shuffle", help="Send prompts in file order."),
     result_dir: str = typer.Option("results/runs", "--result-dir", callback=result_dir_option, help="Where run directories are made."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Finish a killed run (its directory); other options are ignored."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Tables of a recorded run's complete blocks (a cut run's too), running nothing; the run is left as it was."),
     fmt: Optional[str] = typer.Option(None, "--format", help="md | table | csv | json (default: table on a TTY, else md)."),
     mem: bool = typer.Option(False, "--mem", help="Sample device memory during every tier (tts-bench mem)."),
     until_resolved: bool = typer.Option(False, "--until-resolved", help="Add counterbalanced repeat pairs until every tier's 95% CI half-width is under bench.min_effect_pct / 2."),
@@ -70,7 +72,7 @@ def ab(
                        ("bench.until_stable", until_stable or None, "--until-stable")])
     request = AbRequest(
         config=config, tiers=tiers, num_prompts=num_prompts, repeats=repeats, sets=[*sets, *flags],
-        base_sets=base_sets, test_sets=test_sets, result_dir=result_dir, resume=resume, mem=mem,
+        base_sets=base_sets, test_sets=test_sets, result_dir=result_dir, resume=resume, report=report, mem=mem,
         until_resolved=until_resolved, max_repeats=max_repeats, budget_min=budget, profile=profile,
         calibration=calibration, voice_cache=voice_cache, request_rate=request_rate, burstiness=burstiness,
     )

@@ -199,29 +199,31 @@ def read_phases(run_dir: Any) -> list[dict[str, Any]]:
     return out
 
 
-def measured_phases(run_dir: Any) -> dict[tuple[str, str, int], dict[str, Any]]:
+def measured_phases(run_dir: Any, *, blocks: Any = None) -> dict[tuple[str, str, int], dict[str, Any]]:
     """(arm, tier, repeat) -> the phase's record, warm phases left out; a phase recorded twice
-    (a count phase finished by --resume) keeps its last record."""
-    return {(p["arm"], p["tier"], int(p["repeat"])): p for p in read_phases(run_dir) if not p.get("warm")}
+    (a count phase finished by --resume) keeps its last record. `blocks`: only phases of these
+    (tier, repeat) blocks (`tts-bench ab --report`, tts_bench.ab.report)."""
+    return {(p["arm"], p["tier"], int(p["repeat"])): p for p in read_phases(run_dir)
+            if not p.get("warm") and (blocks is None or (p["tier"], int(p["repeat"])) in blocks)}
 
 
-def phase_throughputs(run: Any) -> dict[str, dict[str, list[float | None]]]:
+def phase_throughputs(run: Any, *, blocks: Any = None) -> dict[str, dict[str, list[float | None]]]:
     """{tier: {arm: [window throughput per block, by repeat]}}: audio seconds per wall second,
     higher is better; None for an invalid phase. `run`: a RunDir or its path. What the verdict
     compares per block, exactly as it compares the blocks' RTF."""
     out: dict[str, dict[str, dict[int, float | None]]] = {}
-    for (arm, tier, repeat), p in measured_phases(run).items():
+    for (arm, tier, repeat), p in measured_phases(run, blocks=blocks).items():
         value = None if p.get("invalid_reason") else p.get("throughput")
         out.setdefault(tier, {}).setdefault(arm, {})[repeat] = value
     return {tier: {arm: [v for _, v in sorted(reps.items())] for arm, reps in arms.items()}
             for tier, arms in out.items()}
 
 
-def window_throughputs(run: Any) -> dict[tuple[str, str, int], float]:
+def window_throughputs(run: Any, *, blocks: Any = None) -> dict[tuple[str, str, int], float]:
     """(tier, arm, repeat) -> the window throughput of each valid duration-mode phase: the
     figures `tts_bench.ab.throughput.block_throughputs` prefers to its count-mode estimate from
     the requests (audio counted by chunk arrival inside the window, not by request)."""
-    return {(tier, arm, repeat): float(p["throughput"]) for (arm, tier, repeat), p in measured_phases(run).items()
+    return {(tier, arm, repeat): float(p["throughput"]) for (arm, tier, repeat), p in measured_phases(run, blocks=blocks).items()
             if p.get("mode") == "duration" and not p.get("invalid_reason") and p.get("throughput")}
 
 
