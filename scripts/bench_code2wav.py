@@ -142,6 +142,9 @@ ARMS = {
     **_graph_and_eager("no-open-sums", {"code2wav_open_split_sums": False}),
     **_graph_and_eager("no-conv-window", {"code2wav_norm_writes_conv_window": False}),
     **_graph_and_eager("no-dit-fusions", {"code2wav_open_split_sums": False, "code2wav_norm_writes_conv_window": False}),
+    # The MLP branch as one launch at up to two requests (stages/code2wav/dit_mlp.py; opt-in, not
+    # bit-exact: its audio is not identical to the default's, by fp32 rounding).
+    **_graph_and_eager("fused-mlp", {"code2wav_fused_mlp": True}),
     "graph-bf16": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16"},  # the DiT and its caches
     "graph-bf16-channels-first": {"code2wav_device_graph": True, "code2wav_dit_dtype": "bfloat16",
                                   "code2wav_frames_first_conv": False},

@@ -251,8 +251,14 @@ class MLP(nn.Module):
         self.gemm = torch_linear  # DiT.use_kernels may wire in a twin
         # fc2's split k-sum left open for the fused norm step after it (`DiT.use_kernels`)
         self.open_sum = False
+        # DiT.use_kernels: up to `fused_rows` rows, the whole branch as one launch handing fc2's
+        # k-sum parts to the norm step (`dit_mlp.mlp`, code2wav_fused_mlp; needs `open_sum`)
+        self.fused = None
+        self.fused_rows = 0
 
-    def forward(self, x: torch.Tensor):
+    def forward(self, x: torch.Tensor):  # x: [B, T, C]
+        if self.fused is not None and x.shape[0] * x.shape[1] <= self.fused_rows:
+            return self.fused(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias)
         # fc1 + bias + GELU(tanh) as one GEMM with an activation epilogue: the same function as
         # fc1 -> act (`self.act`, kept for the checkpoint's module tree), one launch fewer.
         h = self.gemm(x, self.fc1.weight, self.fc1.bias, gelu=True)
@@ -353,6 +359,7 @@ class DiT(nn.Module):
             block.conv.set_frames_first(kernels.conv.frames_first)
             block.conv.ln_mish, block.conv.conv_gemm = kernels.conv.ln_mish, kernels.conv.gemm
             block.attn.open_sum = block.mlp.open_sum = block.conv.open_sums = kernels.open_sums
+            block.mlp.fused, block.mlp.fused_rows = kernels.fused_mlp, kernels.fused_mlp_rows
             block.conv.window_from_norm = kernels.conv_window
             if norm.fused:
                 block.attn.qkv_projection()

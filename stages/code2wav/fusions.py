@@ -13,11 +13,17 @@ Each is on only where every kernel it joins runs (else off, the CPU included), a
 variants it needs are compiled here, outside any graph capture. Both on by default (D-DIT-9: a
 replayed steady chunk −4.8 % at one request, −2.1 % at eight, 640 and 480 kernels fewer, audio
 identical in every rep, on an H100).
+
+One more, opt-in and of another kind: the MLP branch as one launch at small chunks
+(`code2wav_fused_mlp`, `dit_mlp`). It needs the open sums (its fc2 k-sum parts go to the norm
+step), but splits fc2's sum at other boundaries, so its claim is fp32 accuracy against the
+unfused MLP, not bit for bit; not yet measured on a GPU.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -71,3 +77,25 @@ def conv_window_ready(cfg: DiTConfig, device: torch.device, norm: NormKernel, co
 
     return compile_failure(lambda: dit_triton.warm_up_window(device, cfg.hidden_size, MOD_LN_EPS), "the conv window",
                            "the conv block's own cat", log=log, owner="DiT") is None
+
+
+def fused_mlp(cfg: DiTConfig, device: torch.device) -> tuple[Callable | None, int]:
+    """(`dit_mlp.mlp`, the rows up to which it runs) where it can run, else (None, 0) (logged).
+    Call it only with the open sums on: its consumer is the norm step that adds parts. On CUDA it
+    is compiled now, with the norm step's variant for its part count; the CPU runs it under the
+    interpreter (tests)."""
+    from stages.code2wav import dit_mlp, dit_triton  # lazy: loads triton
+
+    c, hidden = cfg.hidden_size, int(cfg.hidden_size * cfg.mlp_ratio)
+    if dit_mlp.tile_for(c, hidden) is None:
+        log.info("DiT: fc1 and fc2 stay two GEMMs (the fused MLP needs a power-of-two width; C %d, hidden %d)",
+                 c, hidden)
+        return None, 0
+    if is_cuda(device):
+        def warm_up() -> None:
+            dit_mlp.warm_up(device, c, hidden)
+            dit_triton.warm_up_open_sums(device, c, MOD_LN_EPS, {dit_mlp.parts_for(c, hidden)})
+
+        if compile_failure(warm_up, "the fused MLP", "fc1 and fc2 as two GEMMs", log=log, owner="DiT"):
+            return None, 0
+    return dit_mlp.mlp, dit_mlp.MAX_ROWS

@@ -46,7 +46,7 @@ from torch import nn
 from stages.code2wav.config import DiTConfig
 from stages.code2wav.dit import MOD_LN_EPS, residual_norm_modulate_eager, torch_linear
 from stages.code2wav.dit_conv import CONV_LN_EPS
-from stages.code2wav.fusions import conv_window_ready, open_sums_ready
+from stages.code2wav.fusions import conv_window_ready, fused_mlp, open_sums_ready
 from stages.code2wav.options import Code2WavOptions, tf32_gemms_in_flow
 from stages.platform import compile_failure, is_cpu, is_cuda, tf32_tensor_cores, triton_unavailable_reason
 
@@ -163,6 +163,9 @@ class DiTKernels:
     open_sums: bool = False
     # frames-first: the norm step before each conv block writes the conv's input window
     conv_window: bool = False
+    # fc1 + GELU + fc2 as one launch up to `fused_mlp_rows` rows (`dit_mlp.mlp`; needs open_sums)
+    fused_mlp: Callable | None = None
+    fused_mlp_rows: int = 0
 
     def describe(self) -> dict[str, str]:
         """The run record's one-word names (Token2Wav.describe's `dit_*` keys)."""
@@ -173,8 +176,10 @@ class DiTKernels:
         """What runs and why the other branches do not, one line a part (the log's words)."""
         opened = "; split k-sums of proj, fc2 and the convs added by the next fused kernel" if self.open_sums else ""
         window = "; the norm step writes each conv's input window" if self.conv_window else ""
+        mlp = (f"; fc1 + GELU + fc2 as one launch up to {self.fused_mlp_rows} rows, its parts added by the norm step"
+               if self.fused_mlp else "")
         return {"norm": self.norm.reason + window, "attention": self.attention.reason, "convs": self.conv.reason,
-                "linears": self.gemm.reason + opened}
+                "linears": self.gemm.reason + opened + mlp}
 
 
 def resolve(options: Code2WavOptions, cfg: DiTConfig, device: torch.device, dtype: torch.dtype) -> DiTKernels:
@@ -183,14 +188,18 @@ def resolve(options: Code2WavOptions, cfg: DiTConfig, device: torch.device, dtyp
     norm = norm_kernel(options.fused_norm, cfg, device, dtype)
     conv = conv_layout(options.frames_first_conv, device, fused_norm=options.fused_conv_norm, dtype=dtype,
                        channels=cfg.hidden_size, gemm_off=conv_gemm_unwanted(options, gemm))
+    open_sums = options.open_split_sums and open_sums_ready(cfg, device, norm, conv, gemm)
+    mlp, mlp_rows = fused_mlp(cfg, device) if options.fused_mlp and open_sums else (None, 0)
     return DiTKernels(
         norm=norm,
         attention=attention_kernel(options.matmul_attention_requests, cfg, device, dtype,
                                    triton=options.triton_attention),
         conv=conv,
         gemm=gemm,
-        open_sums=options.open_split_sums and open_sums_ready(cfg, device, norm, conv, gemm),
+        open_sums=open_sums,
         conv_window=options.norm_writes_conv_window and conv_window_ready(cfg, device, norm, conv),
+        fused_mlp=mlp,
+        fused_mlp_rows=mlp_rows,
     )
 
 

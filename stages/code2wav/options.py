@@ -146,6 +146,13 @@ BOOL_OPTIONS: tuple[Option, ...] = (
     Option("code2wav_norm_writes_conv_window", "norm_writes_conv_window", True,
            "the fused norm step writes each conv block's input window, one launch fewer (CUDA; bit-exact)",
            decision="D-DIT-9"),
+    # The MLP branch (fc1 + GELU + fc2) as one Triton launch at chunks of up to 256 DiT rows (two
+    # requests), fc2's k-sum parts (one per slice of 128 hidden units) added by the norm step:
+    # one launch instead of two a block-step (160 a chunk), fp32 accuracy but not bit for bit the
+    # unfused MLP (stages/code2wav/dit_mlp.py). Acts with the open split sums. Not yet measured
+    # on a GPU, hence off.
+    Option("code2wav_fused_mlp", "fused_mlp", False,
+           "with open split sums: fc1 + GELU + fc2 as one launch at up to two requests (CUDA; fp32, not bit-exact)"),
 )
 # Chunks of up to this many requests run the DiT's attention as batched GEMMs on CUDA/NPU
 # (`dit.attention_by_matmul`, fp32 DiT only), larger ones through scaled_dot_product_attention;
@@ -291,6 +298,7 @@ class Code2WavOptions:
     # Only acts with 3xTF32 linears and conv GEMMs and the fused norm kernels.
     open_split_sums: bool = _DEFAULTS["open_split_sums"]
     norm_writes_conv_window: bool = _DEFAULTS["norm_writes_conv_window"]  # only acts fused and frames-first
+    fused_mlp: bool = _DEFAULTS["fused_mlp"]  # only acts with open_split_sums
     tf32_mode: Tf32Mode = _DEFAULTS["tf32_mode"]
     dit_dtype: str = _DEFAULTS["dit_dtype"]  # the CFM estimator's dtype (its caches too)
     matmul_attention_requests: int = _DEFAULTS["matmul_attention_requests"]  # only acts on CUDA/NPU

@@ -15,11 +15,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.code2wav import dit_gemm, fusions, kernels
+from stages.code2wav import dit_gemm, kernels
 from stages.code2wav.config import DiTConfig
 from stages.code2wav.dit import DiT
 from stages.code2wav.options import Code2WavOptions
 from stages.flags import FlagError
+from tests.kernels.cuda_graphs import replayed
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -120,16 +121,6 @@ def _dit(hidden: int, seed: int = 4, device="cpu") -> DiT:
 
 def _cuda_choice(options: Code2WavOptions, cfg: DiTConfig, device: torch.device) -> kernels.DiTKernels:
     return kernels.resolve(options, cfg, device, torch.float32)
-
-
-@pytest.fixture
-def forced_cuda(interpret, monkeypatch):
-    """The CUDA branch of the kernel choice on the CPU, the kernels under the interpreter (which
-    compiles nothing, so the warm-ups are skipped)."""
-    for module in (kernels, fusions):
-        monkeypatch.setattr(module, "is_cuda", lambda device: device.type == "cpu")
-        monkeypatch.setattr(module, "compile_failure", lambda *a, **k: None)
-    monkeypatch.setattr(kernels, "tf32_tensor_cores", lambda device: True)
 
 
 def test_the_norm_step_writes_a_convs_window_bit_for_bit(interpret):
@@ -235,14 +226,4 @@ def test_cuda_full_width_dit_with_the_fusions_equals_it_without_and_replays_bit_
         dit.use_kernels(chosen)
         eager = dit.forward_chunk(x_in, t, *caches).velocity.clone()
         assert torch.equal(eager, closed)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream):
-            dit.forward_chunk(x_in, t, *caches)
-            with torch.cuda.graph(graph, stream=stream):
-                captured = dit.forward_chunk(x_in, t, *caches).velocity
-        torch.cuda.current_stream().wait_stream(stream)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(captured, closed)
+        assert torch.equal(replayed(lambda: dit.forward_chunk(x_in, t, *caches).velocity), closed)
