@@ -90,3 +90,11 @@ def test_a_run_without_a_complete_block_is_a_usage_error_naming_resume(tmp_path)
 def test_report_and_resume_together_are_a_usage_error(tmp_path):
     with pytest.raises(ConfigError, match="--report reads a run and --resume finishes one"):
         run_session(AbRequest(report=tmp_path, resume=tmp_path))
+
+
+def test_a_run_that_is_no_ab_is_refused_naming_report(tmp_path):
+    from tts_bench.rundir.results import RunDir
+
+    run = RunDir.create(tmp_path, "mem", command_line="tts-bench mem", configs={"base": {}, "test": {}}, lock=False)
+    with pytest.raises(ConfigError, match=r"is not an A/B run \(--report\)"):
+        run_session(AbRequest(report=run.path))

@@ -51,10 +51,10 @@ def block_records(records: Iterable[RequestRecord], phases: dict[tuple[str, str,
     """The requests of `blocks` that their phases measured (see the module docstring)."""
     kept = []
     for r in records:
-        if (r.tier, r.repeat) not in blocks:
+        phase = phases.get((r.arm, r.tier, r.repeat))
+        if (r.tier, r.repeat) not in blocks or phase is None:  # no phase of its own: not measured
             continue
-        phase = phases[(r.arm, r.tier, r.repeat)]
-        if phase.get("mode") == "duration" and r.phase_id != phase["phase_id"]:
+        if phase.get("mode") == "duration" and r.phase_id != phase.get("phase_id"):
             continue  # an attempt cut short, run again whole
         kept.append(r)
     return kept

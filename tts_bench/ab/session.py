@@ -67,18 +67,18 @@ class AbPlan:
                 "open_loop": self.open_loop.to_dict() if self.open_loop else None}
 
 
-def plan_from_run(run_dir: RunDir) -> AbPlan:
-    """Rebuild the plan of a recorded A/B (for --resume) from its run.json."""
+def plan_from_run(run_dir: RunDir, *, flag: str = "--resume") -> AbPlan:
+    """Rebuild the plan of a recorded A/B (for `flag`: --resume, --report) from its run.json."""
     doc = run_dir.doc
     if doc.get("kind") != "ab" or "ab" not in doc:
         raise ConfigError(
-            f"error: {run_dir.path} is not an A/B run (--resume); pass a directory made by tts-bench ab"
+            f"error: {run_dir.path} is not an A/B run ({flag}); pass a directory made by tts-bench ab"
         )
     # RunDir.open checked that configs maps arm names to configs; an A/B needs exactly two.
     if len(doc["configs"]) != 2:
         raise ConfigError(
             f"error: {run_dir.run_json} records {len(doc['configs'])} arm(s) {list(doc['configs'])} in configs, "
-            f"an A/B has two (--resume); the record is damaged: rerun from scratch"
+            f"an A/B has two ({flag}); the record is damaged: rerun from scratch"
         )
     arms = {name: load_dataclass(BenchConfig, d, source=f"{run_dir.run_json}: configs.{name}")
             for name, d in doc["configs"].items()}
@@ -91,7 +91,7 @@ def plan_from_run(run_dir: RunDir) -> AbPlan:
                       open_loop=loop)
     except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a plan edited or cut short
         raise ConfigError(
-            f"error: {run_dir.run_json} has a damaged ab plan ({type(exc).__name__}: {exc}) (--resume); "
+            f"error: {run_dir.run_json} has a damaged ab plan ({type(exc).__name__}: {exc}) ({flag}); "
             f"rerun from scratch"
         ) from None
 
@@ -142,7 +142,7 @@ def run_session(request: AbRequest, *, progress: AbProgress | None = None) -> Ab
         if request.resume is not None:
             raise ConfigError("error: --report reads a run and --resume finishes one (ab); pass one of them")
         run = RunDir.open(request.report, flag="--report")
-        report = report_blocks(run, plan_from_run(run))
+        report = report_blocks(run, plan_from_run(run, flag="--report"))
         return AbSession(report.result, run, work=report.work, measurement=report.measurement)
     if request.resume:
         run, plan = open_plan(request.resume)
