@@ -98,3 +98,17 @@ def test_a_run_that_is_no_ab_is_refused_naming_report(tmp_path):
     run = RunDir.create(tmp_path, "mem", command_line="tts-bench mem", configs={"base": {}, "test": {}}, lock=False)
     with pytest.raises(ConfigError, match=r"is not an A/B run \(--report\)"):
         run_session(AbRequest(report=run.path))
+
+
+@pytest.mark.parametrize("line,what", [('{"arm": "base", garbage', "is not valid JSON"),
+                                       ('["base", "2x1", 0]', "is not a phase record")])
+def test_a_damaged_phase_record_is_a_usage_error_naming_its_line(tmp_path, line, what):
+    s = _run(tmp_path, *WINDOW, repeats=1)
+    path = s.run_dir.path / PHASES_FILE
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join([lines[0], line + "\n", *lines[1:]]))
+    with pytest.raises(ConfigError, match=rf"phases.jsonl:2 {what} \(run directory\)"):
+        run_session(AbRequest(report=s.run_dir.path))
+    if what == "is not valid JSON":  # the same bytes as an unterminated last line: torn, skipped
+        path.write_text("".join([*lines, line]))
+        assert run_session(AbRequest(report=s.run_dir.path)).result.tiers[0].rtf is not None

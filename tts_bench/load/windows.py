@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tts_bench.errors import ConfigError
+
 PHASES_FILE = "phases.jsonl"
 
 
@@ -182,9 +184,11 @@ def append_phase(run_dir: Any, record: PhaseRecord) -> None:
 
 
 def read_phases(run_dir: Any) -> list[dict[str, Any]]:
-    """Every phase record of a run, in write order (none: []); a torn last line is skipped."""
+    """Every phase record of a run, in write order (none: []); a torn last line is skipped, a
+    damaged one elsewhere (not JSON, or no arm, tier and repeat) is a ConfigError naming it."""
+    path = phases_path(run_dir)
     try:
-        lines = phases_path(run_dir).read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         return []
     out = []
@@ -192,11 +196,20 @@ def read_phases(run_dir: Any) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
+            record = json.loads(line)
         except ValueError:
-            if i != len(lines) - 1:
-                raise
+            if i == len(lines) - 1:  # a write cut short by a kill: that phase runs again on --resume
+                continue
+            raise _damaged(path, i + 1, "is not valid JSON") from None
+        if not isinstance(record, dict) or not {"arm", "tier", "repeat"} <= record.keys():
+            raise _damaged(path, i + 1, "is not a phase record (a JSON object with arm, tier and repeat)")
+        out.append(record)
     return out
+
+
+def _damaged(path: Path, line: int, what: str) -> ConfigError:
+    return ConfigError(f"error: {path}:{line} {what} (run directory); the record is corrupt: rerun from scratch, "
+                       f"or delete that line and --resume an A/B to run its phase again")
 
 
 def measured_phases(run_dir: Any, *, blocks: Any = None) -> dict[tuple[str, str, int], dict[str, Any]]:
