@@ -107,7 +107,7 @@ def test_a_damaged_phase_record_is_a_usage_error_naming_its_line(tmp_path, line,
     path = s.run_dir.path / PHASES_FILE
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join([lines[0], line + "\n", *lines[1:]]))
-    with pytest.raises(ConfigError, match=rf"phases.jsonl:2 {what} \(run directory\)"):
+    with pytest.raises(ConfigError, match=rf"phases.jsonl:2 {what}.*\(run directory\)"):
         run_session(AbRequest(report=s.run_dir.path))
     if what == "is not valid JSON":  # the same bytes as an unterminated last line: torn, skipped
         path.write_text("".join([*lines, line]))
