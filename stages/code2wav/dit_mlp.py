@@ -4,7 +4,7 @@ Why: at one or two requests (100-200 DiT rows) the MLP is two 3xTF32 GEMM launch
 (`dit_gemm.linear`: fc1 with its GELU epilogue, then fc2, whose 2,048-deep k-sum `split_for`
 splits), and the [rows, 2,048] hidden activation goes out to memory and back between them. The
 launches, not the arithmetic, are what a replayed small chunk waits on (a B = 1 chunk is ~3,000
-kernels; the MLP is 160 of them). Here one program owns a block of rows and a slice of the
+kernels; fc1 and fc2 are 320 of them, 2 in each of the 160 block-steps). Here one program owns a block of rows and a slice of the
 hidden units: it computes its slice of GELU(x W1ᵀ + b1) in registers and multiplies it straight
 by fc2's matching columns. fc2's k-sum over the hidden units is thereby split by slice: each
 program's product is one part of it, and the parts go to the fused norm step after the branch

@@ -14,6 +14,9 @@
   linears are 3xTF32 and no TF32 is asked for) or cuDNN's channels-last 2-D convs;
 * gemm: the linears as Triton 3xTF32 GEMMs (`dit_gemm`, CUDA, fp32 DiT, `code2wav_dit_tf32x3`)
   or torch's (on CUDA with the GELU as cuBLASLt's epilogue).
+The launch fusions across those kernels (split k-sums left open, the conv window written by the
+norm step, and the opt-in MLP branch as one launch) are chosen by `stages.code2wav.fusions` once
+these are known.
 The slot pool's attention-cache copies (a chunk's per-step load and trimmed store, the conformer's
 gather) as one Triton pass each way or torch's chains: `cache_copy_kernel`, handed to the
 `ChunkDecoder`. HiFT's two choices, its stride-1 convs as 3xTF32 Triton GEMMs or cuDNN's
