@@ -37,8 +37,7 @@ import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
 from stages.code2wav.dit_conv import CONV_CACHE_FRAMES as HISTORY  # each conv's input frames kept
-from stages.code2wav.dit_gemm import OpenSum
-from stages.code2wav.dit_triton import open_parts
+from stages.code2wav.dit_gemm import OpenSum, open_parts
 from stages.platform import is_cpu
 from stages.platform.triton_launch import launches_for
 _SHAPE_ARGS = ["frames", "h1_sb", "h1_sp", "h2_sb", "h2_sc", "h2_st", "o_sb", "o_sc", "o_st"]

@@ -87,6 +87,20 @@ class OpenSum:
         return out.view(b, t, n)
 
 
+def open_parts(y) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+    """(parts [S, B, T, C], bias or None, the parts' stride) of an `OpenSum`, checked for a
+    kernel that adds them as it loads; (None, None, 0) for anything else."""
+    if not isinstance(y, OpenSum):
+        return None, None, 0
+    parts, bias = y.parts, y.bias
+    if parts.dim() != 4 or parts.dtype != torch.float32 or parts.stride(3) != 1:
+        raise ValueError(f"an open sum's parts must be fp32 [S, B, T, C] with a dense last dim, got "
+                         f"{tuple(parts.shape)} {parts.dtype} strides {parts.stride()}")
+    if bias is not None and (bias.shape != parts.shape[3:] or bias.dtype != parts.dtype or bias.device != parts.device):
+        raise ValueError(f"an open sum's bias must be a [{parts.shape[3]}] fp32 vector on its device")
+    return parts, bias, parts.stride(0)
+
+
 # (most rows, tile) in row order; the last bound is open. Each tile is the one with the least
 # summed time over the block's four linears (q|k|v, proj, fc1, fc2) at its row counts in a sweep
 # of tiles (`scripts/bench_dit_gemm.py`, D-DIT-5): few rows, thin tiles, so that enough programs
@@ -208,6 +222,21 @@ def _aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % _ALIGN_BYTES == 0
 
 
+def gemm_rows(x: torch.Tensor) -> torch.Tensor:
+    """`x` [..., K] as the [rows, K] operand a compiled variant assumes: contiguous and 16-byte
+    aligned (it was specialised on the first call's alignment), copied when it is not, never
+    read misaligned."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    return x2 if _aligned(x2) else x2.clone()
+
+
+def parameters_aligned(*tensors: torch.Tensor | None) -> bool:
+    """Whether every given weight or bias is contiguous and 16-byte aligned (parameters are)."""
+    return all(t.is_contiguous() and _aligned(t) for t in tensors if t is not None)
+
+
 def linear(
     x: torch.Tensor,  # [..., K]
     weight: torch.Tensor,  # [N, K]
@@ -236,33 +265,25 @@ def linear(
         raise ValueError("x, weight and bias must be on one device")
     if open_sum and (x.dim() != 3 or gelu):
         raise ValueError(f"an open sum is a [B, T, N] result without GELU, got x {tuple(x.shape)} gelu={gelu}")
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, k)
-    # The compiled variant assumes contiguous, 16-byte aligned operands (it was specialised on
-    # the first call's alignment): a view that is not gets copied, never read misaligned.
-    if not x2.is_contiguous():
-        x2 = x2.contiguous()
-    if not _aligned(x2):
-        x2 = x2.clone()
-    if not weight.is_contiguous() or not _aligned(weight) or (bias is not None and not _aligned(bias)):
+    if not parameters_aligned(weight, bias):
         raise ValueError("weight and bias must be contiguous and 16-byte aligned (parameters are)")
+    lead = x.shape[:-1]
+    x2 = gemm_rows(x)
     rows = x2.shape[0]
-    out = x2.new_empty(rows, n)
-    if rows:
-        parts = _gemm(x2, k, rows, weight, bias, out, gelu=gelu, precision=precision, tile=tile, split_k=split_k,
-                      open_sum=open_sum)
-        if parts is not None:
-            return OpenSum(parts.view(-1, *lead, n), bias)
-    return out.view(*lead, n)
+    if not rows:
+        return x2.new_empty(*lead, n)
+    result, opened = _gemm(x2, k, rows, weight, bias, out_rows=rows, gelu=gelu, precision=precision, tile=tile,
+                           split_k=split_k, open_sum=open_sum)
+    return OpenSum(result.view(-1, *lead, n), bias) if opened else result.view(*lead, n)
 
 
-def _gemm(x: torch.Tensor, x_stride: int, rows: int, weight: torch.Tensor, bias: torch.Tensor | None,
-          out: torch.Tensor, *, gelu: bool, precision: str, tile: Tile | None, split_k: int | None,
-          open_sum: bool = False) -> torch.Tensor | None:
-    """out[:rows] = rows of x (row r at x's start + r * x_stride, K wide) @ weight.T + bias:
-    the launch(es) behind `linear` and `causal_conv`, every operand checked by them. With
-    `open_sum` and a split k-sum, the parts [S, rows, N] are returned unadded and `out` is left
-    as it was; else None."""
+def _gemm(x: torch.Tensor, x_stride: int, rows: int, weight: torch.Tensor, bias: torch.Tensor | None, *,
+          out_rows: int, gelu: bool, precision: str, tile: Tile | None, split_k: int | None,
+          open_sum: bool = False) -> tuple[torch.Tensor, bool]:
+    """Rows of x (row r at x's start + r * x_stride, K wide) @ weight.T + bias: the launch(es)
+    behind `linear` and `causal_conv`, every operand checked by them. Returns (a new
+    [out_rows, N] tensor holding the rows, False), or with `open_sum` and a split k-sum
+    (the parts [S, rows, N] unadded, True), no output tensor made."""
     n, k = weight.shape
     tile = tile or tile_for(rows)
     if split_k is None:
@@ -275,15 +296,15 @@ def _gemm(x: torch.Tensor, x_stride: int, rows: int, weight: torch.Tensor, bias:
             split_k)
     # Without a bias the kernels never read b_ptr: the weight stands in (any aligned pointer).
     b_ptr = weight if bias is None else bias
-    open_parts = open_sum and split_k > 1
+    out = None if open_sum and split_k > 1 else x.new_empty(out_rows, n)
     sums = out if split_k == 1 else x.new_empty(split_k, rows, n)
     launches_for(_linear_kernel, x.device, aligned=True).checked(key, grid, (x, weight, b_ptr, sums), tail,
                                                                  num_warps=tile.warps, num_stages=tile.stages)
-    if open_parts:
-        return sums
+    if out is None:
+        return sums, True
     if split_k > 1:
         _sum_parts(sums, bias, out[:rows], gelu=gelu)
-    return None
+    return out, False
 
 
 def _sum_parts(parts: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, *, gelu: bool) -> None:
@@ -323,16 +344,15 @@ def causal_conv(window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         raise ValueError(f"{c} channels do not keep the window's rows 16-byte aligned")
     if not _aligned(window):  # the compiled variant assumes aligned operands (see `linear`)
         window = window.clone()
-    out = window.new_empty(b * length, n)
     rows = b * length - (taps - 1)  # every row start whose taps frames lie inside the buffer
     frames = length - taps + 1
-    if rows > 0:
-        parts = _gemm(window, c, rows, weight, bias, out, gelu=False, precision=precision, tile=tile,
-                      split_k=split_k, open_sum=open_sum)
-        if parts is not None:  # [S, rows, N] seen as out's [B, T, N] view is: batch stride length * N
-            s, _, _ = parts.shape
-            return OpenSum(parts.as_strided((s, b, frames, n), (rows * n, length * n, n, 1)), bias)
-    return out.view(b, length, n)[:, :frames]
+    if rows <= 0:
+        return window.new_empty(b, frames, n)
+    result, opened = _gemm(window, c, rows, weight, bias, out_rows=b * length, gelu=False, precision=precision,
+                           tile=tile, split_k=split_k, open_sum=open_sum)
+    if opened:  # [S, rows, N] seen as the output's [B, T, N] view is: batch stride length * N
+        return OpenSum(result.as_strided((result.shape[0], b, frames, n), (rows * n, length * n, n, 1)), bias)
+    return result.view(b, length, n)[:, :frames]
 
 
 def _every_tile_and_split(n: int, k: int) -> Iterator[tuple[Tile, int]]:

@@ -42,10 +42,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from stages.code2wav.dit_gemm import TILES, OpenSum
+from stages.code2wav.dit_gemm import TILES, OpenSum, gemm_rows, parameters_aligned
 from stages.platform.triton_launch import launches_for
-
-_ALIGN_BYTES = 16
 
 # Rows (2 x requests x frames) up to which the fused MLP runs: the GEMM tile table's first
 # bucket, where the unfused GEMMs run their thinnest tile and split fc2's k-sum.
@@ -136,7 +134,7 @@ def _check(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor
     tensors = [x, w1, b1, w2] + ([] if b2 is None else [b2])
     if any(t.dtype != torch.float32 for t in tensors) or any(t.device != x.device for t in tensors):
         raise ValueError("fp32 operands on one device only")
-    if any(not t.is_contiguous() or t.data_ptr() % _ALIGN_BYTES for t in tensors[1:]):
+    if not parameters_aligned(*tensors[1:]):
         raise ValueError("the weights and biases must be contiguous and 16-byte aligned (parameters are)")
     if tile is None or c & (c - 1) or c < 16 or c % tile.block_k or hidden % tile.slice or tile.slice % tile.block_h:
         raise ValueError(f"no tile fits C {c} and hidden {hidden} ({tile}): C must be a power of two >= 16 and "
@@ -153,9 +151,7 @@ def mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b
     tile = tile or tile_for(w1.shape[1], w1.shape[0])
     c, hidden = _check(x, w1, b1, w2, b2, tile)
     b, t, _ = x.shape
-    x2 = x.reshape(b * t, c)
-    if not x2.is_contiguous() or x2.data_ptr() % _ALIGN_BYTES:  # the compiled variant assumes both
-        x2 = x2.contiguous() if not x2.is_contiguous() else x2.clone()
+    x2 = gemm_rows(x)
     width = tile.slice
     count = hidden // width
     rows = b * t

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from stages.code2wav.dit_gemm import OpenSum
+from stages.code2wav.dit_gemm import OpenSum, open_parts
 from stages.platform.triton_launch import launches_for
 
 # The int arguments that vary with the chunk's shape: not specialised (=1, %16), so one
@@ -174,20 +174,6 @@ def residual_norm_modulate(
             (x.device.index, x.dtype, c, has_residual, eps, parts, y_bias is not None, hist), b * (hist + frames),
             (x, y, gate, shift, scale, out, x if y_bias is None else y_bias, x if history is None else history), tail)
     return out
-
-
-def open_parts(y) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
-    """(parts [S, B, T, C], bias or None, the parts' stride) of an `OpenSum`, checked for a
-    kernel that adds them as it loads; (None, None, 0) for anything else."""
-    if not isinstance(y, OpenSum):
-        return None, None, 0
-    parts, bias = y.parts, y.bias
-    if parts.dim() != 4 or parts.dtype != torch.float32 or parts.stride(3) != 1:
-        raise ValueError(f"an open sum's parts must be fp32 [S, B, T, C] with a dense last dim, got "
-                         f"{tuple(parts.shape)} {parts.dtype} strides {parts.stride()}")
-    if bias is not None and (bias.shape != parts.shape[3:] or bias.dtype != parts.dtype or bias.device != parts.device):
-        raise ValueError(f"an open sum's bias must be a [{parts.shape[3]}] fp32 vector on its device")
-    return parts, bias, parts.stride(0)
 
 
 @triton.jit(do_not_specialize=["frames", "c_sb", "c_sh", "c_st"])
