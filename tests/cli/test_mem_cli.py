@@ -70,6 +70,7 @@ def test_markdown_table_is_shaped_like_the_seed(tmp_path):
     assert "\x1b[" not in result.stdout
 
 
+@pytest.mark.usefixtures("virtual_clock")
 def test_duration_mode_samples_a_window_of_requests_that_has_no_fixed_count(tmp_path):
     # The measured jobs of --duration are a function of position (requests cycle until the
     # window ends): the progress task and the arm runs must not ask them for a length.
