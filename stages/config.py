@@ -39,9 +39,17 @@ class RunnerConfig:
     # allows: false, the oldest first; true, streams' first chunks first (oldest first among
     # them), then the oldest of the rest. A first chunk is what a request's TTFP waits for, and
     # behind a full step of older chunks it waits a whole step more; the price is that those
-    # chunks wait instead (codes unchanged). Opt-in until a GPU A/B settles it
-    # (configs/ab/first-chunks-first.yaml; docs/runner.md has the CPU reading).
+    # chunks wait instead (codes unchanged). Off: at 32x1 its TTFP moved from block to block
+    # (2.9 to 0.8 s) against a steady 2.7-2.9 s, within noise over 4 repeats (D-C2W-5).
     first_chunks_first: bool = False
+    # Which chunk shapes one replica step decodes: false, whatever the chosen payloads need (a
+    # step of streams at different points of their lives runs one chunk group per shape, each
+    # costing about a whole one-row chunk of device time); true, one non-final shape a step, the
+    # oldest waiting payload's, filled with other requests' payloads of that shape, plus any final
+    # chunks (each replays alone whatever it is batched with). Codes unchanged; the audio only by
+    # the rounding of other batch compositions (stages.runner.replica_proc.take_batch). On
+    # (D-C2W-6): at 32x1 mean RTF -21.1 %, TTFP -23.9 %, throughput +26.1 %, each resolved.
+    one_shape_steps: bool = True
     talker_max_batch: int = 128  # concurrent requests the talker decodes together
     max_seq_len: int = 4096  # static KV cache length per talker slot
     seed: int = 0  # seeds random weight init (identical in every process and run)

@@ -27,7 +27,10 @@ What a newcomer needs to know:
   accumulator in registers at C = 512. C must be a power of two (the DiT's 512 is).
 * CUDA only, fp32 only (the CPU runs it under TRITON_INTERPRET=1 in tests); the first call per
   (device, shape, tile) compiles: `warm_up` does it outside any graph capture.
-* Opt-in (`code2wav_fused_mlp`): not yet measured on a GPU.
+* Opt-in (`code2wav_fused_mlp`) and off: slower than the two GEMMs it replaces (D-DIT-10: a
+  replayed chunk +57.5 % at one request, +92.1 % at two, H100). The likely cause, not profiled:
+  to hold the [block_m, C] accumulator in registers its dots are 16 x 16 x 64 and 16 x 512 x 16,
+  a long chain of small 3xTF32 products per program, where the split GEMMs run wide tiles.
 
     >>> parts = mlp(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias)  # doctest: +SKIP
     >>> y = parts.close()  # the [B, T, C] fc2 output, for a consumer that cannot add parts

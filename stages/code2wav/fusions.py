@@ -17,7 +17,7 @@ identical in every rep, on an H100).
 One more, opt-in and of another kind: the MLP branch as one launch at small chunks
 (`code2wav_fused_mlp`, `dit_mlp`). It needs the open sums (its fc2 k-sum parts go to the norm
 step), but splits fc2's sum at other boundaries, so its claim is fp32 accuracy against the
-unfused MLP, not bit for bit; not yet measured on a GPU.
+unfused MLP, not bit for bit; slower on a GPU, so off (D-DIT-10).
 """
 
 from __future__ import annotations

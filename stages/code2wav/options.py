@@ -149,10 +149,11 @@ BOOL_OPTIONS: tuple[Option, ...] = (
     # The MLP branch (fc1 + GELU + fc2) as one Triton launch at chunks of up to 256 DiT rows (two
     # requests), fc2's k-sum parts (one per slice of 128 hidden units) added by the norm step:
     # one launch instead of two a block-step (160 a chunk), fp32 accuracy but not bit for bit the
-    # unfused MLP (stages/code2wav/dit_mlp.py). Acts with the open split sums. Not yet measured
-    # on a GPU, hence off.
+    # unfused MLP (stages/code2wav/dit_mlp.py). Acts with the open split sums. Off: a replayed
+    # chunk took +57.5 % at one request and +92.1 % at two on an H100 (D-DIT-10).
     Option("code2wav_fused_mlp", "fused_mlp", False,
-           "with open split sums: fc1 + GELU + fc2 as one launch at up to two requests (CUDA; fp32, not bit-exact)"),
+           "with open split sums: fc1 + GELU + fc2 as one launch at up to two requests (CUDA; fp32, not bit-exact)",
+           decision="D-DIT-10"),
 )
 # Chunks of up to this many requests run the DiT's attention as batched GEMMs on CUDA/NPU
 # (`dit.attention_by_matmul`, fp32 DiT only), larger ones through scaled_dot_product_attention;

@@ -33,8 +33,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 import torch
@@ -51,6 +50,7 @@ from stages.code2wav.modules import build_flow, build_hift
 from stages.code2wav.kernels import DiTKernels, cache_copy_kernel, hift_conv_kernel, resolve, snake_kernel
 from stages.code2wav.prompt import PromptBuilder, PromptFeatures
 from stages.code2wav.slots import SlotPool
+from stages.code2wav.stream_state import DecodedAudio, LiveStream, PromptSetup, step_key, vocoder_seed
 from stages.code2wav.streaming import (
     DEFAULT_PROMPT_ID,
     Code2WavPayloadError,
@@ -63,53 +63,6 @@ from stages.platform.graphs import graph_api
 from stages.precision import region_scope
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class DecodedAudio:
-    request_id: str
-    chunk_seq: int
-    audio: np.ndarray  # float32 [n] at cfg.sample_rate
-    last_chunk: bool
-    mel: torch.Tensor | None = None  # [80, T] on CPU, only with Token2Wav(keep_mel=True)
-    # sha256 of this chunk's float32 mel bytes: output identity checks code2wav's flow, not only
-    # the audio (a vocoder can hide a changed mel; two arms can be compared stage by stage).
-    mel_sha256: str = ""
-
-
-@dataclass
-class PromptSetup:
-    """Shared, read-only per prompt id: copied into a request's slot, never written."""
-
-    features: PromptFeatures
-    spk: torch.Tensor  # [1, 80] projected speaker row
-    mel: torch.Tensor  # [1, 80, prompt_len] prompt mel (cond of the setup solve)
-    prompt_len: int  # mel frames of the prompt (= 2 * prompt tokens)
-    cache: FlowCache  # state after the prompt: one request's caches
-
-
-@dataclass
-class _Stream:
-    """Host-side facts of one live request; its tensors live in pool slot `slot`."""
-
-    prompt_id: str
-    chunk_seq: int
-    slot: int
-    noise_seed: int  # seeds its vocoder noise (see vocoder_seed)
-    caches: BatchShape  # cache lengths before its next chunk (rows/tokens/last unused)
-
-
-def vocoder_seed(init_seed: int, request_seed: int) -> int:
-    """A request's NSF noise seed (63 bits), from the replica seed and its sampling seed.
-
-    Why per request: with one stream per replica, a row's noise would depend on which requests
-    happened to share its batches and in what order, so the same codes could give different
-    audio from run to run and across A/B arms. Deriving it from the request's own seed (not its
-    id, which differs between arms) makes its audio a function of its codes and seed, up to
-    batch-size-dependent GEMM rounding.
-    """
-    digest = hashlib.blake2b(f"{init_seed}:{request_seed}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 class Token2Wav:
@@ -137,7 +90,7 @@ class Token2Wav:
             self._share(shared)
         else:
             self._build(weights_dir)
-        self._requests: dict[str, _Stream] = {}
+        self._requests: dict[str, LiveStream] = {}
         # The voice each new stream was prepared with, held until the stream is admitted: the
         # LRU (shared by replica threads) may evict it meanwhile, and the stream must neither
         # rebuild it nor find it gone.
@@ -407,7 +360,7 @@ class Token2Wav:
                 "keep one prompt per stream",
             )  # fmt: skip
 
-    def _admit(self, p: CodecPayload) -> _Stream:
+    def _admit(self, p: CodecPayload) -> LiveStream:
         if p.chunk_seq != 0:
             return self._requests[p.request_id]
         setup = self._prepared.pop(p.request_id)  # by _validate at the latest
@@ -415,7 +368,7 @@ class Token2Wav:
         slot = self.pool.acquire()
         self._load_setup(slot, setup)
         caches = start_shape(setup.prompt_len)
-        stream = _Stream(p.prompt_id, -1, slot, vocoder_seed(self._init_seed, p.seed), caches)
+        stream = LiveStream(p.prompt_id, -1, slot, vocoder_seed(self._init_seed, p.seed), caches)
         self._requests[p.request_id] = stream
         return stream
 
@@ -429,7 +382,7 @@ class Token2Wav:
         pool["estimator_att"][:, :, 2 * slot : 2 * slot + 2, :, :length].copy_(c.estimator_att)
         pool["spk"][slot].copy_(setup.spk[0])
 
-    def _launch_group(self, shape: BatchShape, items: list[CodecPayload], streams: list[_Stream]) -> ChunkOut:
+    def _launch_group(self, shape: BatchShape, items: list[CodecPayload], streams: list[LiveStream]) -> ChunkOut:
         """Queue one group's chunk on the device (a graph replay, or eager); nothing waits."""
         meta = torch.tensor(
             [[*p.codes, s.slot, s.noise_seed, p.chunk_seq] for p, s in zip(items, streams)], dtype=torch.long
@@ -445,7 +398,7 @@ class Token2Wav:
             return self._decoder.run(meta, shape)
         return self.graphs.run(shape, meta, lambda m: self._decoder.run(m, shape))
 
-    def _finish_group(self, out: ChunkOut, items: list[CodecPayload], streams: list[_Stream]) -> list[DecodedAudio]:
+    def _finish_group(self, out: ChunkOut, items: list[CodecPayload], streams: list[LiveStream]) -> list[DecodedAudio]:
         """Copy a launched group's audio back (waits for it) and advance its streams."""
         # The mel comes back too (a fifth of the audio's bytes), so every chunk carries its mel
         # digest: queued ahead of the audio, so the group costs one wait for the device.
@@ -453,7 +406,7 @@ class Token2Wav:
         audio = audio.numpy()  # one copy for the whole batch
         return [self._advance(p, s, r, audio, mel, out.mel.shape[2]) for r, (p, s) in enumerate(zip(items, streams))]
 
-    def _advance(self, p: CodecPayload, s: _Stream, row: int, audio, mel: torch.Tensor, frames: int) -> DecodedAudio:
+    def _advance(self, p: CodecPayload, s: LiveStream, row: int, audio, mel: torch.Tensor, frames: int) -> DecodedAudio:
         s.chunk_seq = p.chunk_seq
         if p.last_chunk:
             self.drop(p.request_id)
@@ -473,10 +426,15 @@ class Token2Wav:
         """The cache lengths of a live stream's next chunk (rows and tokens unset)."""
         return self._requests[request_id].caches
 
+    def step_shape(self, p: CodecPayload) -> Hashable | None:
+        """The key of the group `p` would join in a decode call (`stream_state.step_key`): what
+        a replica choosing steps of one shape compares (`runner.one_shape_steps`)."""
+        return step_key(self._requests.get(p.request_id), p)
+
     def chunk_shape(self, p: CodecPayload, rows: int = 0) -> BatchShape:
         """The shape `p` is decoded with (its stream admitted; `rows` as given): the key that
         groups a decode call's payloads, and with `rows` the group's graph key."""
-        return replace(self._requests[p.request_id].caches, rows=rows, tokens=len(p.codes), last=p.last_chunk)
+        return self._requests[p.request_id].chunk_shape(p, rows)
 
     # -- non-streaming reference -----------------------------------------------------------------
 

@@ -202,10 +202,18 @@ class FakeToken2Wav:
             with self.log.open("a") as f:
                 # "pid": the replica's identity (process and thread: replicas may be threads)
                 who = f"{os.getpid()}-{threading.get_ident()}"
-                f.write(json.dumps({"pid": who, "rows": [p.request_id for p in payloads]}) + "\n")
+                f.write(json.dumps({"pid": who, "rows": [p.request_id for p in payloads],
+                                    "shapes": [self.step_shape(p) for p in payloads]}) + "\n")
         if self.decode_s:
             time.sleep(self.decode_s)
         return [self._one(p) for p in payloads]
+
+    def step_shape(self, p: FakePayload) -> str | None:
+        """Token2Wav.step_shape's contract, by the stages of a stream's life: a first chunk, a
+        second (caches still growing), a settled one; None for a final chunk."""
+        if p.last_chunk:
+            return None
+        return ("first", "growing", "steady")[min(p.chunk_seq, 2)]
 
     def _one(self, p: FakePayload) -> FakeDecodedAudio:
         expected = self.next_seq.get(p.request_id, 0)

@@ -2,7 +2,8 @@
 
 Payloads arrive from the talker for the requests pinned here. Each step takes, in arrival order,
 at most one payload per request (a request's next chunk needs the state its previous chunk left)
-and at most `runner.max_num_seqs` rows, calls `token2wav.decode`, and sends each row's audio
+and at most `runner.max_num_seqs` rows (with `runner.one_shape_steps`, rows of one chunk shape
+and final chunks: `take_batch`), calls `token2wav.decode`, and sends each row's audio
 straight to the client with the new codec tokens behind it (for output-identity checks). The
 replica waits for input only when it has nothing pending.
 
@@ -19,6 +20,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,25 +97,50 @@ def voice_stats(engines: list[Any]) -> dict:
     return {"prompt_cache_entries": entries, "prompt_cache_bytes": nbytes} if seen else {}
 
 
-def take_batch(pending: deque[Any], max_rows: int, *, first_chunks_first: bool = False) -> list[Any]:
-    """Remove and return up to `max_rows` payloads, at most one per request: the oldest first,
-    or with `first_chunks_first` streams' first chunks (chunk_seq 0) before any other, each kind
-    oldest first (`runner.first_chunks_first`). The batch keeps the queue's order either way."""
+def take_batch(pending: deque[Any], max_rows: int, *, first_chunks_first: bool = False,
+               shape_of: Callable[[Any], Hashable | None] | None = None) -> list[Any]:
+    """Remove and return up to `max_rows` payloads, at most one per request (its oldest): the
+    oldest first, or with `first_chunks_first` streams' first chunks (chunk_seq 0) before any
+    other, each kind oldest first (`runner.first_chunks_first`). The batch keeps the queue's order.
+
+    With `shape_of` (`runner.one_shape_steps`) the step keeps to one chunk shape: the first payload
+    taken fixes it, and a payload of another shape waits for a later step. A payload whose shape is
+    None runs alone whatever it is batched with (a final chunk, replayed row by row) and always
+    fits. The first payload in the walk's order is always taken, so no request waits forever."""
     queued = list(pending)
     order = range(len(queued))
     if first_chunks_first:  # stable: arrival order within each kind
         order = sorted(order, key=lambda i: queued[i].chunk_seq != 0)
     chosen: set[int] = set()
     seen: set[str] = set()
+    step_shape: Hashable | None = None
     for i in order:
         if len(chosen) == max_rows:
             break
-        if queued[i].request_id not in seen:
-            chosen.add(i)
-            seen.add(queued[i].request_id)
+        p = queued[i]
+        if p.request_id in seen:  # a request's oldest payload decides for it, taken or not
+            continue
+        seen.add(p.request_id)
+        shape = shape_of(p) if shape_of is not None else None
+        if shape is not None:
+            if step_shape is None:
+                step_shape = shape
+            elif shape != step_shape:
+                continue
+        chosen.add(i)
     pending.clear()
     pending.extend(p for i, p in enumerate(queued) if i not in chosen)
     return [p for i, p in enumerate(queued) if i in chosen]
+
+
+def step_shapes(t2w: Any) -> Callable[[Any], Hashable | None]:
+    """`runner.one_shape_steps`' key for `take_batch`: the engine's `step_shape` (the chunk
+    shape a payload's group is decoded with; None for a chunk that runs alone anyway)."""
+    shape_of = getattr(t2w, "step_shape", None)
+    if not callable(shape_of):
+        raise TypeError(f"runner.one_shape_steps needs an engine that names its payloads' chunk shapes "
+                        f"(step_shape); {type(t2w).__name__} has none")
+    return shape_of
 
 
 @dataclass
@@ -128,7 +155,9 @@ class ReplicaLoop:
         return self.work.snapshot_with(self.t2w)
 
     def run(self, inbox: Any) -> None:
-        max_rows, firsts = self.ctx.spec.cfg.runner.max_num_seqs, self.ctx.spec.cfg.runner.first_chunks_first
+        runner = self.ctx.spec.cfg.runner
+        max_rows, firsts = runner.max_num_seqs, runner.first_chunks_first
+        shape_of = step_shapes(self.t2w) if runner.one_shape_steps else None
         while True:
             stopping = self.ctx.spec.is_stopping()
             for msg in drain(inbox, block=stopping or not self.pending):
@@ -146,7 +175,7 @@ class ReplicaLoop:
             if self.pending:
                 t0 = time.perf_counter()
                 ready = len({p.request_id for p in self.pending})  # rows this step could take uncapped
-                batch = take_batch(self.pending, max_rows, first_chunks_first=firsts)
+                batch = take_batch(self.pending, max_rows, first_chunks_first=firsts, shape_of=shape_of)
                 self._decode(batch)
                 # backlog: payloads left waiting (other requests' or later chunks of these)
                 self.work.add(len(batch), time.perf_counter() - t0, len(self.pending), ready)

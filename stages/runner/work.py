@@ -13,7 +13,8 @@ tier says who was busy (`work_delta`):
 
 A replica also counts the requests with a payload waiting when each step began (`ready`): a step
 takes one chunk a request, so rows well under `max_num_seqs` with rows ~ ready mean the batches
-are as full as the requests allow, and the backlog is later chunks of the same requests.
+are as full as the requests allow, and the backlog is later chunks of the same requests. With
+`runner.one_shape_steps` rows < ready also counts the requests whose next chunk had another shape.
 
     before = runner.work_snapshot()
     ...  # run a tier
@@ -38,7 +39,8 @@ class WorkCounters:
     backlog: int = 0  # summed over steps: work waiting when the step began (not taken by it)
     # Summed over steps, code2wav only (None: not counted): requests with a payload waiting when
     # the step began, the rows it could take with no `max_num_seqs` cap (one chunk a request).
-    # rows ~ ready: the batches are as full as the requests allow; rows < ready: the cap binds.
+    # rows ~ ready: the batches are as full as the requests allow; rows < ready: the cap binds
+    # (or, with runner.one_shape_steps, chunks of other shapes waited).
     ready: int | None = None
     started: float = field(default_factory=time.monotonic)
 

@@ -13,6 +13,7 @@ import gzip
 import json
 import os
 import threading
+import time
 from collections import deque
 
 import numpy as np
@@ -30,7 +31,7 @@ from stages.runner.allocator import (
 )
 from stages.runner.fakes import FakePayload, fake_factories
 from stages.runner.process import threads_per_process
-from stages.runner.replica_proc import take_batch
+from stages.runner.replica_proc import step_shapes, take_batch
 from stages.runner.work import work_delta
 from tests.stages.runner_fakes import meeting_factories, meetings
 from tests.stages.runner_helpers import (
@@ -132,6 +133,27 @@ def test_with_first_chunks_first_a_new_stream_does_not_wait_behind_a_backlog(tmp
     order = [r["rows"][0] for r in decode_log(tmp_path, "")]
     assert order.count("long") == 11 and order.count("late") == 2
     assert order[order.index("late"):].count("long") >= 3, order
+
+
+def test_with_one_shape_steps_a_replica_step_decodes_one_chunk_shape_beside_final_chunks(tmp_path):
+    # Staggered requests of several chunks on one replica: steps would mix first, growing and
+    # settled chunks; with one_shape_steps each decode call holds one of them, plus final chunks.
+    runner = StageRunner(cpu_config(max_num_seqs=4, one_shape_steps=True), replicas=1,
+                         factories=fake_factories(decode_s=0.02, log_dir=str(tmp_path)))
+    runner.start()
+    try:
+        col = Collector()
+        for i in range(6):
+            submit_all(runner, col, [(f"shape-{i}", 40 + i, 25 * (3 + i % 3))])
+            time.sleep(0.05)
+        col.wait()
+    finally:
+        runner.stop()
+    calls = decode_log(tmp_path, "shape-")
+    assert all(len({s for s in c["shapes"] if s is not None}) == 1 for c in calls if any(c["shapes"])), calls
+    assert sum(1 for c in calls for s in c["shapes"] if s is None) == 6  # every final chunk decoded
+    assert all(col.events[f"shape-{i}"] for i in range(6))
+    assert {s for c in calls for s in c["shapes"]} == {"first", "growing", "steady", None}
 
 
 def test_replicas_decode_concurrently(shared):
@@ -297,6 +319,40 @@ def test_take_batch_keeps_request_order_and_one_row_per_request():
     batch = take_batch(pending, 3)
     assert [(x.request_id, x.chunk_seq) for x in batch] == [("a", 0), ("b", 0), ("c", 0)]
     assert [(x.request_id, x.chunk_seq) for x in pending] == [("a", 1), ("b", 1), ("d", 0)]
+
+
+def test_one_shape_steps_take_the_first_payloads_shape_and_final_chunks_only():
+    def p(rid, seq, shape):
+        return FakePayload(rid, seq, (shape,), shape is None)
+
+    def shape_of(x):
+        return x.codes[0]
+
+    def queue():
+        return deque([p("a", 3, "steady"), p("a", 4, "steady"), p("b", 0, "first"), p("c", 5, "steady"),
+                      p("d", 1, "growing"), p("e", 9, None), p("f", 0, "first")])
+
+    def ids(xs):
+        return [(x.request_id, x.chunk_seq) for x in xs]
+
+    pending = queue()
+    assert ids(take_batch(pending, 8, shape_of=shape_of)) == [("a", 3), ("c", 5), ("e", 9)]
+    assert ids(pending) == [("a", 4), ("b", 0), ("d", 1), ("f", 0)]
+    assert ids(take_batch(pending, 8, shape_of=shape_of)) == [("a", 4)]  # the oldest sets the shape
+    pending = queue()  # with first chunks first, a first chunk sets it
+    assert ids(take_batch(pending, 8, first_chunks_first=True, shape_of=shape_of)) == [("b", 0), ("e", 9), ("f", 0)]
+    pending = queue()  # final chunks count against the cap like any row
+    assert ids(take_batch(pending, 2, shape_of=shape_of)) == [("a", 3), ("c", 5)]
+    # a request whose oldest chunk has another shape waits whole: its later chunk is not taken
+    pending = deque([p("a", 1, "growing"), p("b", 3, "steady"), p("a", 2, "steady"), p("c", 4, "steady")])
+    assert ids(take_batch(pending, 8, shape_of=shape_of)) == [("a", 1)]
+    assert ids(pending) == [("b", 3), ("a", 2), ("c", 4)]
+    assert ids(take_batch(pending, 8, shape_of=lambda x: None)) == [("b", 3), ("a", 2), ("c", 4)]
+
+
+def test_one_shape_steps_need_an_engine_that_names_chunk_shapes():
+    with pytest.raises(TypeError, match="one_shape_steps.*step_shape.*object has none"):
+        step_shapes(object())
 
 
 def test_first_chunks_first_takes_streams_first_chunks_before_older_chunks_of_others():

@@ -172,6 +172,48 @@ def _ragged_traffic(t2w: Token2Wav):
         step += 1
 
 
+def test_one_shape_steps_decode_as_one_group_beside_final_chunks_and_like_alone():
+    # The replica's one_shape_steps rule on the real decoder: every step that take_batch makes
+    # with step_shape runs one non-final chunk group (plus a group per final chunk), no stream
+    # is left behind, and each stream's audio is what it gets decoded alone (fp32 rounding).
+    from collections import deque
+
+    from stages.code2wav.prompt import prompt_id_of
+    from stages.runner.replica_proc import take_batch
+
+    t2w, alone = _t2w(), _t2w()
+    voice = _voice("ref_0.wav")
+    streams = {}
+    for i, n in enumerate([80, 30, 105, 55, 10, 80]):  # 1 to 4 chunks and a final each
+        pid, audio = (prompt_id_of(voice), voice) if i % 2 else ("default", None)
+        ch = Chunker(t2w.cfg, f"r{i}", pid, seed=i, prompt_audio=audio)
+        streams[f"r{i}"] = [*ch.push(_codes(n, 40 + i)), ch.finish()]
+    pending, out, deferred, merged_voices, step = deque(), {rid: [] for rid in streams}, 0, 0, 0
+    while step < len(streams) or pending:
+        if step < len(streams) and step % 2 == 0:  # two streams, two voices, every other step
+            for rid in (f"r{step}", f"r{step + 1}"):
+                pending.extend(streams[rid])
+                t2w.prepare(streams[rid][0])
+        heads = {p.request_id: t2w.step_shape(p) for p in reversed(pending)}  # each request's oldest
+        batch = take_batch(pending, 4, shape_of=t2w.step_shape)
+        shapes = {t2w.step_shape(p) for p in batch} - {None}
+        deferred += sum(1 for s in heads.values() if s is not None and shapes and s not in shapes)
+        before = t2w.work()["groups"]
+        for o in t2w.decode(batch):
+            out[o.request_id].append(o)
+        finals = sum(p.last_chunk for p in batch)
+        assert len(shapes) <= 1 and t2w.work()["groups"] - before == len(shapes) + finals
+        step += 1
+        merged_voices += len({p.prompt_id for p in batch if p.chunk_seq == 0 and not p.last_chunk}) == 2
+    # the rule held rows back, first chunks of two voices ran as one group, and all finished
+    assert deferred > 0 and merged_voices > 0 and t2w.active_requests == 0
+    for rid, payloads in streams.items():
+        alone.prepare(payloads[0])
+        assert [o.chunk_seq for o in out[rid]] == [p.chunk_seq for p in payloads]
+        for o, p in zip(out[rid], payloads):
+            assert (o.mel - alone.decode([p])[0].mel).abs().max().item() < MEL_TOL
+
+
 def test_batched_cache_split_is_byte_identical_to_per_row_with_ragged_groups():
     arms = [_t2w(extra={"code2wav_batched_cache_split": v}) for v in (True, "false")]
     assert [a.options.batched_cache_split for a in arms] == [True, False]
@@ -292,7 +334,7 @@ def test_pooled_vocoder_equals_the_per_row_reference_stream():
     # counter noise: same bytes.
     from stages.code2wav import noise
     from stages.code2wav.hift import HiFTStream, NoiseKeys
-    from stages.code2wav.token2wav import vocoder_seed
+    from stages.code2wav.stream_state import vocoder_seed
 
     t2w = _t2w()
     seeds = {"a": 3, "b": 4}
