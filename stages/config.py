@@ -46,8 +46,8 @@ class RunnerConfig:
     # step of streams at different points of their lives runs one chunk group per shape, each
     # costing about a whole one-row chunk of device time); true, one non-final shape a step, the
     # oldest waiting payload's, filled with other requests' payloads of that shape, plus any final
-    # chunks (each replays alone whatever it is batched with). Codes unchanged; the audio only by
-    # the rounding of other batch compositions (stages.runner.replica_proc.take_batch). On
+    # chunks (each replays alone whatever it is batched with). The talker is untouched; the audio
+    # moves only by the rounding of other batch compositions (replica_proc.take_batch). On
     # (D-C2W-6): at 32x1 mean RTF -21.1 %, TTFP -23.9 %, throughput +26.1 %, each resolved.
     one_shape_steps: bool = True
     talker_max_batch: int = 128  # concurrent requests the talker decodes together

@@ -116,21 +116,30 @@ def test_a_replica_batches_at_most_max_num_seqs_rows_one_per_request(shared):
     assert all(len(r) == len(set(r)) for r in rows)
 
 
+def _one_replica_decodes(tmp_path, traffic, *, decode_s: float, **runner) -> list[dict]:
+    """Run `traffic(runner, col)` on a one-replica fake runner; its decode calls, in order."""
+    stage_runner = StageRunner(cpu_config(**runner), replicas=1,
+                               factories=fake_factories(decode_s=decode_s, log_dir=str(tmp_path)))
+    stage_runner.start()
+    try:
+        col = Collector()
+        traffic(stage_runner, col)
+        col.wait()
+    finally:
+        stage_runner.stop()
+    return decode_log(tmp_path, "")
+
+
 def test_with_first_chunks_first_a_new_stream_does_not_wait_behind_a_backlog(tmp_path):
     # One row a step and a slow decoder: "long" queues many chunks; "late" arrives after its first
     # audio and has its first chunk decoded at the next step, while "long" still has chunks left.
-    runner = StageRunner(cpu_config(max_num_seqs=1, first_chunks_first=True), replicas=1,
-                         factories=fake_factories(decode_s=0.1, log_dir=str(tmp_path)))
-    runner.start()
-    try:
-        col = Collector()
+    def traffic(runner, col):
         submit_all(runner, col, [("long", 1, 25 * 10)])
         wait_for(lambda: len(col.events["long"]), lambda n: n >= 1)
         submit_all(runner, col, [("late", 2, 30)])
-        col.wait()
-    finally:
-        runner.stop()
-    order = [r["rows"][0] for r in decode_log(tmp_path, "")]
+
+    calls = _one_replica_decodes(tmp_path, traffic, decode_s=0.1, max_num_seqs=1, first_chunks_first=True)
+    order = [r["rows"][0] for r in calls]
     assert order.count("long") == 11 and order.count("late") == 2
     assert order[order.index("late"):].count("long") >= 3, order
 
@@ -138,22 +147,16 @@ def test_with_first_chunks_first_a_new_stream_does_not_wait_behind_a_backlog(tmp
 def test_with_one_shape_steps_a_replica_step_decodes_one_chunk_shape_beside_final_chunks(tmp_path):
     # Staggered requests of several chunks on one replica: steps would mix first, growing and
     # settled chunks; with one_shape_steps each decode call holds one of them, plus final chunks.
-    runner = StageRunner(cpu_config(max_num_seqs=4, one_shape_steps=True), replicas=1,
-                         factories=fake_factories(decode_s=0.02, log_dir=str(tmp_path)))
-    runner.start()
-    try:
-        col = Collector()
+    def traffic(runner, col):
         for i in range(6):
             submit_all(runner, col, [(f"shape-{i}", 40 + i, 25 * (3 + i % 3))])
             time.sleep(0.05)
-        col.wait()
-    finally:
-        runner.stop()
-    calls = decode_log(tmp_path, "shape-")
+
+    calls = _one_replica_decodes(tmp_path, traffic, decode_s=0.02, max_num_seqs=4, one_shape_steps=True)
     assert all(len({s for s in c["shapes"] if s is not None}) == 1 for c in calls if any(c["shapes"])), calls
     assert sum(1 for c in calls for s in c["shapes"] if s is None) == 6  # every final chunk decoded
-    assert all(col.events[f"shape-{i}"] for i in range(6))
     assert {s for c in calls for s in c["shapes"]} == {"first", "growing", "steady", None}
+    assert sorted({rid for c in calls for rid in c["rows"]}) == [f"shape-{i}" for i in range(6)]
 
 
 def test_replicas_decode_concurrently(shared):
