@@ -304,7 +304,8 @@ def _identity(base: Sequence[RequestRecord], test: Sequence[RequestRecord]) -> _
     Each stage is counted apart (codes: the talker; mel: code2wav's flow; audio: the whole), so
     a change shows where it moved the output: a bit-exact change must keep the codes identical,
     while mel and audio can also differ by batch-composition-dependent GEMM rounding in code2wav
-    when the two arms' requests happened to share batches differently.
+    when the two arms' requests happened to share batches differently. The talker's rows are
+    batched too, so an arm that changes timing can move a near-tie sample's code (docs/ab.md).
     """
     other = {_pair_key(r): r for r in test if r.ok}
     pairs = [(r, other[_pair_key(r)]) for r in base if r.ok and _pair_key(r) in other]
