@@ -71,10 +71,16 @@ def tile_for(channels: int, hidden: int) -> MlpTile | None:
     where the kernel cannot run: C must be a power of two of at least 16 (the accumulator is
     [block_m, C] and `tl.dot` wants 16-wide operands) and hidden whole slices of whole steps."""
     tile = MLP_TILE
-    block_k, width = min(tile.block_k, channels), min(tile.slice, hidden)
-    if channels < 16 or channels & (channels - 1) or channels % block_k or hidden % width or width % tile.block_h:
-        return None
-    return MlpTile(tile.block_m, tile.block_h, block_k, width, tile.warps, tile.stages)
+    cut = MlpTile(tile.block_m, tile.block_h, min(tile.block_k, channels), min(tile.slice, hidden), tile.warps,
+                  tile.stages)
+    return cut if fits(cut, channels, hidden) else None
+
+
+def fits(tile: MlpTile, channels: int, hidden: int) -> bool:
+    """Whether the kernel runs `tile` at these dims: C a power of two >= 16 in whole k-steps,
+    hidden in whole slices of whole steps."""
+    return (channels >= 16 and not channels & (channels - 1) and not channels % tile.block_k
+            and not hidden % tile.slice and not tile.slice % tile.block_h)
 
 
 def parts_for(channels: int, hidden: int) -> int:
@@ -139,7 +145,7 @@ def _check(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor
         raise ValueError("fp32 operands on one device only")
     if not parameters_aligned(*tensors[1:]):
         raise ValueError("the weights and biases must be contiguous and 16-byte aligned (parameters are)")
-    if tile is None or c & (c - 1) or c < 16 or c % tile.block_k or hidden % tile.slice or tile.slice % tile.block_h:
+    if tile is None or not fits(tile, c, hidden):
         raise ValueError(f"no tile fits C {c} and hidden {hidden} ({tile}): C must be a power of two >= 16 and "
                          f"whole k-steps, hidden whole slices of whole steps")
     return c, hidden
